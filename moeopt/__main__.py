@@ -1,0 +1,3 @@
+from moeopt.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,307 @@
+"""Command line: ``python -m moeopt {solve, evaluate, compare, trace, methods}``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from tabulate import tabulate
+
+from moeopt.errors import MoeoptError
+from moeopt.evaluate import evaluate, linear_plan
+from moeopt.io import load_instance, read_plan, read_workload_file, write_json, write_plan, write_trace
+from moeopt.result import Result
+from moeopt.solve import Workloads, load_workloads, solve
+from moeopt.trace import Trace
+
+#: Rows of the metric tables: (report key, label, lower is better)
+METRIC_ROWS = [
+    ("comm_per_token", "remote GPUs / token / layer", True),
+    ("comm_weighted_per_token", "topology-weighted comm", True),
+    ("gpus_per_token", "GPUs / token / layer", True),
+    ("jain", "Jain fairness", False),
+    ("maxvio", "MaxVio", True),
+    ("maxvio_per_step", "MaxVio per step (mean)", True),
+    ("straggler_latency", "straggler latency S (ms)", True),
+    ("straggler_p90", "p90 step latency (ms)", True),
+    ("gap_to_bound", "gap to lower bound", True),
+]
+
+# statistics of every metric that a report lists per layer are dropped from tables
+_HIDDEN = ("linear",)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
+
+
+def report_dict(result: Result, instance_name: str) -> dict:
+    return {
+        "instance": instance_name,
+        "method": result.method,
+        "params": result.params,
+        "status": result.status.value,
+        "objective_name": result.objective_name,
+        "sense": result.sense,
+        "objective": result.objective,
+        "bound": result.bound,
+        "gap": result.gap,
+        "wall_time": result.wall_time,
+        "metrics": result.metrics,
+        "stats": result.stats,
+    }
+
+
+def metrics_table(columns: dict[str, dict]) -> str:
+    names = list(columns)
+    rows = []
+    for key, label, _ in METRIC_ROWS:
+        vals = [columns[n].get(key) for n in names]
+        if all(v is None for v in vals):
+            continue
+        rows.append([label] + [_fmt(v) for v in vals])
+    return tabulate(rows, headers=["metric"] + names, tablefmt="github")
+
+
+def _solve_table(result: Result) -> str:
+    lin = result.metrics.get("linear", {})
+    cols = {"linear": lin, result.method: result.metrics}
+    table = metrics_table(cols)
+    extra = []
+    for key, label in (
+        ("comm_reduction_vs_linear", "communication reduction vs linear"),
+        ("straggler_improvement_vs_linear", "straggler latency improvement vs linear"),
+        ("p90_improvement_vs_linear", "p90 step latency improvement vs linear"),
+    ):
+        v = result.metrics.get(key)
+        if v is not None:
+            extra.append(f"{label}: {v:+.2f} %")
+    head = (
+        f"{result.method}: {result.status.value}; objective {result.objective_name} = {_fmt(result.objective)}"
+        f"; bound {_fmt(result.bound)}; gap {_fmt(None if result.gap is None else 100 * result.gap)} %"
+        f"; {result.wall_time:.2f} s"
+    )
+    return "\n".join([head, table, *extra])
+
+
+# ----------------------------------------------------------------------------- commands
+def cmd_solve(args: argparse.Namespace) -> int:
+    inst = load_instance(args.instance)
+    result = solve(inst, method=args.method, time_limit=args.time_limit, seed=args.seed, quiet=args.quiet)
+    if args.output and result.plan is not None:
+        write_plan(args.output, result.plan, inst.cluster.gpus, result.method, result.params)
+    if args.report:
+        write_json(args.report, report_dict(result, inst.name))
+    print(_solve_table(result))
+    return 0 if result.plan is not None else 1
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    inst = load_instance(args.instance)
+    plan, gpus = read_plan(args.plan)
+    if gpus != inst.cluster.gpus:
+        raise MoeoptError(f"{args.plan}: gpus: plan is for {gpus} GPUs, instance has {inst.cluster.gpus}")
+    try:
+        plan.check(inst.cluster, layers=inst.model.layers, experts=inst.model.experts)
+    except MoeoptError as exc:
+        raise MoeoptError(f"{args.plan}: {exc}") from None
+    wl = load_workloads(inst)
+    workload = read_workload_file(args.trace, top_k=inst.model.top_k) if args.trace else wl.evaluation
+    metrics = evaluate(plan, workload, inst.cluster, profile=wl.profile)
+    base = evaluate(linear_plan(inst.model.layers, inst.model.experts, gpus), workload, inst.cluster, profile=wl.profile)
+    from moeopt.solve import _add_relative
+
+    _add_relative(metrics, base)
+    if args.report:
+        write_json(args.report, {"instance": inst.name, "plan": str(args.plan), "metrics": metrics})
+    print(metrics_table({"linear": base, Path(args.plan).name: metrics}))
+    if metrics.get("comm_reduction_vs_linear") is not None:
+        print(f"communication reduction vs linear: {metrics['comm_reduction_vs_linear']:+.2f} %")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    inst = load_instance(args.instance)
+    wl: Workloads = load_workloads(inst)
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    cols: dict[str, dict] = {}
+    reports = []
+    for name in names:
+        r = solve(inst, method=name, time_limit=args.time_limit, seed=args.seed, quiet=args.quiet, workloads=wl)
+        m = dict(r.metrics)
+        m["wall_time"] = r.wall_time
+        cols[name] = m
+        reports.append(report_dict(r, inst.name))
+    if args.report:
+        write_json(args.report, {"instance": inst.name, "results": reports})
+    table = metrics_table(cols)
+    walls = "| wall time (s) | " + " | ".join(f"{cols[n]['wall_time']:.3f}" for n in names) + " |"
+    red = "| comm reduction vs linear (%) | " + " | ".join(_fmt(cols[n].get("comm_reduction_vs_linear")) for n in names) + " |"
+    print("\n".join([table, red, walls]))
+    return 0
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from moeopt.registry import get_method, method_names, param_fields
+
+    rows = []
+    for name in method_names():
+        m = get_method(name)
+        params = ", ".join(
+            f"{f}={v.default!r}" if v.default is not dataclass_missing() else f for f, v in param_fields(m).items()
+        )
+        rows.append([name, "yes" if m.available() else "no", m.summary, params or "-"])
+    print(tabulate(rows, headers=["method", "available", "what it does", "parameters"], tablefmt="plain"))
+    return 0
+
+
+def dataclass_missing() -> Any:
+    import dataclasses
+
+    return dataclasses.MISSING
+
+
+def cmd_trace_synth(args: argparse.Namespace) -> int:
+    from moeopt.synth import SynthSpec, synthesize
+
+    spec = SynthSpec(
+        layers=args.layers,
+        experts=args.experts,
+        top_k=args.top_k,
+        tokens=args.tokens,
+        steps=args.steps,
+        families=tuple(f.strip() for f in args.families.split(",")),
+        only_family=args.family,
+        structure_seed=args.structure_seed,
+        seed=args.seed,
+    )
+    try:
+        spec.validate(source="trace synth", prefix="--")
+    except MoeoptError:
+        raise
+    trace = synthesize(spec)
+    write_trace(args.output, trace)
+    if not args.quiet:
+        print(f"wrote {args.output}: {trace.tokens} tokens, {trace.layers} layers, E={trace.num_experts}, "
+              f"k={trace.top_k}, {trace.steps} steps, families {', '.join(trace.family_names)}")
+    return 0
+
+
+def trace_summary(workload: Any) -> str:
+    stats = workload.stats() if isinstance(workload, Trace) else workload
+    lines = []
+    if isinstance(workload, Trace):
+        lines.append(
+            f"tokens {workload.tokens}, layers {workload.layers}, experts {workload.num_experts}, "
+            f"top-{workload.top_k}, steps {workload.steps}"
+        )
+    else:
+        lines.append(f"count-only statistics: layers {stats.layers}, experts {stats.experts}, top-{stats.top_k}")
+    share = ", ".join(f"{n} {100 * s:.1f} %" for n, s in zip(stats.family_names, stats.family_share))
+    lines.append(f"families: {share}")
+    rows = []
+    for l in range(stats.layers):
+        load = stats.expert_load[l]
+        row = [l, f"{load.max() / max(load.mean(), 1e-12):.2f}", f"{load.min() / max(load.mean(), 1e-12):.2f}"]
+        if stats.affinity is not None:
+            a = stats.affinity[l]
+            row.append(f"{(a > 0).mean():.2f}")
+        rows.append(row)
+    headers = ["layer", "busiest/mean", "idlest/mean"] + (["coactivation density"] if stats.affinity is not None else [])
+    lines.append(tabulate(rows, headers=headers, tablefmt="github"))
+    for hook in TRACE_STATS_HOOKS:
+        lines.extend(hook(stats))
+    return "\n".join(lines)
+
+
+#: Extra sections for ``trace stats`` (GEM adds its expert classification here).
+TRACE_STATS_HOOKS: list[Callable[[Any], list[str]]] = []
+
+
+def cmd_trace_stats(args: argparse.Namespace) -> int:
+    workload = read_workload_file(args.trace, top_k=args.top_k, select=args.select)
+    print(trace_summary(workload))
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="moeopt", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--time-limit", type=float, default=None, help="seconds per exact solve")
+        sp.add_argument("--seed", type=int, default=0)
+        sp.add_argument("--quiet", action="store_true", help="no progress output")
+
+    s = sub.add_parser("solve", help="solve an instance, print metrics vs linear, write plan and report")
+    s.add_argument("instance")
+    s.add_argument("--method", default=None, help="override the instance's method name")
+    s.add_argument("--output", help="plan JSON to write")
+    s.add_argument("--report", help="report JSON to write")
+    common(s)
+    s.set_defaults(func=cmd_solve)
+
+    e = sub.add_parser("evaluate", help="score a plan on an instance's evaluation workload (or --trace)")
+    e.add_argument("instance")
+    e.add_argument("plan")
+    e.add_argument("--trace", help="evaluate on this trace or count file instead")
+    e.add_argument("--report")
+    e.set_defaults(func=cmd_evaluate)
+
+    c = sub.add_parser("compare", help="several methods side by side")
+    c.add_argument("instance")
+    c.add_argument("--methods", required=True, help="comma-separated method names")
+    c.add_argument("--report")
+    common(c)
+    c.set_defaults(func=cmd_compare)
+
+    m = sub.add_parser("methods", help="list registered methods and whether they are available")
+    m.set_defaults(func=cmd_methods)
+
+    t = sub.add_parser("trace", help="synthesize or inspect traces")
+    tsub = t.add_subparsers(dest="trace_command", required=True)
+    ts = tsub.add_parser("synth", help="write a synthetic task-structured trace (.npz)")
+    ts.add_argument("--layers", type=int, default=2)
+    ts.add_argument("--experts", type=int, default=16)
+    ts.add_argument("--top-k", type=int, default=2)
+    ts.add_argument("--tokens", type=int, default=4096)
+    ts.add_argument("--steps", type=int, default=16)
+    ts.add_argument("--families", default="code,query,math,reasoning")
+    ts.add_argument("--family", default=None, help="single-family (out-of-distribution) workload")
+    ts.add_argument("--structure-seed", type=int, default=0, help="seed of the hidden expert structure")
+    ts.add_argument("--seed", type=int, default=0, help="seed of the token sample")
+    ts.add_argument("--output", required=True)
+    ts.add_argument("--quiet", action="store_true")
+    ts.set_defaults(func=cmd_trace_synth)
+    tt = tsub.add_parser("stats", help="summarize a trace or count file")
+    tt.add_argument("trace")
+    tt.add_argument("--top-k", type=int, default=None, help="top-k of count files that do not record it")
+    tt.add_argument("--select", default=None, help="model inside a multi-model count file")
+    tt.set_defaults(func=cmd_trace_stats)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except MoeoptError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    np.seterr(all="ignore")
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""The problem data: model shape, cluster, workload and method choice (frozen dataclasses)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from moeopt.errors import InfeasibleError
+
+
+@dataclass(frozen=True)
+class Model:
+    """MoE model shape: ``layers`` (L), routed ``experts`` per layer (E), ``top_k`` (k)."""
+
+    layers: int
+    experts: int
+    top_k: int
+    d_model: int = 1024
+    d_ff: int = 512
+    dtype: str = "bf16"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Expert-parallel GPUs (G), grouped into nodes, each with ``slots_per_gpu`` expert slots.
+
+    ``slots_per_gpu`` defaults to ``ceil(E / G)``; ``replica_slots_per_gpu`` extra slots per GPU
+    hold replicas; ``inter_node_weight`` is the cost of an inter-node hop (intra-node costs 1).
+    """
+
+    gpus: int
+    gpus_per_node: int
+    slots_per_gpu: int
+    replica_slots_per_gpu: int = 0
+    inter_node_weight: float = 4.0
+
+    @property
+    def nodes(self) -> int:
+        return self.gpus // self.gpus_per_node
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class WorkloadSource:
+    """Where a workload comes from: a file (trace or counts) or a synthetic generator spec."""
+
+    path: Path | None = None
+    format: str | None = None  # None: inferred from the file's content
+    select: str | None = None  # e.g. model prefix inside a multi-model count file
+    synthetic: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Calibration workload (methods see it) and evaluation workload (metrics use it)."""
+
+    calibration: WorkloadSource
+    evaluation: WorkloadSource | None = None
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered method's name plus its parameters, as written under ``method:``."""
+
+    name: str = "linear"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One placement problem: model, cluster, workload, method, optional latency profile."""
+
+    name: str
+    model: Model
+    cluster: Cluster
+    workload: Workload
+    method: MethodSpec = field(default_factory=MethodSpec)
+    profile: Any = None  # ProfileSpec (synthetic dict) or Path to a profile YAML, or None
+    source: Path | None = None  # the YAML file it was read from
+
+    def replace(self, **changes: Any) -> Instance:
+        return replace(self, **changes)
+
+    def check_feasible(self) -> None:
+        """Raise :class:`InfeasibleError` when no plan can place every expert."""
+        check_capacity(self.model, self.cluster)
+
+
+def default_slots(experts: int, gpus: int) -> int:
+    """Slots per GPU when the instance does not say: ``ceil(E / G)``."""
+    return math.ceil(experts / gpus)
+
+
+def check_capacity(model: Model, cluster: Cluster) -> None:
+    """Raise :class:`InfeasibleError` if ``gpus * slots_per_gpu < experts``."""
+    total = cluster.gpus * cluster.slots_per_gpu
+    if total < model.experts:
+        need = default_slots(model.experts, cluster.gpus)
+        raise InfeasibleError(
+            f"infeasible: {cluster.gpus} GPUs x {cluster.slots_per_gpu} slots = {total} slots "
+            f"< {model.experts} experts; set cluster.slots_per_gpu >= {need} "
+            f"or use at least {math.ceil(model.experts / cluster.slots_per_gpu)} GPUs"
+        )

@@ -1,0 +1,605 @@
+"""The only module that reads and writes files: instances (YAML), traces and counts (npz, JSON,
+CSV, NPY, SGLang dumps), plans and reports (JSON), latency profiles (YAML).
+
+Every reader validates what it reads and raises :class:`InputError` naming the file, the
+field and what was expected; every writer writes atomically (temporary file + rename), so a
+failure never leaves a partial file behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from moeopt.errors import InputError, PlanError
+from moeopt.instance import (
+    Cluster,
+    Instance,
+    MethodSpec,
+    Model,
+    Workload,
+    WorkloadSource,
+    default_slots,
+)
+from moeopt.plan import Plan
+from moeopt.profile import Profile, synthetic_profile
+from moeopt.synth import SynthSpec, synthesize
+from moeopt.trace import Stats, Trace, stats_from_counts
+
+PLAN_FORMAT = "moeopt.plan/1"
+PROFILE_FORMAT = "moeopt.profile/1"
+TRACE_FORMATS = ("trace", "counts", "olmoe-domains", "sglang")
+
+
+# ----------------------------------------------------------------------------- writing
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(_jsonable(data), indent=1) + "\n")
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+# ----------------------------------------------------------------------------- YAML helpers
+def _read_yaml(path: Path) -> Any:
+    if not path.is_file():
+        raise InputError(str(path), None, "file not found")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise InputError(str(path), None, f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+
+
+def _mapping(data: Any, src: str, field: str, allowed: set[str] | None = None) -> dict:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError(src, field or None, f"expected a mapping, got {type(data).__name__}")
+    if allowed is not None:
+        for key in data:
+            if key not in allowed:
+                raise InputError(
+                    src, f"{field}.{key}" if field else str(key), f"unknown field; accepted: {', '.join(sorted(allowed))}"
+                )
+    return data
+
+
+def _int(data: dict, key: str, src: str, field: str, default: Any = ..., minimum: int = 1) -> int:
+    if key not in data or data[key] is None:
+        if default is ...:
+            raise InputError(src, f"{field}.{key}", "required field is missing")
+        return default
+    v = data[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise InputError(src, f"{field}.{key}", f"expected an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _float(data: dict, key: str, src: str, field: str, default: float, minimum: float = 0.0) -> float:
+    v = data.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < minimum:
+        raise InputError(src, f"{field}.{key}", f"expected a number >= {minimum}, got {v!r}")
+    return float(v)
+
+
+# ----------------------------------------------------------------------------- instances
+_TOP = {"name", "model", "cluster", "workload", "method", "profile", "description"}
+
+
+def load_instance(path: str | Path) -> Instance:
+    """Read and validate an instance YAML file (every field is described in the README)."""
+    path = Path(path)
+    src = str(path)
+    data = _mapping(_read_yaml(path), src, "", _TOP)
+    m = _mapping(data.get("model"), src, "model", {"layers", "experts", "top_k", "d_model", "d_ff", "dtype"})
+    if not m:
+        raise InputError(src, "model", "required field is missing")
+    model = Model(
+        layers=_int(m, "layers", src, "model"),
+        experts=_int(m, "experts", src, "model"),
+        top_k=_int(m, "top_k", src, "model"),
+        d_model=_int(m, "d_model", src, "model", 1024),
+        d_ff=_int(m, "d_ff", src, "model", 512),
+        dtype=str(m.get("dtype", "bf16")),
+    )
+    if model.top_k > model.experts:
+        raise InputError(src, "model.top_k", f"top_k={model.top_k} exceeds experts={model.experts}")
+    c = _mapping(
+        data.get("cluster"), src, "cluster",
+        {"gpus", "gpus_per_node", "slots_per_gpu", "replica_slots_per_gpu", "inter_node_weight"},
+    )
+    if not c:
+        raise InputError(src, "cluster", "required field is missing")
+    gpus = _int(c, "gpus", src, "cluster")
+    gpn = _int(c, "gpus_per_node", src, "cluster", gpus)
+    if gpus % gpn:
+        raise InputError(src, "cluster.gpus_per_node", f"must divide gpus={gpus}, got {gpn}")
+    cluster = Cluster(
+        gpus=gpus,
+        gpus_per_node=gpn,
+        slots_per_gpu=_int(c, "slots_per_gpu", src, "cluster", default_slots(model.experts, gpus)),
+        replica_slots_per_gpu=_int(c, "replica_slots_per_gpu", src, "cluster", 0, minimum=0),
+        inter_node_weight=_float(c, "inter_node_weight", src, "cluster", 4.0),
+    )
+    w = _mapping(data.get("workload"), src, "workload", {"calibration", "evaluation", "synthetic"})
+    if "calibration" not in w and "synthetic" not in w:
+        raise InputError(src, "workload", "needs 'calibration' (a trace or counts file) or 'synthetic'")
+    if "calibration" in w and "synthetic" in w:
+        raise InputError(src, "workload", "give either 'calibration' or 'synthetic', not both")
+    if "synthetic" in w:
+        syn = dict(_mapping(w["synthetic"], src, "workload.synthetic"))
+        for key, value in (("layers", model.layers), ("experts", model.experts), ("top_k", model.top_k)):
+            if syn.setdefault(key, value) != value:
+                raise InputError(src, f"workload.synthetic.{key}", f"{syn[key]} disagrees with model.{key}={value}")
+        SynthSpec.from_mapping(syn, source=src)
+        calibration = WorkloadSource(synthetic=syn)
+    else:
+        calibration = _source(w["calibration"], path, "workload.calibration")
+    evaluation = _source(w["evaluation"], path, "workload.evaluation") if w.get("evaluation") else None
+    meth = _mapping(data.get("method"), src, "method")
+    name = meth.get("name", "linear")
+    if not isinstance(name, str):
+        raise InputError(src, "method.name", f"expected a method name, got {name!r}")
+    method = MethodSpec(name=name, params={k: v for k, v in meth.items() if k != "name"})
+    profile = data.get("profile")
+    if profile is not None and not isinstance(profile, (str, dict)):
+        raise InputError(src, "profile", "expected a mapping {variability, seed, tile} or a profile file path")
+    if isinstance(profile, str):
+        profile = (path.parent / profile).resolve()
+    elif isinstance(profile, dict):
+        _mapping(profile, src, "profile", {"variability", "seed", "tile", "alpha", "beta", "max_tiles"})
+    return Instance(
+        name=str(data.get("name", path.stem)),
+        model=model,
+        cluster=cluster,
+        workload=Workload(calibration=calibration, evaluation=evaluation),
+        method=method,
+        profile=profile,
+        source=path,
+    )
+
+
+def _source(value: Any, base: Path, field: str) -> WorkloadSource:
+    src = str(base)
+    if isinstance(value, str):
+        return WorkloadSource(path=(base.parent / value))
+    spec = _mapping(value, src, field, {"path", "format", "select", "synthetic"})
+    if "synthetic" in spec:
+        return WorkloadSource(synthetic=dict(_mapping(spec["synthetic"], src, f"{field}.synthetic")))
+    if not isinstance(spec.get("path"), str):
+        raise InputError(src, f"{field}.path", "expected a file path")
+    fmt = spec.get("format")
+    if fmt is not None and fmt not in TRACE_FORMATS:
+        raise InputError(src, f"{field}.format", f"expected one of {', '.join(TRACE_FORMATS)}, got {fmt!r}")
+    return WorkloadSource(path=base.parent / spec["path"], format=fmt, select=spec.get("select"))
+
+
+def load_workload(
+    source: WorkloadSource, model: Model, *, seed_offset: int = 0, defaults: dict | None = None
+) -> Trace | Stats:
+    """A token trace or count-only statistics, checked against the model's shape."""
+    if source.synthetic is not None:
+        syn = {**(defaults or {}), **source.synthetic}
+        syn.setdefault("layers", model.layers)
+        syn.setdefault("experts", model.experts)
+        syn.setdefault("top_k", model.top_k)
+        syn["seed"] = syn.get("seed", 0) + seed_offset
+        return synthesize(SynthSpec.from_mapping(syn))
+    assert source.path is not None
+    result = read_workload_file(source.path, format=source.format, select=source.select, top_k=model.top_k)
+    _check_shape(result, model, str(source.path))
+    return result
+
+
+def _check_shape(w: Trace | Stats, model: Model, src: str) -> None:
+    layers = w.layers
+    experts = w.num_experts if isinstance(w, Trace) else w.experts
+    if layers != model.layers:
+        raise InputError(src, "layers", f"workload has {layers} layers, model.layers is {model.layers}")
+    if experts != model.experts:
+        raise InputError(src, "experts", f"workload has {experts} experts, model.experts is {model.experts}")
+    if isinstance(w, Trace) and w.top_k != model.top_k:
+        raise InputError(src, "topk", f"trace has top-{w.top_k} routing, model.top_k is {model.top_k}")
+
+
+def read_workload_file(
+    path: str | Path, *, format: str | None = None, select: str | None = None, top_k: int | None = None
+) -> Trace | Stats:
+    """Read a trace or a count file, inferring the format from its content when not given."""
+    path = Path(path)
+    src = str(path)
+    if not path.is_file():
+        raise InputError(src, None, "file not found")
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        try:
+            data = np.load(path, allow_pickle=False)
+            keys = set(data.files)
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+            raise InputError(src, None, f"not a readable .npz archive ({exc})") from None
+        if format == "trace" or (format is None and "topk" in keys):
+            return read_trace(path)
+        if format == "olmoe-domains" or (format is None and any("/expert_counts/" in k for k in keys)):
+            return _read_domain_counts(data, src, select)
+        if format in (None, "counts") and "counts" in keys:
+            return _counts_npz(data, src, top_k)
+        raise InputError(src, None, "expected a trace (key 'topk'), counts (key 'counts') or per-domain counts")
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(src, None, f"not valid JSON: {exc}") from None
+        if isinstance(data, dict) and "logical_count" in data:
+            return _sglang_counts(np.asarray(_array(data["logical_count"], src, "logical_count")), src, top_k)
+        if isinstance(data, dict) and "counts" in data:
+            counts = _array(data["counts"], src, "counts")
+            k = data.get("top_k", top_k)
+            return _counts(counts, src, "counts", k, data.get("family_names"))
+        raise InputError(src, None, "expected a JSON object with 'counts' or SGLang's 'logical_count'")
+    if suffix == ".csv":
+        return _counts(_read_csv(path), src, "counts", top_k)
+    if suffix == ".npy":
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(src, None, f"not a readable .npy array ({exc})") from None
+        return _counts(arr, src, "counts", top_k)
+    if suffix == ".pt":
+        return _read_sglang_pt(path, top_k)
+    raise InputError(src, None, "unknown file type; expected .npz, .json, .csv, .npy or .pt")
+
+
+def _array(value: Any, src: str, field: str) -> np.ndarray:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(src, field, "expected a rectangular array of numbers") from None
+    return arr
+
+
+def _counts(
+    arr: np.ndarray, src: str, field: str, top_k: int | None, family_names: Any = None
+) -> Stats:
+    arr = np.asarray(arr)
+    if arr.dtype.kind not in "iuf":
+        raise InputError(src, field, f"expected numbers, got dtype {arr.dtype}")
+    arr = arr.astype(np.float64)
+    if arr.ndim not in (2, 3):
+        raise InputError(src, field, f"expected [layers, experts] or [families, layers, experts], got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise InputError(src, field, "contains NaN or infinite values")
+    if (arr < 0).any():
+        raise InputError(src, field, "contains negative counts")
+    if top_k is None:
+        raise InputError(src, "top_k", "count files need the model's top_k")
+    names = tuple(family_names) if family_names is not None else None
+    if names is not None and (arr.ndim != 3 or len(names) != arr.shape[0]):
+        raise InputError(src, "family_names", "needs one name per family (first axis of counts)")
+    return stats_from_counts(arr, top_k=top_k, family_names=names)
+
+
+def _counts_npz(data: Any, src: str, top_k: int | None) -> Stats:
+    counts = data["counts"]
+    names = [str(x) for x in data["family_names"]] if "family_names" in data.files else None
+    k = int(data["top_k"]) if "top_k" in data.files else top_k
+    stats = _counts(counts, src, "counts", k, names)
+    if "step_counts" in data.files:
+        sc = np.asarray(data["step_counts"], dtype=np.float64)
+        if sc.ndim != 3 or sc.shape[0] != stats.layers or sc.shape[2] != stats.experts:
+            raise InputError(src, "step_counts", f"expected [layers, steps, experts], got shape {sc.shape}")
+        if not np.isfinite(sc).all() or (sc < 0).any():
+            raise InputError(src, "step_counts", "contains NaN, infinite or negative counts")
+        stats = stats_from_counts(stats.counts, top_k=stats.top_k, family_names=stats.family_names, step_counts=sc)
+    return stats
+
+
+def _read_csv(path: Path) -> np.ndarray:
+    rows = []
+    with path.open(newline="") as fh:
+        for i, row in enumerate(csv.reader(fh)):
+            if not row or row[0].startswith("#"):
+                continue
+            try:
+                rows.append([float(x) for x in row])
+            except ValueError:
+                if i == 0:
+                    continue  # a header line
+                raise InputError(str(path), f"line {i + 1}", "expected comma-separated numbers") from None
+    if not rows or len({len(r) for r in rows}) != 1:
+        raise InputError(str(path), "counts", "expected one row per layer, all rows the same length")
+    return np.array(rows)
+
+
+def _sglang_counts(arr: np.ndarray, src: str, top_k: int | None) -> Stats:
+    """SGLang ``logical_count`` ``[layers, E]`` (or ``[steps, layers, E]``); dense layers
+    (all-zero rows: SGLang counts every hidden layer) are dropped."""
+    if arr.ndim == 3:
+        steps = arr
+        arr = arr.sum(axis=0)
+    else:
+        steps = None
+    if arr.ndim != 2:
+        raise InputError(src, "logical_count", f"expected [layers, experts], got shape {arr.shape}")
+    keep = arr.sum(axis=1) > 0
+    stats = _counts(arr[keep], src, "logical_count", top_k)
+    if steps is not None:
+        stats = stats_from_counts(
+            stats.counts, top_k=stats.top_k, step_counts=np.transpose(steps[:, keep], (1, 0, 2))
+        )
+    return stats
+
+
+def _read_sglang_pt(path: Path, top_k: int | None) -> Stats:
+    try:
+        import torch
+    except ImportError:
+        raise InputError(str(path), None, "reading .pt files needs torch: pip install -e '.[torch]'") from None
+    obj = torch.load(path, map_location="cpu", weights_only=False)
+    if isinstance(obj, dict) and "logical_count" in obj:
+        return _sglang_counts(np.asarray(obj["logical_count"], dtype=np.float64), str(path), top_k)
+    raise InputError(str(path), None, "expected an SGLang expert-distribution dump with 'logical_count'")
+
+
+def _read_domain_counts(data: Any, src: str, select: str | None) -> Stats:
+    """The OLMoE-paper per-domain counts: keys ``<model>/expert_counts/<domain>`` [layers, E].
+
+    Families are the domains; ``select`` names the model prefix (olmoe, mistral, ...).
+    """
+    models = sorted({k.split("/")[0] for k in data.files if "/expert_counts/" in k})
+    if select is None:
+        if len(models) != 1:
+            raise InputError(src, "select", f"file holds several models; choose one of {', '.join(models)}")
+        select = models[0]
+    if select not in models:
+        raise InputError(src, "select", f"no model {select!r}; the file holds {', '.join(models)}")
+    prefix = f"{select}/expert_counts/"
+    domains = sorted(k[len(prefix):] for k in data.files if k.startswith(prefix))
+    arr = np.stack([data[prefix + d] for d in domains])
+    # each row sums to tokens * k: infer k from the first-rank counts where present
+    top1 = f"{select}/expert_counts_top1/{domains[0]}"
+    k = round(float(arr[0, 0].sum()) / float(data[top1][0].sum())) if top1 in data.files else None
+    return _counts(arr, src, f"{prefix}*", k, domains)
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read a routing trace ``.npz`` (format in the README) and validate every array."""
+    path = Path(path)
+    src = str(path)
+    try:
+        data = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise InputError(src, None, "file not found") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputError(src, None, f"not a readable .npz archive ({exc})") from None
+    for key in ("topk",):
+        if key not in data.files:
+            raise InputError(src, key, "required array is missing")
+    topk = data["topk"]
+    if topk.dtype.kind not in "iu":
+        raise InputError(src, "topk", f"expected integer expert ids, got dtype {topk.dtype}")
+    if topk.ndim != 3:
+        raise InputError(src, "topk", f"expected shape [tokens, layers, k], got {topk.shape}")
+    N = topk.shape[0]
+    if N == 0:
+        raise InputError(src, "topk", "trace has no tokens")
+    if topk.min() < 0:
+        raise InputError(src, "topk", f"expert id {int(topk.min())} is negative")
+    num_experts = int(data["num_experts"]) if "num_experts" in data.files else int(topk.max()) + 1
+    if topk.max() >= num_experts:
+        raise InputError(src, "topk", f"expert id {int(topk.max())} out of range [0, {num_experts - 1}]")
+
+    def vector(key: str, default: np.ndarray) -> np.ndarray:
+        if key not in data.files:
+            return default
+        v = data[key]
+        if v.dtype.kind not in "iu" or v.shape != (N,):
+            raise InputError(src, key, f"expected integers of shape [{N}], got {v.dtype} {v.shape}")
+        if v.min() < 0:
+            raise InputError(src, key, "contains negative ids")
+        return v.astype(np.int32)
+
+    family = vector("family", np.zeros(N, dtype=np.int32))
+    step = vector("step", np.zeros(N, dtype=np.int32))
+    _, step = np.unique(step, return_inverse=True)
+    if "family_names" in data.files:
+        names = tuple(str(x) for x in data["family_names"])
+    else:
+        names = tuple(f"family{i}" for i in range(int(family.max()) + 1)) if family.max() > 0 else ("all",)
+    if family.max() >= len(names):
+        raise InputError(src, "family", f"family id {int(family.max())} has no entry in family_names ({len(names)})")
+    weights = None
+    if "weights" in data.files:
+        weights = data["weights"]
+        if weights.shape != topk.shape or not np.isfinite(weights).all():
+            raise InputError(src, "weights", f"expected finite floats of shape {topk.shape}")
+    home = vector("home", None) if "home" in data.files else None
+    return Trace(
+        topk=topk.astype(np.int16 if num_experts < 2**15 else np.int32),
+        family=family,
+        step=step.astype(np.int32),
+        family_names=names,
+        num_experts=num_experts,
+        weights=weights,
+        home=home,
+    )
+
+
+def write_trace(path: str | Path, trace: Trace) -> None:
+    arrays = {
+        "topk": trace.topk,
+        "family": trace.family,
+        "step": trace.step,
+        "family_names": np.array(trace.family_names),
+        "num_experts": np.array(trace.num_experts),
+    }
+    if trace.weights is not None:
+        arrays["weights"] = trace.weights
+    if trace.home is not None:
+        arrays["home"] = trace.home
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez_compressed(fh, **arrays)
+
+
+# ----------------------------------------------------------------------------- plans
+def plan_to_json(plan: Plan, gpus: int, method: str = "", params: dict | None = None) -> dict:
+    return {
+        "format": PLAN_FORMAT,
+        "gpus": gpus,
+        "layers": plan.layers,
+        "experts": plan.experts,
+        "placement": plan.home.tolist(),
+        "replicas": [r.tolist() for r in plan.replicas],
+        "method": method,
+        "params": params or {},
+    }
+
+
+def write_plan(path: str | Path, plan: Plan, gpus: int, method: str = "", params: dict | None = None) -> None:
+    write_json(path, plan_to_json(plan, gpus, method, params))
+
+
+def read_plan(path: str | Path) -> tuple[Plan, int]:
+    """Read a ``moeopt.plan/1`` JSON file; returns the plan and its GPU count."""
+    path = Path(path)
+    src = str(path)
+    if not path.is_file():
+        raise InputError(src, None, "file not found")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(src, None, f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        raise InputError(src, "format", f"expected {PLAN_FORMAT!r}")
+    for key in ("gpus", "layers", "experts", "placement"):
+        if key not in data:
+            raise InputError(src, key, "required field is missing")
+    try:
+        home = np.asarray(data["placement"], dtype=np.int64)
+    except (TypeError, ValueError):
+        raise InputError(src, "placement", "expected [layers][experts] integer GPU ids") from None
+    if home.shape != (data["layers"], data["experts"]):
+        raise InputError(src, "placement", f"expected shape [{data['layers']}, {data['experts']}], got {home.shape}")
+    reps = []
+    for l, r in enumerate(data.get("replicas") or [[] for _ in range(home.shape[0])]):
+        try:
+            reps.append(np.asarray(r, dtype=np.int64).reshape(-1, 2))
+        except (TypeError, ValueError):
+            raise InputError(src, f"replicas[{l}]", "expected a list of [expert, gpu] pairs") from None
+    try:
+        plan = Plan(home=home, replicas=tuple(reps))
+    except PlanError as exc:
+        raise InputError(src, None, str(exc)) from None
+    return plan, int(data["gpus"])
+
+
+# ----------------------------------------------------------------------------- profiles
+def read_profile(path: str | Path) -> Profile:
+    """Read a latency profile YAML (``moeopt.profile/1``: tile, and per GPU its latencies)."""
+    path = Path(path)
+    src = str(path)
+    data = _mapping(_read_yaml(path), src, "", {"format", "tile", "unit", "gpus", "meta"})
+    tile = _int(data, "tile", src, "profile")
+    gpus = data.get("gpus")
+    if not isinstance(gpus, list) or not gpus:
+        raise InputError(src, "gpus", "expected a list of GPUs, each with 'latency' at tile boundaries")
+    rows, names = [], []
+    for i, g in enumerate(gpus):
+        g = _mapping(g, src, f"gpus[{i}]", {"name", "latency", "speed"})
+        lat = g.get("latency")
+        if not isinstance(lat, list) or len(lat) < 2:
+            raise InputError(src, f"gpus[{i}].latency", "expected a list of at least two latencies")
+        rows.append(_array(lat, src, f"gpus[{i}].latency"))
+        names.append(str(g.get("name", f"gpu{i}")))
+    if len({len(r) for r in rows}) != 1:
+        raise InputError(src, "gpus[].latency", "every GPU needs the same number of tile boundaries")
+    try:
+        return Profile(tile=tile, latency=np.stack(rows), names=tuple(names), meta=dict(data.get("meta") or {}))
+    except InputError as exc:
+        raise InputError(src, exc.field, exc.message) from None
+
+
+def write_profile(path: str | Path, profile: Profile) -> None:
+    data = {
+        "format": PROFILE_FORMAT,
+        "tile": profile.tile,
+        "unit": "ms",
+        "gpus": [
+            {"name": profile.names[g] if profile.names else f"gpu{g}", "latency": [round(float(x), 6) for x in profile.latency[g]]}
+            for g in range(profile.gpus)
+        ],
+        "meta": _jsonable(profile.meta),
+    }
+    write_text(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
+
+
+def resolve_profile(instance: Instance) -> Profile | None:
+    """The instance's latency profile: synthetic spec, file, or None."""
+    spec = instance.profile
+    src = str(instance.source) if instance.source else None
+    if spec is None:
+        return None
+    if isinstance(spec, (str, Path)):
+        profile = read_profile(spec)
+    else:
+        try:
+            profile = synthetic_profile(
+                instance.cluster.gpus,
+                variability=spec.get("variability", "medium"),
+                seed=int(spec.get("seed", 0)),
+                tile=int(spec.get("tile", 64)),
+                alpha=float(spec.get("alpha", 0.05)),
+                beta=float(spec.get("beta", 0.10)),
+                max_tiles=int(spec.get("max_tiles", 64)),
+            )
+        except InputError as exc:
+            raise InputError(src, exc.field, exc.message) from None
+    if profile.gpus != instance.cluster.gpus:
+        raise InputError(src, "profile", f"profile has {profile.gpus} GPUs, cluster.gpus is {instance.cluster.gpus}")
+    return profile

@@ -1,0 +1,3 @@
+"""Built-in methods; importing this package registers them."""
+
+from moeopt.methods import baselines  # noqa: F401

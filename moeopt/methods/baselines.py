@@ -1,0 +1,172 @@
+"""Baselines of SPEC section 6: linear, random, token-balanced greedy (+ hottest replication)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from moeopt.evaluate import linear_plan, loads_from_counts, maxvio
+from moeopt.plan import Plan
+from moeopt.registry import Context, Problem, register
+from moeopt.result import Result, Status
+
+
+def calibration_maxvio(plan: Plan, problem: Problem) -> float:
+    """Mean over layers of MaxVio on calibration counts (replicas split evenly)."""
+    loads = loads_from_counts(plan, problem.stats.expert_load, problem.gpus)
+    return float(maxvio(loads).mean())
+
+
+def _baseline_result(name: str, plan: Plan, problem: Problem, params: object, t0: float) -> Result:
+    return Result(
+        method=name,
+        status=Status.FEASIBLE,
+        plan=plan,
+        objective=calibration_maxvio(plan, problem),
+        objective_name="maxvio",
+        sense="min",
+        wall_time=time.perf_counter() - t0,
+        params=vars(params),
+    )
+
+
+@register
+class Linear:
+    """vLLM's default contiguous mapping."""
+
+    name: ClassVar[str] = "linear"
+    summary: ClassVar[str] = "expert e on GPU floor(e*G/E) (vLLM default)"
+    requires: ClassVar[frozenset[str]] = frozenset()
+
+    @dataclass
+    class Params:
+        pass
+
+    Params: ClassVar[type] = Params
+
+    def available(self) -> bool:
+        return True
+
+    def solve(self, problem: Problem, params: Params, ctx: Context) -> Result:
+        t0 = time.perf_counter()
+        plan = linear_plan(problem.layers, problem.experts, problem.gpus)
+        return _baseline_result(self.name, plan, problem, params, t0)
+
+
+def random_homes(experts: int, gpus: int, slots: int, rng: np.random.Generator) -> np.ndarray:
+    """A uniformly random assignment of experts to GPU slots (capacity respected)."""
+    slot_gpu = np.repeat(np.arange(gpus), slots)
+    return rng.permutation(slot_gpu)[:experts] if slots * gpus >= experts else slot_gpu
+
+
+@register
+class Random:
+    """Seeded uniformly random placement within slot capacities."""
+
+    name: ClassVar[str] = "random"
+    summary: ClassVar[str] = "uniformly random slots (seeded)"
+    requires: ClassVar[frozenset[str]] = frozenset()
+
+    @dataclass
+    class Params:
+        pass
+
+    Params: ClassVar[type] = Params
+
+    def available(self) -> bool:
+        return True
+
+    def solve(self, problem: Problem, params: Params, ctx: Context) -> Result:
+        t0 = time.perf_counter()
+        rng = np.random.default_rng(ctx.seed)
+        c = problem.instance.cluster
+        home = np.stack(
+            [random_homes(problem.experts, c.gpus, c.slots_per_gpu, rng) for _ in range(problem.layers)]
+        )
+        return _baseline_result(self.name, Plan(home=home), problem, params, t0)
+
+
+def balanced_homes(load: np.ndarray, gpus: int, slots: int, speed: np.ndarray | None = None) -> np.ndarray:
+    """Longest-processing-time packing: heaviest expert first onto the least-loaded GPU.
+
+    With ``speed`` the GPU chosen is the one finishing earliest, ``(load + w) / speed``.
+    """
+    speed = np.ones(gpus) if speed is None else np.asarray(speed, dtype=np.float64)
+    home = np.empty(len(load), dtype=np.int64)
+    acc = np.zeros(gpus)
+    used = np.zeros(gpus, dtype=np.int64)
+    for e in np.argsort(-load, kind="stable"):
+        finish = np.where(used < slots, (acc + load[e]) / speed, np.inf)
+        g = int(np.argmin(finish))
+        home[e], acc[g], used[g] = g, acc[g] + load[e], used[g] + 1
+    return home
+
+
+def hottest_replicas(
+    load: np.ndarray, home: np.ndarray, gpus: int, replica_slots: int, budget: int
+) -> np.ndarray:
+    """EPLB-style replication: give the expert with the highest per-copy load one more copy,
+    on the least-loaded GPU with a free replica slot that lacks it; repeat ``budget`` times.
+
+    Returns int ``[R, 2]`` rows ``(expert, gpu)``.
+    """
+    E = len(load)
+    holders = [{int(home[e])} for e in range(E)]
+    ncopy = np.ones(E)
+    free = np.full(gpus, replica_slots)
+    reps: list[tuple[int, int]] = []
+    for _ in range(min(budget, gpus * replica_slots)):
+        gpu_load = np.zeros(gpus)
+        for e in range(E):
+            for g in holders[e]:
+                gpu_load[g] += load[e] / ncopy[e]
+        placed = False
+        for e in np.argsort(-load / ncopy, kind="stable"):
+            options = [g for g in np.argsort(gpu_load, kind="stable") if free[g] > 0 and g not in holders[e]]
+            if options:
+                g = int(options[0])
+                holders[e].add(g)
+                ncopy[e] += 1
+                free[g] -= 1
+                reps.append((int(e), g))
+                placed = True
+                break
+        if not placed:
+            break
+    return np.array(reps, dtype=np.int64).reshape(-1, 2)
+
+
+@register
+class Greedy:
+    """Token-balanced greedy packing on mean loads, optionally replicating the hottest experts."""
+
+    name: ClassVar[str] = "greedy"
+    summary: ClassVar[str] = "token-balanced LPT packing; replicate=true adds EPLB-style hottest replicas"
+    requires: ClassVar[frozenset[str]] = frozenset()
+
+    @dataclass
+    class Params:
+        replicate: bool = False
+        replicas: int | None = None  # per layer; default: every replica slot
+
+    Params: ClassVar[type] = Params
+
+    def available(self) -> bool:
+        return True
+
+    def solve(self, problem: Problem, params: Params, ctx: Context) -> Result:
+        t0 = time.perf_counter()
+        c = problem.instance.cluster
+        loads = problem.stats.expert_load
+        home = np.stack([balanced_homes(loads[l], c.gpus, c.slots_per_gpu) for l in range(problem.layers)])
+        reps: tuple[np.ndarray, ...] = ()
+        if params.replicate and c.replica_slots_per_gpu > 0:
+            budget = c.gpus * c.replica_slots_per_gpu if params.replicas is None else params.replicas
+            reps = tuple(
+                hottest_replicas(loads[l], home[l], c.gpus, c.replica_slots_per_gpu, budget)
+                for l in ctx.layers(problem.layers, "greedy")
+            )
+        return _baseline_result(self.name, Plan(home=home, replicas=reps), problem, params, t0)

@@ -1,0 +1,157 @@
+"""Methods registered by name; each declares its parameters as a dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Protocol
+
+from tqdm.auto import tqdm
+
+from moeopt.errors import InputError
+from moeopt.instance import Instance
+from moeopt.plan import Plan
+from moeopt.profile import Profile
+from moeopt.result import Result
+from moeopt.trace import Stats, Trace
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """What a method sees: the instance, calibration statistics, trace and latency profile."""
+
+    instance: Instance
+    stats: Stats
+    trace: Trace | None = None
+    profile: Profile | None = None
+
+    @property
+    def layers(self) -> int:
+        return self.instance.model.layers
+
+    @property
+    def experts(self) -> int:
+        return self.instance.model.experts
+
+    @property
+    def gpus(self) -> int:
+        return self.instance.cluster.gpus
+
+
+@dataclass
+class Context:
+    """Run-time settings common to every method."""
+
+    time_limit: float | None = None
+    seed: int = 0
+    hint: Plan | None = None
+    quiet: bool = True
+    log: Callable[[str], None] | None = None
+
+    def say(self, line: str) -> None:
+        """A progress line (incumbent/bound) unless quiet."""
+        if not self.quiet:
+            (self.log or tqdm.write)(line)
+
+    def layers(self, n: int, desc: str):
+        """Iterate over layers with a progress bar unless quiet."""
+        return tqdm(range(n), desc=desc, unit="layer", disable=self.quiet or n <= 1, leave=False)
+
+
+class Method(Protocol):
+    """A placement method. ``Params`` is a dataclass of its parameters with defaults."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    Params: ClassVar[type]
+    #: What the calibration workload must provide: "coactivation", "steps", "profile".
+    requires: ClassVar[frozenset[str]]
+
+    def available(self) -> bool: ...
+
+    def solve(self, problem: Problem, params: Any, ctx: Context) -> Result: ...
+
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    """Class decorator: make a method available by its ``name``."""
+    if cls.name in _REGISTRY:
+        raise RuntimeError(f"method {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def method_names() -> list[str]:
+    import moeopt.methods  # noqa: F401  (registers the built-in methods)
+
+    return sorted(_REGISTRY)
+
+
+def get_method(name: str, *, source: str | None = None) -> Method:
+    """The registered method ``name``, or an :class:`InputError` listing the known ones."""
+    names = method_names()
+    if name not in _REGISTRY:
+        raise InputError(source, "method.name", f"unknown method {name!r}; registered: {', '.join(names)}")
+    return _REGISTRY[name]()
+
+
+def param_fields(method: Method) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(method.Params)}
+
+
+def parse_params(
+    method: Method, given: dict[str, Any] | None, *, source: str | None = None, strict: bool = True
+) -> Any:
+    """Build ``method.Params`` from a mapping, checking names and types.
+
+    With ``strict=False`` unknown names are dropped (used when ``--method`` overrides the
+    instance's method: parameters the new method accepts are kept).
+    """
+    fields = param_fields(method)
+    hints = typing.get_type_hints(method.Params)
+    values: dict[str, Any] = {}
+    for key, value in (given or {}).items():
+        if key not in fields:
+            if strict:
+                accepted = ", ".join(fields) or "none"
+                raise InputError(
+                    source, f"method.{key}", f"unknown parameter for method {method.name!r}; accepted: {accepted}"
+                )
+            continue
+        values[key] = _coerce(value, hints.get(key), source, f"method.{key}")
+    try:
+        params = method.Params(**values)
+    except (TypeError, ValueError) as exc:
+        raise InputError(source, "method", str(exc)) from None
+    return params
+
+
+def _coerce(value: Any, hint: Any, source: str | None, field: str) -> Any:
+    """Check a YAML value against a parameter's annotation (bool/int/float/str/optional)."""
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    if value is None:
+        if optional:
+            return None
+        raise InputError(source, field, "must not be empty")
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        raise InputError(source, field, f"expected true or false, got {value!r}")
+    if base is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise InputError(source, field, f"expected an integer, got {value!r}")
+    if base is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise InputError(source, field, f"expected a number, got {value!r}")
+    if base is str:
+        if isinstance(value, str):
+            return value
+        raise InputError(source, field, f"expected a string, got {value!r}")
+    return value

@@ -1,0 +1,131 @@
+"""Synthetic task-structured routing traces (seeded).
+
+Each layer has a hidden structure drawn from ``structure_seed``: a few *generic* experts hot
+for every family, the rest split into communities of co-activated experts, Zipf-skewed
+popularity, and per-family preferences over communities. Tokens are then sampled from
+``seed``: a family, a community from that family's preference, and k distinct experts by
+Gumbel top-k on the boosted popularities; some experts burst in some timesteps. Calibration
+and evaluation splits share the structure and differ in ``seed``; a single-family
+(out-of-distribution) workload puts every token in one family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from moeopt.errors import InputError
+from moeopt.trace import Trace
+
+DEFAULT_FAMILIES = ("code", "query", "math", "reasoning")
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    """Parameters of a synthetic workload (all documented in the README)."""
+
+    layers: int = 2
+    experts: int = 16
+    top_k: int = 2
+    tokens: int = 4096
+    steps: int = 16
+    families: tuple[str, ...] = DEFAULT_FAMILIES
+    family_share: tuple[float, ...] | None = None  # default uniform
+    only_family: str | None = None  # single-family (OOD) workload
+    communities: int | None = None  # default max(2, E // (2 k))
+    generic: int | None = None  # generic experts per layer; default max(1, E // 16)
+    generic_boost: float = 4.0
+    community_boost: float = 30.0
+    family_focus: float = 0.3  # Dirichlet concentration of family community preferences
+    skew: float = 0.8  # Zipf exponent of expert popularity
+    burst: float = 2.0  # multiplicative boost of bursting experts
+    burst_fraction: float = 0.1  # share of experts bursting in a given step
+    structure_seed: int = 0
+    seed: int = 0
+
+    @classmethod
+    def from_mapping(cls, data: dict, *, source: str | None = None, field_prefix: str = "workload.synthetic") -> SynthSpec:
+        known = {f.name: f for f in fields(cls)}
+        kwargs = {}
+        for key, value in data.items():
+            if key not in known:
+                raise InputError(source, f"{field_prefix}.{key}", f"unknown field; accepted: {', '.join(known)}")
+            if key in ("families", "family_share") and value is not None:
+                value = tuple(value)
+            kwargs[key] = value
+        spec = cls(**kwargs)
+        spec.validate(source, field_prefix)
+        return spec
+
+    def validate(self, source: str | None = None, prefix: str = "workload.synthetic") -> None:
+        for name in ("layers", "experts", "top_k", "tokens", "steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(source, f"{prefix}.{name}", f"expected a positive integer, got {v!r}")
+        if self.top_k > self.experts:
+            raise InputError(source, f"{prefix}.top_k", f"top_k={self.top_k} exceeds experts={self.experts}")
+        if self.only_family is not None and self.only_family not in self.families:
+            raise InputError(source, f"{prefix}.only_family", f"{self.only_family!r} is not one of {list(self.families)}")
+        if self.family_share is not None and len(self.family_share) != len(self.families):
+            raise InputError(source, f"{prefix}.family_share", "needs one share per family")
+
+
+@dataclass
+class _LayerStructure:
+    base: np.ndarray  # [E] popularity
+    community: np.ndarray  # [E] community id, -1 for generic
+    preference: np.ndarray  # [F, C] family -> community probabilities
+    bursts: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [T, E] multipliers
+
+
+def _structure(spec: SynthSpec, rng: np.random.Generator) -> list[_LayerStructure]:
+    E, F, T = spec.experts, len(spec.families), spec.steps
+    C = spec.communities or max(2, E // (2 * spec.top_k))
+    n_gen = spec.generic if spec.generic is not None else max(1, E // 16)
+    out = []
+    for _ in range(spec.layers):
+        perm = rng.permutation(E)
+        community = np.full(E, -1)
+        rest = perm[n_gen:]
+        community[rest] = np.arange(len(rest)) % C
+        base = (1.0 + rng.permutation(E)) ** -spec.skew
+        base[perm[:n_gen]] = base.max() * spec.generic_boost
+        preference = rng.dirichlet(np.full(C, spec.family_focus), size=F)
+        bursts = np.where(rng.random((T, E)) < spec.burst_fraction, spec.burst, 1.0)
+        out.append(_LayerStructure(base, community, preference, bursts))
+    return out
+
+
+def synthesize(spec: SynthSpec) -> Trace:
+    """Draw a trace from ``spec`` (vectorized over tokens: Gumbel top-k per layer)."""
+    spec.validate()
+    structure = _structure(spec, np.random.default_rng(spec.structure_seed))
+    rng = np.random.default_rng([spec.structure_seed, spec.seed])
+    N, E, k, F, T = spec.tokens, spec.experts, spec.top_k, len(spec.families), spec.steps
+    if spec.only_family is not None:
+        share = np.zeros(F)
+        share[spec.families.index(spec.only_family)] = 1.0
+    elif spec.family_share is not None:
+        share = np.asarray(spec.family_share, dtype=np.float64)
+        share = share / share.sum()
+    else:
+        share = np.full(F, 1.0 / F)
+    family = rng.choice(F, size=N, p=share).astype(np.int32)
+    step = np.sort(rng.integers(0, T, size=N)).astype(np.int32)
+    topk = np.empty((N, spec.layers, k), dtype=np.int16)
+    for l, s in enumerate(structure):
+        C = s.preference.shape[1]
+        cum = s.preference.cumsum(axis=1)
+        comm = (rng.random(N)[:, None] > cum[family]).sum(axis=1).clip(max=C - 1)
+        boost = np.where(s.community[None, :] == np.arange(C)[:, None], spec.community_boost, 1.0)  # [C, E]
+        logw = np.log(s.base)[None, :] + np.log(boost)[comm] + np.log(s.bursts)[step]
+        scores = logw + rng.gumbel(size=(N, E))
+        topk[:, l, :] = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    return Trace(
+        topk=topk,
+        family=family,
+        step=step,
+        family_names=tuple(spec.families),
+        num_experts=E,
+    )
