@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from moeopt.errors import InputError
-from moeopt.trace import Trace
+from moeopt.trace import Stats, Trace
 
 DEFAULT_FAMILIES = ("code", "query", "math", "reasoning")
 
@@ -129,3 +129,38 @@ def synthesize(spec: SynthSpec) -> Trace:
         family_names=tuple(spec.families),
         num_experts=E,
     )
+
+
+def trace_from_counts(
+    stats: Stats,
+    *,
+    tokens: int = 8192,
+    steps: int = 16,
+    family_mix: float | None = None,
+    seed: int = 0,
+) -> Trace:
+    """A token trace whose per-family expert usage follows count statistics (real data).
+
+    Each token of family f picks k distinct experts at each layer by Gumbel top-k on
+    ``log u[f, l, :]`` (Plackett-Luce sampling, which keeps the hottest experts hottest).
+    Experts are drawn independently across tokens, so coactivation carries no structure
+    beyond the marginals: label results on such traces as *count-sampled*.
+
+    ``family_mix``: None keeps the families' shares in every step; a positive number draws
+    each step's family mix from a Dirichlet with that concentration (bursty temporal load).
+    """
+    rng = np.random.default_rng(seed)
+    F, L, E, k = stats.families, stats.layers, stats.experts, stats.top_k
+    step = np.sort(rng.integers(0, steps, size=tokens)).astype(np.int32)
+    if family_mix is None:
+        family = rng.choice(F, size=tokens, p=stats.family_share).astype(np.int32)
+    else:
+        mix = rng.dirichlet(np.full(F, family_mix), size=steps)  # [T, F]
+        cum = mix.cumsum(axis=1)
+        family = (rng.random(tokens)[:, None] > cum[step]).sum(axis=1).clip(max=F - 1).astype(np.int32)
+    logu = np.log(np.maximum(stats.usage, 1e-12))  # [F, L, E]
+    topk = np.empty((tokens, L, k), dtype=np.int16 if E < 2**15 else np.int32)
+    for l in range(L):
+        scores = logu[family, l] + rng.gumbel(size=(tokens, E))
+        topk[:, l, :] = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    return Trace(topk=topk, family=family, step=step, family_names=stats.family_names, num_experts=E)
