@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
 from tabulate import tabulate
 
 from moeopt.errors import MoeoptError
 from moeopt.evaluate import evaluate, linear_plan
 from moeopt.io import load_instance, read_plan, read_workload_file, write_json, write_plan, write_trace
 from moeopt.result import Result
-from moeopt.solve import Workloads, load_workloads, solve
+from moeopt.solve import Workloads, add_relative_metrics, load_workloads, solve
 from moeopt.trace import Trace
 
 #: Rows of the metric tables: (report key, label, lower is better)
@@ -29,10 +29,6 @@ METRIC_ROWS = [
     ("straggler_p90", "p90 step latency (ms)", True),
     ("gap_to_bound", "gap to lower bound", True),
 ]
-
-# statistics of every metric that a report lists per layer are dropped from tables
-_HIDDEN = ("linear",)
-
 
 def _fmt(v: Any) -> str:
     if v is None:
@@ -116,9 +112,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     workload = read_workload_file(args.trace, top_k=inst.model.top_k) if args.trace else wl.evaluation
     metrics = evaluate(plan, workload, inst.cluster, profile=wl.profile)
     base = evaluate(linear_plan(inst.model.layers, inst.model.experts, gpus), workload, inst.cluster, profile=wl.profile)
-    from moeopt.solve import _add_relative
-
-    _add_relative(metrics, base)
+    add_relative_metrics(metrics, base)
     if args.report:
         write_json(args.report, {"instance": inst.name, "plan": str(args.plan), "metrics": metrics})
     print(metrics_table({"linear": base, Path(args.plan).name: metrics}))
@@ -154,18 +148,10 @@ def cmd_methods(args: argparse.Namespace) -> int:
     rows = []
     for name in method_names():
         m = get_method(name)
-        params = ", ".join(
-            f"{f}={v.default!r}" if v.default is not dataclass_missing() else f for f, v in param_fields(m).items()
-        )
+        params = ", ".join(f"{f}={v.default!r}" for f, v in param_fields(m).items())
         rows.append([name, "yes" if m.available() else "no", m.summary, params or "-"])
     print(tabulate(rows, headers=["method", "available", "what it does", "parameters"], tablefmt="plain"))
     return 0
-
-
-def dataclass_missing() -> Any:
-    import dataclasses
-
-    return dataclasses.MISSING
 
 
 def cmd_trace_synth(args: argparse.Namespace) -> int:
@@ -182,10 +168,7 @@ def cmd_trace_synth(args: argparse.Namespace) -> int:
         structure_seed=args.structure_seed,
         seed=args.seed,
     )
-    try:
-        spec.validate(source="trace synth", prefix="--")
-    except MoeoptError:
-        raise
+    spec.validate(source="trace synth", prefix="--")
     trace = synthesize(spec)
     write_trace(args.output, trace)
     if not args.quiet:
@@ -204,7 +187,7 @@ def trace_summary(workload: Any) -> str:
         )
     else:
         lines.append(f"count-only statistics: layers {stats.layers}, experts {stats.experts}, top-{stats.top_k}")
-    share = ", ".join(f"{n} {100 * s:.1f} %" for n, s in zip(stats.family_names, stats.family_share))
+    share = ", ".join(f"{n} {100 * s:.1f} %" for n, s in zip(stats.family_names, stats.family_share, strict=True))
     lines.append(f"families: {share}")
     rows = []
     for l in range(stats.layers):
@@ -303,5 +286,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    np.seterr(all="ignore")
     raise SystemExit(main())

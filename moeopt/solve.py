@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from moeopt.errors import InputError, PlanError
 from moeopt.evaluate import GuardParams, evaluate, linear_plan
@@ -106,13 +107,13 @@ def solve(
         linear_plan(instance.model.layers, instance.model.experts, instance.cluster.gpus),
         wl.evaluation, instance.cluster, profile=wl.profile,
     )
-    _add_relative(metrics, base)
+    add_relative_metrics(metrics, base)
     for hook in METRIC_HOOKS:
         hook(result.plan, problem, wl, metrics)
     return result.replace(metrics=metrics, wall_time=wall)
 
 
-def _add_relative(metrics: dict, base: dict) -> None:
+def add_relative_metrics(metrics: dict, base: dict) -> None:
     """Reductions vs the linear baseline, in percent (positive = better than linear)."""
 
     def pct(key: str) -> float | None:
