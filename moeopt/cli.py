@@ -90,7 +90,12 @@ def _solve_table(result: Result) -> str:
 # ----------------------------------------------------------------------------- commands
 def cmd_solve(args: argparse.Namespace) -> int:
     inst = load_instance(args.instance)
-    result = solve(inst, method=args.method, time_limit=args.time_limit, seed=args.seed, quiet=args.quiet)
+    hint = None
+    if args.hint:
+        hint, gpus = read_plan(args.hint)
+        if gpus != inst.cluster.gpus:
+            raise MoeoptError(f"{args.hint}: gpus: plan is for {gpus} GPUs, instance has {inst.cluster.gpus}")
+    result = solve(inst, method=args.method, time_limit=args.time_limit, seed=args.seed, quiet=args.quiet, hint=hint)
     if args.output and result.plan is not None:
         write_plan(args.output, result.plan, inst.cluster.gpus, result.method, result.params)
     if args.report:
@@ -229,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--method", default=None, help="override the instance's method name")
     s.add_argument("--output", help="plan JSON to write")
     s.add_argument("--report", help="report JSON to write")
+    s.add_argument("--hint", help="warm-start plan JSON (exact solvers start from it)")
     common(s)
     s.set_defaults(func=cmd_solve)
 

@@ -138,3 +138,13 @@ def test_evaluate_rejects_wrong_plan(tmp_path, capsys, quickstart_path):
     assert main(["evaluate", str(quickstart_path), str(plan)]) == 2
     assert "plan is for 2 GPUs" in capsys.readouterr().err
     assert read_plan(plan)[1] == 2
+
+
+def test_solve_accepts_hint(quickstart_path, tmp_path):
+    """--hint reads a plan file and passes it on; a hint for another cluster is refused."""
+    plan = tmp_path / "p.json"
+    assert main(["solve", str(quickstart_path), "--quiet", "--output", str(plan)]) == 0
+    assert main(["solve", str(quickstart_path), "--quiet", "--hint", str(plan)]) == 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(plan.read_text().replace('"gpus": 4', '"gpus": 2'))
+    assert main(["solve", str(quickstart_path), "--quiet", "--hint", str(bad)]) == 2
