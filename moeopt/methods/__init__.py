@@ -1,3 +1,4 @@
 """Built-in methods; importing this package registers them."""
 
 from moeopt.methods import baselines  # noqa: F401
+from moeopt.methods import tacg  # noqa: F401

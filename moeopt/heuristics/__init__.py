@@ -1,0 +1,1 @@
+"""Heuristics: building blocks used by the methods (no registration here)."""

@@ -1,0 +1,280 @@
+"""TACG: task-aware coactivation grouping (SPEC section 3; formulations/tacg.md).
+
+Per layer: family preferences ``p[f, e]`` (log-lift, softmax over families with temperature
+tau), the task-modulated graph ``Ã`` blended with the task-agnostic graph ``A`` by beta, and a
+capacity- and load-constrained grouping of the experts on the GPUs maximizing intra-GPU
+affinity. Methods:
+
+* ``tacg``: spectral clustering + capacity repair + iterated local search (default engine);
+* ``agnostic``: the same with beta = 0 (ExFlow-style global graph);
+* ``tacg-cpsat``, ``tacg-milp`` (Pyomo + HiGHS), ``tacg-highs`` (highspy arrays): exact
+  models warm-started from the heuristic plan, returning the proved bound.
+
+With nodes (``gpus_per_node < gpus``) grouping is flat on GPUs (the certified objective is
+same-GPU affinity); the groups are then placed on nodes by the same search on the quotient
+graph, which only relabels GPUs (objective, loads and bound unchanged).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+
+from moeopt.bounds import grouping_bound
+from moeopt.errors import InfeasibleError
+from moeopt.evaluate import grouping_affinity
+from moeopt.grouping import ExactOutcome, Grouping
+from moeopt.heuristics.spectral import capacity_repair, first_fit, spectral_labels
+from moeopt.heuristics.swap import arrange_nodes, iterated_local_search, node_affinity
+from moeopt.plan import Plan
+from moeopt.registry import Context, Problem, register
+from moeopt.result import Result, Status, combine_status
+from moeopt.trace import Stats
+
+#: epsilon of the log-lift preference score (SPEC 3.1)
+PREFERENCE_EPS = 1e-6
+#: automatic load limit: this factor above the least largest-group load any plan can reach
+AUTO_LOAD_SLACK = 1.1
+#: seconds per layer when the caller gives no time limit
+DEFAULT_TIME_LIMIT = 10.0
+
+
+# ----------------------------------------------------------------------------- graph
+def family_preference(usage: np.ndarray, global_usage: np.ndarray, tau: float, eps: float = PREFERENCE_EPS) -> np.ndarray:
+    """``F * p[f, l, e]``: family preferences scaled so that uniform preferences are exactly 1.
+
+    ``s[f, e] = log((u[f, e] + eps) / (ubar[e] + eps))`` and ``p = softmax_f(s / tau)``;
+    returns ``F p``, computed as ``exp(z) / mean_f exp(z)`` so that tau = inf gives 1.0
+    exactly (the task-agnostic graph, bit for bit).
+
+    Parameters
+    ----------
+    usage
+        u ``[F, L, E]``.
+    global_usage
+        ubar ``[L, E]``.
+    tau
+        temperature τ > 0; ``math.inf`` gives uniform preferences.
+    """
+    if not tau > 0:
+        raise ValueError(f"tau must be positive, got {tau}")
+    s = np.log((usage + eps) / (global_usage[None] + eps))
+    z = s / tau
+    z = z - z.max(axis=0, keepdims=True)
+    ez = np.exp(z)
+    return ez / ez.mean(axis=0, keepdims=True)
+
+
+def task_modulated_graph(stats: Stats, tau: float = 1.0, beta: float = 1.0) -> np.ndarray:
+    """``(1 - beta) A + beta Ã`` with ``Ã = sum_f pi_f C[f] ⊙ (F^2 p[f] p[f]^T)``, ``[L, E, E]``.
+
+    Parameters
+    ----------
+    stats
+        Calibration statistics with coactivation C ``[F, L, E, E]``.
+    tau
+        Preference temperature τ (``inf``: Ã = A).
+    beta
+        Blend β in [0, 1] (0: the task-agnostic graph A).
+    """
+    if stats.coactivation is None:
+        raise ValueError("the task-modulated graph needs coactivation statistics (a token trace)")
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must lie in [0, 1], got {beta}")
+    A = stats.affinity
+    if beta == 0.0:
+        return A.copy()
+    q = family_preference(stats.usage, stats.global_usage, tau)  # [F, L, E]
+    modulated = stats.coactivation * (q[:, :, :, None] * q[:, :, None, :])
+    tilde = np.einsum("f,flij->lij", stats.family_share, modulated)
+    if beta == 1.0:
+        return tilde
+    return (1.0 - beta) * A + beta * tilde
+
+
+# ----------------------------------------------------------------------------- parameters
+@dataclass
+class TacgParams:
+    """Parameters of every TACG method (YAML ``method:`` mapping).
+
+    tau, beta: preference temperature τ and blend β of SPEC 3.1-3.2. eps_load: each GPU's
+    load share at most ``(1 + eps_load) / G``; None (default) sets it per layer 10 % above
+    the least largest-GPU load any plan can reach (so it always binds and is always
+    feasible); ``.inf`` switches it off. repair / refine: the capacity repair and the
+    swap refinement (ablations when false). iterations, patience, kick: iterated local
+    search rounds per layer, rounds without improvement before stopping, random swaps per
+    kick (default E // 10). eigen_iterations: subgradient steps of the eigenvalue bound
+    (-1: skip it).
+    """
+
+    tau: float = 1.0
+    beta: float = 1.0
+    eps_load: float | None = None
+    repair: bool = True
+    refine: bool = True
+    iterations: int = 200
+    patience: int = 60
+    kick: int | None = None
+    eigen_iterations: int = 10
+
+    def __post_init__(self) -> None:
+        if not self.tau > 0:
+            raise ValueError(f"tau must be positive, got {self.tau}")
+        if not 0.0 <= self.beta <= 1.0:
+            raise ValueError(f"beta must lie in [0, 1], got {self.beta}")
+        if self.eps_load is not None and not self.eps_load >= 0:
+            raise ValueError(f"eps_load must be >= 0, got {self.eps_load}")
+        if self.iterations < 0 or self.patience < 1:
+            raise ValueError("iterations must be >= 0 and patience >= 1")
+
+
+@dataclass
+class AgnosticParams(TacgParams):
+    """TACG parameters with beta = 0 by default (the task-agnostic graph A)."""
+
+    beta: float = 0.0
+
+
+@dataclass
+class ExactParams(TacgParams):
+    """TACG parameters plus: warm_start (pass the heuristic plan to the solver), threads."""
+
+    warm_start: bool = True
+    threads: int = 2
+
+
+def layer_problems(problem: Problem, params: TacgParams) -> tuple[np.ndarray, list[Grouping], list[float]]:
+    """The graph ``[L, E, E]``, one :class:`Grouping` per layer and each layer's eps_load.
+
+    Raises
+    ------
+    InfeasibleError
+        When an explicit ``eps_load`` cannot be met by any plan.
+    """
+    stats, c = problem.stats, problem.instance.cluster
+    graph = task_modulated_graph(stats, params.tau, params.beta)
+    G = c.gpus
+    out, eps = [], []
+    for l in range(problem.layers):
+        g = Grouping(graph=graph[l], load=stats.global_usage[l], groups=G, cap=c.slots_per_gpu)
+        if params.eps_load is None:
+            limit = AUTO_LOAD_SLACK * g.min_max_load()
+        else:
+            limit = (1.0 + params.eps_load) / G
+        g = g.replace(load_limit=limit)
+        try:
+            g.check_load_limit(params.eps_load)
+        except InfeasibleError as exc:
+            raise InfeasibleError(f"layer {l}: {exc}") from None
+        out.append(g)
+        eps.append(limit * G - 1.0)
+    return graph, out, eps
+
+
+# ----------------------------------------------------------------------------- heuristic
+def heuristic_home(
+    g: Grouping, params: TacgParams, rng: np.random.Generator, *, hint: np.ndarray | None = None,
+    deadline: float | None = None,
+) -> tuple[np.ndarray, dict]:
+    """One layer's plan: spectral clusters, capacity repair, iterated local search.
+
+    Parameters
+    ----------
+    g
+        The layer's grouping problem.
+    params
+        ``repair`` false replaces the affinity-aware repair by :func:`first_fit`; ``refine``
+        false skips the swap search.
+    rng
+        Seeded generator (k-means initialization and kicks).
+    hint
+        Optional plan for the layer; used as the start when feasible and better.
+    """
+    labels = spectral_labels(g.graph, g.groups, rng)
+    home = capacity_repair(g, labels) if params.repair else first_fit(g, labels)
+    info: dict[str, Any] = {"spectral": g.objective(home)}
+    if hint is not None and g.feasible(hint) and g.objective(hint) > g.objective(home):
+        home = np.asarray(hint, dtype=np.int64)
+    if params.refine:
+        home, counters = iterated_local_search(
+            g, home, rng, iterations=params.iterations, patience=params.patience,
+            kick_swaps=params.kick, deadline=deadline,
+        )
+        info.update(counters)
+    return home, info
+
+
+def _finish(home: np.ndarray, g: Grouping, gpn: int, rng: np.random.Generator) -> np.ndarray:
+    return arrange_nodes(g, home, gpn, rng) if gpn < g.groups else home
+
+
+class _TacgBase:
+    requires: ClassVar[frozenset[str]] = frozenset({"coactivation"})
+    name: ClassVar[str]
+
+    def available(self) -> bool:
+        return True
+
+    def _result(
+        self, problem: Problem, params: TacgParams, graph: np.ndarray, groupings: list[Grouping],
+        homes: list[np.ndarray], statuses: list[Status], bounds: list[float], stats: dict, eps: list[float],
+    ) -> Result:
+        home = np.stack(homes)
+        c = problem.instance.cluster
+        objective = sum(grouping_affinity(graph[l], home[l]) for l in range(len(homes)))
+        agnostic = problem.stats.affinity
+        stats = {
+            **stats,
+            "agnostic_affinity": sum(grouping_affinity(agnostic[l], home[l]) for l in range(len(homes))),
+            "eps_load": eps,
+            "max_load_share": [float(g.group_loads(h).max() * g.groups) for g, h in zip(groupings, homes)],
+        }
+        if c.gpus_per_node < c.gpus:
+            stats["node_affinity"] = sum(node_affinity(graph[l], home[l], c.gpus_per_node) for l in range(len(homes)))
+        return Result(
+            method=self.name, status=combine_status(statuses), plan=Plan(home=home), objective=objective,
+            bound=float(sum(bounds)), sense="max", objective_name="affinity", params=vars(params).copy(),
+            stats=stats,
+        )
+
+
+@register
+class Tacg(_TacgBase):
+    """Task-aware coactivation grouping, heuristic (iterated local search)."""
+
+    name: ClassVar[str] = "tacg"
+    summary: ClassVar[str] = "task-aware grouping: spectral + capacity repair + iterated swap search"
+    Params: ClassVar[type] = TacgParams
+
+    def solve(self, problem: Problem, params: TacgParams, ctx: Context) -> Result:
+        graph, groupings, eps = layer_problems(problem, params)
+        limit = ctx.time_limit if ctx.time_limit is not None else DEFAULT_TIME_LIMIT
+        gpn = problem.instance.cluster.gpus_per_node
+        homes, bounds, kinds, spectral, rounds = [], [], [], [], []
+        for l in ctx.layers(problem.layers, self.name):
+            g = groupings[l]
+            rng = np.random.default_rng([ctx.seed, l])
+            hint = None if ctx.hint is None else ctx.hint.home[l]
+            home, info = heuristic_home(g, params, rng, hint=hint, deadline=time.perf_counter() + limit)
+            homes.append(_finish(home, g, gpn, rng))
+            b, kind = grouping_bound(g, eigen_iterations=params.eigen_iterations)
+            bounds.append(b)
+            kinds.append(kind)
+            spectral.append(info["spectral"])
+            rounds.append(info.get("rounds", 0))
+            ctx.say(f"{self.name} layer {l}: affinity {g.objective(home):.6g}, bound {b:.6g} ({kind})")
+        stats = {"bound_kind": kinds, "spectral_affinity": float(sum(spectral)), "ils_rounds": rounds}
+        return self._result(problem, params, graph, groupings, homes, [Status.FEASIBLE] * len(homes), bounds, stats, eps)
+
+
+@register
+class Agnostic(Tacg):
+    """TACG on the task-agnostic graph A (beta = 0): the ExFlow-style baseline and ablation."""
+
+    name: ClassVar[str] = "agnostic"
+    summary: ClassVar[str] = "coactivation grouping on the task-agnostic graph (TACG with beta=0)"
+    Params: ClassVar[type] = AgnosticParams
