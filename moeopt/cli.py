@@ -219,6 +219,94 @@ def cmd_trace_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- serving engines
+def _engine_instance(args: argparse.Namespace) -> Any:
+    """The --instance of export/import (or None); --gpus must agree with it."""
+    if not getattr(args, "instance", None):
+        return None
+    inst = load_instance(args.instance)
+    if getattr(args, "gpus", None) not in (None, inst.cluster.gpus):
+        raise MoeoptError(f"--gpus {args.gpus} disagrees with {args.instance}: cluster.gpus is {inst.cluster.gpus}")
+    return inst
+
+
+def _check_against(plan: Any, gpus: int, inst: Any, src: str) -> None:
+    if gpus != inst.cluster.gpus:
+        raise MoeoptError(f"{src}: gpus: plan is for {gpus} GPUs, instance has {inst.cluster.gpus}")
+    try:
+        plan.check(inst.cluster, layers=inst.model.layers, experts=inst.model.experts)
+    except MoeoptError as exc:
+        raise MoeoptError(f"{src}: {exc}") from None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from moeopt.interop import default_slots
+    from moeopt.io import write_engine_plan
+
+    plan, gpus = read_plan(args.plan)
+    inst = _engine_instance(args)
+    slots, replica_slots = default_slots(plan, gpus)
+    if inst is not None:
+        _check_against(plan, gpus, inst, args.plan)
+        slots, replica_slots = inst.cluster.slots_per_gpu, inst.cluster.replica_slots_per_gpu
+    if args.dense_layers and args.format != "sglang":
+        raise MoeoptError("--dense-layers applies to --format sglang only (EPLB and vLLM count MoE layers)")
+    load = None
+    if args.load:
+        w = read_workload_file(args.load, top_k=inst.model.top_k if inst is not None else 1)
+        load = (w.stats() if isinstance(w, Trace) else w).expert_load
+    write_engine_plan(
+        args.output, plan, gpus, args.format, slots_per_gpu=slots, replica_slots_per_gpu=replica_slots,
+        load=load, dense_layers=args.dense_layers,
+    )
+    if not args.quiet:
+        physical = (slots + replica_slots) * gpus
+        print(
+            f"wrote {args.output}: {args.format}, {plan.layers + args.dense_layers} layers x {physical} physical "
+            f"slots ({gpus} GPUs x {slots + replica_slots}); redundant experts: {physical - plan.experts}"
+        )
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from moeopt.io import read_engine_plan
+
+    inst = _engine_instance(args)
+    gpus = args.gpus if inst is None else inst.cluster.gpus
+    slots = args.slots_per_gpu if args.slots_per_gpu or inst is None else inst.cluster.slots_per_gpu
+    if args.dense_layers and args.format != "sglang":
+        raise MoeoptError("--dense-layers applies to --format sglang only (EPLB and vLLM count MoE layers)")
+    plan, gpus = read_engine_plan(
+        args.file, args.format, gpus=gpus, experts=None if inst is None else inst.model.experts,
+        slots_per_gpu=slots, dense_layers=args.dense_layers,
+    )
+    if inst is not None:
+        _check_against(plan, gpus, inst, args.file)
+    write_plan(args.output, plan, gpus, f"import:{args.format}", {"source": str(args.file)})
+    if not args.quiet:
+        reps = sum(len(r) for r in plan.replicas)
+        print(f"wrote {args.output}: {plan.layers} layers x {plan.experts} experts on {gpus} GPUs, {reps} replicas")
+    return 0
+
+
+def cmd_trace_import(args: argparse.Namespace) -> int:
+    from moeopt.io import read_sglang_dump, write_counts
+
+    if Path(args.output).suffix.lower() != ".npz":
+        raise MoeoptError(f"{args.output}: expected an .npz output (a trace or a counts file)")
+    w = read_sglang_dump(args.dump, top_k=args.top_k)
+    if isinstance(w, Trace):
+        write_trace(args.output, w)
+        what = f"trace, {w.tokens} tokens, {w.layers} MoE layers, E={w.num_experts}, top-{w.top_k}, {w.steps} steps"
+    else:
+        write_counts(args.output, w)
+        steps = 0 if w.step_counts is None else w.step_counts.shape[1]
+        what = f"counts, {w.layers} MoE layers, E={w.experts}, top-{w.top_k}, {steps} steps"
+    if not args.quiet:
+        print(f"wrote {args.output}: {what}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moeopt", description=__doc__)
@@ -275,6 +363,33 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--top-k", type=int, default=None, help="top-k of count files that do not record it")
     tt.add_argument("--select", default=None, help="model inside a multi-model count file")
     tt.set_defaults(func=cmd_trace_stats)
+    ti = tsub.add_parser("import", help="SGLang expert-distribution dump (.pt) -> trace or counts .npz")
+    ti.add_argument("dump")
+    ti.add_argument("--output", required=True, help="TRACE.npz (per_token dump) or COUNTS.npz (stat dump)")
+    ti.add_argument("--top-k", type=int, default=None, help="model top-k (stat dumps do not record it)")
+    ti.add_argument("--quiet", action="store_true")
+    ti.set_defaults(func=cmd_trace_import)
+
+    engines = ("sglang", "eplb", "vllm-ascend")
+    x = sub.add_parser("export", help="write a plan for a serving engine (SGLang, DeepSeek EPLB, vLLM-Ascend)")
+    x.add_argument("plan")
+    x.add_argument("--format", required=True, choices=engines)
+    x.add_argument("--output", required=True, help="sglang: .json/.pt; eplb: .npz/.pt; vllm-ascend: .json")
+    x.add_argument("--instance", help="take slots_per_gpu and replica_slots_per_gpu from it and check the plan")
+    x.add_argument("--load", help="trace or count file: its hottest expert fills GPUs that hold nothing")
+    x.add_argument("--dense-layers", type=int, default=0, help="sglang: dense hidden layers before the MoE ones")
+    x.add_argument("--quiet", action="store_true")
+    x.set_defaults(func=cmd_export)
+    im = sub.add_parser("import", help="read a serving engine's expert placement back into a plan JSON")
+    im.add_argument("file")
+    im.add_argument("--format", required=True, choices=engines)
+    im.add_argument("--output", required=True, help="plan JSON to write")
+    im.add_argument("--instance", help="take gpus, experts and slots_per_gpu from it and check the plan")
+    im.add_argument("--gpus", type=int, default=None, help="GPU count (SGLang maps do not record it)")
+    im.add_argument("--slots-per-gpu", type=int, default=None, help="home slots per GPU (default ceil(E/G))")
+    im.add_argument("--dense-layers", type=int, default=0, help="sglang: leading dense-layer rows to drop")
+    im.add_argument("--quiet", action="store_true")
+    im.set_defaults(func=cmd_import)
     return p
 
 

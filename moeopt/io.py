@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from moeopt import interop
 from moeopt.errors import InputError, PlanError
 from moeopt.instance import (
     Cluster,
@@ -375,15 +376,147 @@ def _sglang_counts(arr: np.ndarray, src: str, top_k: int | None) -> Stats:
     return stats
 
 
-def _read_sglang_pt(path: Path, top_k: int | None) -> Stats:
+def _read_sglang_pt(path: Path, top_k: int | None) -> Trace | Stats:
+    return read_sglang_dump(path, top_k=top_k)
+
+
+# ----------------------------------------------------------------------------- serving engines
+def _torch_load(path: Path) -> Any:
+    """``torch.load`` with tensors only (no arbitrary pickles); InputError without torch."""
     try:
         import torch
     except ImportError:
         raise InputError(str(path), None, "reading .pt files needs torch: pip install -e '.[torch]'") from None
-    obj = torch.load(path, map_location="cpu", weights_only=False)
-    if isinstance(obj, dict) and "logical_count" in obj:
-        return _sglang_counts(np.asarray(obj["logical_count"], dtype=np.float64), str(path), top_k)
-    raise InputError(str(path), None, "expected an SGLang expert-distribution dump with 'logical_count'")
+    if not path.is_file():
+        raise InputError(str(path), None, "file not found")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a bad file
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(str(path), None, f"not a readable torch file of tensors ({msg})") from None
+
+
+def _torch_save(path: str | Path, obj: dict[str, np.ndarray]) -> None:
+    try:
+        import torch
+    except ImportError:
+        raise InputError(str(path), None, "writing .pt files needs torch: pip install -e '.[torch]'") from None
+    with atomic_path(path) as tmp:
+        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in obj.items()}, tmp)
+
+
+def read_sglang_dump(path: str | Path, *, top_k: int | None = None) -> Trace | Stats:
+    """Read an SGLang expert-distribution recorder dump (``.pt``, needs torch).
+
+    ``per_token`` dumps give a :class:`Trace` (physical ids mapped to logical experts),
+    ``stat`` dumps count-only :class:`Stats` with per-step counts (``top_k`` required);
+    see :mod:`moeopt.interop` for the rules (dense all-zero layers are dropped).
+    """
+    path = Path(path)
+    return interop.read_sglang_dump(_torch_load(path), top_k=top_k, source=str(path))
+
+
+def write_counts(path: str | Path, stats: Stats) -> None:
+    """Write count-only statistics as a counts ``.npz`` (``counts``, ``top_k``,
+    ``family_names``, and ``step_counts`` when known), readable by ``read_workload_file``."""
+    arrays = {
+        "counts": stats.counts,
+        "top_k": np.array(stats.top_k),
+        "family_names": np.array(stats.family_names),
+    }
+    if stats.step_counts is not None:
+        arrays["step_counts"] = stats.step_counts
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez_compressed(fh, **arrays)
+
+
+def write_engine_plan(
+    path: str | Path,
+    plan: Plan,
+    gpus: int,
+    format: str,
+    *,
+    slots_per_gpu: int | None = None,
+    replica_slots_per_gpu: int | None = None,
+    load: np.ndarray | None = None,
+    dense_layers: int = 0,
+) -> None:
+    """Write a plan for a serving engine: ``format`` is ``sglang`` (``.json``, or ``.pt``),
+    ``eplb`` (``.npz``, or ``.pt``) or ``vllm-ascend`` (``.json``); see :mod:`moeopt.interop`."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    layout = dict(slots_per_gpu=slots_per_gpu, replica_slots_per_gpu=replica_slots_per_gpu, load=load)
+    allowed = {"sglang": (".json", ".pt"), "eplb": (".npz", ".pt"), "vllm-ascend": (".json",)}
+    if format not in allowed:
+        raise InputError(None, "format", f"expected one of {', '.join(interop.ENGINE_FORMATS)}, got {format!r}")
+    if suffix not in allowed[format]:
+        raise InputError(str(path), None, f"{format} plans are written as {' or '.join(allowed[format])}")
+    try:
+        if format == "sglang":
+            data = interop.to_sglang(plan, gpus, dense_layers=dense_layers, **layout)
+        elif format == "eplb":
+            data = interop.to_eplb(plan, gpus, **layout)
+        else:
+            data = interop.to_vllm_ascend(plan, gpus, **layout)
+    except PlanError as exc:
+        raise InputError(str(path), None, str(exc)) from None
+    if suffix == ".pt":
+        _torch_save(path, {k: np.asarray(v) for k, v in data.items()})
+    elif suffix == ".npz":
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **data)
+    else:
+        write_text(path, json.dumps(data, separators=(",", ":")) + "\n")
+
+
+def read_engine_plan(
+    path: str | Path,
+    format: str,
+    *,
+    gpus: int | None = None,
+    experts: int | None = None,
+    slots_per_gpu: int | None = None,
+    dense_layers: int = 0,
+) -> tuple[Plan, int]:
+    """Read a serving-engine plan file back into a plan; returns the plan and its GPU count.
+
+    ``gpus`` is required for SGLang files (they do not record it); ``slots_per_gpu`` (the
+    home region size) defaults to ``ceil(E / G)``; ``dense_layers`` leading rows of an
+    SGLang map are dropped.
+    """
+    path = Path(path)
+    src = str(path)
+    suffix = path.suffix.lower()
+    if format not in interop.ENGINE_FORMATS:
+        raise InputError(None, "format", f"expected one of {', '.join(interop.ENGINE_FORMATS)}, got {format!r}")
+    if suffix == ".pt":
+        data: Any = _torch_load(path)
+    elif not path.is_file():
+        raise InputError(src, None, "file not found")
+    elif suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                data = {k: z[k] for k in z.files}
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+            raise InputError(src, None, f"not a readable .npz archive ({exc})") from None
+    else:
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(src, None, f"not valid JSON: {exc}") from None
+    layout = dict(experts=experts, slots_per_gpu=slots_per_gpu, source=src)
+    if format == "sglang":
+        if gpus is None:
+            raise InputError(src, "gpus", "SGLang maps do not record the GPU count; give it (--gpus or --instance)")
+        return interop.from_sglang(data, gpus, dense_layers=dense_layers, **layout), gpus
+    if format == "eplb":
+        return interop.from_eplb(data, gpus, slots_per_gpu=slots_per_gpu, source=src)
+    plan, g = interop.from_vllm_ascend(data, **layout)
+    if gpus is not None and gpus != g:
+        raise InputError(src, "device_count", f"the map has {g} devices, expected {gpus}")
+    return plan, g
 
 
 def _read_domain_counts(data: Any, src: str, select: str | None) -> Stats:
