@@ -1,0 +1,777 @@
+"""Measured plan runs: emulate G expert-parallel GPUs on one device (SPEC section 7).
+
+For every layer l and timestep t of the instance's evaluation workload, each emulated GPU
+g runs its experts on the tokens the plan sends them, ``n[l, t, g, e]``, as one group of
+SwiGLU GEMMs (see :class:`~moeopt.harness.profile.ExpertBank`). The group's median time is
+divided by g's emulated speed; the step's latency is the slowest GPU; the plan's measured
+straggler latency is the sum over layers and steps, the same sum as the evaluator's
+``S = sum_l sum_t max_g C_g(n_g)``, which is the modelled value reported beside it.
+
+Token counts come from the evaluator: ``moeopt.evaluate.dispatch`` (the online replica
+guard) for token traces, ``moeopt.evaluate.loads_from_counts`` (replicas split evenly) for
+per-step count statistics. Steps are measured plan after plan within each step, so slow
+drift of the device (clock, temperature) does not favour one plan.
+
+Where several CUDA devices are visible, the plan's token all-to-all is also timed with
+NCCL (:func:`time_all_to_all`). That path has been exercised on the CPU with the gloo
+backend only; it has not run on a multi-GPU machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from moeopt.errors import InputError, MoeoptError
+from moeopt.evaluate import (
+    GuardParams,
+    dispatch,
+    loads_from_counts,
+    step_loads_from_dispatch,
+    straggler,
+)
+from moeopt.instance import Cluster, Instance
+from moeopt.plan import Plan
+from moeopt.profile import Profile
+from moeopt.trace import Stats, Trace
+
+REPORT_FORMAT = "moeopt.validate/1"
+#: Keys of every per-plan entry of a validate report (the same on CPU and GPU).
+PLAN_KEYS = (
+    "name",
+    "source",
+    "measured_straggler_ms",
+    "modelled_straggler",
+    "measured_over_modelled",
+    "measured_p90_ms",
+    "modelled_p90",
+    "step_correlation",
+    "measured_per_step_ms",
+    "modelled_per_step",
+    "assignments",
+    "max_gpu_tokens",
+    "measure_seconds",
+)
+#: Top-level keys of a validate report.
+REPORT_KEYS = (
+    "format",
+    "instance",
+    "device",
+    "ffn",
+    "gpus",
+    "layers",
+    "steps",
+    "speeds",
+    "speed_source",
+    "timing",
+    "modelled_profile",
+    "plans",
+    "ranking",
+    "all_to_all",
+    "wall_seconds",
+)
+
+
+@dataclass(frozen=True, eq=False)
+class PlanLoads:
+    """What one plan makes each emulated GPU compute.
+
+    Attributes
+    ----------
+    name
+        Plan name (file stem or method name).
+    per_expert
+        int ``[L, T, G, E]``: tokens expert e processes on GPU g at step t of layer l.
+    step_loads
+        float ``[L, T, G]``: the evaluator's per-step GPU loads (``n_g(M, t)``).
+    traffic
+        int ``[L, T, G, G]`` tokens sent from their home GPU to each remote GPU
+        (token traces only; ``None`` for count statistics).
+    """
+
+    name: str
+    per_expert: np.ndarray
+    step_loads: np.ndarray
+    traffic: np.ndarray | None = None
+
+
+def plan_loads(
+    name: str,
+    plan: Plan,
+    workload: Trace | Stats,
+    cluster: Cluster,
+    *,
+    guard: GuardParams = GuardParams(),
+    seed: int = 0,
+) -> PlanLoads:
+    """Per-expert token counts of a plan on a workload, through the evaluator's dispatch.
+
+    Parameters
+    ----------
+    name
+        Plan name carried into the report.
+    plan
+        The placement (with replicas, if any).
+    workload
+        The evaluation workload: a token trace, or statistics with ``step_counts``.
+    cluster
+        The instance's cluster (G).
+    guard
+        Replica guard parameters (as in :func:`moeopt.evaluate.evaluate`).
+    seed
+        Seed of the uniform token homes used for traffic when the trace has none.
+
+    Returns
+    -------
+    PlanLoads
+        Counts per (layer, step, GPU, expert) whose sums over experts equal the
+        evaluator's per-step loads.
+
+    Raises
+    ------
+    InputError
+        For count statistics without per-step counts.
+    """
+    G, E, L = cluster.gpus, plan.experts, plan.layers
+    if isinstance(workload, Trace):
+        gpu = dispatch(plan, workload, G, guard)
+        step = workload.step.astype(np.int64)
+        T = int(step.max()) + 1
+        experts = workload.topk.astype(np.int64)
+        key = ((np.arange(L)[None, :, None] * T + step[:, None, None]) * G + gpu) * E + experts
+        per_expert = np.bincount(key.ravel(), minlength=L * T * G * E).reshape(L, T, G, E)
+        step_loads = step_loads_from_dispatch(gpu, workload.step, G)
+        home = workload.home
+        if home is None:
+            home = np.random.default_rng(seed).integers(0, G, size=workload.tokens)
+        traffic = token_traffic(gpu, step, home.astype(np.int64), G, T)
+    else:
+        if workload.step_counts is None:
+            raise InputError(
+                None, "workload.evaluation",
+                "validate needs per-timestep counts: a token trace or counts with step_counts",
+            )
+        counts = np.asarray(workload.step_counts, dtype=np.float64)  # [L, T, E]
+        T = counts.shape[1]
+        eye = np.eye(E)
+        per_expert = np.zeros((L, T, G, E))
+        for l in range(L):
+            one = Plan(home=plan.home[l : l + 1], replicas=(plan.replicas[l],))
+            # expert axis kept apart as a diagonal, so the evaluator's split is per expert
+            spread = counts[l][:, None, :] * eye[None]  # [T, E_src, E]
+            per_expert[l] = np.swapaxes(loads_from_counts(one, spread[None], G)[0], 1, 2)
+        step_loads = loads_from_counts(plan, counts, G)
+        per_expert = np.rint(per_expert).astype(np.int64)
+        traffic = None
+    return PlanLoads(name=name, per_expert=per_expert, step_loads=step_loads, traffic=traffic)
+
+
+def token_traffic(gpu: np.ndarray, step: np.ndarray, home: np.ndarray, gpus: int, steps: int) -> np.ndarray:
+    """int ``[L, T, G, G]``: tokens sent from their home GPU to each distinct remote GPU.
+
+    A token goes once to every distinct GPU among its top-k placements other than its
+    home, so ``traffic[l].sum()`` equals the evaluator's remote GPUs summed over tokens.
+
+    Parameters
+    ----------
+    gpu
+        int ``[tokens, L, k]`` executing GPU of each token-expert assignment.
+    step
+        int ``[tokens]`` timestep of each token.
+    home
+        int ``[tokens]`` home GPU of each token.
+    gpus, steps
+        G and T.
+    """
+    N, L, k = gpu.shape
+    s = np.sort(gpu, axis=-1)
+    first = np.ones(s.shape, dtype=bool)
+    first[..., 1:] = s[..., 1:] != s[..., :-1]
+    send = first & (s != home[:, None, None])
+    layer = np.broadcast_to(np.arange(L)[None, :, None], s.shape)
+    src = np.broadcast_to(home[:, None, None], s.shape)
+    t = np.broadcast_to(step[:, None, None], s.shape)
+    key = ((layer * steps + t) * gpus + src) * gpus + s
+    return np.bincount(key[send], minlength=L * steps * gpus * gpus).reshape(L, steps, gpus, gpus)
+
+
+# ----------------------------------------------------------------------------- measuring
+def measure_plans(
+    loads: Sequence[PlanLoads],
+    bank: Any,
+    timer: Any,
+    speeds: np.ndarray,
+    *,
+    steps: int,
+    quiet: bool = True,
+) -> list[np.ndarray]:
+    """Measured step latencies ``[L, steps]`` (ms) of each plan.
+
+    Each (layer, step, GPU) group runs its experts once per timed repeat; its median is
+    divided by the GPU's speed; the step latency is the maximum over GPUs.
+    """
+    L = loads[0].per_expert.shape[0]
+    G = loads[0].per_expert.shape[2]
+    E = loads[0].per_expert.shape[3]
+    out = [np.zeros((L, steps)) for _ in loads]
+    bar = tqdm(total=L * steps * len(loads), desc="validate", unit="step", disable=quiet, leave=False)
+    for l in range(L):
+        for t in range(steps):
+            for p, pl in enumerate(loads):
+                counts = pl.per_expert[l, t]  # [G, E]
+                group = np.zeros(G)
+                for g in range(G):
+                    active = np.nonzero(counts[g])[0]
+                    if not len(active):
+                        continue
+                    ids = (l * E + active).tolist()  # distinct weights per (layer, expert)
+                    tokens = counts[g, active].tolist()
+                    group[g] = timer.median_ms(lambda ids=ids, tokens=tokens: bank.run(ids, tokens)) / speeds[g]
+                out[p][l, t] = group.max()
+                bar.update(1)
+    bar.close()
+    return out
+
+
+def ranking(names: Sequence[str], measured: Sequence[float], modelled: Sequence[float]) -> dict[str, Any]:
+    """Does the measured order of plans agree with the model's?
+
+    Parameters
+    ----------
+    names
+        Plan names.
+    measured, modelled
+        Straggler latency of each plan (lower is better).
+
+    Returns
+    -------
+    dict
+        ``measured`` and ``modelled`` (names, best first), ``kendall_tau`` and ``p_value``
+        (``scipy.stats.kendalltau``; None with fewer than two plans or constant values),
+        ``discordant_pairs`` (pairs ordered oppositely; ties agree with anything) and
+        ``agrees`` (no discordant pair; None with fewer than two plans).
+    """
+    from scipy.stats import kendalltau
+
+    a, b = np.asarray(measured, dtype=np.float64), np.asarray(modelled, dtype=np.float64)
+    out: dict[str, Any] = {
+        "measured": [names[i] for i in np.argsort(a, kind="stable")],
+        "modelled": [names[i] for i in np.argsort(b, kind="stable")],
+        "kendall_tau": None,
+        "p_value": None,
+        "discordant_pairs": 0,
+        "agrees": None,
+    }
+    if len(names) < 2:
+        return out
+    i, j = np.triu_indices(len(names), k=1)
+    out["discordant_pairs"] = int((np.sign(a[i] - a[j]) * np.sign(b[i] - b[j]) < 0).sum())
+    out["agrees"] = out["discordant_pairs"] == 0
+    if np.ptp(a) > 0 and np.ptp(b) > 0:
+        res = kendalltau(a, b)
+        out["kendall_tau"] = float(res.statistic) if math.isfinite(res.statistic) else None
+        out["p_value"] = float(res.pvalue) if math.isfinite(res.pvalue) else None
+    return out
+
+
+def _corr(x: np.ndarray, y: np.ndarray) -> float | None:
+    x, y = np.ravel(x), np.ravel(y)
+    if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+# ----------------------------------------------------------------------------- all-to-all
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_traffic(traffic: np.ndarray, world: int) -> np.ndarray:
+    """``[L, T, W, W]``: emulated GPUs folded onto ``world`` ranks (g -> g mod W), local dropped."""
+    L, T, G, _ = traffic.shape
+    ranks = np.arange(G) % world
+    onehot = np.zeros((G, world), dtype=np.int64)
+    onehot[np.arange(G), ranks] = 1
+    folded = np.einsum("ltij,ia,jb->ltab", traffic, onehot, onehot)
+    idx = np.arange(world)
+    folded[:, :, idx, idx] = 0
+    return folded
+
+
+def _all_to_all_worker(
+    rank: int, world: int, backend: str, port: int, path: str, d_model: int, dtype: str, repeats: int, warmup: int
+) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from moeopt.harness import torch_dtype
+
+    data = np.load(path)
+    names = [str(n) for n in data["names"]]
+    cuda = backend == "nccl"
+    device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        dt = torch_dtype(dtype)
+
+        def once(traffic: np.ndarray) -> float:
+            send = traffic[rank].tolist()
+            recv = traffic[:, rank].tolist()
+            inp = torch.ones(sum(send), d_model, device=device, dtype=dt)
+            out = torch.empty(sum(recv), d_model, device=device, dtype=dt)
+            dist.barrier()
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                dist.all_to_all_single(out, inp, recv, send)
+                end.record()
+                torch.cuda.synchronize(device)
+                ms = start.elapsed_time(end)
+            else:
+                t0 = time.perf_counter()
+                dist.all_to_all_single(out, inp, recv, send)
+                ms = 1e3 * (time.perf_counter() - t0)
+            # the step's all-to-all ends when its slowest rank ends
+            step = torch.tensor([ms], dtype=torch.float64, device=device)
+            dist.all_reduce(step, op=dist.ReduceOp.MAX)
+            return float(step.item())
+
+        # untimed first exchanges: connection set-up and buffer allocation are not traffic
+        first = data["traffic0"].reshape(-1, world, world)
+        for _ in range(max(1, warmup)):
+            once(first[int(first.sum(axis=(1, 2)).argmax())])
+        results = {}
+        for p, name in enumerate(names):
+            traffic = data[f"traffic{p}"]  # [L, T, W, W]
+            total = 0.0
+            for l in range(traffic.shape[0]):
+                for t in range(traffic.shape[1]):
+                    total += float(np.median([once(traffic[l, t]) for _ in range(repeats)]))
+            results[name] = total
+        if rank == 0:
+            Path(path).with_suffix(".json").write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def time_all_to_all(
+    loads: Sequence[PlanLoads],
+    *,
+    world: int,
+    backend: str,
+    steps: int,
+    d_model: int,
+    dtype: str,
+    repeats: int = 3,
+    warmup: int = 1,
+) -> dict[str, Any]:
+    """Time each plan's token all-to-all on ``world`` real ranks (torch.distributed).
+
+    Emulated GPU g is rank ``g mod world``; a step's all-to-all sends each token's hidden
+    state (``d_model`` values) from its home rank to every distinct remote rank holding one
+    of its experts, timed per step (CUDA events for NCCL; the median of ``repeats`` after
+    ``warmup`` untimed exchanges, the slowest rank's time) and summed over layers and steps.
+
+    Parameters
+    ----------
+    loads
+        Plans with ``traffic`` (token traces).
+    world
+        Ranks (processes, one per CUDA device for NCCL).
+    backend
+        ``"nccl"`` (several CUDA devices) or ``"gloo"`` (CPU; used to test this code path).
+    steps
+        Steps measured.
+    d_model, dtype
+        Size and dtype of one token's hidden state.
+    repeats, warmup
+        Timed exchanges per step (median) and untimed exchanges before any timing.
+
+    Returns
+    -------
+    dict
+        ``ran``, ``backend``, ``world``, ``ms`` (per plan name) and ``bytes`` (per plan).
+    """
+    import torch.multiprocessing as mp
+
+    usable = [pl for pl in loads if pl.traffic is not None]
+    if not usable:
+        return {"ran": False, "reason": "count-only workload: no token traffic"}
+    width = {"fp32": 4, "float32": 4}.get(dtype, 2)
+    with tempfile.TemporaryDirectory(prefix="moeopt-a2a-") as tmp:
+        path = os.path.join(tmp, "traffic.npz")
+        arrays = {f"traffic{p}": rank_traffic(pl.traffic[:, :steps], world) for p, pl in enumerate(usable)}
+        np.savez(path, names=np.array([pl.name for pl in usable]), **arrays)
+        mp.spawn(
+            _all_to_all_worker,
+            args=(world, backend, _free_port(), path, d_model, dtype, repeats, warmup),
+            nprocs=world,
+            join=True,
+        )
+        ms = json.loads(Path(path).with_suffix(".json").read_text())
+    return {
+        "ran": True,
+        "backend": backend,
+        "repeats": repeats,
+        "world": world,
+        "ms": ms,
+        "bytes": {pl.name: int(arrays[f"traffic{p}"].sum()) * d_model * width for p, pl in enumerate(usable)},
+    }
+
+
+# ----------------------------------------------------------------------------- validate
+def _speeds(text_speeds: Sequence[float] | None, profile: Profile | None, gpus: int) -> tuple[np.ndarray, str]:
+    if text_speeds is not None:
+        if len(text_speeds) != gpus:
+            raise MoeoptError(f"--speeds: expected {gpus} values (one per GPU), got {len(text_speeds)}")
+        return np.asarray(text_speeds, dtype=np.float64), "cli"
+    if profile is not None:
+        return profile.speed, "profile"
+    return np.ones(gpus), "uniform"
+
+
+def validate(
+    instance: Instance,
+    plans: Sequence[tuple[str, str, Plan]] = (),
+    *,
+    device: str | None = None,
+    speeds: Sequence[float] | None = None,
+    max_steps: int | None = None,
+    d_model: int | None = None,
+    d_ff: int | None = None,
+    dtype: str | None = None,
+    profile: Profile | None = None,
+    tile: int | None = None,
+    repeats: int = 3,
+    warmup: int = 1,
+    threads: int | None = None,
+    all_to_all: str = "auto",
+    world: int | None = None,
+    quiet: bool = True,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Measure plans on this device as G emulated GPUs and compare with the model.
+
+    Parameters
+    ----------
+    instance
+        The instance (cluster, evaluation workload, optional latency profile).
+    plans
+        ``(name, source, plan)`` triples; none: solve ``linear``, ``greedy`` and, when
+        registered, ``gem`` here.
+    device
+        ``"cuda"``, ``"cpu"`` or ``None`` (CUDA when available).
+    speeds
+        Emulated GPU speeds (length G); default: the modelled profile's speeds, else 1.
+    max_steps
+        Measure only the first steps of the workload (both measured and modelled).
+    d_model, d_ff, dtype
+        Expert FFN shape; defaults: the instance's model on a GPU, tiny fp32 on the CPU.
+    profile
+        Modelled profile; default the instance's, else one measured here on the fly.
+    tile
+        Tile of an on-the-fly profile (default 64).
+    repeats, warmup
+        Timed and untimed runs of every group.
+    threads
+        CPU threads for torch (CPU default 1).
+    all_to_all
+        ``"auto"`` (NCCL when several CUDA devices are visible), ``"off"``, ``"nccl"``
+        or ``"gloo"``.
+    world
+        Ranks of the all-to-all (default: visible CUDA devices, or 2 for gloo).
+    quiet
+        No progress bar.
+    seed
+        Seed of the weights and of on-the-spot solves.
+
+    Returns
+    -------
+    dict
+        The report; keys :data:`REPORT_KEYS`, each plan entry keys :data:`PLAN_KEYS`.
+    """
+    from moeopt.harness import require_torch, resolve_device
+    from moeopt.harness.profile import ExpertBank, Timer, device_info, measure_profile, set_threads, shape_for
+    from moeopt.io import resolve_profile
+    from moeopt.solve import load_workloads
+
+    t_start = time.perf_counter()
+    require_torch()
+    dev = resolve_device(device)
+    threads = set_threads(dev, threads)
+    shape = shape_for(dev, d_model, d_ff, dtype, instance.model)
+    cluster = instance.cluster
+    G, L, E = cluster.gpus, instance.model.layers, instance.model.experts
+    wl = load_workloads(instance)
+    evaluation = wl.evaluation
+    if isinstance(evaluation, Trace):
+        T = int(evaluation.step.max()) + 1
+    elif evaluation.step_counts is not None:
+        T = int(evaluation.step_counts.shape[1])
+    else:
+        raise InputError(
+            str(instance.source) if instance.source else None, "workload.evaluation",
+            "validate needs per-timestep counts: a token trace or counts with step_counts",
+        )
+    if max_steps is not None and max_steps < 1:
+        raise MoeoptError(f"--max-steps: expected a positive integer, got {max_steps}")
+    steps = min(T, max_steps) if max_steps else T
+
+    base_profile = profile if profile is not None else resolve_profile(instance)
+    emulated, speed_source = _speeds(speeds, base_profile, G)
+    modelled_info: dict[str, Any]
+    if profile is not None:
+        modelled_info = {"source": "file", "tile": profile.tile, "unit": "ms"}
+        if profile.gpus != G:
+            raise MoeoptError(f"--profile: has {profile.gpus} GPUs, the instance has {G}")
+    elif base_profile is not None:
+        modelled_info = {"source": "instance", "tile": base_profile.tile, "unit": "instance profile units"}
+    else:
+        # no profile anywhere: measure one here, with the emulated speeds, as the model
+        busiest = int(np.ceil(_step_totals(evaluation).max()))
+        run = measure_profile(
+            shape, device=dev, experts_per_gpu=cluster.slots_per_gpu, max_tokens=max(1, busiest),
+            tile=64 if tile is None else tile, repeats=repeats, warmup=warmup, speeds=emulated.tolist(),
+            threads=threads, quiet=quiet, seed=seed,
+        )
+        base_profile = run.profile
+        modelled_info = {"source": "measured", "tile": base_profile.tile, "unit": "ms",
+                         "sampling_seconds": run.seconds["tile"]}
+    modelled_profile = base_profile
+    wl = dataclasses.replace(wl, profile=modelled_profile)
+
+    entries: list[tuple[str, str, Plan]] = list(plans)
+    if not entries:
+        entries = solve_here(instance, wl, seed=seed)
+    for _, src, plan in entries:
+        try:
+            plan.check(cluster, layers=L, experts=E)
+        except MoeoptError as exc:
+            raise MoeoptError(f"{src}: {exc}") from None
+    names = _unique([n for n, _, _ in entries])
+    loads = [
+        plan_loads(n, plan, evaluation, cluster, seed=seed)
+        for n, (_, _, plan) in zip(names, entries, strict=True)
+    ]
+
+    busiest_group = max(int(pl.per_expert[:, :steps].max()) for pl in loads)
+    bank = ExpertBank(shape, dev, L * E, max(1, busiest_group), seed=seed)
+    timer = Timer(dev, warmup=warmup, repeats=repeats)
+    t0 = time.perf_counter()
+    measured = measure_plans(loads, bank, timer, emulated, steps=steps, quiet=quiet)
+    measure_seconds = time.perf_counter() - t0
+
+    plan_reports = []
+    for (name, (_, src, _)), pl, meas in zip(zip(names, entries, strict=True), loads, measured, strict=True):
+        s_mod, p90_mod, per_mod = straggler(pl.step_loads[:, :steps], modelled_profile)
+        per_meas_step = meas.sum(axis=0)
+        s_meas = float(meas.sum())
+        plan_reports.append({
+            "name": name,
+            "source": src,
+            "measured_straggler_ms": s_meas,
+            "modelled_straggler": s_mod,
+            "measured_over_modelled": s_meas / s_mod if s_mod > 0 else None,
+            "measured_p90_ms": float(np.percentile(per_meas_step, 90)),
+            "modelled_p90": p90_mod,
+            "step_correlation": _corr(meas, per_mod),
+            "measured_per_step_ms": per_meas_step.tolist(),
+            "modelled_per_step": per_mod.sum(axis=0).tolist(),
+            "assignments": int(pl.per_expert[:, :steps].sum()),
+            "max_gpu_tokens": int(pl.step_loads[:, :steps].max()),
+            "measure_seconds": measure_seconds / len(loads),
+        })
+
+    info = device_info(dev, threads)
+    a2a = _maybe_all_to_all(loads, all_to_all, world, dev, info, steps, shape, repeats, warmup)
+    return {
+        "format": REPORT_FORMAT,
+        "instance": instance.name,
+        "device": info,
+        "ffn": {"d_model": shape.d_model, "d_ff": shape.d_ff, "dtype": shape.dtype, "weight_pool": bank.pool},
+        "gpus": G,
+        "layers": L,
+        "steps": steps,
+        "speeds": emulated.round(6).tolist(),
+        "speed_source": speed_source,
+        "timing": {"timer": timer.kind, "repeats": repeats, "warmup": warmup},
+        "modelled_profile": modelled_info,
+        "plans": plan_reports,
+        "ranking": ranking(
+            names, [p["measured_straggler_ms"] for p in plan_reports], [p["modelled_straggler"] for p in plan_reports]
+        ),
+        "all_to_all": a2a,
+        "wall_seconds": time.perf_counter() - t_start,
+    }
+
+
+def _step_totals(workload: Trace | Stats) -> np.ndarray:
+    """Token-expert assignments per (layer, step): what one GPU would get holding every expert."""
+    if isinstance(workload, Trace):
+        per_step = np.bincount(workload.step, minlength=int(workload.step.max()) + 1)
+        return per_step * workload.top_k
+    return np.asarray(workload.step_counts).sum(axis=-1)
+
+
+def _maybe_all_to_all(
+    loads: Sequence[PlanLoads],
+    mode: str,
+    world: int | None,
+    dev: str,
+    info: dict,
+    steps: int,
+    shape: Any,
+    repeats: int,
+    warmup: int,
+) -> dict[str, Any]:
+    if mode not in ("auto", "off", "nccl", "gloo"):
+        raise MoeoptError(f"--all-to-all: expected auto, off, nccl or gloo, got {mode!r}")
+    if mode == "off":
+        return {"ran": False, "reason": "disabled (--all-to-all off)"}
+    import torch.distributed as dist
+
+    if mode == "auto":
+        if not (dev.startswith("cuda") and info["count"] > 1):
+            return {"ran": False, "reason": f"needs several CUDA devices; {info['count']} visible"}
+        mode = "nccl"
+    if mode == "nccl" and (info["count"] < 2 or not dist.is_nccl_available()):
+        raise MoeoptError("--all-to-all nccl: needs at least two CUDA devices and NCCL")
+    if not dist.is_available():
+        raise MoeoptError("--all-to-all: this torch build has no torch.distributed")
+    ranks = world or (info["count"] if mode == "nccl" else 2)
+    if mode == "nccl":
+        ranks = min(ranks, info["count"])
+    if ranks < 2:
+        raise MoeoptError(f"--world: the all-to-all needs at least 2 ranks, got {ranks}")
+    return time_all_to_all(
+        loads, world=ranks, backend=mode, steps=steps, d_model=shape.d_model, dtype=shape.dtype,
+        repeats=repeats, warmup=warmup,
+    )
+
+
+def _unique(names: Sequence[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
+    return out
+
+
+def solve_here(instance: Instance, workloads: Any, *, seed: int = 0) -> list[tuple[str, str, Plan]]:
+    """Plans of ``linear``, ``greedy`` and (when registered) ``gem``, solved now."""
+    from moeopt.registry import method_names
+    from moeopt.solve import solve
+
+    names = ["linear", "greedy"] + (["gem"] if "gem" in method_names() else [])
+    out = []
+    for name in names:
+        result = solve(instance, method=name, seed=seed, workloads=workloads)
+        if result.plan is None:
+            raise MoeoptError(f"method {name!r} found no plan for {instance.name}: {result.status.value}")
+        out.append((name, f"solved:{name}", result.plan))
+    return out
+
+
+# ----------------------------------------------------------------------------- reporting
+def report_markdown(report: dict[str, Any]) -> str:
+    """A Markdown summary of a validate report (device, table of plans, ranking)."""
+    dev, ffn = report["device"], report["ffn"]
+    unit = report["modelled_profile"]["unit"]
+    lines = [
+        f"# Measured plan runs: {report['instance']}",
+        "",
+        f"- device: **{dev['name']}** ({dev['type']}; torch {dev['torch']}, {dev['threads']} thread(s))",
+        f"- expert FFN: SwiGLU d_model={ffn['d_model']}, d_ff={ffn['d_ff']}, {ffn['dtype']}",
+        f"- emulated: {report['gpus']} GPUs, {report['layers']} layer(s) x {report['steps']} step(s); "
+        f"speeds ({report['speed_source']}): {', '.join(f'{s:.3f}' for s in report['speeds'])}",
+        f"- timing: {report['timing']['timer']}, median of {report['timing']['repeats']} after "
+        f"{report['timing']['warmup']} warm-up run(s)",
+        f"- modelled: evaluator's S with the {report['modelled_profile']['source']} profile ({unit})",
+        "",
+        "| plan | measured S (ms) | modelled S | measured / modelled | measured p90 (ms) | per-step corr. |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in report["plans"]:
+        ratio = p["measured_over_modelled"]
+        corr = p["step_correlation"]
+        lines.append(
+            f"| {p['name']} | {p['measured_straggler_ms']:.3f} | {p['modelled_straggler']:.3f} | "
+            f"{'-' if ratio is None else f'{ratio:.3f}'} | {p['measured_p90_ms']:.3f} | "
+            f"{'-' if corr is None else f'{corr:.3f}'} |"
+        )
+    r = report["ranking"]
+    tau = "-" if r["kendall_tau"] is None else f"{r['kendall_tau']:.3f}"
+    agrees = {True: "yes", False: "no", None: "-"}[r["agrees"]]
+    lines += [
+        "",
+        f"Ranking (best first): measured {' < '.join(r['measured'])}; modelled {' < '.join(r['modelled'])}; "
+        f"Kendall tau {tau}; agrees: {agrees}.",
+    ]
+    a2a = report["all_to_all"]
+    if a2a.get("ran"):
+        lines.append(
+            f"All-to-all ({a2a['backend']}, {a2a['world']} ranks): "
+            + ", ".join(f"{k} {v:.3f} ms" for k, v in a2a["ms"].items())
+        )
+    else:
+        lines.append(f"All-to-all not timed: {a2a['reason']}.")
+    return "\n".join(lines) + "\n"
+
+
+def validate_command(args: Any) -> int:
+    """``moeopt validate``: read instance and plans, measure, print and write the report."""
+    from moeopt.harness import require_torch
+    from moeopt.harness.profile import parse_speeds
+    from moeopt.io import load_instance, read_plan, read_profile, write_json, write_text
+
+    require_torch()
+    inst = load_instance(args.instance)
+    plans = []
+    for path in args.plans:
+        plan, gpus = read_plan(path)
+        if gpus != inst.cluster.gpus:
+            raise MoeoptError(f"{path}: gpus: plan is for {gpus} GPUs, instance has {inst.cluster.gpus}")
+        plans.append((Path(path).stem, str(path), plan))
+    report = validate(
+        inst,
+        plans,
+        device=args.device,
+        speeds=parse_speeds(args.speeds),
+        max_steps=args.max_steps,
+        d_model=args.d_model,
+        d_ff=args.d_ff,
+        dtype=args.dtype,
+        profile=read_profile(args.profile) if args.profile else None,
+        tile=args.tile,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        threads=args.threads,
+        all_to_all=args.all_to_all,
+        world=args.world,
+        quiet=args.quiet,
+        seed=args.seed,
+    )
+    if args.report:
+        write_json(args.report, report)
+    text = report_markdown(report)
+    if args.markdown:
+        write_text(args.markdown, text)
+    print(text, end="")
+    return 0
