@@ -219,6 +219,29 @@ def cmd_trace_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from moeopt.harness.profile import profile_command  # torch stays optional
+
+    return profile_command(args)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from moeopt.harness.run import validate_command  # torch stays optional
+
+    return validate_command(args)
+
+
+def _harness_args(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    sp.add_argument("--d-model", type=int, default=None, help="expert FFN width (CPU default 64)")
+    sp.add_argument("--d-ff", type=int, default=None, help="expert FFN hidden size (CPU default 128)")
+    sp.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp32"], help="CPU default fp32")
+    sp.add_argument("--tile", type=int, default=None, help="tokens per tile of the profile (default 64)")
+    sp.add_argument("--speeds", default=None, help="emulated GPU speeds, comma-separated")
+    sp.add_argument("--threads", type=int, default=None, help="torch CPU threads (CPU default 1)")
+    sp.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 # ----------------------------------------------------------------------------- serving engines
 def _engine_instance(args: argparse.Namespace) -> Any:
     """The --instance of export/import (or None); --gpus must agree with it."""
@@ -390,6 +413,32 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--dense-layers", type=int, default=0, help="sglang: leading dense-layer rows to drop")
     im.add_argument("--quiet", action="store_true")
     im.set_defaults(func=cmd_import)
+
+    pr = sub.add_parser("profile", help="measure a latency profile C(n) of one MoE layer (needs torch)")
+    _harness_args(pr)
+    pr.add_argument("--experts-per-gpu", type=int, default=1, help="experts the n tokens are spread over")
+    pr.add_argument("--max-tokens", type=int, default=None, help="largest n (default 4096 on GPU, 512 on CPU)")
+    pr.add_argument("--dense", action="store_true", help="also time every n; report the step function's error")
+    pr.add_argument("--repeats", type=int, default=5, help="timed runs per n (median)")
+    pr.add_argument("--warmup", type=int, default=2, help="untimed runs per n")
+    pr.add_argument("--output", required=True, help="profile YAML to write")
+    pr.set_defaults(func=cmd_profile)
+
+    v = sub.add_parser("validate", help="run plans on this device as G emulated GPUs; measured vs modelled S")
+    v.add_argument("instance")
+    v.add_argument("plans", nargs="*", help="plan JSON files (none: linear, greedy and gem solved here)")
+    _harness_args(v)
+    v.add_argument("--max-steps", type=int, default=None, help="measure only the first N steps")
+    v.add_argument("--profile", default=None, help="modelled profile file (default: the instance's)")
+    v.add_argument("--repeats", type=int, default=3, help="timed runs per GPU group (median)")
+    v.add_argument("--warmup", type=int, default=1, help="untimed runs per GPU group")
+    v.add_argument("--all-to-all", default="auto", choices=["auto", "off", "nccl", "gloo"],
+                   help="time the token all-to-all (auto: NCCL when several CUDA devices are visible)")
+    v.add_argument("--world", type=int, default=None, help="ranks of the all-to-all")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--report", help="report JSON to write")
+    v.add_argument("--markdown", help="report Markdown to write")
+    v.set_defaults(func=cmd_validate)
     return p
 
 
