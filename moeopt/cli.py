@@ -317,7 +317,7 @@ def cmd_trace_import(args: argparse.Namespace) -> int:
 
     if Path(args.output).suffix.lower() != ".npz":
         raise MoeoptError(f"{args.output}: expected an .npz output (a trace or a counts file)")
-    w = read_sglang_dump(args.dump, top_k=args.top_k)
+    w = read_sglang_dump(args.dump, top_k=args.top_k, trusted=args.trust_pickle)
     if isinstance(w, Trace):
         write_trace(args.output, w)
         what = f"trace, {w.tokens} tokens, {w.layers} MoE layers, E={w.num_experts}, top-{w.top_k}, {w.steps} steps"
@@ -390,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     ti.add_argument("dump")
     ti.add_argument("--output", required=True, help="TRACE.npz (per_token dump) or COUNTS.npz (stat dump)")
     ti.add_argument("--top-k", type=int, default=None, help="model top-k (stat dumps do not record it)")
+    ti.add_argument("--trust-pickle", action="store_true", help="also unpickle non-tensor objects (runs code)")
     ti.add_argument("--quiet", action="store_true")
     ti.set_defaults(func=cmd_trace_import)
 

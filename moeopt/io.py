@@ -381,8 +381,9 @@ def _read_sglang_pt(path: Path, top_k: int | None) -> Trace | Stats:
 
 
 # ----------------------------------------------------------------------------- serving engines
-def _torch_load(path: Path) -> Any:
-    """``torch.load`` with tensors only (no arbitrary pickles); InputError without torch."""
+def _torch_load(path: Path, *, trusted: bool = False) -> Any:
+    """``torch.load``: tensors and plain containers only unless ``trusted`` (arbitrary pickles
+    run code); InputError without torch."""
     try:
         import torch
     except ImportError:
@@ -390,10 +391,11 @@ def _torch_load(path: Path) -> Any:
     if not path.is_file():
         raise InputError(str(path), None, "file not found")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=not trusted)
     except Exception as exc:  # torch raises many types for a bad file
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(str(path), None, f"not a readable torch file of tensors ({msg})") from None
+        hint = "" if trusted else "; if it holds other objects and you trust it, use --trust-pickle"
+        raise InputError(str(path), None, f"not a readable torch file of tensors ({msg}){hint}") from None
 
 
 def _torch_save(path: str | Path, obj: dict[str, np.ndarray]) -> None:
@@ -405,15 +407,16 @@ def _torch_save(path: str | Path, obj: dict[str, np.ndarray]) -> None:
         torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in obj.items()}, tmp)
 
 
-def read_sglang_dump(path: str | Path, *, top_k: int | None = None) -> Trace | Stats:
+def read_sglang_dump(path: str | Path, *, top_k: int | None = None, trusted: bool = False) -> Trace | Stats:
     """Read an SGLang expert-distribution recorder dump (``.pt``, needs torch).
 
     ``per_token`` dumps give a :class:`Trace` (physical ids mapped to logical experts),
     ``stat`` dumps count-only :class:`Stats` with per-step counts (``top_k`` required);
-    see :mod:`moeopt.interop` for the rules (dense all-zero layers are dropped).
+    see :mod:`moeopt.interop` for the rules (dense all-zero layers are dropped). Only
+    tensors and plain containers are unpickled unless ``trusted``.
     """
     path = Path(path)
-    return interop.read_sglang_dump(_torch_load(path), top_k=top_k, source=str(path))
+    return interop.read_sglang_dump(_torch_load(path, trusted=trusted), top_k=top_k, source=str(path))
 
 
 def write_counts(path: str | Path, stats: Stats) -> None:

@@ -452,6 +452,24 @@ def test_cli_trace_import(tmp_path, capsys):
     assert counts.step_counts.shape == (3, 2, 4) and counts.top_k == 2
 
 
+class Marker:
+    """A non-tensor object, as a recorder dump may carry in a record's extra fields."""
+
+
+def test_cli_trace_import_trust_pickle(tmp_path, capsys):
+    """Dumps holding other objects load only with --trust-pickle (unpickling runs code)."""
+    torch = pytest.importorskip("torch")
+    dump, truth = _per_token_dump(np.random.default_rng(4), torch)
+    dump["records"][0]["misc"] = Marker()
+    torch.save(dump, tmp_path / "tok.pt")
+    args = ["trace", "import", str(tmp_path / "tok.pt"), "--output", str(tmp_path / "t.npz")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--trust-pickle" in err
+    assert main([*args, "--trust-pickle", "--quiet"]) == 0
+    assert np.array_equal(read_trace(tmp_path / "t.npz").topk, truth)
+
+
 def test_cli_bad_inputs_one_line(tmp_path, capsys):
     """Bad export/import/trace-import input: exit 2 and one clear line on stderr."""
     plan, path, inst = _plan_file(tmp_path)
