@@ -299,8 +299,30 @@ def from_sglang(
     dense_layers: int = 0,
     source: str | None = None,
 ) -> Plan:
-    """A plan from SGLang ``--init-expert-location`` content (the first ``dense_layers`` rows
-    are dropped); see :func:`plan_from_physical` for how homes are told from replicas."""
+    """A plan from SGLang ``--init-expert-location`` content.
+
+    Parameters
+    ----------
+    data
+        The loaded JSON (or ``.pt``) object with ``physical_to_logical_map``
+        ``[hidden layers, P]``.
+    gpus
+        G (SGLang's expert-parallel size; the file does not record it).
+    experts, slots_per_gpu, source
+        As in :func:`plan_from_physical`.
+    dense_layers
+        Leading rows (dense hidden layers) to drop.
+
+    Returns
+    -------
+    Plan
+        Homes and replicas of the MoE layers (see :func:`plan_from_physical`).
+
+    Raises
+    ------
+    InputError
+        On a missing key, a bad shape or ids, or ``dense_layers`` out of range.
+    """
     if not isinstance(data, Mapping) or "physical_to_logical_map" not in data:
         raise InputError(source, None, "expected an object with 'physical_to_logical_map' [layers][physical slots]")
     table = to_numpy(data["physical_to_logical_map"], source, "physical_to_logical_map")
@@ -363,9 +385,30 @@ def from_eplb(
     slots_per_gpu: int | None = None,
     source: str | None = None,
 ) -> tuple[Plan, int]:
-    """A plan from EPLB tensors; ``log2phy`` and ``logcnt`` (when present) must agree with
-    ``phy2log``. ``gpus`` and ``slots_per_gpu`` default to the file's ``num_gpus`` and
-    ``slots_per_gpu``. Returns the plan and G."""
+    """A plan from DeepSeek EPLB tensors.
+
+    Parameters
+    ----------
+    arrays
+        ``phy2log`` (required), ``log2phy`` and ``logcnt`` (checked against ``phy2log`` when
+        present), and moeopt's optional ``num_gpus`` and ``slots_per_gpu``.
+    gpus
+        G; defaults to the file's ``num_gpus``.
+    slots_per_gpu
+        Home region size; defaults to the file's ``slots_per_gpu``, else ``ceil(E / G)``.
+    source
+        File name for error messages.
+
+    Returns
+    -------
+    tuple of (Plan, int)
+        The plan and G.
+
+    Raises
+    ------
+    InputError
+        On missing or inconsistent tensors, or no GPU count.
+    """
     if not isinstance(arrays, Mapping) or "phy2log" not in arrays:
         raise InputError(source, "phy2log", "required array is missing (expected phy2log, log2phy, logcnt)")
     phy2log = to_numpy(arrays["phy2log"], source, "phy2log")
@@ -422,8 +465,17 @@ def to_vllm_ascend(
 ) -> dict[str, Any]:
     """The vLLM-Ascend expert map JSON content of a plan.
 
-    ``layer_id`` counts MoE layers from 0 (vLLM numbers only MoE layers); every device lists
-    the same number of experts (its physical slots, see the module docstring).
+    Parameters
+    ----------
+    plan, gpus, slots_per_gpu, replica_slots_per_gpu, load
+        As in :func:`physical_layout`.
+
+    Returns
+    -------
+    dict
+        ``{"moe_layer_count", "layer_list": [{"layer_id", "device_count", "device_list":
+        [{"device_id", "device_expert"}]}]}``; ``layer_id`` counts MoE layers from 0 (vLLM
+        numbers only MoE layers) and every device lists its ``W`` physical slots.
     """
     table = physical_layout(
         plan, gpus, slots_per_gpu=slots_per_gpu, replica_slots_per_gpu=replica_slots_per_gpu, load=load
@@ -444,8 +496,26 @@ def to_vllm_ascend(
 def from_vllm_ascend(
     data: Any, *, experts: int | None = None, slots_per_gpu: int | None = None, source: str | None = None
 ) -> tuple[Plan, int]:
-    """A plan from a vLLM-Ascend expert map; layers are ordered by ``layer_id``, devices by
-    ``device_id`` (list order when absent). Returns the plan and G."""
+    """A plan from a vLLM-Ascend expert map.
+
+    Parameters
+    ----------
+    data
+        The loaded JSON object. Layers are ordered by ``layer_id``, devices by
+        ``device_id`` (list order when absent); every device must list as many experts.
+    experts, slots_per_gpu, source
+        As in :func:`plan_from_physical`.
+
+    Returns
+    -------
+    tuple of (Plan, int)
+        The plan and G (``device_count``).
+
+    Raises
+    ------
+    InputError
+        On a missing or inconsistent field.
+    """
     if not isinstance(data, Mapping) or not isinstance(data.get("layer_list"), list):
         raise InputError(source, "layer_list", "expected an object with 'moe_layer_count' and a 'layer_list' list")
     layers = data["layer_list"]
@@ -629,7 +699,22 @@ def stats_from_sglang_stat(obj: Any, *, top_k: int | None, source: str | None = 
 
 
 def read_sglang_dump(obj: Any, *, top_k: int | None = None, source: str | None = None) -> Trace | Stats:
-    """A trace (``per_token`` dump) or statistics (``stat`` dump) from a loaded recorder dump."""
+    """A trace or statistics from a loaded SGLang recorder dump.
+
+    Parameters
+    ----------
+    obj
+        What ``torch.load`` returned.
+    top_k
+        k; required for ``stat`` dumps (``per_token`` dumps carry it).
+    source
+        File name for error messages.
+
+    Returns
+    -------
+    Trace or Stats
+        :func:`trace_from_sglang_per_token` or :func:`stats_from_sglang_stat` of ``obj``.
+    """
     try:
         kind = sglang_dump_kind(obj)
     except InputError as exc:

@@ -445,8 +445,28 @@ def write_engine_plan(
     load: np.ndarray | None = None,
     dense_layers: int = 0,
 ) -> None:
-    """Write a plan for a serving engine: ``format`` is ``sglang`` (``.json``, or ``.pt``),
-    ``eplb`` (``.npz``, or ``.pt``) or ``vllm-ascend`` (``.json``); see :mod:`moeopt.interop`."""
+    """Write a plan for a serving engine (atomically; layout rules in :mod:`moeopt.interop`).
+
+    Parameters
+    ----------
+    path
+        Output file: ``.json`` or ``.pt`` for ``sglang``, ``.npz`` or ``.pt`` for ``eplb``,
+        ``.json`` for ``vllm-ascend``.
+    plan, gpus
+        The plan and G.
+    format
+        ``sglang``, ``eplb`` or ``vllm-ascend``.
+    slots_per_gpu, replica_slots_per_gpu, load
+        See :func:`moeopt.interop.physical_layout`.
+    dense_layers
+        SGLang only: dense hidden layers to put before the MoE layers.
+
+    Raises
+    ------
+    InputError
+        On an unknown format, a wrong suffix, a plan that does not fit the slots, or a
+        ``.pt`` path without torch.
+    """
     path = Path(path)
     suffix = path.suffix.lower()
     layout = dict(slots_per_gpu=slots_per_gpu, replica_slots_per_gpu=replica_slots_per_gpu, load=load)
@@ -483,11 +503,32 @@ def read_engine_plan(
     slots_per_gpu: int | None = None,
     dense_layers: int = 0,
 ) -> tuple[Plan, int]:
-    """Read a serving-engine plan file back into a plan; returns the plan and its GPU count.
+    """Read a serving-engine plan file back into a plan.
 
-    ``gpus`` is required for SGLang files (they do not record it); ``slots_per_gpu`` (the
-    home region size) defaults to ``ceil(E / G)``; ``dense_layers`` leading rows of an
-    SGLang map are dropped.
+    Parameters
+    ----------
+    path
+        A file written by :func:`write_engine_plan` or by the engine's own tools.
+    format
+        ``sglang``, ``eplb`` or ``vllm-ascend``.
+    gpus
+        G: required for SGLang maps (they do not record it), checked for vLLM-Ascend.
+    experts
+        E (default: one more than the largest id).
+    slots_per_gpu
+        Home region size (default ``ceil(E / G)``, or an EPLB file's own value).
+    dense_layers
+        SGLang only: leading dense-layer rows to drop.
+
+    Returns
+    -------
+    tuple of (Plan, int)
+        The plan and its GPU count.
+
+    Raises
+    ------
+    InputError
+        On a missing or malformed file (see :mod:`moeopt.interop`).
     """
     path = Path(path)
     src = str(path)

@@ -238,9 +238,13 @@ def test_export_refuses_plan_over_slots():
 
 
 # ----------------------------------------------------------------------------- files
-@pytest.mark.parametrize("fmt,suffix", [("sglang", ".json"), ("eplb", ".npz"), ("vllm-ascend", ".json")])
+@pytest.mark.parametrize(
+    "fmt,suffix", [("sglang", ".json"), ("sglang", ".pt"), ("eplb", ".npz"), ("vllm-ascend", ".json")]
+)
 def test_file_round_trip(fmt, suffix, tmp_path):
     """write_engine_plan then read_engine_plan returns the plan."""
+    if suffix == ".pt":
+        pytest.importorskip("torch")
     plan = Plan(
         home=np.array([[0, 1, 2, 0, 1, 2], [2, 2, 1, 1, 0, 0]]), replicas=(np.array([[0, 1]]), np.zeros((0, 2)))
     )
