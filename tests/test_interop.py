@@ -344,6 +344,16 @@ def test_stat_dump_to_counts(tmp_path):
         read_sglang_dump(path)
 
 
+def test_stat_dump_shapes():
+    """A [layers, E] logical_count has no per-step counts; a list of dumps stacks as steps."""
+    one = interop.read_sglang_dump({"logical_count": [[0, 0, 0], [1, 2, 3]]}, top_k=1)
+    assert one.layers == 1 and one.step_counts is None
+    assert one.expert_load.tolist() == [[1, 2, 3]]
+    many = interop.read_sglang_dump([{"logical_count": [[0, 0], [1, 2]]}, {"logical_count": [[0, 0], [3, 0]]}], top_k=1)
+    assert many.expert_load.tolist() == [[4, 2]]
+    assert many.step_counts.tolist() == [[[1, 2], [3, 0]]]
+
+
 @pytest.mark.parametrize(
     "obj,message",
     [
