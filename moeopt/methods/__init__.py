@@ -2,3 +2,4 @@
 
 from moeopt.methods import baselines  # noqa: F401
 from moeopt.methods import tacg  # noqa: F401
+from moeopt.methods import hypergraph  # noqa: F401
