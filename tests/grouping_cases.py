@@ -26,8 +26,8 @@ def set_partitions(n: int, blocks: int) -> Iterator[list[int]]:
 
 
 def brute_force(g: Grouping) -> tuple[np.ndarray | None, float]:
-    """The optimal feasible plan and value by enumerating every set partition (E <= 9)."""
-    assert g.experts <= 9, "brute force is for tiny instances"
+    """The optimal feasible plan and value by enumerating every set partition (E <= 10)."""
+    assert g.experts <= 10, "brute force is for tiny instances"
     homes = np.array(list(map(list, set_partitions(g.experts, g.groups))), dtype=np.int64)
     same = homes[:, :, None] == homes[:, None, :]
     values = np.triu(same * g.graph[None], k=1).sum(axis=(1, 2))

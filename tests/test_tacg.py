@@ -19,7 +19,6 @@ from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
 from moeopt.methods.tacg import family_preference, layer_problems, task_modulated_graph
 from moeopt.registry import Context, Problem, get_method, parse_params
 from moeopt.synth import SynthSpec, synthesize
-
 from tests.grouping_cases import brute_force, random_grouping
 
 

@@ -17,17 +17,16 @@ graph, which only relabels GPUs (objective, loads and bound unchanged).
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, fields
-from typing import Any, Callable, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from moeopt.bounds import grouping_bound
 from moeopt.errors import InfeasibleError
 from moeopt.evaluate import grouping_affinity
-from moeopt.grouping import ExactOutcome, Grouping
+from moeopt.grouping import Grouping
 from moeopt.heuristics.spectral import capacity_repair, first_fit, spectral_labels
 from moeopt.heuristics.swap import arrange_nodes, iterated_local_search, node_affinity
 from moeopt.plan import Plan
@@ -44,7 +43,9 @@ DEFAULT_TIME_LIMIT = 10.0
 
 
 # ----------------------------------------------------------------------------- graph
-def family_preference(usage: np.ndarray, global_usage: np.ndarray, tau: float, eps: float = PREFERENCE_EPS) -> np.ndarray:
+def family_preference(
+    usage: np.ndarray, global_usage: np.ndarray, tau: float, eps: float = PREFERENCE_EPS
+) -> np.ndarray:
     """``F * p[f, l, e]``: family preferences scaled so that uniform preferences are exactly 1.
 
     ``s[f, e] = log((u[f, e] + eps) / (ubar[e] + eps))`` and ``p = softmax_f(s / tau)``;
@@ -231,7 +232,7 @@ class _TacgBase:
             **stats,
             "agnostic_affinity": sum(grouping_affinity(agnostic[l], home[l]) for l in range(len(homes))),
             "eps_load": eps,
-            "max_load_share": [float(g.group_loads(h).max() * g.groups) for g, h in zip(groupings, homes)],
+            "max_load_share": [float(g.group_loads(h).max() * g.groups) for g, h in zip(groupings, homes, strict=True)],
         }
         if c.gpus_per_node < c.gpus:
             stats["node_affinity"] = sum(node_affinity(graph[l], home[l], c.gpus_per_node) for l in range(len(homes)))
@@ -268,7 +269,8 @@ class Tacg(_TacgBase):
             rounds.append(info.get("rounds", 0))
             ctx.say(f"{self.name} layer {l}: affinity {g.objective(home):.6g}, bound {b:.6g} ({kind})")
         stats = {"bound_kind": kinds, "spectral_affinity": float(sum(spectral)), "ils_rounds": rounds}
-        return self._result(problem, params, graph, groupings, homes, [Status.FEASIBLE] * len(homes), bounds, stats, eps)
+        statuses = [Status.FEASIBLE] * len(homes)
+        return self._result(problem, params, graph, groupings, homes, statuses, bounds, stats, eps)
 
 
 @register
@@ -278,3 +280,114 @@ class Agnostic(Tacg):
     name: ClassVar[str] = "agnostic"
     summary: ClassVar[str] = "coactivation grouping on the task-agnostic graph (TACG with beta=0)"
     Params: ClassVar[type] = AgnosticParams
+
+
+# ----------------------------------------------------------------------------- exact
+class _TacgExact(_TacgBase):
+    """Exact TACG grouping by a backend module with ``available``, ``check_size`` and ``solve``."""
+
+    Params: ClassVar[type] = ExactParams
+    backend: ClassVar[str]
+
+    def backend_module(self):
+        """The solver module (``available``, ``check_size``, ``build_model``, ``solve``)."""
+        from moeopt.solvers import grouping_cpsat, grouping_highs, grouping_milp
+
+        return {"cpsat": grouping_cpsat, "highs": grouping_highs, "milp": grouping_milp}[self.backend]
+
+    def available(self) -> bool:
+        return bool(self.backend_module().available())
+
+    def solve(self, problem: Problem, params: ExactParams, ctx: Context) -> Result:
+        graph, groupings, eps = layer_problems(problem, params)
+        limit = ctx.time_limit if ctx.time_limit is not None else DEFAULT_TIME_LIMIT
+        mod = self.backend_module()
+        for g in groupings:  # refuse before spending any time
+            mod.check_size(g, limit)
+        gpn = problem.instance.cluster.gpus_per_node
+        homes: list[np.ndarray] = []
+        statuses, bounds, kinds, incumbents, starts, gaps, walls = [], [], [], [], [], [], []
+        for l in ctx.layers(problem.layers, self.name):
+            g = groupings[l]
+            rng = np.random.default_rng([ctx.seed, l])
+            start = None
+            if params.warm_start:
+                try:
+                    hint = None if ctx.hint is None else ctx.hint.home[l]
+                    start, _ = heuristic_home(g, params, rng, hint=hint, deadline=time.perf_counter() + 0.25 * limit)
+                except InfeasibleError:
+                    start = None  # the repair missed a packing: let the exact model look for one
+            out = mod.solve(g, time_limit=limit, hint=start, threads=params.threads, seed=ctx.seed)
+            cheap, kind = grouping_bound(g, eigen_iterations=params.eigen_iterations)
+            bound = cheap if out.bound is None else min(out.bound, cheap)
+            kinds.append(kind if bound == cheap else "solver")
+            if out.status == Status.INFEASIBLE:
+                raise InfeasibleError(
+                    f"layer {l}: {self.name} proved that no plan meets the load limit "
+                    f"(eps_load = {eps[l]:.4g}) with {g.cap} slots per GPU"
+                )
+            home, status = out.home, out.status
+            if home is not None and not g.feasible(home):
+                home = None  # outside the load tolerance after the backend's rounding
+            if start is not None and (home is None or g.objective(start) > g.objective(home)):
+                home = start
+                if out.status == Status.OPTIMAL:
+                    status = Status.OPTIMAL if bound <= g.objective(start) + 1e-9 * max(bound, 1.0) else Status.FEASIBLE
+                else:
+                    status = Status.TIME_LIMIT
+            if home is None:
+                statuses.append(Status.NO_SOLUTION)
+                homes.append(np.zeros(g.experts, dtype=np.int64))
+            else:
+                statuses.append(status)
+                homes.append(_finish(home, g, gpn, rng))
+            bounds.append(bound)
+            incumbents.append(out.incumbent)
+            starts.append(None if start is None else g.objective(start))
+            gaps.append(out.gap)
+            walls.append(out.wall_time)
+            ctx.say(
+                f"{self.name} layer {l}: {out.status.value}, incumbent {out.incumbent}, "
+                f"bound {bound:.6g}, {out.wall_time:.2f} s"
+            )
+        stats = {
+            "solver_objective": float(sum(v for v in incumbents if v is not None)),
+            "layer_status": [s.value for s in statuses],
+            "layer_solver_gap": gaps,
+            "layer_wall_time": walls,
+            "warm_start_objective": starts,
+            "bound_kind": kinds,
+        }
+        if Status.NO_SOLUTION in statuses:
+            return Result(
+                method=self.name, status=Status.NO_SOLUTION, plan=None, bound=float(sum(bounds)), sense="max",
+                objective_name="affinity", params=vars(params).copy(), stats=stats,
+            )
+        return self._result(problem, params, graph, groupings, homes, statuses, bounds, stats, eps)
+
+
+@register
+class TacgCpsat(_TacgExact):
+    """Exact TACG grouping with OR-Tools CP-SAT, hinted with the heuristic plan."""
+
+    name: ClassVar[str] = "tacg-cpsat"
+    summary: ClassVar[str] = "exact task-aware grouping, CP-SAT (heuristic plan as hint)"
+    backend: ClassVar[str] = "cpsat"
+
+
+@register
+class TacgMilp(_TacgExact):
+    """Exact TACG grouping as a Pyomo MILP solved by HiGHS."""
+
+    name: ClassVar[str] = "tacg-milp"
+    summary: ClassVar[str] = "exact task-aware grouping, MILP in Pyomo solved by HiGHS"
+    backend: ClassVar[str] = "milp"
+
+
+@register
+class TacgHighs(_TacgExact):
+    """Exact TACG grouping, the same MILP built directly with highspy's array API."""
+
+    name: ClassVar[str] = "tacg-highs"
+    summary: ClassVar[str] = "exact task-aware grouping, MILP built with highspy arrays"
+    backend: ClassVar[str] = "highs"

@@ -1,0 +1,1 @@
+"""Solvers: building blocks used by the methods (no registration here)."""

@@ -1,0 +1,177 @@
+"""CP-SAT model of the capacity-constrained grouping (formulations/tacg.md, section 3).
+
+Variables: ``x[e, g]`` (expert e on group g), the group index ``h[e] = sum_g g x[e, g]`` and,
+for every pair with positive affinity, ``z[p]`` (both ends in one group), enforced by
+``z[p] => h[i] == h[j]``. Slots, the load limit (loads scaled to integers, rounded so that
+any CP-SAT solution meets the real limit), star cuts (at most ``cap - 1`` partners whose loads
+fit beside e), and value-precedence symmetry breaking ``x[e, g] <= sum_{e' < e} x[e', g-1]``.
+The objective uses weights scaled to integers; the reported bound adds back the largest
+possible rounding error so that it stays valid for the real weights.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from moeopt.errors import InputError
+from moeopt.grouping import ExactOutcome, Grouping, pairs
+from moeopt.result import Status
+
+#: integer scale of the largest affinity in the objective
+WEIGHT_SCALE = 1_000_000
+#: integer scale of the loads (which sum to about 1)
+LOAD_SCALE = 1_000_000_000
+#: pairs CP-SAT can take per second of time limit, before refusing (build + a useful search)
+PAIRS_PER_SECOND = 20_000
+
+
+def available() -> bool:
+    try:
+        import ortools.sat.python.cp_model  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass
+class CpsatModel:
+    """A built CP-SAT model with its variables and scales."""
+
+    model: object
+    x: list[list[object]]
+    h: list[object]
+    z: list[object]
+    pair_i: np.ndarray
+    pair_j: np.ndarray
+    weight_int: np.ndarray
+    scale: float
+    rounding: float  # largest total rounding error of the objective, in real units
+    build_time: float
+
+
+def check_size(g: Grouping, time_limit: float) -> None:
+    """Refuse models that cannot be built and searched within ``time_limit``."""
+    n = len(pairs(g.graph)[0]) + g.experts * g.groups
+    if n > PAIRS_PER_SECOND * max(time_limit, 1.0):
+        raise InputError(
+            None, "method.name",
+            f"tacg-cpsat: E={g.experts}, G={g.groups} gives {n} pair/assignment variables, too many for a "
+            f"{time_limit:g} s limit (at most {int(PAIRS_PER_SECOND * max(time_limit, 1.0))}); "
+            "raise --time-limit or use the heuristic 'tacg'",
+        )
+
+
+def build_model(g: Grouping) -> CpsatModel:
+    """The CP-SAT model of ``g`` (no solving)."""
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    E, G, cap = g.experts, g.groups, g.cap
+    m = cp_model.CpModel()
+    # symmetry breaking: expert e can only use groups 0..e
+    x = [[m.new_bool_var(f"x{e}_{k}") for k in range(min(e + 1, G))] for e in range(E)]
+    for e in range(E):
+        m.add_exactly_one(x[e])
+    for k in range(G):
+        col = [x[e][k] for e in range(k, E)]
+        if col:
+            m.add(sum(col) <= cap)
+    wl = np.ceil(g.load * LOAD_SCALE).astype(np.int64)  # rounded up: CP-SAT feasible => really feasible
+    lim = int(math.floor(g.load_limit * LOAD_SCALE)) if g.limited else None
+    if lim is not None:
+        for k in range(G):
+            es = range(k, E)
+            m.add(sum(int(wl[e]) * x[e][k] for e in es) <= lim)
+    for e in range(1, E):
+        for k in range(1, min(e + 1, G)):
+            m.add(x[e][k] <= sum(x[f][k - 1] for f in range(k - 1, e)))
+    h = []
+    for e in range(E):
+        he = m.new_int_var(0, min(e, G - 1), f"h{e}")
+        m.add(he == sum(k * x[e][k] for k in range(len(x[e]))))
+        h.append(he)
+    pi, pj, pw = pairs(g.graph)
+    scale = WEIGHT_SCALE / max(float(pw.max(initial=0.0)), 1e-300)
+    wint = np.rint(pw * scale).astype(np.int64)
+    z = []
+    for i, j in zip(pi.tolist(), pj.tolist(), strict=True):
+        zp = m.new_bool_var(f"z{i}_{j}")
+        m.add(h[i] == h[j]).only_enforce_if(zp)
+        z.append(zp)
+    # star cuts: partners of e number at most cap-1 and their loads fit beside e
+    incident: list[list[int]] = [[] for _ in range(E)]
+    for p, (i, j) in enumerate(zip(pi.tolist(), pj.tolist(), strict=True)):
+        incident[i].append(p)
+        incident[j].append(p)
+    for e in range(E):
+        if len(incident[e]) > cap - 1:
+            m.add(sum(z[p] for p in incident[e]) <= cap - 1)
+        if lim is not None and incident[e]:
+            other = [int(pj[p]) if pi[p] == e else int(pi[p]) for p in incident[e]]
+            m.add(sum(int(wl[o]) * z[p] for o, p in zip(other, incident[e], strict=True)) <= lim - int(wl[e]))
+    m.maximize(sum(int(w) * zp for w, zp in zip(wint.tolist(), z, strict=True)))
+    # each real weight differs from wint / scale by at most 0.5 / scale; at most E (cap-1) / 2 pairs count
+    rounding = 0.5 / scale * min(len(z), E * (cap - 1) / 2)
+    return CpsatModel(m, x, h, z, pi, pj, wint, scale, rounding, time.perf_counter() - t0)
+
+
+def solve(
+    g: Grouping, *, time_limit: float, hint: np.ndarray | None = None, threads: int = 2, seed: int = 0,
+    log: bool = False,
+) -> ExactOutcome:
+    """Solve ``g`` with CP-SAT.
+
+    Parameters
+    ----------
+    g
+        The grouping problem.
+    time_limit
+        Seconds for build and search.
+    hint
+        A feasible plan; renumbered with :meth:`Grouping.canonical` so that it satisfies the
+        symmetry breaking (CP-SAT ignores hints that violate constraints).
+    threads
+        CP-SAT workers.
+    seed
+        CP-SAT random seed.
+
+    Returns
+    -------
+    ExactOutcome
+        Status, plan, CP-SAT's incumbent (real units) and proved bound.
+    """
+    from ortools.sat.python import cp_model
+
+    check_size(g, time_limit)
+    t0 = time.perf_counter()
+    cm = build_model(g)
+    m = cm.model
+    if hint is not None:
+        home = g.canonical(hint)
+        for e in range(g.experts):
+            for k, var in enumerate(cm.x[e]):
+                m.add_hint(var, int(home[e] == k))
+            m.add_hint(cm.h[e], int(home[e]))
+        for zp, i, j in zip(cm.z, cm.pair_i.tolist(), cm.pair_j.tolist(), strict=True):
+            m.add_hint(zp, int(home[i] == home[j]))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, time_limit - (time.perf_counter() - t0))
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.random_seed = seed
+    solver.parameters.log_search_progress = log
+    code = solver.solve(m)
+    wall = time.perf_counter() - t0
+    info = {"pairs": len(cm.z), "cpsat_status": solver.status_name(code)}
+    if code == cp_model.INFEASIBLE:
+        return ExactOutcome(Status.INFEASIBLE, None, None, None, wall, cm.build_time, info)
+    bound = solver.best_objective_bound / cm.scale + cm.rounding
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return ExactOutcome(Status.NO_SOLUTION, None, None, None if code == cp_model.MODEL_INVALID else bound,
+                            wall, cm.build_time, info)
+    home = np.array([int(solver.value(v)) for v in cm.h], dtype=np.int64)
+    status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.TIME_LIMIT
+    return ExactOutcome(status, home, solver.objective_value / cm.scale, bound, wall, cm.build_time, info)

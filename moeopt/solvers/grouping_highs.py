@@ -1,0 +1,273 @@
+"""The grouping MILP built directly with highspy's array API (formulations/tacg.md, section 4).
+
+Columns: binaries ``x[e, k]`` (index ``e G + k``; fixed to 0 for ``k > e`` by symmetry
+breaking) and same-group pair variables ``y[p, k]`` in [0, 1] (index ``E G + p G + k``) for
+each pair p = (i, j) with positive affinity. Rows: assignment, slots, load limit, the pair
+linearization ``y[p, k] <= x[i, k]``, ``y[p, k] <= x[j, k]``, star cuts (``cap - 1``
+partners, load of partners within ``L - w[e]``) and value precedence
+``x[e, k] <= sum_{e' < e} x[e', k-1]``. The matrix is assembled with numpy in one go.
+:mod:`moeopt.solvers.grouping_milp` states the same model algebraically in Pyomo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from moeopt.errors import InputError
+from moeopt.grouping import ExactOutcome, Grouping, pairs
+from moeopt.result import Status
+
+#: matrix nonzeros highspy can take per second of time limit before refusing
+NONZEROS_PER_SECOND = 400_000
+
+
+def available() -> bool:
+    try:
+        import highspy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass
+class MilpArrays:
+    """The MILP of a grouping in arrays: ``max c^T v`` s.t. ``row_lo <= A v <= row_hi``."""
+
+    cost: np.ndarray
+    col_lo: np.ndarray
+    col_hi: np.ndarray
+    integer: np.ndarray  # bool per column
+    matrix: sp.csr_matrix
+    row_lo: np.ndarray
+    row_hi: np.ndarray
+    pair_i: np.ndarray
+    pair_j: np.ndarray
+
+    @property
+    def nonzeros(self) -> int:
+        return int(self.matrix.nnz)
+
+    def point(self, home: np.ndarray, groups: int) -> np.ndarray:
+        """Column values of the plan ``home`` (x one-hot, y = same group)."""
+        E = len(home)
+        x = np.zeros((E, groups))
+        x[np.arange(E), home] = 1.0
+        y = x[self.pair_i] * x[self.pair_j]
+        return np.concatenate([x.ravel(), y.ravel()])
+
+
+def estimate_nonzeros(g: Grouping) -> int:
+    """Nonzeros of :func:`build_arrays` without building it."""
+    P = len(pairs(g.graph)[0])
+    E, G = g.experts, g.groups
+    star = 2 if g.limited else 1
+    return int(E * G * (2 + g.limited) + 4 * P * G + star * (2 * P + E) * G + E * E * G // 2)
+
+
+def check_size(g: Grouping, time_limit: float) -> None:
+    """Refuse (InputError) models too large to build and search within ``time_limit``."""
+    refuse_large(g, time_limit, "tacg-highs", NONZEROS_PER_SECOND)
+
+
+def refuse_large(g: Grouping, time_limit: float, backend: str, rate: float) -> None:
+    """Raise InputError when the estimated nonzeros exceed ``rate`` per second of time limit."""
+    nnz = estimate_nonzeros(g)
+    if nnz > rate * max(time_limit, 1.0):
+        raise InputError(
+            None, "method.name",
+            f"{backend}: E={g.experts}, G={g.groups} gives about {nnz} matrix nonzeros, too many for a "
+            f"{time_limit:g} s limit (at most {int(rate * max(time_limit, 1.0))}); raise --time-limit, "
+            "use 'tacg-cpsat' or the heuristic 'tacg'",
+        )
+
+
+def build_arrays(g: Grouping) -> MilpArrays:
+    """Assemble the MILP of ``g`` as sparse arrays (vectorized, no loop over pairs)."""
+    E, G, cap = g.experts, g.groups, g.cap
+    pi, pj, pw = pairs(g.graph)
+    P = len(pi)
+    nx = E * G
+    ncol = nx + P * G
+    X = np.arange(nx).reshape(E, G)
+    Y = nx + np.arange(P * G).reshape(P, G)
+    cost = np.concatenate([np.zeros(nx), np.repeat(pw, G)])
+    col_lo = np.zeros(ncol)
+    col_hi = np.ones(ncol)
+    ee, kk = np.meshgrid(np.arange(E), np.arange(G), indexing="ij")
+    col_hi[X[kk > ee]] = 0.0  # symmetry breaking: expert e uses groups 0..e
+    integer = np.zeros(ncol, dtype=bool)
+    integer[:nx] = True
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+    lo: list[np.ndarray] = []
+    hi: list[np.ndarray] = []
+    n = 0
+
+    def block(
+        r: np.ndarray, c: np.ndarray, v: np.ndarray, nrows: int, rlo: float | np.ndarray, rhi: float | np.ndarray
+    ) -> None:
+        nonlocal n
+        rows.append(n + r.ravel())
+        cols.append(c.ravel())
+        vals.append(np.broadcast_to(v, r.shape).ravel().astype(np.float64))
+        lo.append(np.broadcast_to(np.asarray(rlo, dtype=np.float64), (nrows,)))
+        hi.append(np.broadcast_to(np.asarray(rhi, dtype=np.float64), (nrows,)))
+        n += nrows
+
+    # assignment: sum_k x[e, k] = 1
+    block(np.repeat(np.arange(E), G), X.ravel(), np.ones(nx), E, 1.0, 1.0)
+    # slots: sum_e x[e, k] <= cap
+    block(np.tile(np.arange(G), E), X.ravel(), np.ones(nx), G, -np.inf, float(cap))
+    if g.limited:
+        block(np.tile(np.arange(G), E), X.ravel(), np.repeat(g.load, G), G, -np.inf, g.load_limit)
+    if P:
+        # pair linearization: y[p, k] - x[i, k] <= 0 and y[p, k] - x[j, k] <= 0
+        r = np.arange(P * G)
+        for end in (pi, pj):
+            block(np.concatenate([r, r]), np.concatenate([Y.ravel(), X[end].ravel()]),
+                  np.concatenate([np.ones(P * G), -np.ones(P * G)]), P * G, -np.inf, 0.0)
+        # star cuts per (e, k): sum_{p ni e} y[p, k] <= (cap - 1) x[e, k]
+        ends = np.concatenate([pi, pj])
+        other = np.concatenate([pj, pi])
+        pp = np.concatenate([np.arange(P), np.arange(P)])
+        star_r = (ends[:, None] * G + np.arange(G)[None, :]).ravel()
+        star_c = Y[pp].ravel()
+        block(np.concatenate([star_r, np.arange(nx)]), np.concatenate([star_c, X.ravel()]),
+              np.concatenate([np.ones(len(star_r)), np.full(nx, -(cap - 1.0))]), nx, -np.inf, 0.0)
+        if g.limited:
+            # sum_{p ni e} w[other] y[p, k] <= (L - w[e]) x[e, k]
+            wv = np.repeat(g.load[other], G)
+            block(np.concatenate([star_r, np.arange(nx)]), np.concatenate([star_c, X.ravel()]),
+                  np.concatenate([wv, -np.repeat(g.load_limit - g.load, G)]), nx, -np.inf, 0.0)
+    # value precedence: x[e, k] - sum_{k-1 <= f < e} x[f, k-1] <= 0 for 1 <= k <= e
+    ek = np.argwhere((kk >= 1) & (kk <= ee))
+    if len(ek):
+        e_, k_ = ek[:, 0], ek[:, 1]
+        cnt = e_ - k_ + 1  # f in k-1 .. e-1
+        r = np.repeat(np.arange(len(ek)), cnt)
+        start = np.repeat(np.cumsum(cnt) - cnt, cnt)
+        f = np.repeat(k_ - 1, cnt) + (np.arange(cnt.sum()) - start)
+        block(np.concatenate([np.arange(len(ek)), r]), np.concatenate([X[e_, k_], X[f, np.repeat(k_ - 1, cnt)]]),
+              np.concatenate([np.ones(len(ek)), -np.ones(len(r))]), len(ek), -np.inf, 0.0)
+    matrix = sp.csr_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, ncol)
+    )
+    return MilpArrays(cost, col_lo, col_hi, integer, matrix, np.concatenate(lo), np.concatenate(hi), pi, pj)
+
+
+@contextlib.contextmanager
+def _silence_stdout() -> Iterator[None]:
+    """Hide what C code prints on file descriptor 1 (HiGHS prints a banner on its first use)."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no real stdout: nothing to hide
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def new_highs():
+    """A silent ``highspy.Highs``."""
+    import highspy
+
+    with _silence_stdout():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    return h
+
+
+def build_model(g: Grouping, arrays: MilpArrays | None = None):
+    """A ``highspy.Highs`` object holding the MILP of ``g`` (not solved)."""
+    import highspy
+
+    a = arrays or build_arrays(g)
+    lp = highspy.HighsLp()
+    lp.num_col_ = len(a.cost)
+    lp.num_row_ = a.matrix.shape[0]
+    lp.col_cost_ = a.cost
+    lp.col_lower_ = a.col_lo
+    lp.col_upper_ = a.col_hi
+    lp.row_lower_ = a.row_lo
+    lp.row_upper_ = a.row_hi
+    lp.sense_ = highspy.ObjSense.kMaximize
+    csc = a.matrix.tocsc()
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.num_col_ = lp.num_col_
+    lp.a_matrix_.num_row_ = lp.num_row_
+    lp.a_matrix_.start_ = csc.indptr.astype(np.int32)
+    lp.a_matrix_.index_ = csc.indices.astype(np.int32)
+    lp.a_matrix_.value_ = csc.data
+    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in a.integer]
+    h = new_highs()
+    h.passModel(lp)
+    return h
+
+
+def solve(
+    g: Grouping, *, time_limit: float, hint: np.ndarray | None = None, threads: int = 2, seed: int = 0,
+    log: bool = False,
+) -> ExactOutcome:
+    """Solve ``g`` with HiGHS through highspy.
+
+    Parameters
+    ----------
+    g
+        The grouping problem.
+    time_limit
+        Seconds for build and search.
+    hint
+        A feasible plan, renumbered by :meth:`Grouping.canonical`, passed as HiGHS's start.
+    threads, seed, log
+        HiGHS threads, random seed and console log.
+    """
+    import highspy
+
+    check_size(g, time_limit)
+    t0 = time.perf_counter()
+    arrays = build_arrays(g)
+    h = build_model(g, arrays)
+    build = time.perf_counter() - t0
+    h.setOptionValue("output_flag", log)
+    h.setOptionValue("time_limit", max(0.1, time_limit - build))
+    h.setOptionValue("threads", max(1, threads))
+    h.setOptionValue("random_seed", seed)
+    h.setOptionValue("mip_rel_gap", 1e-7)
+    h.setOptionValue("mip_abs_gap", 1e-12)
+    if hint is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = arrays.point(g.canonical(hint), g.groups).tolist()
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.run()
+    wall = time.perf_counter() - t0
+    model_status = h.getModelStatus()
+    info = h.getInfo()
+    MS = highspy.HighsModelStatus
+    extra = {"nonzeros": arrays.nonzeros, "highs_status": h.modelStatusToString(model_status)}
+    if model_status == MS.kInfeasible:
+        return ExactOutcome(Status.INFEASIBLE, None, None, None, wall, build, extra)
+    bound = float(info.mip_dual_bound)
+    bound = bound if np.isfinite(bound) else None
+    has = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    if not has:
+        return ExactOutcome(Status.NO_SOLUTION, None, None, bound, wall, build, extra)
+    x = np.asarray(h.getSolution().col_value[: g.experts * g.groups]).reshape(g.experts, g.groups)
+    home = x.argmax(axis=1).astype(np.int64)
+    status = Status.OPTIMAL if model_status == MS.kOptimal else Status.TIME_LIMIT
+    return ExactOutcome(status, home, float(info.objective_function_value), bound, wall, build, extra)

@@ -1,0 +1,174 @@
+"""The grouping MILP stated algebraically in Pyomo, solved by HiGHS (formulations/tacg.md, §4).
+
+Same model as :mod:`moeopt.solvers.grouping_highs` (binaries ``x[e, k]``, pair variables
+``y[p, k]``, slots, load limit, pair linearization, star cuts, value-precedence symmetry
+breaking), solved through Pyomo's solver API v2 (``pyomo.contrib.solver``), which reports the
+termination condition, incumbent and proved bound. The heuristic plan is passed as HiGHS's
+start through the persistent interface when it exposes the highspy model.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from moeopt.grouping import ExactOutcome, Grouping, pairs
+from moeopt.result import Status
+from moeopt.solvers.grouping_highs import refuse_large
+
+#: matrix nonzeros Pyomo can build per second of time limit before refusing
+NONZEROS_PER_SECOND = 40_000
+
+
+def available() -> bool:
+    try:
+        import pyomo.environ  # noqa: F401
+        from pyomo.contrib.solver.common.factory import SolverFactory
+
+        opt = SolverFactory("highs")
+        return bool(opt is not None and opt.available())
+    except Exception:  # an unusable Pyomo/HiGHS install means "not available"
+        return False
+
+
+def check_size(g: Grouping, time_limit: float) -> None:
+    """Refuse (InputError) models too large to build through Pyomo within ``time_limit``."""
+    refuse_large(g, time_limit, "tacg-milp", NONZEROS_PER_SECOND)
+
+
+def build_model(g: Grouping):
+    """The Pyomo ``ConcreteModel`` of ``g`` (not solved)."""
+    import pyomo.environ as pyo
+
+    E, G, cap = g.experts, g.groups, g.cap
+    pi, pj, pw = pairs(g.graph)
+    P = len(pi)
+    m = pyo.ConcreteModel(name="tacg-grouping")
+    m.E = pyo.RangeSet(0, E - 1)
+    m.G = pyo.RangeSet(0, G - 1)
+    m.P = pyo.RangeSet(0, P - 1) if P else pyo.Set(initialize=[])
+    # symmetry breaking: expert e uses groups 0..e only
+    m.EG = pyo.Set(dimen=2, initialize=[(e, k) for e in range(E) for k in range(min(e + 1, G))])
+    m.x = pyo.Var(m.EG, domain=pyo.Binary)
+    m.y = pyo.Var(m.P, m.G, bounds=(0.0, 1.0))
+    groups_of = {e: range(min(e + 1, G)) for e in range(E)}
+    experts_in = {k: range(k, E) for k in range(G)}
+
+    m.assign = pyo.Constraint(m.E, rule=lambda m, e: sum(m.x[e, k] for k in groups_of[e]) == 1)
+    m.slots = pyo.Constraint(m.G, rule=lambda m, k: sum(m.x[e, k] for e in experts_in[k]) <= cap)
+    if g.limited:
+        w, lim = g.load, g.load_limit
+        m.gpu_load = pyo.Constraint(m.G, rule=lambda m, k: sum(float(w[e]) * m.x[e, k] for e in experts_in[k]) <= lim)
+
+    def link(end: np.ndarray):
+        def rule(m, p, k):
+            e = int(end[p])
+            return m.y[p, k] <= (m.x[e, k] if k <= e else 0)
+
+        return rule
+
+    m.link_i = pyo.Constraint(m.P, m.G, rule=link(pi))
+    m.link_j = pyo.Constraint(m.P, m.G, rule=link(pj))
+    incident: list[list[tuple[int, int]]] = [[] for _ in range(E)]  # (pair, other end)
+    for p in range(P):
+        incident[int(pi[p])].append((p, int(pj[p])))
+        incident[int(pj[p])].append((p, int(pi[p])))
+    with_pairs = [(e, k) for e in range(E) for k in groups_of[e] if incident[e]]
+    m.star = pyo.Constraint(
+        with_pairs, rule=lambda m, e, k: sum(m.y[p, k] for p, _ in incident[e]) <= (cap - 1) * m.x[e, k]
+    )
+    if g.limited:
+        w, lim = g.load, g.load_limit
+        m.star_load = pyo.Constraint(
+            with_pairs,
+            rule=lambda m, e, k: sum(float(w[o]) * m.y[p, k] for p, o in incident[e])
+            <= (lim - float(w[e])) * m.x[e, k],
+        )
+    prec = [(e, k) for e in range(1, E) for k in range(1, min(e + 1, G))]
+    m.precedence = pyo.Constraint(prec, rule=lambda m, e, k: m.x[e, k] <= sum(m.x[f, k - 1] for f in range(k - 1, e)))
+    weights = {p: float(pw[p]) for p in range(P)}
+    m.obj = pyo.Objective(expr=sum(weights[p] * m.y[p, k] for p in range(P) for k in range(G)) if P else 0.0,
+                          sense=pyo.maximize)
+    m._pairs = list(zip(pi.tolist(), pj.tolist(), strict=True))
+    return m
+
+
+def _warm_start(opt, m, home: np.ndarray, g: Grouping) -> bool:
+    """Pass ``home`` to HiGHS through the persistent Pyomo interface (private attributes:
+    skipped, returning False, when they are not there)."""
+    try:
+        import highspy
+
+        opt.set_instance(m)
+        highs = opt._solver_model
+        colmap = opt._pyomo_var_to_solver_var_map
+    except (AttributeError, ImportError):
+        return False
+    values = np.zeros(highs.getNumCol())
+    for (e, k), var in m.x.items():
+        values[colmap[id(var)]] = float(home[e] == k)
+    for (p, k), var in m.y.items():
+        i, j = m._pairs[p]
+        values[colmap[id(var)]] = float(home[i] == k and home[j] == k)
+    sol = highspy.HighsSolution()
+    sol.col_value = values.tolist()
+    sol.value_valid = True
+    highs.setSolution(sol)
+    return True
+
+
+def solve(
+    g: Grouping, *, time_limit: float, hint: np.ndarray | None = None, threads: int = 2, seed: int = 0,
+    log: bool = False,
+) -> ExactOutcome:
+    """Solve ``g`` with HiGHS through Pyomo's solver API v2.
+
+    Parameters
+    ----------
+    g
+        The grouping problem.
+    time_limit
+        Seconds for build and search.
+    hint
+        A feasible plan, renumbered by :meth:`Grouping.canonical`, passed as HiGHS's start.
+    threads, seed, log
+        HiGHS threads, random seed and console log.
+    """
+    import pyomo.environ as pyo
+    from pyomo.contrib.solver.common.factory import SolverFactory
+    from pyomo.contrib.solver.common.results import SolutionStatus, TerminationCondition
+
+    check_size(g, time_limit)
+    t0 = time.perf_counter()
+    m = build_model(g)
+    build = time.perf_counter() - t0
+    opt = SolverFactory("highs")
+    warm = _warm_start(opt, m, g.canonical(hint), g) if hint is not None else False
+    res = opt.solve(
+        m,
+        raise_exception_on_nonoptimal_result=False,
+        load_solutions=False,
+        tee=log,
+        time_limit=max(0.1, time_limit - (time.perf_counter() - t0)),
+        threads=max(1, threads),
+        rel_gap=1e-7,
+        abs_gap=1e-12,
+        solver_options={"random_seed": seed},
+    )
+    wall = time.perf_counter() - t0
+    info = {"termination": res.termination_condition.name, "warm_start": warm}
+    if res.termination_condition in (TerminationCondition.provenInfeasible, TerminationCondition.infeasibleOrUnbounded):
+        return ExactOutcome(Status.INFEASIBLE, None, None, None, wall, build, info)
+    bound = res.objective_bound
+    bound = float(bound) if bound is not None and np.isfinite(bound) else None
+    if res.solution_status not in (SolutionStatus.feasible, SolutionStatus.optimal):
+        return ExactOutcome(Status.NO_SOLUTION, None, None, bound, wall, build, info)
+    res.solution_loader.load_vars()
+    x = np.zeros((g.experts, g.groups))
+    for (e, k), var in m.x.items():
+        x[e, k] = pyo.value(var)
+    home = x.argmax(axis=1).astype(np.int64)
+    optimal = res.termination_condition == TerminationCondition.convergenceCriteriaSatisfied
+    status = Status.OPTIMAL if optimal else Status.TIME_LIMIT
+    return ExactOutcome(status, home, float(res.incumbent_objective), bound, wall, build, info)
