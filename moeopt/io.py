@@ -53,6 +53,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual mode
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -164,3 +164,17 @@ def test_synthetic_instance_evaluates_out_of_sample():
         path.unlink()
     assert wl.calibration.tokens == wl.evaluation.tokens == 200
     assert not np.array_equal(wl.calibration.topk, wl.evaluation.topk)
+
+
+def test_written_files_have_the_usual_mode(tmp_path):
+    """Atomic writes honour the umask instead of mkstemp's private 0600."""
+    import os
+
+    from moeopt.io import write_json
+
+    old = os.umask(0o022)
+    try:
+        write_json(tmp_path / "x.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o644
