@@ -3,3 +3,4 @@
 from moeopt.methods import baselines  # noqa: F401
 from moeopt.methods import tacg  # noqa: F401
 from moeopt.methods import hypergraph  # noqa: F401
+from moeopt.methods import gem  # noqa: F401

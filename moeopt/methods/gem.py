@@ -1,0 +1,229 @@
+"""GEM (SPEC section 5): GPU-variability-aware expert mapping minimizing straggler latency.
+
+Methods registered here:
+
+- ``gem``: multi-start pairwise-swap search with perturbation (the default engine);
+- ``gem-milp``: the exact MILP (Pyomo + HiGHS), warm-started by ``gem``;
+- ``gem-cpsat``: the exact CP-SAT model, hinted by ``gem``;
+- ``speed-greedy``: LPT on mean loads weighted by GPU speed (a GEM baseline).
+
+Every method's objective is ``S(M) = sum_l sum_t max_g C_g(n_g(M, t))`` on the calibration
+utilization trace (T step groups), recomputed by :func:`moeopt.evaluate.layer_straggler`.
+Importing this module also registers two hooks: every result with a latency profile gets
+``metrics.straggler_lower_bound`` and ``metrics.gap_to_bound``, and ``trace stats`` shows
+GEM's expert classification.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from moeopt.errors import InputError
+from moeopt.evaluate import layer_straggler
+from moeopt.heuristics.gem_search import SearchSettings, search_layer, speed_greedy_homes
+from moeopt.plan import Plan
+from moeopt.registry import Context, Problem, register
+from moeopt.result import Result, Status, combine_status
+from moeopt.utilization import (
+    DEFAULT_STEPS,
+    Utilization,
+    classification_lines,
+    step_lower_bound,
+    utilization_trace,
+)
+
+OBJECTIVE = "straggler_latency"
+
+
+def problem_utilization(problem: Problem, steps: int | None) -> Utilization:
+    """The calibration utilization trace ``n[l, t, e]`` aggregated into ``steps`` groups."""
+    if problem.stats.step_counts is None:
+        raise InputError(None, "workload.calibration", "GEM needs per-step counts (a trace with 'step')")
+    return utilization_trace(problem.stats.step_counts, steps)
+
+
+def plan_straggler(home: np.ndarray, util: Utilization, problem: Problem) -> float:
+    """S(M) of homes ``[L, E]`` on the utilization trace, summed over layers (the evaluator's
+    :func:`~moeopt.evaluate.layer_straggler` per layer)."""
+    assert problem.profile is not None
+    return float(sum(layer_straggler(util.counts[l], home[l], problem.profile) for l in range(len(home))))
+
+
+def utilization_bound(util: Utilization, problem: Problem) -> float:
+    """Lower bound on S over every replica-free plan, on the utilization trace."""
+    assert problem.profile is not None
+    return float(step_lower_bound(util.counts, problem.profile).sum())
+
+
+def _steps_param(steps: int) -> int | None:
+    return None if steps <= 0 else steps
+
+
+# ----------------------------------------------------------------------------- gem
+@register
+class Gem:
+    """GEM's mapping search: noisy multi-start initial mappings, pairwise swaps, perturbation."""
+
+    name: ClassVar[str] = "gem"
+    summary: ClassVar[str] = "GEM straggler-latency search: multi-start greedy + vectorized pairwise swaps + ILS"
+    requires: ClassVar[frozenset[str]] = frozenset({"steps", "profile"})
+
+    @dataclass
+    class Params:
+        steps: int = DEFAULT_STEPS  # utilization-trace steps T (0: every trace step)
+        starts: int = 8  # initial mappings (alternately speed-aware LPT and step-aware greedy)
+        noise: float = 0.15  # lognormal sigma of the load noise of starts 3..
+        rounds: int = 40  # perturbation rounds of the iterated local search
+        patience: int = 10  # stop after this many rounds without improvement
+        perturb: int = 0  # random swaps per perturbation (0: max(2, E // 16))
+        rho: float = 0.5  # Pearson threshold of correlated temporal pairs
+
+    Params: ClassVar[type] = Params
+
+    def available(self) -> bool:
+        return True
+
+    def settings(self, params: Params, ctx: Context, layers: int) -> SearchSettings:
+        per_layer = None if ctx.time_limit is None else ctx.time_limit / max(layers, 1)
+        return SearchSettings(
+            starts=params.starts, noise=params.noise, rounds=params.rounds, patience=params.patience,
+            perturb=params.perturb, rho=params.rho, time_limit=per_layer,
+        )
+
+    def search(self, problem: Problem, params: Params, ctx: Context) -> tuple[np.ndarray, Utilization, dict]:
+        """Run the search on every layer; returns homes ``[L, E]``, the trace and statistics."""
+        assert problem.profile is not None
+        util = problem_utilization(problem, _steps_param(params.steps))
+        settings = self.settings(params, ctx, problem.layers)
+        slots = problem.instance.cluster.slots_per_gpu
+        homes, initial, found = [], [], []
+        moves = rounds = 0
+        for l in ctx.layers(problem.layers, self.name):
+            hint = None if ctx.hint is None else ctx.hint.home[l]
+            home, s, st = search_layer(util.counts[l], problem.profile, slots, settings, seed=ctx.seed + 7919 * l, hint=hint)
+            homes.append(home)
+            initial.append(min(st.initial))
+            found.append(s)
+            moves += st.moves
+            rounds += st.rounds
+            ctx.say(f"{self.name}: layer {l}: S {s:.4f} (best start {min(st.initial):.4f}), {st.moves} swaps")
+        stats = {
+            "steps": util.steps,
+            "source_steps": int(len(util.group)),
+            "initial_best": float(sum(initial)),
+            "initial_per_layer": initial,
+            "search_per_layer": found,
+            "moves": moves,
+            "rounds": rounds,
+        }
+        return np.stack(homes), util, stats
+
+    def solve(self, problem: Problem, params: Params, ctx: Context) -> Result:
+        t0 = time.perf_counter()
+        home, util, stats = self.search(problem, params, ctx)
+        objective = plan_straggler(home, util, problem)
+        stats["solver_objective"] = float(sum(stats["search_per_layer"]))
+        return Result(
+            method=self.name,
+            status=Status.FEASIBLE,
+            plan=Plan(home=home),
+            objective=objective,
+            bound=utilization_bound(util, problem),
+            sense="min",
+            objective_name=OBJECTIVE,
+            wall_time=time.perf_counter() - t0,
+            params=vars(params),
+            stats=stats,
+        )
+
+
+# ----------------------------------------------------------------------------- speed-greedy
+@register
+class SpeedGreedy:
+    """LPT on mean expert loads, each expert onto the GPU that finishes earliest given speeds."""
+
+    name: ClassVar[str] = "speed-greedy"
+    summary: ClassVar[str] = "LPT packing on mean loads weighted by GPU speed (GEM baseline)"
+    requires: ClassVar[frozenset[str]] = frozenset({"profile"})
+
+    @dataclass
+    class Params:
+        steps: int = DEFAULT_STEPS  # utilization-trace steps T for the reported objective
+
+    Params: ClassVar[type] = Params
+
+    def available(self) -> bool:
+        return True
+
+    def solve(self, problem: Problem, params: Params, ctx: Context) -> Result:
+        t0 = time.perf_counter()
+        assert problem.profile is not None
+        slots = problem.instance.cluster.slots_per_gpu
+        load = problem.stats.expert_load
+        home = np.stack([speed_greedy_homes(load[l], problem.profile.speed, slots) for l in range(problem.layers)])
+        objective = bound = None
+        if problem.stats.step_counts is not None:
+            util = problem_utilization(problem, _steps_param(params.steps))
+            objective = plan_straggler(home, util, problem)
+            bound = utilization_bound(util, problem)
+        return Result(
+            method=self.name,
+            status=Status.FEASIBLE,
+            plan=Plan(home=home),
+            objective=objective,
+            bound=bound,
+            sense="min",
+            objective_name=OBJECTIVE,
+            wall_time=time.perf_counter() - t0,
+            params=vars(params),
+        )
+
+
+# ----------------------------------------------------------------------------- hooks
+def evaluation_step_counts(workload: Any, experts: int) -> np.ndarray | None:
+    """float ``[L, T, E]`` per-step expert counts of an evaluation workload (None if unknown)."""
+    from moeopt.trace import Trace
+
+    if isinstance(workload, Trace):
+        L, T, E = workload.layers, workload.steps, experts
+        k = workload.top_k
+        out = np.empty((L, T, E))
+        step = np.repeat(workload.step.astype(np.int64), k)
+        for l in range(L):
+            key = step * E + workload.topk[:, l, :].astype(np.int64).ravel()
+            out[l] = np.bincount(key, minlength=T * E).reshape(T, E)
+        return out
+    return getattr(workload, "step_counts", None)
+
+
+def straggler_bound_hook(plan: Plan, problem: Problem, workloads: Any, metrics: dict) -> None:
+    """Add ``straggler_lower_bound`` and ``gap_to_bound`` (relative to S) to a result's metrics."""
+    profile = workloads.profile
+    if profile is None or metrics.get("straggler_latency") is None:
+        return
+    counts = evaluation_step_counts(workloads.evaluation, problem.experts)
+    if counts is None:
+        return
+    bound = float(step_lower_bound(counts, profile, single_expert=not plan.has_replicas).sum())
+    s = float(metrics["straggler_latency"])
+    metrics["straggler_lower_bound"] = bound
+    metrics["gap_to_bound"] = max(s - bound, 0.0) / max(abs(s), 1e-12)
+
+
+def _register_hooks() -> None:
+    from moeopt.cli import TRACE_STATS_HOOKS
+    from moeopt.solve import METRIC_HOOKS
+
+    if straggler_bound_hook not in METRIC_HOOKS:
+        METRIC_HOOKS.append(straggler_bound_hook)
+    if classification_lines not in TRACE_STATS_HOOKS:
+        TRACE_STATS_HOOKS.append(classification_lines)
+
+
+_register_hooks()
+
+__all__ = ["Gem", "SpeedGreedy", "plan_straggler", "straggler_bound_hook", "utilization_bound"]
