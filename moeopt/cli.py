@@ -204,8 +204,6 @@ def trace_summary(workload: Any) -> str:
         rows.append(row)
     headers = ["layer", "busiest/mean", "idlest/mean"] + (["coactivation density"] if stats.affinity is not None else [])
     lines.append(tabulate(rows, headers=headers, tablefmt="github"))
-    import moeopt.methods  # noqa: F401  (methods register their trace-stats hooks)
-
     for hook in TRACE_STATS_HOOKS:
         lines.extend(hook(stats))
     return "\n".join(lines)
@@ -241,6 +239,8 @@ def _harness_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--tile", type=int, default=None, help="tokens per tile of the profile (default 64)")
     sp.add_argument("--speeds", default=None, help="emulated GPU speeds, comma-separated")
     sp.add_argument("--threads", type=int, default=None, help="torch CPU threads (CPU default 1)")
+    sp.add_argument("--statistic", default="median", choices=["median", "min"],
+                    help="of the timed runs (min is steadier on a shared CPU)")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -215,6 +215,24 @@ def test_profile_speeds_scale_rows(torch) -> None:
     assert run.dense_ms is None and "dense_vs_tile" not in run.profile.meta
 
 
+def test_timer_rounds_median_and_min(torch) -> None:
+    """Interleaved rounds keep the median (or min) of each callable's runs, in order."""
+    import time
+
+    from moeopt.harness.profile import Timer
+
+    sleeps = iter([0.006, 0.0, 0.001, 0.0, 0.003, 0.0])  # rounds: (slow, idle) x 3
+
+    def nap() -> None:
+        time.sleep(next(sleeps))
+
+    med = Timer("cpu", warmup=0, repeats=3).rounds([nap, nap])
+    assert med[0] >= 3.0 and med[0] < 6.0 and med[1] < 1.0
+    sleeps = iter([0.006, 0.0, 0.001, 0.0, 0.003, 0.0])
+    low = Timer("cpu", warmup=0, repeats=3, statistic="min").rounds([nap, nap])
+    assert 1.0 <= low[0] < 3.0
+
+
 def test_bad_device_and_sizes_are_clear_errors(torch, tmp_path: Path, capsys) -> None:
     """Asking for CUDA on a CPU-only torch, or a zero size, is one error line with exit 2."""
     if torch.cuda.is_available():
@@ -258,6 +276,12 @@ def test_validate_cli_report_shape(torch, tiny_instance: Path, tmp_path: Path, c
         # the modelled value is the evaluator's S on the full evaluation workload
         expected = evaluate(plan, wl.evaluation, inst.cluster, profile=wl.profile)["straggler_latency"]
         assert entry["modelled_straggler"] == pytest.approx(expected)
+    assert report["plans"][0]["measured_improvement_vs_linear"] == 0.0
+    inter = report["plans"][1]
+    lin_s = report["plans"][0]["modelled_straggler"]
+    assert inter["modelled_improvement_vs_linear"] == pytest.approx(
+        100 * (lin_s - inter["modelled_straggler"]) / lin_s
+    )
     r = report["ranking"]
     assert set(r) == {"measured", "modelled", "kendall_tau", "p_value", "discordant_pairs", "agrees"}
     assert sorted(r["measured"]) == ["interleaved", "linear"] and r["agrees"] in (True, False)
@@ -278,6 +302,9 @@ def test_validate_solves_on_the_spot_and_measures_a_profile(torch, tmp_path: Pat
                       warmup=0, tile=32)
     names = [p["name"] for p in report["plans"]]
     assert names[:2] == ["linear", "greedy"]
+    from moeopt.registry import method_names
+
+    assert ("gem" in names) == ("gem" in method_names())
     assert report["speed_source"] == "cli" and report["speeds"] == [1.0, 0.5]
     assert report["modelled_profile"]["source"] == "measured" and report["steps"] == 2
     for entry in report["plans"]:

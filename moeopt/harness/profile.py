@@ -5,7 +5,8 @@ Each expert is a SwiGLU FFN, ``y = (silu(x W_gate) * (x W_up)) W_down``: two GEM
 token-expert assignments runs them as a group of GEMMs, the n tokens split as evenly as
 possible over its experts. The profile ``C(n)`` is the median latency of that group over
 ``repeats`` runs after ``warmup`` runs, timed with CUDA events on a GPU and
-``time.perf_counter`` on the CPU.
+``time.perf_counter`` on the CPU; the runs of all token counts are interleaved in rounds
+(:meth:`Timer.rounds`), so a burst of contention does not bend the curve at a few n.
 
 Two samplings: at tile boundaries ``n = j * tile`` (what the profile file stores, so that
 ``C(n) = P[ceil(n / tile)]``) and, with ``dense``, at every n up to the last boundary; the
@@ -108,25 +109,82 @@ def _cpu_name() -> str:
 
 
 class Timer:
-    """Median latency (ms) of a callable: CUDA events on a GPU, perf_counter on the CPU.
+    """Latency (ms) of callables: CUDA events on a GPU, perf_counter on the CPU.
+
+    :meth:`rounds` is what the harness uses: every callable is warmed up, then timed once
+    per round for ``repeats`` rounds, and the median over rounds is kept. Interleaving the
+    callables (rather than timing each ``repeats`` times in a row) spreads a burst of
+    contention or a clock change over many callables, where the median discards it.
 
     Parameters
     ----------
     device
-        The torch device the callable runs on.
+        The torch device the callables run on.
     warmup, repeats
-        Untimed runs first, then timed runs whose median is returned.
+        Untimed runs of each callable first, then timed runs (rounds) whose median is kept.
+    statistic
+        ``"median"`` (default) or ``"min"``: the minimum is steadier on a CPU shared with
+        other jobs, where preemption only ever adds time.
     """
 
-    def __init__(self, device: str, warmup: int = 2, repeats: int = 5) -> None:
+    def __init__(self, device: str, warmup: int = 2, repeats: int = 5, statistic: str = "median") -> None:
         if warmup < 0 or repeats < 1:
             raise MoeoptError(f"--warmup must be >= 0 and --repeats >= 1, got {warmup} and {repeats}")
+        if statistic not in ("median", "min"):
+            raise MoeoptError(f"--statistic: expected median or min, got {statistic!r}")
+        self.statistic = statistic
         self.torch = require_torch()
         self.device = device
         self.cuda = device.startswith("cuda")
         self.warmup = warmup
         self.repeats = repeats
         self.kind = "cuda-events" if self.cuda else "perf_counter"
+
+    def once_ms(self, fn: Callable[[], Any]) -> float:
+        """One timed run of ``fn`` (ms), synchronized on a GPU."""
+        if self.cuda:
+            torch = self.torch
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return float(start.elapsed_time(end))
+        t0 = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - t0)
+
+    def rounds(
+        self, fns: Sequence[Callable[[], Any]], *, progress: Callable[[int], Any] | None = None
+    ) -> np.ndarray:
+        """Median (or min) over ``repeats`` interleaved rounds of each callable's time (ms).
+
+        Parameters
+        ----------
+        fns
+            The callables; each is run ``warmup`` times untimed first.
+        progress
+            Called with the number of timed runs done since the last call.
+
+        Returns
+        -------
+        numpy.ndarray
+            float ``[len(fns)]`` median milliseconds.
+        """
+        for fn in fns:
+            for _ in range(self.warmup):
+                fn()
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+        times = np.empty((self.repeats, len(fns)))
+        for r in range(self.repeats):
+            for i, fn in enumerate(fns):
+                times[r, i] = self.once_ms(fn)
+            if progress is not None:
+                progress(len(fns))
+        if not len(fns):
+            return np.zeros(0)
+        return np.median(times, axis=0) if self.statistic == "median" else times.min(axis=0)
 
     def median_ms(self, fn: Callable[[], Any]) -> float:
         """Run ``fn`` ``warmup`` times, then time ``repeats`` runs; the median in ms."""
@@ -333,6 +391,7 @@ def measure_profile(
     threads: int | None = None,
     quiet: bool = True,
     seed: int = 0,
+    statistic: str = "median",
 ) -> ProfileRun:
     """Measure ``C(n)`` of one MoE layer on this device and build a profile.
 
@@ -361,6 +420,8 @@ def measure_profile(
         No progress bar.
     seed
         Seed of the random weights.
+    statistic
+        ``"median"`` or ``"min"`` over the timed runs (:class:`Timer`).
 
     Returns
     -------
@@ -385,15 +446,16 @@ def measure_profile(
     K = max(1, math.ceil(max_tokens / tile))
     top = K * tile
     bank = ExpertBank(shape, dev, experts_per_gpu, math.ceil(top / experts_per_gpu), seed=seed)
-    timer = Timer(dev, warmup=warmup, repeats=repeats)
+    timer = Timer(dev, warmup=warmup, repeats=repeats, statistic=statistic)
     ids = list(range(experts_per_gpu))
 
     def sweep(points: np.ndarray, label: str) -> tuple[np.ndarray, float]:
         t0 = time.perf_counter()
-        out = np.empty(len(points))
-        for i, n in enumerate(tqdm(points, desc=f"profile ({label})", unit="n", disable=quiet, leave=False)):
-            counts = split_tokens(int(n), experts_per_gpu)
-            out[i] = timer.median_ms(lambda counts=counts: bank.run(ids, counts))
+        fns = [
+            (lambda counts=split_tokens(int(n), experts_per_gpu): bank.run(ids, counts)) for n in points
+        ]
+        with tqdm(total=len(fns) * repeats, desc=f"profile ({label})", unit="run", disable=quiet, leave=False) as bar:
+            out = timer.rounds(fns, progress=bar.update)
         return out, time.perf_counter() - t0
 
     # one untimed pass at the largest n first: the first runs after allocation are slow
@@ -424,6 +486,7 @@ def measure_profile(
         "timer": timer.kind,
         "repeats": repeats,
         "warmup": warmup,
+        "statistic": statistic,
         "weight_pool": bank.pool,
         "sampling_seconds": {k: round(v, 4) for k, v in seconds.items()},
         "points": {"tile": K + 1, **({"dense": top + 1} if dense else {})},
@@ -503,6 +566,7 @@ def profile_command(args: Any) -> int:
         speeds=parse_speeds(args.speeds),
         threads=args.threads,
         quiet=args.quiet,
+        statistic=args.statistic,
     )
     write_profile(args.output, run.profile)
     meta = run.profile.meta

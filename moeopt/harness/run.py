@@ -9,8 +9,9 @@ straggler latency is the sum over layers and steps, the same sum as the evaluato
 
 Token counts come from the evaluator: ``moeopt.evaluate.dispatch`` (the online replica
 guard) for token traces, ``moeopt.evaluate.loads_from_counts`` (replicas split evenly) for
-per-step count statistics. Steps are measured plan after plan within each step, so slow
-drift of the device (clock, temperature) does not favour one plan.
+per-step count statistics. All groups of all plans are timed in interleaved rounds and
+each keeps its median, so slow drift of the device (clock, temperature) or a burst of
+contention does not favour one plan.
 
 Where several CUDA devices are visible, the plan's token all-to-all is also timed with
 NCCL (:func:`time_all_to_all`). That path has been exercised on the CPU with the gloo
@@ -57,6 +58,8 @@ PLAN_KEYS = (
     "measured_over_modelled",
     "measured_p90_ms",
     "modelled_p90",
+    "measured_improvement_vs_linear",
+    "modelled_improvement_vs_linear",
     "step_correlation",
     "measured_per_step_ms",
     "modelled_per_step",
@@ -219,30 +222,34 @@ def measure_plans(
 ) -> list[np.ndarray]:
     """Measured step latencies ``[L, steps]`` (ms) of each plan.
 
-    Each (layer, step, GPU) group runs its experts once per timed repeat; its median is
-    divided by the GPU's speed; the step latency is the maximum over GPUs.
+    Every non-idle (plan, layer, step, GPU) group runs its experts' GEMMs; groups are timed
+    in interleaved rounds (:meth:`~moeopt.harness.profile.Timer.rounds`: all plans in every
+    round, so drift favours none) and each keeps its median; that is divided by the GPU's
+    speed, and the step latency is the maximum over GPUs (an idle GPU takes 0).
     """
     L = loads[0].per_expert.shape[0]
     G = loads[0].per_expert.shape[2]
     E = loads[0].per_expert.shape[3]
-    out = [np.zeros((L, steps)) for _ in loads]
-    bar = tqdm(total=L * steps * len(loads), desc="validate", unit="step", disable=quiet, leave=False)
-    for l in range(L):
-        for t in range(steps):
-            for p, pl in enumerate(loads):
-                counts = pl.per_expert[l, t]  # [G, E]
-                group = np.zeros(G)
+    where: list[tuple[int, int, int, int]] = []
+    fns = []
+    for p, pl in enumerate(loads):
+        for l in range(L):
+            for t in range(steps):
                 for g in range(G):
-                    active = np.nonzero(counts[g])[0]
+                    active = np.nonzero(pl.per_expert[l, t, g])[0]
                     if not len(active):
                         continue
                     ids = (l * E + active).tolist()  # distinct weights per (layer, expert)
-                    tokens = counts[g, active].tolist()
-                    group[g] = timer.median_ms(lambda ids=ids, tokens=tokens: bank.run(ids, tokens)) / speeds[g]
-                out[p][l, t] = group.max()
-                bar.update(1)
-    bar.close()
-    return out
+                    tokens = pl.per_expert[l, t, g, active].tolist()
+                    where.append((p, l, t, g))
+                    fns.append(lambda ids=ids, tokens=tokens: bank.run(ids, tokens))
+    with tqdm(total=len(fns) * timer.repeats, desc="validate", unit="run", disable=quiet, leave=False) as bar:
+        ms = timer.rounds(fns, progress=bar.update)
+    group = np.zeros((len(loads), L, steps, G))
+    if where:
+        p, l, t, g = np.array(where).T
+        group[p, l, t, g] = ms / np.asarray(speeds)[g]
+    return list(group.max(axis=-1))
 
 
 def ranking(names: Sequence[str], measured: Sequence[float], modelled: Sequence[float]) -> dict[str, Any]:
@@ -442,6 +449,10 @@ def _speeds(text_speeds: Sequence[float] | None, profile: Profile | None, gpus: 
             raise MoeoptError(f"--speeds: expected {gpus} values (one per GPU), got {len(text_speeds)}")
         return np.asarray(text_speeds, dtype=np.float64), "cli"
     if profile is not None:
+        # a measured profile records the speeds its rows were divided by: use them exactly
+        recorded = profile.meta.get("speeds") if isinstance(profile.meta, dict) else None
+        if isinstance(recorded, list) and len(recorded) == gpus:
+            return np.asarray(recorded, dtype=np.float64), "profile"
         return profile.speed, "profile"
     return np.ones(gpus), "uniform"
 
@@ -465,6 +476,7 @@ def validate(
     world: int | None = None,
     quiet: bool = True,
     seed: int = 0,
+    statistic: str = "median",
 ) -> dict[str, Any]:
     """Measure plans on this device as G emulated GPUs and compare with the model.
 
@@ -500,6 +512,8 @@ def validate(
         No progress bar.
     seed
         Seed of the weights and of on-the-spot solves.
+    statistic
+        ``"median"`` or ``"min"`` of each group's timed runs.
 
     Returns
     -------
@@ -548,7 +562,7 @@ def validate(
         run = measure_profile(
             shape, device=dev, experts_per_gpu=cluster.slots_per_gpu, max_tokens=max(1, busiest),
             tile=64 if tile is None else tile, repeats=repeats, warmup=warmup, speeds=emulated.tolist(),
-            threads=threads, quiet=quiet, seed=seed,
+            threads=threads, quiet=quiet, seed=seed, statistic=statistic,
         )
         base_profile = run.profile
         modelled_info = {"source": "measured", "tile": base_profile.tile, "unit": "ms",
@@ -572,7 +586,7 @@ def validate(
 
     busiest_group = max(int(pl.per_expert[:, :steps].max()) for pl in loads)
     bank = ExpertBank(shape, dev, L * E, max(1, busiest_group), seed=seed)
-    timer = Timer(dev, warmup=warmup, repeats=repeats)
+    timer = Timer(dev, warmup=warmup, repeats=repeats, statistic=statistic)
     t0 = time.perf_counter()
     measured = measure_plans(loads, bank, timer, emulated, steps=steps, quiet=quiet)
     measure_seconds = time.perf_counter() - t0
@@ -590,6 +604,8 @@ def validate(
             "measured_over_modelled": s_meas / s_mod if s_mod > 0 else None,
             "measured_p90_ms": float(np.percentile(per_meas_step, 90)),
             "modelled_p90": p90_mod,
+            "measured_improvement_vs_linear": None,
+            "modelled_improvement_vs_linear": None,
             "step_correlation": _corr(meas, per_mod),
             "measured_per_step_ms": per_meas_step.tolist(),
             "modelled_per_step": per_mod.sum(axis=0).tolist(),
@@ -598,6 +614,7 @@ def validate(
             "measure_seconds": measure_seconds / len(loads),
         })
 
+    _improvements(plan_reports)
     info = device_info(dev, threads)
     a2a = _maybe_all_to_all(loads, all_to_all, world, dev, info, steps, shape, repeats, warmup)
     return {
@@ -610,7 +627,7 @@ def validate(
         "steps": steps,
         "speeds": emulated.round(6).tolist(),
         "speed_source": speed_source,
-        "timing": {"timer": timer.kind, "repeats": repeats, "warmup": warmup},
+        "timing": {"timer": timer.kind, "statistic": statistic, "repeats": repeats, "warmup": warmup},
         "modelled_profile": modelled_info,
         "plans": plan_reports,
         "ranking": ranking(
@@ -619,6 +636,17 @@ def validate(
         "all_to_all": a2a,
         "wall_seconds": time.perf_counter() - t_start,
     }
+
+
+def _improvements(entries: list[dict[str, Any]]) -> None:
+    """Percent by which each plan's S is below the plan named ``linear`` (measured and modelled)."""
+    base = next((e for e in entries if e["name"] == "linear"), None)
+    if base is None:
+        return
+    for e in entries:
+        for kind, key in (("measured", "measured_straggler_ms"), ("modelled", "modelled_straggler")):
+            if base[key] > 0:
+                e[f"{kind}_improvement_vs_linear"] = 100.0 * (base[key] - e[key]) / base[key]
 
 
 def _step_totals(workload: Trace | Stats) -> np.ndarray:
@@ -701,20 +729,25 @@ def report_markdown(report: dict[str, Any]) -> str:
         f"- expert FFN: SwiGLU d_model={ffn['d_model']}, d_ff={ffn['d_ff']}, {ffn['dtype']}",
         f"- emulated: {report['gpus']} GPUs, {report['layers']} layer(s) x {report['steps']} step(s); "
         f"speeds ({report['speed_source']}): {', '.join(f'{s:.3f}' for s in report['speeds'])}",
-        f"- timing: {report['timing']['timer']}, median of {report['timing']['repeats']} after "
+        f"- timing: {report['timing']['timer']}, {report['timing']['statistic']} of "
+        f"{report['timing']['repeats']} interleaved rounds after "
         f"{report['timing']['warmup']} warm-up run(s)",
         f"- modelled: evaluator's S with the {report['modelled_profile']['source']} profile ({unit})",
         "",
-        "| plan | measured S (ms) | modelled S | measured / modelled | measured p90 (ms) | per-step corr. |",
-        "|---|---|---|---|---|---|",
+        "| plan | measured S (ms) | modelled S | measured / modelled | vs linear, measured | "
+        "vs linear, modelled | measured p90 (ms) | per-step corr. |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+
+    def num(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
     for p in report["plans"]:
-        ratio = p["measured_over_modelled"]
-        corr = p["step_correlation"]
         lines.append(
             f"| {p['name']} | {p['measured_straggler_ms']:.3f} | {p['modelled_straggler']:.3f} | "
-            f"{'-' if ratio is None else f'{ratio:.3f}'} | {p['measured_p90_ms']:.3f} | "
-            f"{'-' if corr is None else f'{corr:.3f}'} |"
+            f"{num(p['measured_over_modelled'], '.3f')} | {num(p['measured_improvement_vs_linear'], '+.1f')} % | "
+            f"{num(p['modelled_improvement_vs_linear'], '+.1f')} % | {p['measured_p90_ms']:.3f} | "
+            f"{num(p['step_correlation'], '.3f')} |"
         )
     r = report["ranking"]
     tau = "-" if r["kendall_tau"] is None else f"{r['kendall_tau']:.3f}"
@@ -767,6 +800,7 @@ def validate_command(args: Any) -> int:
         world=args.world,
         quiet=args.quiet,
         seed=args.seed,
+        statistic=args.statistic,
     )
     if args.report:
         write_json(args.report, report)
