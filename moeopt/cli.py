@@ -204,6 +204,8 @@ def trace_summary(workload: Any) -> str:
         rows.append(row)
     headers = ["layer", "busiest/mean", "idlest/mean"] + (["coactivation density"] if stats.affinity is not None else [])
     lines.append(tabulate(rows, headers=headers, tablefmt="github"))
+    import moeopt.methods  # noqa: F401  (methods register their trace-stats hooks)
+
     for hook in TRACE_STATS_HOOKS:
         lines.extend(hook(stats))
     return "\n".join(lines)
