@@ -312,6 +312,22 @@ def test_validate_solves_on_the_spot_and_measures_a_profile(torch, tmp_path: Pat
         assert len(entry["modelled_per_step"]) == 2
 
 
+def test_validate_with_measured_profile_file(torch, tiny_instance: Path, tmp_path: Path) -> None:
+    """The prepared script's path: profile --speeds, then validate --profile uses its speeds."""
+    prof = tmp_path / "measured.yaml"
+    size = ["--device", "cpu", "--d-model", "32", "--d-ff", "64", "--statistic", "min", "--quiet"]
+    assert main(["profile", *size, "--experts-per-gpu", "4", "--max-tokens", "256", "--tile", "32",
+                 "--speeds", "1.0,0.5", "--repeats", "2", "--output", str(prof)]) == 0
+    rep = tmp_path / "r.json"
+    assert main(["validate", str(tiny_instance), *size, "--profile", str(prof), "--max-steps", "2",
+                 "--repeats", "2", "--report", str(rep)]) == 0
+    report = json.loads(rep.read_text())
+    assert report["modelled_profile"]["source"] == "file" and report["modelled_profile"]["tile"] == 32
+    assert report["speed_source"] == "profile" and report["speeds"] == [1.0, 0.5]
+    assert report["timing"]["statistic"] == "min" and report["steps"] == 2
+    assert all(p["modelled_straggler"] > 0 and p["measured_straggler_ms"] > 0 for p in report["plans"])
+
+
 def test_validate_rejects_wrong_speed_count(torch, tiny_instance: Path, capsys) -> None:
     """--speeds must give one value per GPU of the instance."""
     assert main(["validate", str(tiny_instance), "--device", "cpu", "--speeds", "1,1,1", "--quiet"]) == 2

@@ -258,17 +258,18 @@ class ExpertBank:
             else:
                 memory_budget = 256 << 20
         self.pool = max(1, min(int(experts), int(memory_budget // shape.bytes_per_expert)))
-        gen = torch.Generator(device="cpu").manual_seed(seed)
+        # drawn on the device in the target dtype: no multi-GB float32 staging on the host
+        gen = torch.Generator(device=device).manual_seed(seed)
         d, f = shape.d_model, shape.d_ff
 
         def weights(rows: int, cols: int) -> torch.Tensor:
-            w = torch.randn(self.pool, rows, cols, generator=gen) / math.sqrt(rows)
-            return w.to(device=device, dtype=dtype)
+            w = torch.randn(self.pool, rows, cols, generator=gen, device=device, dtype=dtype)
+            return w.mul_(1.0 / math.sqrt(rows))
 
         self.w_gate = weights(d, f)
         self.w_up = weights(d, f)
         self.w_down = weights(f, d)
-        self.x = (torch.randn(max(1, int(max_tokens)), d, generator=gen)).to(device=device, dtype=dtype)
+        self.x = torch.randn(max(1, int(max_tokens)), d, generator=gen, device=device, dtype=dtype)
         self.silu = torch.nn.functional.silu
 
     def ensure_tokens(self, tokens: int) -> None:
