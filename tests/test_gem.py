@@ -315,3 +315,18 @@ def test_step_function_jumps_at_tile_boundaries():
     prof = Profile(tile=64, latency=np.array([[1.0, 2.0, 2.0, 5.0]]))
     got = prof(np.array([[0], [1], [64], [65], [128], [129], [192], [193], [256 + 64]]))[:, 0]
     np.testing.assert_allclose(got, [1, 2, 2, 2, 2, 5, 5, 8, 11])
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_exact_is_warm_started_and_never_worse_than_gem(name):
+    """Under a short time limit the exact method keeps at least gem's plan and a valid bound."""
+    m = _exact(name)
+    rng = np.random.default_rng(7)
+    n = np.round(rng.integers(0, 400, size=(16, 24)) * rng.uniform(0.1, 2.0, size=24))
+    problem = count_problem(n, synthetic_profile(4, variability="high", seed=2, tile=32), 6)
+    r = m.solve(problem, m.Params(), Context(time_limit=3))
+    g = get_method("gem").solve(problem, get_method("gem").Params(), Context())
+    assert r.status.value in ("optimal", "time_limit")
+    assert all(layer["warm_start"] for layer in r.stats["layers"])
+    assert r.objective <= g.objective + 1e-9
+    assert step_lower_bound(n, problem.profile).sum() - 1e-9 <= r.bound <= r.objective + 1e-9

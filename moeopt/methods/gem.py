@@ -141,6 +141,147 @@ class Gem:
         )
 
 
+# ----------------------------------------------------------------------------- exact
+class _GemExact:
+    """Shared driver of the exact GEM methods: search for a warm start, then one exact model
+    per layer; the better of the two plans is kept, the bound is the larger of the solver's
+    and the per-step lower bound."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    requires: ClassVar[frozenset[str]] = frozenset({"steps", "profile"})
+    backend: ClassVar[str]
+
+    @dataclass
+    class Params:
+        steps: int = DEFAULT_STEPS  # utilization-trace steps T (0: every trace step)
+        time_limit: float = 60.0  # seconds for all layers when the run gives no time limit
+        warm_start: bool = True  # hint the exact model with gem's plan
+        threads: int = 2  # solver threads
+
+    Params: ClassVar[type] = Params
+
+    def available(self) -> bool:
+        raise NotImplementedError
+
+    def run_layer(self, model: Any, limit: float, hint: np.ndarray | None, params: Any, ctx: Context, util: Utilization):
+        raise NotImplementedError
+
+    def solve(self, problem: Problem, params: Any, ctx: Context) -> Result:
+        from moeopt.solvers.gem_models import layer_model
+
+        t0 = time.perf_counter()
+        assert problem.profile is not None
+        util = problem_utilization(problem, _steps_param(params.steps))
+        slots = problem.instance.cluster.slots_per_gpu
+        models = [layer_model(util.counts[l], problem.profile, slots, method=self.name) for l in range(problem.layers)]
+        total = ctx.time_limit if ctx.time_limit is not None else params.time_limit
+        hints = None
+        if params.warm_start:
+            gem = Gem()
+            gparams = Gem.Params(steps=params.steps)
+            hctx = Context(time_limit=0.2 * total, seed=ctx.seed, hint=ctx.hint, quiet=True)
+            hints, _, _ = gem.search(problem, gparams, hctx)
+        elif ctx.hint is not None:
+            hints = ctx.hint.home
+        homes, statuses, bounds, layer_stats = [], [], [], []
+        for l in ctx.layers(problem.layers, self.name):
+            left = total - (time.perf_counter() - t0)
+            limit = max(left / (problem.layers - l), 0.5)
+            hint = None if hints is None else hints[l]
+            out = self.run_layer(models[l], limit, hint, params, ctx, util)
+            candidates = [h for h in (out.home, hint) if h is not None]
+            if not candidates:
+                statuses.append(Status.NO_SOLUTION)
+                homes.append(None)
+                continue
+            scores = [layer_straggler(util.counts[l], h, problem.profile) for h in candidates]
+            best = int(np.argmin(scores))
+            homes.append(candidates[best])
+            bound = max(float(models[l].step_bound.sum()), out.bound if out.bound is not None else -np.inf)
+            bounds.append(bound)
+            statuses.append(Status.OPTIMAL if out.optimal else Status.TIME_LIMIT)
+            layer_stats.append(
+                {"status": out.status, "solver_objective": out.objective, "solver_bound": out.bound,
+                 "time": round(out.time, 3), "warm_start": out.warm_start, "kept": "solver" if best == 0 and out.home is not None else "hint",
+                 "encoding": "tile counts" if models[l].affine else ("level binaries" if self.backend == "milp" else "element")}
+            )
+            ctx.say(f"{self.name}: layer {l}: {out.status}, S {min(scores):.4f}, bound {bound:.4f}")
+        status = combine_status(statuses)
+        stats = {
+            "layers": layer_stats,
+            "solver_objective": float(sum(s["solver_objective"] or 0.0 for s in layer_stats)),
+            "steps": util.steps,
+        }
+        if any(h is None for h in homes):
+            return Result(method=self.name, status=status, plan=None, sense="min", objective_name=OBJECTIVE,
+                          wall_time=time.perf_counter() - t0, params=vars(params), stats=stats)
+        home = np.stack(homes)
+        objective = plan_straggler(home, util, problem)
+        bound = float(sum(bounds))
+        # a lower bound above an achieved objective can only come from rounding (CP-SAT's
+        # integer latencies): clamp it
+        bound = min(bound, objective)
+        return Result(
+            method=self.name,
+            status=status,
+            plan=Plan(home=home),
+            objective=objective,
+            bound=bound,
+            sense="min",
+            objective_name=OBJECTIVE,
+            wall_time=time.perf_counter() - t0,
+            params=vars(params),
+            stats=stats,
+        )
+
+
+@register
+class GemMilp(_GemExact):
+    """Exact GEM MILP (Pyomo + HiGHS): tile counts (affine) or ordered level binaries."""
+
+    name: ClassVar[str] = "gem-milp"
+    summary: ClassVar[str] = "exact GEM MILP via Pyomo+HiGHS (tile counts / level binaries), warm-started by gem"
+    backend: ClassVar[str] = "milp"
+
+    def available(self) -> bool:
+        try:
+            import pyomo.environ  # noqa: F401  (registers the solver plugins)
+            from pyomo.contrib.solver.common.factory import SolverFactory
+
+            return bool(SolverFactory("highs").available())
+        except Exception:  # noqa: BLE001  (any import or licence problem means unavailable)
+            return False
+
+    def run_layer(self, model, limit, hint, params, ctx, util):
+        from moeopt.solvers.gem_models import solve_milp
+
+        return solve_milp(model, time_limit=limit, hint=hint, threads=params.threads)
+
+
+@register
+class GemCpsat(_GemExact):
+    """Exact GEM CP-SAT model: tile counts (affine) or element constraints, hinted by gem."""
+
+    name: ClassVar[str] = "gem-cpsat"
+    summary: ClassVar[str] = "exact GEM CP-SAT model (tile counts / element on tile count), hinted by gem"
+    backend: ClassVar[str] = "cpsat"
+
+    def available(self) -> bool:
+        try:
+            import ortools.sat.python.cp_model  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def run_layer(self, model, limit, hint, params, ctx, util):
+        from moeopt.solvers.gem_models import solve_cpsat
+
+        return solve_cpsat(
+            model, time_limit=limit, hint=hint, seed=ctx.seed, workers=params.threads, denominator=util.denominator
+        )
+
+
 # ----------------------------------------------------------------------------- speed-greedy
 @register
 class SpeedGreedy:

@@ -1,0 +1,360 @@
+"""Exact GEM models for one layer: ``min sum_t z_t`` s.t. ``z_t >= C_g(n_g(M, t))`` (SPEC 5.4).
+
+Two backends, each with ``build_*`` kept apart from ``solve_*``:
+
+- MILP through Pyomo (solver API v2, HiGHS): tile counts ``k_gt`` (integer) for affine
+  profiles, ordered level binaries ``y_gtj`` ("at least j tiles") for general monotone ones;
+- CP-SAT: integer tile counts with a linear latency for affine profiles, an element
+  constraint on the tile count for general monotone ones; latencies scaled to integers.
+
+Both take the search's plan as a warm start (HiGHS ``setSolution``, CP-SAT hints), add the
+per-step lower bound of :func:`moeopt.utilization.step_lower_bound` as a bound on ``z_t``,
+and refuse sizes whose model cannot be built and searched in reasonable time. No symmetry
+breaking is added: GPUs differ in their profiles, and hints must stay valid.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moeopt.errors import InputError
+from moeopt.profile import Profile
+from moeopt.utilization import step_lower_bound
+
+#: Largest model accepted, in constraint-matrix nonzeros (load rows E*G*T plus levels).
+MAX_NONZEROS = 200_000
+
+
+@dataclass(frozen=True, eq=False)
+class LayerModel:
+    """Data of one layer's exact model.
+
+    Attributes
+    ----------
+    n
+        float ``[T, E]`` utilization trace.
+    table
+        float ``[G, J + 1]`` latency at 0..J tiles (J: tiles of the busiest step's total).
+    tiles_max
+        int ``[T]``: no GPU needs more than ``ceil(N_t / tile)`` tiles at step t.
+    slots
+        Slots per GPU.
+    tile
+        Tile size (tokens).
+    affine
+        True when ``table[g, j] = table[g, 0] + slope_g * j`` for every g and j.
+    step_bound
+        float ``[T]``: the per-step lower bound.
+    """
+
+    n: np.ndarray
+    table: np.ndarray
+    tiles_max: np.ndarray
+    slots: int
+    tile: int
+    affine: bool
+    step_bound: np.ndarray
+
+    @property
+    def steps(self) -> int:
+        return int(self.n.shape[0])
+
+    @property
+    def experts(self) -> int:
+        return int(self.n.shape[1])
+
+    @property
+    def gpus(self) -> int:
+        return int(self.table.shape[0])
+
+    @property
+    def slope(self) -> np.ndarray:
+        return self.table[:, 1] - self.table[:, 0]
+
+    def nonzeros(self) -> int:
+        """Size estimate: load rows (E per GPU and step) plus level variables if not affine."""
+        loads = self.experts * self.gpus * self.steps
+        levels = 0 if self.affine else 3 * self.gpus * int(self.tiles_max.sum())
+        return loads + levels + 2 * self.experts * self.gpus
+
+
+def layer_model(n: np.ndarray, profile: Profile, slots: int, *, method: str = "gem") -> LayerModel:
+    """Prepare one layer's exact model; raise :class:`InputError` when it is too large.
+
+    Parameters
+    ----------
+    n
+        float ``[T, E]`` utilization trace.
+    profile
+        Latency profile.
+    slots
+        Slots per GPU.
+    method
+        Method name for the error message.
+    """
+    n = np.asarray(n, dtype=np.float64)
+    tiles_max = np.ceil(n.sum(axis=1) / profile.tile - 1e-9).astype(np.int64).clip(0)
+    J = max(int(tiles_max.max(initial=0)), 1)
+    table = profile.table(J)
+    inc = np.diff(table, axis=1)
+    affine = bool(np.allclose(inc, inc[:, :1], rtol=1e-9, atol=1e-12))
+    model = LayerModel(n, table, tiles_max, slots, profile.tile, affine, step_lower_bound(n, profile))
+    size = model.nonzeros()
+    if size > MAX_NONZEROS:
+        raise InputError(
+            None, "method.name",
+            f"{method}: a layer with E={model.experts} experts, G={model.gpus} GPUs, T={model.steps} steps"
+            f" needs about {size:,} nonzeros (limit {MAX_NONZEROS:,}); exact GEM models are for small"
+            " instances (proved optimal up to about E=16, G=4): use method 'gem' instead",
+        )
+    return model
+
+
+def tile_counts(model: LayerModel, home: np.ndarray) -> np.ndarray:
+    """int ``[G, T]``: tiles each GPU needs under ``home``."""
+    onehot = np.zeros((model.experts, model.gpus))
+    onehot[np.arange(model.experts), home] = 1.0
+    loads = model.n @ onehot  # [T, G]
+    return np.ceil(loads.T / model.tile - 1e-9).astype(np.int64).clip(0)
+
+
+@dataclass
+class ExactOutcome:
+    """What one layer's exact solve returned."""
+
+    home: np.ndarray | None
+    objective: float | None  # the backend's own number
+    bound: float | None
+    optimal: bool
+    status: str
+    time: float
+    warm_start: bool = False
+    info: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- MILP (Pyomo)
+def build_milp(model: LayerModel):
+    """The Pyomo MILP of one layer (see ``formulations/gem.md``)."""
+    import pyomo.environ as pe
+
+    T, E, G = model.steps, model.experts, model.gpus
+    m = pe.ConcreteModel(name="gem")
+    m.E, m.G, m.T = pe.RangeSet(0, E - 1), pe.RangeSet(0, G - 1), pe.RangeSet(0, T - 1)
+    m.x = pe.Var(m.E, m.G, domain=pe.Binary)
+    m.z = pe.Var(m.T, bounds=lambda _, t: (float(model.step_bound[t]), None))
+    m.assign = pe.Constraint(m.E, rule=lambda _, e: sum(m.x[e, g] for g in m.G) == 1)
+    m.slots = pe.Constraint(m.G, rule=lambda _, g: sum(m.x[e, g] for e in m.E) <= model.slots)
+    n = model.n
+
+    def load(g: int, t: int):
+        return sum(float(n[t, e]) * m.x[e, g] for e in range(E) if n[t, e] != 0)
+
+    if model.affine:
+        m.k = pe.Var(m.G, m.T, domain=pe.NonNegativeIntegers, bounds=lambda _, g, t: (0, int(model.tiles_max[t])))
+        m.tiles = pe.Constraint(m.G, m.T, rule=lambda _, g, t: model.tile * m.k[g, t] >= load(g, t))
+        m.latency = pe.Constraint(
+            m.G, m.T,
+            rule=lambda _, g, t: m.z[t] >= float(model.table[g, 0]) + float(model.slope[g]) * m.k[g, t],
+        )
+    else:
+        levels = [(g, t, j) for g in range(G) for t in range(T) for j in range(1, int(model.tiles_max[t]) + 1)]
+        m.L = pe.Set(initialize=levels, dimen=3)
+        m.y = pe.Var(m.L, domain=pe.Binary)
+        order = [(g, t, j) for (g, t, j) in levels if j >= 2]
+        m.O = pe.Set(initialize=order, dimen=3)
+        m.order = pe.Constraint(m.O, rule=lambda _, g, t, j: m.y[g, t, j] <= m.y[g, t, j - 1])
+        inc = np.diff(model.table, axis=1)
+
+        def count(g: int, t: int):
+            return sum(m.y[g, t, j] for j in range(1, int(model.tiles_max[t]) + 1))
+
+        def tiles_rule(_, g, t):
+            if model.tiles_max[t] == 0:
+                return pe.Constraint.Skip
+            return model.tile * count(g, t) >= load(g, t)
+
+        m.tiles = pe.Constraint(m.G, m.T, rule=tiles_rule)
+        m.latency = pe.Constraint(
+            m.G, m.T,
+            rule=lambda _, g, t: m.z[t]
+            >= float(model.table[g, 0]) + sum(float(inc[g, j - 1]) * m.y[g, t, j] for j in range(1, int(model.tiles_max[t]) + 1)),
+        )
+    m.obj = pe.Objective(expr=sum(m.z[t] for t in m.T), sense=pe.minimize)
+    return m
+
+
+def _milp_values(m, model: LayerModel, home: np.ndarray) -> list[tuple[object, float]]:
+    """``(variable, value)`` pairs of the plan ``home`` in the MILP (for the warm start)."""
+    k = tile_counts(model, home)
+    vals: list[tuple[object, float]] = []
+    for e in range(model.experts):
+        for g in range(model.gpus):
+            vals.append((m.x[e, g], 1.0 if home[e] == g else 0.0))
+    lat = model.table[np.arange(model.gpus)[:, None], np.minimum(k, model.table.shape[1] - 1)]  # [G, T]
+    for t in range(model.steps):
+        vals.append((m.z[t], float(max(lat[:, t].max(), model.step_bound[t]))))
+    if model.affine:
+        for g in range(model.gpus):
+            for t in range(model.steps):
+                vals.append((m.k[g, t], float(k[g, t])))
+    else:
+        for (g, t, j) in m.L:
+            vals.append((m.y[g, t, j], 1.0 if j <= k[g, t] else 0.0))
+    return vals
+
+
+def solve_milp(model: LayerModel, *, time_limit: float, hint: np.ndarray | None = None, threads: int = 1) -> ExactOutcome:
+    """Solve one layer's MILP with HiGHS through Pyomo's solver API v2."""
+    import highspy
+    import pyomo.environ as pe
+    from pyomo.contrib.solver.common.factory import SolverFactory
+    from pyomo.contrib.solver.common.results import TerminationCondition
+
+    t0 = time.perf_counter()
+    m = build_milp(model)
+    opt = SolverFactory("highs")
+    warm = False
+    if hint is not None:
+        # Pyomo's HiGHS interface has no warm-start option: load the model, then hand the
+        # plan to HiGHS directly (solve() below reuses the loaded model unchanged).
+        try:
+            opt.set_instance(m)
+            cols = opt._pyomo_var_to_solver_var_map
+            sol = highspy.HighsSolution()
+            values = np.zeros(opt._solver_model.getNumCol())
+            for var, val in _milp_values(m, model, hint):
+                values[cols[id(var)]] = val
+            sol.col_value = values.tolist()
+            sol.value_valid = True
+            warm = opt._solver_model.setSolution(sol) == highspy.HighsStatus.kOk
+        except (AttributeError, KeyError, TypeError):
+            warm = False
+    res = opt.solve(
+        m, time_limit=max(time_limit, 0.1), threads=threads, raise_exception_on_nonoptimal_result=False,
+        load_solutions=False,
+    )
+    optimal = res.termination_condition == TerminationCondition.convergenceCriteriaSatisfied
+    home = None
+    if res.incumbent_objective is not None:
+        res.solution_loader.load_vars()
+        x = np.array([[pe.value(m.x[e, g]) for g in range(model.gpus)] for e in range(model.experts)])
+        home = x.argmax(axis=1)
+    bound = res.objective_bound
+    if bound is not None and not math.isfinite(bound):
+        bound = None
+    return ExactOutcome(
+        home=home,
+        objective=res.incumbent_objective,
+        bound=bound,
+        optimal=optimal,
+        status=res.termination_condition.name,
+        time=time.perf_counter() - t0,
+        warm_start=warm,
+    )
+
+
+# ----------------------------------------------------------------------------- CP-SAT
+def _scale(model: LayerModel) -> float:
+    """Latencies are scaled to integers with about 7 significant digits."""
+    return 1e7 / max(float(model.table.max()), 1e-12)
+
+
+def _integral_counts(model: LayerModel, denominator: int) -> tuple[np.ndarray, int]:
+    """Integer counts ``n * D`` (exact when counts are means of ``denominator`` steps)."""
+    for d in (1, denominator, 1000 * denominator):
+        scaled = model.n * d
+        if np.allclose(scaled, np.round(scaled), atol=1e-6):
+            return np.round(scaled).astype(np.int64), d
+    d = 1000 * denominator
+    return np.round(model.n * d).astype(np.int64), d
+
+
+def scaled_table(model: LayerModel) -> tuple[np.ndarray, float]:
+    """int ``[G, J + 1]`` latencies in integer units, and the scale; affine profiles stay
+    exactly affine (``q_g0 + s_g j`` with integer ``s_g``)."""
+    scale = _scale(model)
+    if model.affine:
+        q0 = np.round(model.table[:, 0] * scale).astype(np.int64)
+        slope = np.round(model.slope * scale).astype(np.int64)
+        return q0[:, None] + slope[:, None] * np.arange(model.table.shape[1])[None, :], scale
+    return np.round(model.table * scale).astype(np.int64), scale
+
+
+def build_cpsat(model: LayerModel, denominator: int = 1):
+    """The CP-SAT model of one layer; returns ``(model, x, k, lat, z, q, scale)``."""
+    from ortools.sat.python import cp_model
+
+    T, E, G = model.steps, model.experts, model.gpus
+    q, scale = scaled_table(model)  # [G, J + 1]
+    counts, d = _integral_counts(model, denominator)
+    cp = cp_model.CpModel()
+    x = [[cp.new_bool_var(f"x{e}_{g}") for g in range(G)] for e in range(E)]
+    for e in range(E):
+        cp.add_exactly_one(x[e])
+    for g in range(G):
+        cp.add(sum(x[e][g] for e in range(E)) <= model.slots)
+    k = [[cp.new_int_var(0, int(model.tiles_max[t]), f"k{g}_{t}") for t in range(T)] for g in range(G)]
+    lat = [[cp.new_int_var(int(q[g, 0]), int(q[g, model.tiles_max[t]]), f"c{g}_{t}") for t in range(T)] for g in range(G)]
+    # the per-step bound, rounded down so that rounding never cuts off a plan
+    lb = np.floor(model.step_bound * scale * (1 - 1e-9)).astype(np.int64) - 1
+    z = [cp.new_int_var(int(lb[t]), int(max(q[:, model.tiles_max[t]].max(), lb[t])), f"z{t}") for t in range(T)]
+    for g in range(G):
+        for t in range(T):
+            nz = np.nonzero(counts[t])[0]
+            cp.add(model.tile * d * k[g][t] >= sum(int(counts[t, e]) * x[e][g] for e in nz))
+            if model.affine:
+                cp.add(lat[g][t] == int(q[g, 0]) + int(q[g, 1] - q[g, 0]) * k[g][t])
+            else:
+                cp.add_element(k[g][t], [int(v) for v in q[g, : model.tiles_max[t] + 1]], lat[g][t])
+            cp.add(z[t] >= lat[g][t])
+    cp.minimize(sum(z))
+    return cp, x, k, lat, z, q, scale
+
+
+def solve_cpsat(
+    model: LayerModel, *, time_limit: float, hint: np.ndarray | None = None, seed: int = 0,
+    workers: int = 2, denominator: int = 1,
+) -> ExactOutcome:
+    """Solve one layer's CP-SAT model, hinted with ``hint`` (complete, consistent hint)."""
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    cp, x, k, lat, z, q, scale = build_cpsat(model, denominator)
+    if hint is not None:
+        kk = tile_counts(model, hint)
+        for e in range(model.experts):
+            for g in range(model.gpus):
+                cp.add_hint(x[e][g], int(hint[e] == g))
+        c = q[np.arange(model.gpus)[:, None], kk]  # [G, T]
+        for g in range(model.gpus):
+            for t in range(model.steps):
+                cp.add_hint(k[g][t], int(kk[g, t]))
+                cp.add_hint(lat[g][t], int(c[g, t]))
+        lb = np.floor(model.step_bound * scale * (1 - 1e-9)).astype(np.int64) - 1
+        for t in range(model.steps):
+            cp.add_hint(z[t], int(max(c[:, t].max(), lb[t])))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(time_limit, 0.1)
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    status = solver.solve(cp)
+    home = None
+    objective = None
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        xs = np.array([[solver.value(x[e][g]) for g in range(model.gpus)] for e in range(model.experts)])
+        home = xs.argmax(axis=1)
+        objective = solver.objective_value / scale
+    bound = solver.best_objective_bound / scale if status != cp_model.INFEASIBLE else None
+    return ExactOutcome(
+        home=home,
+        objective=objective,
+        bound=bound,
+        optimal=status == cp_model.OPTIMAL,
+        status=solver.status_name(status),
+        time=time.perf_counter() - t0,
+        warm_start=hint is not None,
+    )
