@@ -328,6 +328,19 @@ def test_validate_with_measured_profile_file(torch, tiny_instance: Path, tmp_pat
     assert all(p["modelled_straggler"] > 0 and p["measured_straggler_ms"] > 0 for p in report["plans"])
 
 
+def test_validate_needs_steps_and_positive_max_steps(torch, tiny_instance: Path, tmp_path: Path, capsys) -> None:
+    """Count-only workloads without per-step counts, and --max-steps 0, are one-line errors."""
+    counts = tmp_path / "counts.npz"
+    np.savez(counts, counts=np.arange(1, 9, dtype=np.float64).reshape(1, 8), top_k=np.array(2))
+    inst = tmp_path / "counts.yaml"
+    inst.write_text("model: {layers: 1, experts: 8, top_k: 2}\ncluster: {gpus: 2}\n"
+                    "workload: {calibration: counts.npz}\n")
+    assert main(["validate", str(inst), "--device", "cpu", "--quiet"]) == 2
+    assert "per-timestep counts" in capsys.readouterr().err
+    assert main(["validate", str(tiny_instance), "--device", "cpu", "--max-steps", "0", "--quiet"]) == 2
+    assert "--max-steps" in capsys.readouterr().err
+
+
 def test_validate_rejects_wrong_speed_count(torch, tiny_instance: Path, capsys) -> None:
     """--speeds must give one value per GPU of the instance."""
     assert main(["validate", str(tiny_instance), "--device", "cpu", "--speeds", "1,1,1", "--quiet"]) == 2
