@@ -21,11 +21,14 @@ from moeopt.trace import Stats, Trace
 class GuardParams:
     """Online replica guard: pick ``argmax locality(g) - lam * Lhat_g / mean(Lhat)``.
 
-    ``Lhat_g <- decay * Lhat_g + (1 - decay) * load_g(batch)`` after every batch.
+    ``Lhat_g <- decay * Lhat_g + (1 - decay) * load_g(batch)`` after every batch. A batch is
+    a trace step, or with ``batch_tokens`` consecutive groups of at most that many tokens of a
+    step (the guard decides a whole batch with one ``Lhat``, so smaller batches herd less).
     """
 
     lam: float = 1.0
     decay: float = 0.9
+    batch_tokens: int | None = None
 
 
 def linear_plan(layers: int, experts: int, gpus: int) -> Plan:
@@ -45,6 +48,16 @@ def guard_layer(
 ) -> np.ndarray:
     """GPU executing each token-slot ``[tokens, k]`` of one layer under the online guard.
 
+    For a token needing a replicated expert e the guard picks, among the GPUs holding e, the
+    one maximizing ``locality(g) - lam * Lhat_g / mean(Lhat)`` (SPEC 4.3). ``locality(g)``
+    counts the token's other top-k experts already on g, plus 1 when g is the token's home.
+    An expert with a single copy is on its home GPU; the replicated experts of a token are
+    decided one top-k position after another, so each decision sees where the earlier ones
+    went, and an expert still to be decided counts on every GPU holding a copy of it. (Counting
+    other experts by their *home* instead would send two replicated experts that share a
+    token to two different GPUs, each chasing the other's home.) Within a batch the decisions
+    are vectorized over tokens and share the same ``Lhat``; ``Lhat`` is updated after it.
+
     Parameters
     ----------
     topk
@@ -53,34 +66,62 @@ def guard_layer(
         int ``[tokens]`` batch ids; the decayed load Lhat is updated after each batch.
     copies
         int ``[E, W]`` GPUs holding each expert, home first, -1 padded (``Plan.copies``).
+    gpus
+        G.
+    guard
+        λ (``lam``) and δ (``decay``).
+    token_home
+        optional int ``[tokens]`` GPU each token lives on.
+
+    Returns
+    -------
+    numpy.ndarray
+        int ``[tokens, k]``: a GPU holding each chosen expert.
     """
     base = copies[topk, 0]
-    if copies.shape[1] == 1:
+    if copies.shape[1] == 1 or not len(topk):
         return base
+    E, k = copies.shape[0], topk.shape[1]
     chosen = base.copy()
-    replicated = (copies[:, 1:] >= 0).any(axis=1)
+    needs_choice = (copies[:, 1:] >= 0).any(axis=1)[topk]  # [n, k]
+    holds = np.zeros((E, gpus), dtype=bool)
+    e_idx, w_idx = np.nonzero(copies >= 0)
+    holds[e_idx, copies[e_idx, w_idx]] = True
     lhat = np.zeros(gpus)
     order = np.argsort(step, kind="stable")
-    bounds = np.searchsorted(step[order], np.arange(step.max() + 2))
+    batch = step[order].astype(np.int64)
+    if guard.batch_tokens is not None:  # split each step into batches of batch_tokens tokens
+        rank = np.arange(len(batch)) - np.searchsorted(batch, batch)
+        per_step = -(-np.bincount(batch).max() // guard.batch_tokens)
+        batch = batch * per_step + rank // guard.batch_tokens
+    bounds = np.searchsorted(batch, np.arange(batch.max() + 2))
     for b in range(len(bounds) - 1):
         idx = order[bounds[b] : bounds[b + 1]]
         if not len(idx):
             continue
-        ids, home_gpu = topk[idx], base[idx]
-        cand = copies[ids]  # [n, k, W]
-        valid = cand >= 0
-        # locality: other top-k experts of the token homed on the candidate, plus the token's home
-        same = (home_gpu[:, None, None, :] == cand[..., None]).sum(axis=-1)
-        same -= home_gpu[:, :, None] == cand
-        if token_home is not None:
-            same = same + (cand == token_home[idx][:, None, None])
         mean = lhat.mean()
         pressure = lhat / mean if mean > 0 else np.zeros(gpus)
-        score = np.where(valid, same - guard.lam * pressure[np.maximum(cand, 0)], -np.inf)
-        pick = np.take_along_axis(cand, score.argmax(axis=2)[..., None], axis=2)[..., 0]
-        sel = replicated[ids]
-        chosen[idx] = np.where(sel, pick, home_gpu)
-        load = np.bincount(chosen[idx].ravel(), minlength=gpus)
+        ids, gpu = topk[idx], chosen[idx]
+        pending = needs_choice[idx].copy()
+        for j in range(k):
+            rows = np.nonzero(pending[:, j])[0]
+            if not len(rows):
+                continue
+            pending[rows, j] = False
+            cand = copies[ids[rows, j]]  # [m, W]
+            valid = cand >= 0
+            cand0 = np.maximum(cand, 0)
+            executes_on = gpu[rows][:, None, :] == cand[:, :, None]  # [m, W, k]
+            has_copy = holds[ids[rows][:, None, :], cand0[:, :, None]]
+            on_g = np.where(pending[rows][:, None, :], has_copy, executes_on)
+            on_g[:, :, j] = False
+            locality = on_g.sum(axis=2)
+            if token_home is not None:
+                locality = locality + (cand == token_home[idx[rows]][:, None])
+            score = np.where(valid, locality - guard.lam * pressure[cand0], -np.inf)
+            gpu[rows, j] = cand[np.arange(len(rows)), score.argmax(axis=1)]
+        chosen[idx] = gpu
+        load = np.bincount(gpu.ravel(), minlength=gpus)
         lhat = guard.decay * lhat + (1.0 - guard.decay) * load
     return chosen
 

@@ -72,7 +72,7 @@ def solve(
     hint: Plan | None = None,
     quiet: bool = True,
     workloads: Workloads | None = None,
-    guard: GuardParams = GuardParams(),
+    guard: GuardParams | None = None,
 ) -> Result:
     """Solve ``instance`` with its method (or ``method``), check the plan, add every metric.
 
@@ -102,6 +102,8 @@ def solve(
         result.plan.check(instance.cluster, layers=instance.model.layers, experts=instance.model.experts)
     except PlanError as exc:  # a method returning an infeasible plan is a bug, not bad input
         raise RuntimeError(f"method {name!r} returned an infeasible plan: {exc}") from exc
+    if guard is None:  # a replication method's own guard settings (λ, δ), else the defaults
+        guard = GuardParams(**result.stats["guard"]) if "guard" in result.stats else GuardParams()
     metrics = evaluate(result.plan, wl.evaluation, instance.cluster, profile=wl.profile, guard=guard)
     base = evaluate(
         linear_plan(instance.model.layers, instance.model.experts, instance.cluster.gpus),

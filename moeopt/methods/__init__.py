@@ -2,5 +2,6 @@
 
 from moeopt.methods import baselines  # noqa: F401
 from moeopt.methods import tacg  # noqa: F401
+from moeopt.methods import gesr  # noqa: F401
 from moeopt.methods import hypergraph  # noqa: F401
 from moeopt.methods import gem  # noqa: F401

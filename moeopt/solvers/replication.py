@@ -1,0 +1,397 @@
+"""Exact certificate for the replication step (SPEC section 4, formulations/gesr.md).
+
+For one layer with fixed home GPUs, per-expert loads ``w[e]`` and ``S`` replica slots per
+GPU, the MILP
+
+    min z  s.t.  sum_g x[e, g] = w[e],  x[e, g] <= w[e] y[e, g]  (g != home(e)),
+                 sum_e y[e, g] <= S,     sum_e x[e, g] <= z,     y binary, x >= 0
+
+chooses which experts to copy where (binary ``y``) and how to split each expert's tokens
+among its copies (continuous ``x``). Its optimum ``z*`` is the lowest maximum GPU load any
+replica choice within the budget can reach, even with a perfect (fractional) token split, so
+``z* / mean - 1`` is a lower bound on the MaxVio of every plan with those homes and that
+budget: the guard's integral, online split can only do worse. :func:`build_model` returns
+the arrays, :func:`solve_replication_bound` hands them to HiGHS (highspy's array API) and
+reads the proved bound, so a time limit still leaves a valid lower bound.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import highspy
+import numpy as np
+import scipy.sparse as sp
+from scipy.optimize import linprog
+
+from moeopt.result import Status
+
+_STATUS = {
+    "kOptimal": Status.OPTIMAL,
+    "kTimeLimit": Status.TIME_LIMIT,
+    "kInfeasible": Status.INFEASIBLE,
+    "kInterrupt": Status.TIME_LIMIT,
+}
+
+
+@dataclass(frozen=True)
+class ReplicationModel:
+    """Arrays of the replication MILP of one layer, loads normalized by their mean.
+
+    Columns: ``z``, then ``x[p]`` and ``y[p]`` for every candidate pair ``p = (expert, gpu)``
+    with ``gpu != home(expert)`` and a positive load. Rows: load of every GPU minus ``z``
+    (<= 0), home share of every expert (>= 0), linking ``x[p] - w y[p] <= 0`` and slots.
+    """
+
+    pairs: np.ndarray  # int [P, 2] (expert, gpu)
+    cost: np.ndarray
+    col_lower: np.ndarray
+    col_upper: np.ndarray
+    integrality: np.ndarray
+    matrix: sp.csc_matrix
+    row_lower: np.ndarray
+    row_upper: np.ndarray
+    mean: float
+
+
+def build_model(home: np.ndarray, load: np.ndarray, gpus: int, slots: int) -> ReplicationModel:
+    """The replication MILP of one layer (vectorized; no loop over pairs).
+
+    Parameters
+    ----------
+    home
+        int ``[E]`` home GPU of each expert.
+    load
+        float ``[E]`` token-slots routed to each expert, ``w``.
+    gpus
+        G.
+    slots
+        S, replica slots per GPU.
+
+    Returns
+    -------
+    ReplicationModel
+    """
+    home = np.asarray(home, dtype=np.int64)
+    load = np.asarray(load, dtype=np.float64)
+    E = len(load)
+    mean = float(load.sum()) / gpus
+    w = load / mean if mean > 0 else load.copy()
+    ee, gg = np.meshgrid(np.arange(E), np.arange(gpus), indexing="ij")
+    keep = (gg != home[:, None]) & (w[:, None] > 0) & (slots > 0)
+    pairs = np.stack([ee[keep], gg[keep]], axis=1)
+    P = len(pairs)
+    pe, pg = pairs[:, 0], pairs[:, 1]
+    x_col, y_col = 1 + np.arange(P), 1 + P + np.arange(P)
+    n_col = 1 + 2 * P
+    home_load = np.bincount(home, weights=w, minlength=gpus)
+    # rows 0..G-1: load_g - z <= -home_load_g  (written as home_load + inflow - outflow <= z)
+    r_load = np.arange(gpus)
+    rows = [r_load, pg, home[pe]]
+    cols = [np.zeros(gpus, dtype=np.int64), x_col, x_col]
+    vals = [-np.ones(gpus), np.ones(P), -np.ones(P)]
+    # rows G..G+E-1: outflow of expert e <= w[e]
+    rows.append(gpus + pe)
+    cols.append(x_col)
+    vals.append(np.ones(P))
+    # linking rows: x[p] - w[e] y[p] <= 0
+    r_link = gpus + E + np.arange(P)
+    rows += [r_link, r_link]
+    cols += [x_col, y_col]
+    vals += [np.ones(P), -w[pe]]
+    # slot rows: sum_e y[e, g] <= S
+    rows.append(gpus + E + P + pg)
+    cols.append(y_col)
+    vals.append(np.ones(P))
+    n_row = gpus + E + P + gpus
+    matrix = sp.csc_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_row, n_col)
+    )
+    row_upper = np.concatenate([-home_load, w, np.zeros(P), np.full(gpus, float(slots))])
+    row_lower = np.full(n_row, -np.inf)
+    cost = np.zeros(n_col)
+    cost[0] = 1.0
+    col_lower = np.zeros(n_col)
+    col_upper = np.concatenate([[np.inf], w[pe], np.ones(P)])
+    integrality = np.concatenate([np.zeros(1 + P, dtype=np.int64), np.ones(P, dtype=np.int64)])
+    return ReplicationModel(
+        pairs, cost, col_lower, col_upper, integrality, matrix, row_lower, row_upper, mean
+    )
+
+
+@dataclass(frozen=True)
+class ReplicationBound:
+    """Outcome of the certificate for one layer, in MaxVio units (``max / mean - 1``)."""
+
+    status: Status
+    bound: float  # proved lower bound on the MaxVio of any replica choice
+    best: float | None  # MaxVio of the best replica choice found (with its optimal split)
+    replicas: np.ndarray  # int [R, 2] (expert, gpu) of that choice
+    wall_time: float
+
+    @property
+    def gap(self) -> float | None:
+        return None if self.best is None else max(self.best - self.bound, 0.0)
+
+
+def solve_replication_bound(
+    home: np.ndarray,
+    load: np.ndarray,
+    gpus: int,
+    slots: int,
+    *,
+    time_limit: float = 10.0,
+    hint: np.ndarray | None = None,
+    threads: int = 1,
+) -> ReplicationBound:
+    """Lowest MaxVio any replica choice within ``slots`` per GPU can reach (HiGHS MILP).
+
+    Parameters
+    ----------
+    home, load, gpus, slots
+        As in :func:`build_model`.
+    time_limit
+        Seconds for HiGHS; at the limit the proved dual bound is returned (still valid).
+    hint
+        optional int ``[R, 2]`` replicas ``(expert, gpu)`` of a known plan (e.g. GESR's):
+        its optimal split is passed to HiGHS as a starting incumbent.
+    threads
+        HiGHS threads.
+
+    Returns
+    -------
+    ReplicationBound
+    """
+    t0 = time.perf_counter()
+    load = np.asarray(load, dtype=np.float64)
+    home = np.asarray(home, dtype=np.int64)
+    if load.sum() <= 0:
+        return ReplicationBound(Status.OPTIMAL, 0.0, 0.0, np.zeros((0, 2), np.int64), 0.0)
+    m = build_model(home, load, gpus, slots)
+    P = len(m.pairs)
+    if P == 0:  # no replica can be placed: the base plan's MaxVio is the answer
+        vio = float(np.bincount(home, weights=load, minlength=gpus).max() / m.mean - 1.0)
+        return ReplicationBound(
+            Status.OPTIMAL, vio, vio, np.zeros((0, 2), np.int64), time.perf_counter() - t0
+        )
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
+    h.setOptionValue("threads", int(threads))
+    h.setOptionValue("mip_rel_gap", 1e-6)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = m.matrix.shape[1], m.matrix.shape[0]
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = m.cost, m.col_lower, m.col_upper
+    lp.row_lower_, lp.row_upper_ = m.row_lower, m.row_upper
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = m.matrix.indptr
+    lp.a_matrix_.index_ = m.matrix.indices
+    lp.a_matrix_.value_ = m.matrix.data
+    lp.integrality_ = [highspy.HighsVarType(int(v)) for v in m.integrality]
+    # incumbent: the better of the hint and a load-balancing greedy, each split optimally;
+    # when it reaches z = mean (MaxVio 0) it is optimal and HiGHS is not needed
+    starts = [balancing_replicas(home, load, gpus, slots)]
+    if hint is not None and len(hint):
+        starts.append(np.asarray(hint, dtype=np.int64).reshape(-1, 2))
+    cols = [c for c in (_hint_solution(m, home, load, gpus, r) for r in starts) if c is not None]
+    best_col = min(cols, key=lambda c: c[0]) if cols else None
+    if best_col is not None and best_col[0] <= 1.0 + 1e-9:
+        reps = m.pairs[best_col[1 + P :] > 0.5]
+        return ReplicationBound(
+            Status.OPTIMAL, 0.0, max(best_col[0] - 1.0, 0.0), reps, time.perf_counter() - t0
+        )
+    # the count bound (normalized) as the lower bound of z: the LP relaxation alone says mean
+    z_floor = replica_count_bound(home, load / m.mean, gpus, slots)
+    if best_col is not None and best_col[0] <= z_floor * (1 + 1e-9):
+        reps = m.pairs[best_col[1 + P :] > 0.5]
+        return ReplicationBound(
+            Status.OPTIMAL, max(z_floor - 1.0, 0.0), max(best_col[0] - 1.0, 0.0), reps,
+            time.perf_counter() - t0,
+        )
+    lp.col_lower_ = np.concatenate([[z_floor], m.col_lower[1:]])
+    h.passModel(lp)
+    if best_col is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = best_col.tolist()
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.run()
+    status_name = h.getModelStatus().name
+    info = h.getInfo()
+    status = _STATUS.get(status_name, Status.ERROR)
+    bound = float(info.mip_dual_bound)
+    best, reps = None, np.zeros((0, 2), np.int64)
+    if info.primal_solution_status >= 2 or status is Status.OPTIMAL:
+        col = np.asarray(h.getSolution().col_value)
+        reps = m.pairs[col[1 + P :] > 0.5]
+        best = float(optimal_split_maxvio(home, reps, load, gpus))
+    # z >= z_floor >= mean always holds, whatever HiGHS reports
+    bound = max(bound if np.isfinite(bound) else z_floor, z_floor) - 1.0
+    bound = max(bound, 0.0)
+    return ReplicationBound(status, bound, best, reps, time.perf_counter() - t0)
+
+
+def replica_count_bound(home: np.ndarray, load: np.ndarray, gpus: int, slots: int) -> float:
+    """A combinatorial lower bound on the optimal maximum load ``z*`` (same units as ``load``).
+
+    To get from its home load ``H_g`` down to z, GPU g must copy at least ``n_g(z)`` distinct
+    experts of its own, the fewest whose loads sum to ``H_g - z`` (a copy of e moves at most
+    ``w[e]`` off g, whatever the number of copies); every copy needs a replica slot, so
+    ``sum_g n_g(z) <= G S``. The least z passing this count (bisection; the count only falls
+    as z grows) bounds ``z*`` from below, and is at least the mean.
+    """
+    home = np.asarray(home, dtype=np.int64)
+    w = np.asarray(load, dtype=np.float64)
+    base = np.bincount(home, weights=w, minlength=gpus)
+    lo, hi = w.sum() / gpus, float(base.max())
+    order = np.lexsort((-w, home))  # by GPU, heaviest first
+    sorted_w = w[order]
+    start = np.searchsorted(home[order], np.arange(gpus))
+    csum = np.cumsum(sorted_w)
+    before = np.where(start > 0, csum[np.maximum(start - 1, 0)], 0.0)
+
+    def needed(z: float) -> int:
+        total = 0
+        for g in np.nonzero(base > z * (1 + 1e-12))[0]:
+            own = csum[start[g] : start[g] + np.count_nonzero(home == g)] - before[g]
+            total += int(np.searchsorted(own, base[g] - z)) + 1
+        return total
+
+    if needed(lo) <= gpus * slots:
+        return lo
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if needed(mid) <= gpus * slots:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-9 * hi:
+            break
+    return lo
+
+
+def balancing_replicas(home: np.ndarray, load: np.ndarray, gpus: int, slots: int) -> np.ndarray:
+    """A good replica choice for the certificate's incumbent (not GESR: no structure used).
+
+    Bisection on a target maximum load z; for a given z, every GPU above z sheds its excess
+    through copies of its heaviest experts onto the GPUs with the most room below z (a free
+    replica slot, no copy yet). Returns the replicas ``[R, 2]`` of the lowest z that worked.
+    """
+    home = np.asarray(home, dtype=np.int64)
+    w = np.asarray(load, dtype=np.float64)
+    base = np.bincount(home, weights=w, minlength=gpus)
+    lo, hi = w.sum() / gpus, float(base.max())
+    best = np.zeros((0, 2), dtype=np.int64)
+    for it in range(40):
+        z = lo if it == 0 else (lo + hi) / 2
+        reps = _shed_to(z, home, w, base, gpus, slots)
+        if reps is not None:
+            best, hi = reps, z
+        elif it:
+            lo = z
+        if hi - lo <= 1e-6 * max(hi, 1e-12):
+            break
+    return best
+
+
+def _shed_to(
+    z: float, home: np.ndarray, w: np.ndarray, base: np.ndarray, gpus: int, slots: int
+) -> np.ndarray | None:
+    """Replicas bringing every GPU to at most ``z`` by greedy shedding, or None."""
+    gpu_load = base.copy()
+    at_home = w.copy()
+    free = np.full(gpus, slots)
+    has = np.zeros((len(w), gpus), dtype=bool)
+    has[np.arange(len(w)), home] = True
+    reps: list[tuple[int, int]] = []
+    tol = 1e-9 * max(z, 1e-12)
+    for src in np.argsort(-base, kind="stable"):
+        mine = np.nonzero(home == src)[0]
+        while gpu_load[src] > z + tol:
+            # the copy moving the most load: every replica slot is scarce
+            room = np.where((free[None, :] > 0) & ~has[mine], z - gpu_load[None, :], 0.0)
+            move = np.minimum(np.minimum(at_home[mine][:, None], room), gpu_load[src] - z)
+            i, dst = np.unravel_index(int(np.argmax(move)), move.shape)
+            t = move[i, dst]
+            if t <= tol:
+                return None
+            e = mine[i]
+            at_home[e] -= t
+            gpu_load[src] -= t
+            gpu_load[dst] += t
+            free[dst] -= 1
+            has[e, dst] = True
+            reps.append((int(e), int(dst)))
+    return np.array(reps, dtype=np.int64).reshape(-1, 2)
+
+
+def _hint_solution(
+    m: ReplicationModel, home: np.ndarray, load: np.ndarray, gpus: int, reps: np.ndarray
+) -> np.ndarray | None:
+    """Column values of the MILP for a given replica set with its optimal split, or None."""
+    key = {(int(e), int(g)): i for i, (e, g) in enumerate(m.pairs)}
+    idx = [key.get((int(e), int(g))) for e, g in reps]
+    if any(i is None for i in idx):
+        return None
+    z, flows = _split_lp(home, reps, load / m.mean, gpus)
+    P = len(m.pairs)
+    col = np.zeros(1 + 2 * P)
+    col[0] = z
+    col[1 + np.asarray(idx, dtype=np.int64)] = flows
+    col[1 + P + np.asarray(idx, dtype=np.int64)] = 1.0
+    return col
+
+
+def _split_lp(
+    home: np.ndarray, reps: np.ndarray, w: np.ndarray, gpus: int
+) -> tuple[float, np.ndarray]:
+    """Min-max split of fixed copies: ``(z, flow per replica row)`` by linear programming."""
+    R = len(reps)
+    home_load = np.bincount(home, weights=w, minlength=gpus)
+    if R == 0:
+        return float(home_load.max()), np.zeros(0)
+    E = len(w)
+    re, rg = reps[:, 0], reps[:, 1]
+    cols = 1 + np.arange(R)
+    rows = np.concatenate([np.arange(gpus), rg, home[re], gpus + re])
+    cc = np.concatenate([np.zeros(gpus, dtype=np.int64), cols, cols, cols])
+    vv = np.concatenate([-np.ones(gpus), np.ones(R), -np.ones(R), np.ones(R)])
+    a = sp.csr_matrix((vv, (rows, cc)), shape=(gpus + E, 1 + R))
+    b = np.concatenate([-home_load, w])
+    c = np.zeros(1 + R)
+    c[0] = 1.0
+    res = linprog(c, A_ub=a, b_ub=b, bounds=[(0, None)] * (1 + R), method="highs")
+    if res.status != 0:
+        raise RuntimeError(f"split LP failed: {res.message}")
+    return float(res.x[0]), res.x[1:]
+
+
+def optimal_split_maxvio(
+    home: np.ndarray, replicas: np.ndarray, load: np.ndarray, gpus: int
+) -> float:
+    """MaxVio of fixed copies when every expert's tokens are split optimally among them.
+
+    Parameters
+    ----------
+    home
+        int ``[E]`` home GPUs.
+    replicas
+        int ``[R, 2]`` rows ``(expert, gpu)``.
+    load
+        float ``[E]`` per-expert loads.
+    gpus
+        G.
+
+    Returns
+    -------
+    float
+        ``min over splits of max_g Load_g / mean_g Load_g - 1``.
+    """
+    load = np.asarray(load, dtype=np.float64)
+    mean = load.sum() / gpus
+    if mean <= 0:
+        return 0.0
+    reps = np.asarray(replicas, dtype=np.int64).reshape(-1, 2)
+    z, _ = _split_lp(np.asarray(home, dtype=np.int64), reps, load / mean, gpus)
+    return max(z - 1.0, 0.0)
