@@ -189,7 +189,9 @@ def classification_lines(stats: object, steps: int | None = DEFAULT_STEPS) -> li
 
 
 # ----------------------------------------------------------------------------- lower bound
-def step_lower_bound(n: np.ndarray, profile: Profile, *, single_expert: bool = True) -> np.ndarray:
+def step_lower_bound(
+    n: np.ndarray, profile: Profile, *, single_expert: bool = True, slots: int | None = None
+) -> np.ndarray:
     """Per-step lower bound on ``max_g C_g(n_g(M, t))`` valid for every plan M.
 
     Three necessary conditions on any latency z reached at step t: every GPU runs the layer,
@@ -199,7 +201,10 @@ def step_lower_bound(n: np.ndarray, profile: Profile, *, single_expert: bool = T
     ``sum_g j_g(z) >= ceil(N_t / tile)``; and (``single_expert``, plans without replicas) the
     hottest expert sits on some GPU, so ``z >= min_g C_g(max_e n[t, e])``. The smallest z
     meeting the second condition is the ``ceil(N_t / tile)``-th smallest tile-boundary
-    latency over all GPUs.
+    latency over all GPUs. With ``slots`` (and no replicas) a fourth: the other G - 1 GPUs
+    hold at most ``(G - 1) * slots`` experts, so every GPU holds at least
+    ``m = E - (G - 1) * slots`` of them, carrying at least the m lightest loads:
+    ``z >= max_g C_g(sum of the m smallest n[t, e])``.
 
     Parameters
     ----------
@@ -210,6 +215,8 @@ def step_lower_bound(n: np.ndarray, profile: Profile, *, single_expert: bool = T
     single_expert
         Include the hottest-expert condition; disable for plans with replicas (a replicated
         expert's load is split).
+    slots
+        Expert slots per GPU, for the fourth condition (ignored with ``single_expert=False``).
 
     Returns
     -------
@@ -228,9 +235,15 @@ def step_lower_bound(n: np.ndarray, profile: Profile, *, single_expert: bool = T
         hottest = n.max(axis=-1)
         alone = profile(np.broadcast_to(hottest[..., None], hottest.shape + (profile.gpus,))).min(axis=-1)
         bound = np.maximum(bound, alone)
+        least = 0 if slots is None else n.shape[-1] - (profile.gpus - 1) * slots
+        if least > 0:
+            floor = np.sort(n, axis=-1)[..., :least].sum(axis=-1)
+            bound = np.maximum(bound, profile(np.broadcast_to(floor[..., None], floor.shape + (profile.gpus,))).max(axis=-1))
     return bound
 
 
-def straggler_lower_bound(n: np.ndarray, profile: Profile, *, single_expert: bool = True) -> float:
+def straggler_lower_bound(
+    n: np.ndarray, profile: Profile, *, single_expert: bool = True, slots: int | None = None
+) -> float:
     """Lower bound on ``S(M) = sum_t max_g C_g(n_g(M, t))`` (summed over any leading axes)."""
-    return float(step_lower_bound(n, profile, single_expert=single_expert).sum())
+    return float(step_lower_bound(n, profile, single_expert=single_expert, slots=slots).sum())

@@ -111,7 +111,8 @@ def test_lower_bound_never_exceeds_any_plan(T, G, slots, seed, affine):
     E = int(rng.integers(1, G * slots + 1))
     n = rng.integers(0, 120, size=(T, E)).astype(float)
     prof = synthetic_profile(G, variability=0.3, seed=seed, tile=16) if affine else stepped_profile(G, 24, rng)
-    lb = step_lower_bound(n, prof).sum()
+    lb = step_lower_bound(n, prof, slots=slots).sum()
+    assert lb >= step_lower_bound(n, prof).sum() - 1e-12
     for _ in range(5):
         home = rng.permutation(np.repeat(np.arange(G), slots))[:E]
         assert lb <= layer_straggler(n, home, prof) + 1e-9

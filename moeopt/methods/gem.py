@@ -56,7 +56,8 @@ def plan_straggler(home: np.ndarray, util: Utilization, problem: Problem) -> flo
 def utilization_bound(util: Utilization, problem: Problem) -> float:
     """Lower bound on S over every replica-free plan, on the utilization trace."""
     assert problem.profile is not None
-    return float(step_lower_bound(util.counts, problem.profile).sum())
+    slots = problem.instance.cluster.slots_per_gpu
+    return float(step_lower_bound(util.counts, problem.profile, slots=slots).sum())
 
 
 def _steps_param(steps: int) -> int | None:
@@ -349,7 +350,9 @@ def straggler_bound_hook(plan: Plan, problem: Problem, workloads: Any, metrics: 
     counts = evaluation_step_counts(workloads.evaluation, problem.experts)
     if counts is None:
         return
-    bound = float(step_lower_bound(counts, profile, single_expert=not plan.has_replicas).sum())
+    single = not plan.has_replicas
+    slots = problem.instance.cluster.slots_per_gpu
+    bound = float(step_lower_bound(counts, profile, single_expert=single, slots=slots).sum())
     s = float(metrics["straggler_latency"])
     metrics["straggler_lower_bound"] = bound
     metrics["gap_to_bound"] = max(s - bound, 0.0) / max(abs(s), 1e-12)

@@ -102,7 +102,7 @@ def layer_model(n: np.ndarray, profile: Profile, slots: int, *, method: str = "g
     table = profile.table(J)
     inc = np.diff(table, axis=1)
     affine = bool(np.allclose(inc, inc[:, :1], rtol=1e-9, atol=1e-12))
-    model = LayerModel(n, table, tiles_max, slots, profile.tile, affine, step_lower_bound(n, profile))
+    model = LayerModel(n, table, tiles_max, slots, profile.tile, affine, step_lower_bound(n, profile, slots=slots))
     size = model.nonzeros()
     if size > MAX_NONZEROS:
         raise InputError(
