@@ -108,8 +108,8 @@ class TacgParams:
     feasible); ``.inf`` switches it off. repair / refine: the capacity repair and the
     swap refinement (ablations when false). iterations, patience, kick: iterated local
     search rounds per layer, rounds without improvement before stopping, random swaps per
-    kick (default E // 10). eigen_iterations: subgradient steps of the eigenvalue bound
-    (-1: skip it).
+    kick (default E // 10). bound_iterations / eigen_iterations: subgradient steps of the
+    Lagrangian and eigenvalue bounds (-1: skip that bound).
     """
 
     tau: float = 1.0
@@ -120,7 +120,8 @@ class TacgParams:
     iterations: int = 200
     patience: int = 60
     kick: int | None = None
-    eigen_iterations: int = 10
+    bound_iterations: int = 100
+    eigen_iterations: int = 0
 
     def __post_init__(self) -> None:
         if not self.tau > 0:
@@ -262,7 +263,9 @@ class Tacg(_TacgBase):
             hint = None if ctx.hint is None else ctx.hint.home[l]
             home, info = heuristic_home(g, params, rng, hint=hint, deadline=time.perf_counter() + limit)
             homes.append(_finish(home, g, gpn, rng))
-            b, kind = grouping_bound(g, eigen_iterations=params.eigen_iterations)
+            b, kind = grouping_bound(
+                g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
+            )
             bounds.append(b)
             kinds.append(kind)
             spectral.append(info["spectral"])
@@ -318,7 +321,9 @@ class _TacgExact(_TacgBase):
                 except InfeasibleError:
                     start = None  # the repair missed a packing: let the exact model look for one
             out = mod.solve(g, time_limit=limit, hint=start, threads=params.threads, seed=ctx.seed)
-            cheap, kind = grouping_bound(g, eigen_iterations=params.eigen_iterations)
+            cheap, kind = grouping_bound(
+                g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
+            )
             bound = cheap if out.bound is None else min(out.bound, cheap)
             kinds.append(kind if bound == cheap else "solver")
             if out.status == Status.INFEASIBLE:
