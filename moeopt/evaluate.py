@@ -69,7 +69,7 @@ def guard_layer(
     gpus
         G.
     guard
-        λ (``lam``) and δ (``decay``).
+        λ (``lam``), δ (``decay``) and the batch size (``batch_tokens``).
     token_home
         optional int ``[tokens]`` GPU each token lives on.
 

@@ -77,7 +77,8 @@ def solve(
     """Solve ``instance`` with its method (or ``method``), check the plan, add every metric.
 
     ``params`` default to the instance's ``method:`` mapping; when ``method`` names another
-    method, only the parameters that method accepts are kept.
+    method, only the parameters that method accepts are kept. ``guard`` (the replica guard's
+    λ, δ) defaults to the method's own settings (``result.stats["guard"]``), else the defaults.
     """
     src = str(instance.source) if instance.source else None
     name = method or instance.method.name

@@ -121,6 +121,7 @@ def place_replicas(
     copies_each: int = 1,
     affinity: np.ndarray | None = None,
     fit_tolerance: float = 0.0,
+    load_cap: float | None = None,
 ) -> np.ndarray:
     """Replica GPUs for the selected experts by structural fit (SPEC 4.2).
 
@@ -169,6 +170,9 @@ def place_replicas(
             options = np.nonzero((free > 0) & ~holders[e])[0]
             if not len(options):
                 break
+            if load_cap is not None:  # secondary GPUs: those not already above the cap
+                light = options[gpu_load[options] <= load_cap * gpu_load.mean()]
+                options = light if len(light) else options
             fit = fit_all[e, options]
             best = fit.max()
             tied = options[fit >= best - fit_tolerance * abs(best)]
@@ -336,6 +340,7 @@ class GesrParams(ReplicationParams):
     centrality_floor: float = 0.2  # only experts at least this central are candidates
     copies_each: int = 1  # r: replicas per selected expert
     fit_tolerance: float = 0.3  # relative fit difference treated as a tie (then lower load)
+    load_cap: float | None = 1.0  # only GPUs with estimated load <= load_cap * mean host copies
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -453,6 +458,7 @@ class Gesr(_Replication):
         return place_replicas(
             selected, home, stats.expert_load[l], c.gpus, c.replica_slots_per_gpu,
             copies_each=params.copies_each, affinity=affinity, fit_tolerance=params.fit_tolerance,
+            load_cap=params.load_cap,
         )
 
 
