@@ -780,6 +780,8 @@ def resolve_profile(instance: Instance) -> Profile | None:
             )
         except InputError as exc:
             raise InputError(src, exc.field, exc.message) from None
+        except (TypeError, ValueError) as exc:  # e.g. seed: abc, tile: 0
+            raise InputError(src, "profile", f"invalid synthetic profile {spec}: {exc}") from None
     if profile.gpus != instance.cluster.gpus:
         raise InputError(src, "profile", f"profile has {profile.gpus} GPUs, cluster.gpus is {instance.cluster.gpus}")
     return profile

@@ -331,3 +331,23 @@ def test_exact_is_warm_started_and_never_worse_than_gem(name):
     assert all(layer["warm_start"] for layer in r.stats["layers"])
     assert r.objective <= g.objective + 1e-9
     assert step_lower_bound(n, problem.profile).sum() - 1e-9 <= r.bound <= r.objective + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "message"),
+    [
+        ("invalid_profile_seed.yaml", "invalid_profile_seed.yaml", "profile: invalid synthetic profile"),
+        ("invalid_profile_variability.yaml", "invalid_profile_variability.yaml", "profile.variability: expected one of"),
+        ("invalid_profile_gpus.yaml", "invalid_profile_gpus.yaml", "profile: profile has 3 GPUs, cluster.gpus is 4"),
+        ("invalid_profile_decreasing.yaml", "profile-decreasing.yaml", "profile.gpus[].latency: latencies must be non-decreasing"),
+    ],
+)
+def test_bad_profiles_are_refused_with_the_field(name, source, message, capsys):
+    """A bad ``profile:`` gives one line naming the file and the field, exit code 2."""
+    from moeopt.cli import main
+
+    path = Path(__file__).resolve().parent / "data" / name
+    assert main(["solve", str(path), "--method", "gem", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert f"{source}: {message}" in err
