@@ -177,7 +177,7 @@ def eigenvalue_bound(problem: Grouping, iterations: int = 15) -> float:
     best = np.inf
     scale = max(float(np.abs(W).sum(axis=1).max()), 1e-12)
     for it in range(iterations + 1):
-        vals, vecs = scipy.linalg.eigh(W + np.diag(d), subset_by_index=[E - k, E - 1])
+        vals, vecs = scipy.linalg.eigh(W + np.diag(d), subset_by_index=[E - k, E - 1], driver="evr")
         vals, vecs = vals[::-1], vecs[:, ::-1]
         value = float(m[:k] @ vals - d.sum())
         best = min(best, value)

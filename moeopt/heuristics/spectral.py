@@ -30,7 +30,7 @@ def spectral_embedding(graph: np.ndarray, dims: int) -> np.ndarray:
     degree = graph.sum(axis=1)
     inv = 1.0 / np.sqrt(np.maximum(degree, 1e-12 * max(float(degree.max(initial=0.0)), 1e-300)))
     norm = graph * inv[:, None] * inv[None, :]
-    _, vecs = scipy.linalg.eigh(norm, subset_by_index=[E - dims, E - 1])
+    _, vecs = scipy.linalg.eigh(norm, subset_by_index=[E - dims, E - 1], driver="evr")
     length = np.linalg.norm(vecs, axis=1, keepdims=True)
     return vecs / np.where(length > 0, length, 1.0)
 

@@ -150,8 +150,8 @@ def iterated_local_search(
     home: np.ndarray,
     rng: np.random.Generator,
     *,
-    iterations: int = 200,
-    patience: int | None = 100,
+    iterations: int = 1000,
+    patience: int | None = 200,
     kick_swaps: int | None = None,
     deadline: float | None = None,
 ) -> tuple[np.ndarray, dict]:
@@ -170,7 +170,8 @@ def iterated_local_search(
     patience
         Stop after this many rounds without a new best (None: never).
     kick_swaps
-        Random swaps per kick (default ``max(2, E // 10)``).
+        Random swaps per kick; by default each kick draws its size uniformly from
+        ``2 .. 2 max(2, E // 10)`` (mixing small and large perturbations).
     deadline
         ``time.perf_counter()`` value after which the search stops (breaks determinism only
         when it is reached).
@@ -192,7 +193,8 @@ def iterated_local_search(
         if patience is not None and since >= patience:
             break
         rounds += 1
-        cand = local_search(problem, kick(problem, cur, swaps, rng))
+        size = swaps if kick_swaps is not None else int(rng.integers(2, 2 * swaps + 1))
+        cand = local_search(problem, kick(problem, cur, size, rng))
         val = problem.objective(cand)
         if val >= cur_val - tol:
             cur, cur_val = cand, val

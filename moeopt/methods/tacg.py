@@ -102,14 +102,24 @@ def task_modulated_graph(stats: Stats, tau: float = 1.0, beta: float = 1.0) -> n
 class TacgParams:
     """Parameters of every TACG method (YAML ``method:`` mapping).
 
-    tau, beta: preference temperature τ and blend β of SPEC 3.1-3.2. eps_load: each GPU's
-    load share at most ``(1 + eps_load) / G``; None (default) sets it per layer 10 % above
-    the least largest-GPU load any plan can reach (so it always binds and is always
-    feasible); ``.inf`` switches it off. repair / refine: the capacity repair and the
-    swap refinement (ablations when false). iterations, patience, kick: iterated local
-    search rounds per layer, rounds without improvement before stopping, random swaps per
-    kick (default E // 10). bound_iterations / eigen_iterations: subgradient steps of the
-    Lagrangian and eigenvalue bounds (-1: skip that bound).
+    Attributes
+    ----------
+    tau, beta
+        Preference temperature τ (``.inf``: uniform preferences) and blend β in [0, 1]
+        (0: task-agnostic graph A) of SPEC 3.1-3.2.
+    eps_load
+        Load limit: each GPU's share of the layer's load (ubar) is at most
+        ``(1 + eps_load) / G``. None (default): per layer, 10 % above the least largest-GPU
+        share any plan can reach (``1.1 * Grouping.min_max_load()``), so the limit binds but
+        stays reachable; ``.inf``: no limit.
+    repair, refine
+        Affinity-aware capacity repair (false: affinity-blind first fit) and the swap
+        search (false: none); the ablations of SPEC 3.4.
+    iterations, patience, kick
+        Iterated local search rounds per layer, rounds without a new best before stopping,
+        random swaps per kick (None: drawn in ``2 .. 2 max(2, E // 10)`` each round).
+    bound_iterations, eigen_iterations
+        Subgradient steps of the Lagrangian and eigenvalue bounds (-1: skip that bound).
     """
 
     tau: float = 1.0
@@ -117,8 +127,8 @@ class TacgParams:
     eps_load: float | None = None
     repair: bool = True
     refine: bool = True
-    iterations: int = 200
-    patience: int = 60
+    iterations: int = 1000
+    patience: int = 200
     kick: int | None = None
     bound_iterations: int = 100
     eigen_iterations: int = 0
