@@ -234,7 +234,7 @@ def solve_milp(model: LayerModel, *, time_limit: float, hint: np.ndarray | None 
         except (AttributeError, KeyError, TypeError):
             warm = False
     res = opt.solve(
-        m, time_limit=max(time_limit, 0.1), threads=threads, raise_exception_on_nonoptimal_result=False,
+        m, time_limit=max(time_limit, 0.1), threads=threads, rel_gap=1e-7, raise_exception_on_nonoptimal_result=False,
         load_solutions=False,
     )
     optimal = res.termination_condition == TerminationCondition.convergenceCriteriaSatisfied
