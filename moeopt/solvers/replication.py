@@ -55,7 +55,9 @@ class ReplicationModel:
     mean: float
 
 
-def build_model(home: np.ndarray, load: np.ndarray, gpus: int, slots: int) -> ReplicationModel:
+def build_model(
+    home: np.ndarray, load: np.ndarray, gpus: int, slots: int, allowed: np.ndarray | None = None
+) -> ReplicationModel:
     """The replication MILP of one layer (vectorized; no loop over pairs).
 
     Parameters
@@ -68,6 +70,9 @@ def build_model(home: np.ndarray, load: np.ndarray, gpus: int, slots: int) -> Re
         G.
     slots
         S, replica slots per GPU.
+    allowed
+        optional bool ``[E, G]``: only these (expert, gpu) pairs may get a copy (a
+        restriction used to find incumbents quickly; its optimum is no bound).
 
     Returns
     -------
@@ -80,6 +85,8 @@ def build_model(home: np.ndarray, load: np.ndarray, gpus: int, slots: int) -> Re
     w = load / mean if mean > 0 else load.copy()
     ee, gg = np.meshgrid(np.arange(E), np.arange(gpus), indexing="ij")
     keep = (gg != home[:, None]) & (w[:, None] > 0) & (slots > 0)
+    if allowed is not None:
+        keep &= allowed
     pairs = np.stack([ee[keep], gg[keep]], axis=1)
     P = len(pairs)
     pe, pg = pairs[:, 0], pairs[:, 1]
@@ -175,20 +182,6 @@ def solve_replication_bound(
         return ReplicationBound(
             Status.OPTIMAL, vio, vio, np.zeros((0, 2), np.int64), time.perf_counter() - t0
         )
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
-    h.setOptionValue("threads", int(threads))
-    h.setOptionValue("mip_rel_gap", 1e-6)
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = m.matrix.shape[1], m.matrix.shape[0]
-    lp.col_cost_, lp.col_lower_, lp.col_upper_ = m.cost, m.col_lower, m.col_upper
-    lp.row_lower_, lp.row_upper_ = m.row_lower, m.row_upper
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = m.matrix.indptr
-    lp.a_matrix_.index_ = m.matrix.indices
-    lp.a_matrix_.value_ = m.matrix.data
-    lp.integrality_ = [highspy.HighsVarType(int(v)) for v in m.integrality]
     # incumbent: the better of the hint and a load-balancing greedy, each split optimally;
     # when it reaches z = mean (MaxVio 0) it is optimal and HiGHS is not needed
     starts = [balancing_replicas(home, load, gpus, slots)]
@@ -209,27 +202,68 @@ def solve_replication_bound(
             Status.OPTIMAL, max(z_floor - 1.0, 0.0), max(best_col[0] - 1.0, 0.0), reps,
             time.perf_counter() - t0,
         )
-    lp.col_lower_ = np.concatenate([[z_floor], m.col_lower[1:]])
-    h.passModel(lp)
-    if best_col is not None:
-        sol = highspy.HighsSolution()
-        sol.col_value = best_col.tolist()
-        sol.value_valid = True
-        h.setSolution(sol)
-    h.run()
-    status_name = h.getModelStatus().name
-    info = h.getInfo()
-    status = _STATUS.get(status_name, Status.ERROR)
-    bound = float(info.mip_dual_bound)
+    # a restricted MILP (copies only from GPUs above the mean to GPUs below it) is much
+    # smaller and often finds the optimum quickly: its plan is an incumbent, not a bound
+    base = np.bincount(home, weights=load, minlength=gpus)
+    allowed = (base[home] > m.mean)[:, None] & (base < m.mean)[None, :]
+    small = build_model(home, load, gpus, slots, allowed)
+    if len(small.pairs) and len(small.pairs) < P:
+        _, _, col = _run_highs(small, z_floor, None, 0.3 * time_limit, threads)
+        if col is not None:
+            reps = small.pairs[col[1 + len(small.pairs) :] > 0.5]
+            cand = _hint_solution(m, home, load, gpus, reps)
+            if cand is not None and (best_col is None or cand[0] < best_col[0]):
+                best_col = cand
+        if best_col is not None and best_col[0] <= z_floor * (1 + 1e-9):
+            reps = m.pairs[best_col[1 + P :] > 0.5]
+            return ReplicationBound(
+                Status.OPTIMAL, max(z_floor - 1.0, 0.0), max(best_col[0] - 1.0, 0.0), reps,
+                time.perf_counter() - t0,
+            )
+    remaining = time_limit - (time.perf_counter() - t0)
+    status, bound, col = _run_highs(m, z_floor, best_col, remaining, threads)
     best, reps = None, np.zeros((0, 2), np.int64)
-    if info.primal_solution_status >= 2 or status is Status.OPTIMAL:
-        col = np.asarray(h.getSolution().col_value)
+    if col is not None:
         reps = m.pairs[col[1 + P :] > 0.5]
         best = float(optimal_split_maxvio(home, reps, load, gpus))
     # z >= z_floor >= mean always holds, whatever HiGHS reports
     bound = max(bound if np.isfinite(bound) else z_floor, z_floor) - 1.0
     bound = max(bound, 0.0)
     return ReplicationBound(status, bound, best, reps, time.perf_counter() - t0)
+
+
+def _run_highs(
+    m: ReplicationModel, z_floor: float, start: np.ndarray | None, time_limit: float, threads: int
+) -> tuple[Status, float, np.ndarray | None]:
+    """Solve a replication model with HiGHS: (status, proved bound on z, column values)."""
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
+    h.setOptionValue("threads", int(threads))
+    h.setOptionValue("mip_rel_gap", 1e-6)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = m.matrix.shape[1], m.matrix.shape[0]
+    lp.col_cost_, lp.col_upper_ = m.cost, m.col_upper
+    lp.col_lower_ = np.concatenate([[z_floor], m.col_lower[1:]])
+    lp.row_lower_, lp.row_upper_ = m.row_lower, m.row_upper
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = m.matrix.indptr
+    lp.a_matrix_.index_ = m.matrix.indices
+    lp.a_matrix_.value_ = m.matrix.data
+    lp.integrality_ = [highspy.HighsVarType(int(v)) for v in m.integrality]
+    h.passModel(lp)
+    if start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = start.tolist()
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.run()
+    status = _STATUS.get(h.getModelStatus().name, Status.ERROR)
+    info = h.getInfo()
+    col = None
+    if info.primal_solution_status >= 2 or status is Status.OPTIMAL:
+        col = np.asarray(h.getSolution().col_value)
+    return status, float(info.mip_dual_bound), col
 
 
 def replica_count_bound(home: np.ndarray, load: np.ndarray, gpus: int, slots: int) -> float:
@@ -286,6 +320,8 @@ def balancing_replicas(home: np.ndarray, load: np.ndarray, gpus: int, slots: int
     for it in range(40):
         z = lo if it == 0 else (lo + hi) / 2
         reps = _shed_to(z, home, w, base, gpus, slots)
+        if reps is None:
+            reps = _pour_to(z, home, w, base, gpus, slots)
         if reps is not None:
             best, hi = reps, z
         elif it:
@@ -323,6 +359,49 @@ def _shed_to(
             free[dst] -= 1
             has[e, dst] = True
             reps.append((int(e), int(dst)))
+    return np.array(reps, dtype=np.int64).reshape(-1, 2)
+
+
+def _pour_to(
+    z: float, home: np.ndarray, w: np.ndarray, base: np.ndarray, gpus: int, slots: int
+) -> np.ndarray | None:
+    """Replicas bringing every GPU to at most ``z`` by pouring, or None.
+
+    McNaughton's wrap-around: the excess of the GPUs above z (largest first) is poured into
+    the room of the GPUs below z (largest room first), receiver after receiver, each chunk
+    a copy of the donor's heaviest expert with load left at home and no copy there yet.
+    """
+    gpu_load = base.copy()
+    at_home = w.copy()
+    free = np.full(gpus, slots)
+    has = np.zeros((len(w), gpus), dtype=bool)
+    has[np.arange(len(w)), home] = True
+    tol = 1e-9 * max(z, 1e-12)
+    receivers = [int(g) for g in np.argsort(base, kind="stable") if base[g] < z - tol]
+    reps: list[tuple[int, int]] = []
+    ri = 0
+    for d in np.argsort(-base, kind="stable"):
+        if base[d] <= z + tol:
+            break
+        own = np.nonzero(home == d)[0]
+        own = own[np.argsort(-w[own], kind="stable")]
+        while gpu_load[d] > z + tol:
+            while ri < len(receivers) and (free[receivers[ri]] == 0 or gpu_load[receivers[ri]] >= z - tol):
+                ri += 1
+            if ri == len(receivers):
+                return None
+            r = receivers[ri]
+            usable = own[(at_home[own] > tol) & ~has[own, r]]
+            if not len(usable):
+                return None
+            e = int(usable[0])
+            t = min(at_home[e], z - gpu_load[r], gpu_load[d] - z)
+            at_home[e] -= t
+            gpu_load[d] -= t
+            gpu_load[r] += t
+            free[r] -= 1
+            has[e, r] = True
+            reps.append((e, r))
     return np.array(reps, dtype=np.int64).reshape(-1, 2)
 
 
