@@ -156,12 +156,15 @@ def test_search_finds_brute_force_optimum_on_tiny_instances(seed):
     assert s == pytest.approx(brute_force(n, prof, 3))
 
 
-def test_swap_gains_match_recomputed_scores():
-    """Every vectorized swap gain equals the difference of recomputed S (moves to free slots too)."""
+@pytest.mark.parametrize("fractional", [False, True])
+def test_swap_gains_match_recomputed_scores(fractional):
+    """Every vectorized swap gain equals the difference of recomputed S (moves to free slots
+    too), on integral counts (per-token lookup) and on aggregated means (tile arithmetic)."""
     rng = np.random.default_rng(3)
-    n = rng.integers(0, 200, size=(6, 7)).astype(float)
+    n = rng.integers(0, 200, size=(6, 7)).astype(float) + (0.5 if fractional else 0.0)
     prof = stepped_profile(3, 60, rng)
     ls = LayerSearch(n, prof, 3)  # 9 slots, 2 dummies
+    assert ls.integral != fractional
     home = ls.pad(np.array([0, 0, 1, 1, 2, 2, 0]))
     X = ls.loads(home)
     Cx = ls.latency(X, np.arange(3)[None, :])
@@ -351,3 +354,43 @@ def test_bad_profiles_are_refused_with_the_field(name, source, message, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
     assert f"{source}: {message}" in err
+
+
+def test_gap_to_bound_with_replicas_uses_the_fractional_bound():
+    """Plans with replicas get the bound without the single-expert terms, still below S."""
+    inst = synthetic_instance(experts=16, gpus=4)
+    inst = inst.replace(cluster=Cluster(gpus=4, gpus_per_node=4, slots_per_gpu=4, replica_slots_per_gpu=1))
+    r = solve(inst, method="greedy", params={"replicate": True})
+    assert r.plan.has_replicas
+    m = r.metrics
+    assert 0.0 <= m["straggler_lower_bound"] <= m["straggler_latency"]
+
+
+def test_gem_uses_a_hint_and_ignores_an_infeasible_one():
+    """A feasible hint is one more start (never worse than it); an over-full one is skipped."""
+    rng = np.random.default_rng(4)
+    n = rng.integers(0, 300, size=(16, 12)).astype(float)
+    prof = synthetic_profile(4, variability="high", seed=4, tile=32)
+    hint = np.repeat(np.arange(4), 3)
+    _, s, st = search_layer(n, prof, 3, SearchSettings(starts=2, rounds=0), hint=hint)
+    assert len(st.initial) == 3 and st.initial[0] == pytest.approx(layer_straggler(n, hint, prof))
+    _, _, st = search_layer(n, prof, 3, SearchSettings(starts=2, rounds=0), hint=np.zeros(12, dtype=int))
+    assert len(st.initial) == 2
+
+
+def test_quadratic_gains_match_recomputed_phi():
+    """The plateau tie-breaker's vectorized change of Phi equals a direct recomputation."""
+    rng = np.random.default_rng(5)
+    n = rng.integers(0, 200, size=(5, 8)).astype(float)
+    prof = synthetic_profile(3, variability="high", seed=5)
+    ls = LayerSearch(n, prof, 3)
+    home = ls.pad(np.array([0, 0, 1, 1, 2, 2, 0, 1]))
+    phi = lambda h: float((ls.loads(h) ** 2 / ls.speed).sum())  # noqa: E731
+    slot = ls.slots_of(home)
+    pa, pb = np.nonzero(np.triu(np.ones((3, 3), dtype=bool), 1))
+    dphi = ls.quad_gains(slot, ls.loads(home), pa, pb)
+    for k, p, q in itertools.product(range(len(pa)), range(3), range(3)):
+        i, j = slot[pa[k], p], slot[pb[k], q]
+        h = home.copy()
+        h[i], h[j] = h[j], h[i]
+        assert dphi[k, p, q] == pytest.approx(phi(h) - phi(home), rel=1e-9, abs=1e-6)

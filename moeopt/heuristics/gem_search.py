@@ -74,6 +74,13 @@ class LayerSearch:
         self.J = J
         self.speed = profile.speed
         self.scale = max(float(self.table.max()), 1e-12)
+        # integral counts: a per-token lookup C_g(x) replaces ceil + gather in the gains
+        total = int(np.ceil(n.sum(axis=1).max(initial=0)))
+        self.integral = bool(np.array_equal(n, np.round(n))) and (total + 1) * G <= 4_000_000
+        if self.integral:
+            self.width = total + 1
+            self.lookup = profile(np.arange(total + 1)[:, None] * np.ones((1, G))).T.ravel()  # [G * (N + 1)]
+            self.n_int = np.round(self.n).astype(np.int32)
 
     # ------------------------------------------------------------------ evaluation
     def tiles(self, x: np.ndarray) -> np.ndarray:
@@ -147,8 +154,18 @@ class LayerSearch:
         dS = np.empty((P, sl, sl))
         per = max(1, _CHUNK // max(1, T * sl * sl))
         scale = 1.0 / self.tile
+        if self.integral:
+            Xi = np.round(X).astype(np.int32)
         for s in range(0, P, per):
             a, b = pa[s : s + per], pb[s : s + per]
+            if self.integral:
+                d = self.n_int[:, slot[b]][:, :, None, :] - self.n_int[:, slot[a]][:, :, :, None]
+                oa = (Xi[:, a] + (a * self.width).astype(np.int32)[None, :])[:, :, None, None]
+                ob = (Xi[:, b] + (b * self.width).astype(np.int32)[None, :])[:, :, None, None]
+                new = np.maximum(self.lookup[oa + d], self.lookup[ob - d])
+                np.maximum(new, other[:, a, b][:, :, None, None], out=new)
+                dS[s : s + len(a)] = new.sum(axis=0) - peak_sum
+                continue
             na = self.n[:, slot[a]]  # [T, k, sl]
             nb = self.n[:, slot[b]]
             d = nb[:, :, None, :] - na[:, :, :, None]  # [T, k, p, q]: n_j - n_i
@@ -162,13 +179,17 @@ class LayerSearch:
         return dS
 
     def quad_gains(self, slot: np.ndarray, X: np.ndarray, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
-        """Change of ``Phi = sum_t sum_g X_tg^2 / speed_g`` for the swaps of :meth:`gains`."""
+        """Change of ``Phi = sum_t sum_g X_tg^2 / speed_g`` for the swaps of :meth:`gains`.
+
+        With ``d = n_j - n_i``: ``dPhi = sum_t d^2 (1/v_a + 1/v_b) + 2 d (X_a/v_a - X_b/v_b)``;
+        the ``sum_t d^2`` terms come from one batched matrix product.
+        """
         inv = 1.0 / self.speed
-        d = self.n[:, slot[pb]][:, :, None, :] - self.n[:, slot[pa]][:, :, :, None]
-        xa, xb = X[:, pa][:, :, None, None], X[:, pb][:, :, None, None]
-        return (
-            (2 * xa * d + d * d) * inv[pa][None, :, None, None] + (d * d - 2 * xb * d) * inv[pb][None, :, None, None]
-        ).sum(axis=0)
+        na, nb = self.n[:, slot[pa]], self.n[:, slot[pb]]  # [T, P, sl]
+        w = X[:, pa] * inv[pa] - X[:, pb] * inv[pb]  # [T, P]
+        d2 = (na**2).sum(axis=0)[:, :, None] + (nb**2).sum(axis=0)[:, None, :] - 2 * np.einsum("tkp,tkq->kpq", na, nb)
+        dw = np.einsum("tkq,tk->kq", nb, w)[:, None, :] - np.einsum("tkp,tk->kp", na, w)[:, :, None]
+        return d2 * (inv[pa] + inv[pb])[:, None, None] + 2 * dw
 
     def slots_of(self, home: np.ndarray) -> np.ndarray:
         """int ``[G, slots]``: the padded experts on each GPU (every GPU has exactly ``slots``)."""
@@ -370,7 +391,10 @@ def initial_mappings(
     peak = n.max(axis=0)
     starts: list[np.ndarray] = []
     if hint is not None:
-        starts.append(search.pad(hint))
+        hint = np.asarray(hint, dtype=np.int64)
+        fits = hint.shape == (search.experts,) and hint.min(initial=0) >= 0 and hint.max(initial=0) < search.gpus
+        if fits and np.bincount(hint, minlength=search.gpus).max() <= search.slots:
+            starts.append(search.pad(hint))  # a hint that violates the slots is ignored
     for s in range(settings.starts):
         noise = np.exp(settings.noise * rng.standard_normal(len(mean))) if s >= 2 else 1.0
         if s % 2 == 0:
