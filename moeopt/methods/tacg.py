@@ -324,13 +324,16 @@ class _TacgExact(_TacgBase):
             g = groupings[l]
             rng = np.random.default_rng([ctx.seed, l])
             start = None
-            if params.warm_start:
+            t0 = time.perf_counter()
+            if params.warm_start:  # the warm start's search may use a quarter of the layer's limit
                 try:
                     hint = None if ctx.hint is None else ctx.hint.home[l]
-                    start, _ = heuristic_home(g, params, rng, hint=hint, deadline=time.perf_counter() + 0.25 * limit)
+                    start, _ = heuristic_home(g, params, rng, hint=hint, deadline=t0 + 0.25 * limit)
                 except InfeasibleError:
                     start = None  # the repair missed a packing: let the exact model look for one
-            out = mod.solve(g, time_limit=limit, hint=start, threads=params.threads, seed=ctx.seed)
+            left = max(limit - (time.perf_counter() - t0), 0.5 * limit)
+            # sizes were checked against the full limit above
+            out = mod.solve(g, time_limit=left, hint=start, threads=params.threads, seed=ctx.seed, refuse=False)
             cheap, kind = grouping_bound(
                 g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
             )

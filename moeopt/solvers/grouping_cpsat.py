@@ -129,7 +129,7 @@ def build_model(g: Grouping) -> CpsatModel:
 
 def solve(
     g: Grouping, *, time_limit: float, hint: np.ndarray | None = None, threads: int = 2, seed: int = 0,
-    log: bool = False,
+    log: bool = False, refuse: bool = True,
 ) -> ExactOutcome:
     """Solve ``g`` with CP-SAT.
 
@@ -146,6 +146,10 @@ def solve(
         CP-SAT workers.
     seed
         CP-SAT random seed.
+    log
+        Print CP-SAT's search log.
+    refuse
+        Raise InputError (before building) when the model is too large for ``time_limit``.
 
     Returns
     -------
@@ -154,7 +158,8 @@ def solve(
     """
     from ortools.sat.python import cp_model
 
-    check_size(g, time_limit)
+    if refuse:
+        check_size(g, time_limit)
     t0 = time.perf_counter()
     cm = build_model(g)
     m = cm.model

@@ -222,7 +222,7 @@ def build_model(g: Grouping, arrays: MilpArrays | None = None):
 
 def solve(
     g: Grouping, *, time_limit: float, hint: np.ndarray | None = None, threads: int = 2, seed: int = 0,
-    log: bool = False,
+    log: bool = False, refuse: bool = True,
 ) -> ExactOutcome:
     """Solve ``g`` with HiGHS through highspy.
 
@@ -236,10 +236,13 @@ def solve(
         A feasible plan, renumbered by :meth:`Grouping.canonical`, passed as HiGHS's start.
     threads, seed, log
         HiGHS threads, random seed and console log.
+    refuse
+        Raise InputError (before building) when the model is too large for ``time_limit``.
     """
     import highspy
 
-    check_size(g, time_limit)
+    if refuse:
+        check_size(g, time_limit)
     t0 = time.perf_counter()
     arrays = build_arrays(g)
     h = build_model(g, arrays)

@@ -121,7 +121,7 @@ def _warm_start(opt, m, home: np.ndarray, g: Grouping) -> bool:
 
 def solve(
     g: Grouping, *, time_limit: float, hint: np.ndarray | None = None, threads: int = 2, seed: int = 0,
-    log: bool = False,
+    log: bool = False, refuse: bool = True,
 ) -> ExactOutcome:
     """Solve ``g`` with HiGHS through Pyomo's solver API v2.
 
@@ -135,12 +135,15 @@ def solve(
         A feasible plan, renumbered by :meth:`Grouping.canonical`, passed as HiGHS's start.
     threads, seed, log
         HiGHS threads, random seed and console log.
+    refuse
+        Raise InputError (before building) when the model is too large for ``time_limit``.
     """
     import pyomo.environ as pyo
     from pyomo.contrib.solver.common.factory import SolverFactory
     from pyomo.contrib.solver.common.results import SolutionStatus, TerminationCondition
 
-    check_size(g, time_limit)
+    if refuse:
+        check_size(g, time_limit)
     t0 = time.perf_counter()
     m = build_model(g)
     build = time.perf_counter() - t0
