@@ -18,6 +18,7 @@ from moeopt.heuristics.swap import arrange_nodes, iterated_local_search, local_s
 from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
 from moeopt.methods.tacg import family_preference, layer_problems, task_modulated_graph
 from moeopt.registry import Context, Problem, get_method, parse_params
+from moeopt.result import Status
 from moeopt.synth import SynthSpec, synthesize
 from tests.grouping_cases import brute_force, random_grouping
 
@@ -186,3 +187,13 @@ def test_lagrangian_bound_tightens_the_star_bound() -> None:
     star, lag = star_bound(g), lagrangian_bound(g)
     heuristic = run("tacg", p).objective
     assert heuristic <= lag < 0.9 * star
+
+
+def test_heuristic_certified_optimal_when_bound_closes() -> None:
+    """One GPU (all pairs together) and top-1 routing (no pairs) are certified optimal."""
+    one_gpu = run("tacg", make_problem(E=8, G=1, k=2, tokens=500))
+    assert one_gpu.status == Status.OPTIMAL and one_gpu.objective == pytest.approx(one_gpu.bound)
+    assert one_gpu.objective > 0
+    top1 = run("tacg", make_problem(E=8, G=4, k=1, tokens=500))
+    assert top1.status == Status.OPTIMAL and top1.objective == 0.0 == top1.bound
+    assert run("tacg", make_problem(E=32, G=8, k=4, tokens=3000, seed=1)).status == Status.FEASIBLE

@@ -181,10 +181,10 @@ def solve(
     info = {"pairs": len(cm.z), "cpsat_status": solver.status_name(code)}
     if code == cp_model.INFEASIBLE:
         return ExactOutcome(Status.INFEASIBLE, None, None, None, wall, cm.build_time, info)
-    bound = solver.best_objective_bound / cm.scale + cm.rounding
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return ExactOutcome(Status.NO_SOLUTION, None, None, None if code == cp_model.MODEL_INVALID else bound,
-                            wall, cm.build_time, info)
+        # without a solution CP-SAT's bound field is not a proved bound (it reads 0)
+        return ExactOutcome(Status.NO_SOLUTION, None, None, None, wall, cm.build_time, info)
+    bound = solver.best_objective_bound / cm.scale + cm.rounding
     home = np.array([int(solver.value(v)) for v in cm.h], dtype=np.int64)
     status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.TIME_LIMIT
     return ExactOutcome(status, home, solver.objective_value / cm.scale, bound, wall, cm.build_time, info)
