@@ -33,27 +33,37 @@ def _baseline_result(name: str, plan: Plan, problem: Problem, params: object, t0
     )
 
 
-@register
-class Linear:
-    """vLLM's default contiguous mapping."""
+@dataclass
+class NoParams:
+    """Parameters of a method that takes none."""
 
-    name: ClassVar[str] = "linear"
-    summary: ClassVar[str] = "expert e on GPU floor(e*G/E) (vLLM default)"
+
+class Baseline:
+    """Shared parts of the baselines: no requirements, always available, maxvio objective."""
+
     requires: ClassVar[frozenset[str]] = frozenset()
-
-    @dataclass
-    class Params:
-        pass
-
-    Params: ClassVar[type] = Params
+    Params: ClassVar[type] = NoParams
 
     def available(self) -> bool:
         return True
 
-    def solve(self, problem: Problem, params: Params, ctx: Context) -> Result:
+    def homes(self, problem: Problem, params: object, ctx: Context) -> Plan:
+        raise NotImplementedError
+
+    def solve(self, problem: Problem, params: object, ctx: Context) -> Result:
         t0 = time.perf_counter()
-        plan = linear_plan(problem.layers, problem.experts, problem.gpus)
-        return _baseline_result(self.name, plan, problem, params, t0)
+        return _baseline_result(self.name, self.homes(problem, params, ctx), problem, params, t0)
+
+
+@register
+class Linear(Baseline):
+    """vLLM's default contiguous mapping."""
+
+    name: ClassVar[str] = "linear"
+    summary: ClassVar[str] = "expert e on GPU floor(e*G/E) (vLLM default)"
+
+    def homes(self, problem: Problem, params: object, ctx: Context) -> Plan:
+        return linear_plan(problem.layers, problem.experts, problem.gpus)
 
 
 def random_homes(experts: int, gpus: int, slots: int, rng: np.random.Generator) -> np.ndarray:
@@ -63,30 +73,18 @@ def random_homes(experts: int, gpus: int, slots: int, rng: np.random.Generator) 
 
 
 @register
-class Random:
+class Random(Baseline):
     """Seeded uniformly random placement within slot capacities."""
 
     name: ClassVar[str] = "random"
     summary: ClassVar[str] = "uniformly random slots (seeded)"
-    requires: ClassVar[frozenset[str]] = frozenset()
 
-    @dataclass
-    class Params:
-        pass
-
-    Params: ClassVar[type] = Params
-
-    def available(self) -> bool:
-        return True
-
-    def solve(self, problem: Problem, params: Params, ctx: Context) -> Result:
-        t0 = time.perf_counter()
+    def homes(self, problem: Problem, params: object, ctx: Context) -> Plan:
         rng = np.random.default_rng(ctx.seed)
         c = problem.instance.cluster
-        home = np.stack(
+        return Plan(home=np.stack(
             [random_homes(problem.experts, c.gpus, c.slots_per_gpu, rng) for _ in range(problem.layers)]
-        )
-        return _baseline_result(self.name, Plan(home=home), problem, params, t0)
+        ))
 
 
 def balanced_homes(load: np.ndarray, gpus: int, slots: int, speed: np.ndarray | None = None) -> np.ndarray:
@@ -140,12 +138,11 @@ def hottest_replicas(
 
 
 @register
-class Greedy:
+class Greedy(Baseline):
     """Token-balanced greedy packing on mean loads, optionally replicating the hottest experts."""
 
     name: ClassVar[str] = "greedy"
     summary: ClassVar[str] = "token-balanced LPT packing; replicate=true adds EPLB-style hottest replicas"
-    requires: ClassVar[frozenset[str]] = frozenset()
 
     @dataclass
     class Params:
@@ -154,11 +151,7 @@ class Greedy:
 
     Params: ClassVar[type] = Params
 
-    def available(self) -> bool:
-        return True
-
-    def solve(self, problem: Problem, params: Params, ctx: Context) -> Result:
-        t0 = time.perf_counter()
+    def homes(self, problem: Problem, params: Params, ctx: Context) -> Plan:
         c = problem.instance.cluster
         loads = problem.stats.expert_load
         home = np.stack([balanced_homes(loads[l], c.gpus, c.slots_per_gpu) for l in range(problem.layers)])
@@ -169,4 +162,4 @@ class Greedy:
                 hottest_replicas(loads[l], home[l], c.gpus, c.replica_slots_per_gpu, budget)
                 for l in ctx.layers(problem.layers, "greedy")
             )
-        return _baseline_result(self.name, Plan(home=home, replicas=reps), problem, params, t0)
+        return Plan(home=home, replicas=reps)
