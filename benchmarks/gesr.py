@@ -293,7 +293,7 @@ def markdown(rows: list[dict], info: dict) -> str:
                 f"{r[n]['guard_sampled']['maxvio']:.4f} / {r[n]['guard_sampled']['comm_per_token']:.3f}"
                 for n in ("base_plan", *REPLICATION)
             ])
-        lines.append(tabulate(t2, headers=["workload", "slots", "base", "+GESR", "+hottest", "+random"],
+        lines.append(tabulate(t2, headers=["workload", "slots", "base", "+GESR", "+GESR tuned", "+hottest", "+random"],
                               tablefmt="github"))
         lines.append("")
         lines.append("(MaxVio / remote GPUs per token on a count-sampled trace; coactivation there has no structure.)")

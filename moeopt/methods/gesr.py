@@ -38,8 +38,15 @@ from moeopt.trace import Stats, Trace
 
 #: ε of the log-lift s[f, e] (SPEC 3.1, 4.1)
 LIFT_EPS = 1e-6
-#: seconds per layer of the certificate MILP when the caller gives no time limit
+#: seconds per layer of the certificate MILP when the caller gives no time limit ...
 CERTIFICATE_TIME_LIMIT = 2.0
+#: ... and at most this many seconds over all layers (58-layer models get 0.5 s a layer)
+CERTIFICATE_BUDGET = 30.0
+
+
+def certificate_time(layers: int) -> float:
+    """Default per-layer time limit of the certificate for a model with ``layers`` layers."""
+    return min(CERTIFICATE_TIME_LIMIT, CERTIFICATE_BUDGET / max(layers, 1))
 
 
 # ----------------------------------------------------------------------------- score
@@ -296,7 +303,9 @@ def _certificate_hook(plan: Plan, problem: Problem, wl: Workloads, metrics: dict
     key = (plan.home.tobytes(), loads.tobytes(), G, slots)
     if key not in _HOOK_CACHE:
         _HOOK_CACHE.clear()  # one entry: a benchmark evaluates several plans on one base
-        _HOOK_CACHE[key] = replication_certificate(plan.home, loads, G, slots, hints=plan.replicas)
+        _HOOK_CACHE[key] = replication_certificate(
+            plan.home, loads, G, slots, time_limit=certificate_time(plan.layers), hints=plan.replicas
+        )
     metrics.update(certificate_stats(_HOOK_CACHE[key], metrics.get("maxvio")))
 
 
@@ -315,7 +324,7 @@ class ReplicationParams:
     decay: float = 0.9  # guard δ: Lhat <- δ Lhat + (1 - δ) load(batch)
     guard_batch_tokens: int | None = 32  # guard batch size within a trace step (None: the step)
     certificate: bool = True  # solve the replication MILP on the calibration loads
-    certificate_time_limit: float | None = None  # seconds per layer (default 2, or ctx's)
+    certificate_time_limit: float | None = None  # seconds per layer (default min(2, 30 / L))
 
     def __post_init__(self) -> None:
         if self.base_params is not None and not isinstance(self.base_params, dict):
@@ -405,7 +414,10 @@ class _Replication:
         if params.certificate and S > 0:
             limit = params.certificate_time_limit
             if limit is None:
-                limit = CERTIFICATE_TIME_LIMIT if ctx.time_limit is None else ctx.time_limit / max(problem.layers, 1)
+                limit = (
+                    certificate_time(problem.layers) if ctx.time_limit is None
+                    else ctx.time_limit / max(problem.layers, 1)
+                )
             bounds = replication_certificate(
                 home, problem.stats.expert_load, G, S, time_limit=limit, hints=plan.replicas
             )
