@@ -373,12 +373,14 @@ class SearchSettings:
 
     starts: int = 8
     noise: float = 0.15
-    rounds: int = 40
-    patience: int = 15
-    perturb: int = 0  # swaps per perturbation; 0: max(2, E // 16)
+    rounds: int = 400
+    patience: int = 60
+    perturb: int = 0  # swaps per perturbation; 0: random in [2, max(3, E // 8)] each round
     plateau_after_perturbation: int = 4  # plateau iterations allowed in each perturbation's descent
     rho: float = 0.5
-    time_limit: float | None = None  # seconds for this layer
+    time_limit: float | None = None  # seconds for this layer (starts included)
+    ils_time: float | None = 3.0  # seconds for the perturbation rounds of this layer
+    accept: float = 0.0  # accept local optima up to this fraction worse than the best
 
 
 def initial_mappings(
@@ -454,21 +456,30 @@ def search_layer(
         if s < best_s - 1e-12:
             best_home, best_s = home, s
     assert best_home is not None
-    swaps = settings.perturb or max(2, search.experts // 16)
+    strongest = max(4, search.experts // 8)
     stale = 0
+    if settings.ils_time is not None:
+        ils_end = time.perf_counter() + settings.ils_time
+        deadline = ils_end if deadline is None else min(deadline, ils_end)
+    current_home, current_s = best_home, best_s
     for _ in range(settings.rounds):
         if stale >= settings.patience or (deadline is not None and time.perf_counter() > deadline):
             break
         stats.rounds += 1
+        swaps = settings.perturb or int(rng.integers(2, strongest + 1))
         home, s = search.descend(
-            search.perturb(best_home, swaps, rng), max_plateau=settings.plateau_after_perturbation, stats=stats
+            search.perturb(current_home, swaps, rng), max_plateau=settings.plateau_after_perturbation, stats=stats
         )
         if s < best_s - 1e-9 * search.scale:
             best_home, best_s, stale = home, s, 0
             stats.improvements += 1
         else:
             stale += 1
-            if s <= best_s + 1e-12:
-                best_home = home  # equal S: move along the plateau
+        # acceptance: walk on to local optima up to ``accept`` (relative) worse than the
+        # best, so the search can leave a basin; otherwise go back to the best
+        if s <= best_s * (1.0 + settings.accept) + 1e-12:
+            current_home, current_s = home, s
+        else:
+            current_home, current_s = best_home, best_s
     stats.time = time.perf_counter() - t0
     return best_home[: search.experts].copy(), best_s, stats

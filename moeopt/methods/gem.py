@@ -78,9 +78,11 @@ class Gem:
         steps: int = DEFAULT_STEPS  # utilization-trace steps T (0: every trace step)
         starts: int = 8  # initial mappings (alternately speed-aware LPT and step-aware greedy)
         noise: float = 0.15  # lognormal sigma of the load noise of starts 3..
-        rounds: int = 40  # perturbation rounds of the iterated local search
-        patience: int = 10  # stop after this many rounds without improvement
-        perturb: int = 0  # random swaps per perturbation (0: max(2, E // 16))
+        rounds: int = 400  # perturbation rounds of the iterated local search
+        patience: int = 60  # stop after this many rounds without improvement
+        ils_time: float = 3.0  # seconds per layer for the perturbation rounds (0: no limit)
+        perturb: int = 0  # random swaps per perturbation (0: random in [2, max(4, E // 8)])
+        accept: float = 0.0  # walk on to local optima up to this fraction worse than the best
         rho: float = 0.5  # Pearson threshold of correlated temporal pairs
 
     Params: ClassVar[type] = Params
@@ -92,7 +94,8 @@ class Gem:
         per_layer = None if ctx.time_limit is None else ctx.time_limit / max(layers, 1)
         return SearchSettings(
             starts=params.starts, noise=params.noise, rounds=params.rounds, patience=params.patience,
-            perturb=params.perturb, rho=params.rho, time_limit=per_layer,
+            perturb=params.perturb, rho=params.rho, time_limit=per_layer, accept=params.accept,
+            ils_time=params.ils_time if params.ils_time > 0 else None,
         )
 
     def search(self, problem: Problem, params: Params, ctx: Context) -> tuple[np.ndarray, Utilization, dict]:
