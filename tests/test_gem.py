@@ -260,15 +260,19 @@ def _exact(name: str):
 
 
 @pytest.mark.parametrize("name", EXACT)
-@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("case", range(5))
 def test_exact_equals_brute_force(name, case):
-    """Every exact backend proves the brute-force optimum (affine and stepped profiles)."""
+    """Every exact backend proves the brute-force optimum (affine, stepped and identical-GPU
+    profiles; the last exercises symmetry breaking with a relabelled hint)."""
     m = _exact(name)
     rng = np.random.default_rng(500 + case)
-    E, G, T = (5, 3, 4) if case < 2 else (6, 2, 5)
+    E, G, T = (5, 3, 4) if case < 2 else (6, 2, 5) if case < 4 else (7, 3, 4)
     n = np.round(rng.integers(0, 150, size=(T, E)) * rng.uniform(0.2, 2.0, size=E))
-    prof = synthetic_profile(G, variability="high", seed=case, tile=16) if case % 2 == 0 else stepped_profile(G, 60, rng)
-    slots = 3 if case < 2 else 4
+    if case == 4:
+        prof = synthetic_profile(G, variability="none", tile=16)
+    else:
+        prof = synthetic_profile(G, variability="high", seed=case, tile=16) if case % 2 == 0 else stepped_profile(G, 60, rng)
+    slots = 3 if case < 2 or case == 4 else 4
     problem = count_problem(n, prof, slots)
     r = m.solve(problem, m.Params(), Context(time_limit=30))
     assert r.status.value == "optimal"
@@ -394,3 +398,25 @@ def test_quadratic_gains_match_recomputed_phi():
         h = home.copy()
         h[i], h[j] = h[j], h[i]
         assert dphi[k, p, q] == pytest.approx(phi(h) - phi(home), rel=1e-9, abs=1e-6)
+
+
+@given(st.integers(0, 10_000))
+def test_canonical_hint_satisfies_symmetry_breaking(seed):
+    """Relabelling identical GPUs makes any plan satisfy the symmetry-breaking fixings, keeps
+    S, and leaves GPUs with distinct profiles alone."""
+    from moeopt.solvers.gem_models import canonical_home, layer_model, symmetry_pairs
+
+    rng = np.random.default_rng(seed)
+    G = int(rng.integers(2, 5))
+    lat = synthetic_profile(G, variability="high", seed=seed).latency
+    lat[1:] = lat[0] if rng.random() < 0.5 else lat[1:]  # sometimes all identical
+    lat[-1] = lat[-1] if G < 3 else lat[0]  # GPU G-1 shares GPU 0's profile
+    prof = Profile(tile=64, latency=lat)
+    E = int(rng.integers(1, 3 * G + 1))
+    n = rng.integers(0, 300, size=(4, E)).astype(float)
+    model = layer_model(n, prof, 3)
+    home = rng.permutation(np.repeat(np.arange(G), 3))[:E]
+    canon = canonical_home(model, home)
+    assert all(canon[e] != g for e, g in symmetry_pairs(model))
+    assert layer_straggler(n, canon, prof) == pytest.approx(layer_straggler(n, home, prof))
+    assert (np.bincount(canon, minlength=G) <= 3).all()

@@ -9,8 +9,10 @@ Two backends, each with ``build_*`` kept apart from ``solve_*``:
 
 Both take the search's plan as a warm start (HiGHS ``setSolution``, CP-SAT hints), add the
 per-step lower bound of :func:`moeopt.utilization.step_lower_bound` as a bound on ``z_t``,
-and refuse sizes whose model cannot be built and searched in reasonable time. No symmetry
-breaking is added: GPUs differ in their profiles, and hints must stay valid.
+and refuse sizes whose model cannot be built and searched in reasonable time. Symmetry is
+broken only among GPUs with identical profiles (``symmetry_pairs``), and hints are
+relabelled to satisfy it (``canonical_home``), since CP-SAT silently drops a hint that
+violates a constraint.
 """
 
 from __future__ import annotations
@@ -122,6 +124,37 @@ def tile_counts(model: LayerModel, home: np.ndarray) -> np.ndarray:
     return np.ceil(loads.T / model.tile - 1e-9).astype(np.int64).clip(0)
 
 
+def identical_gpus(table: np.ndarray) -> list[np.ndarray]:
+    """Classes (of two or more) of GPUs with identical latency rows, each sorted."""
+    _, inverse = np.unique(np.round(table, 12), axis=0, return_inverse=True)
+    inverse = np.asarray(inverse).ravel()
+    return [np.nonzero(inverse == c)[0] for c in np.unique(inverse) if (inverse == c).sum() > 1]
+
+
+def symmetry_pairs(model: LayerModel) -> list[tuple[int, int]]:
+    """``(e, g)`` pairs fixed to 0 by symmetry breaking among identical GPUs.
+
+    Within a class ``g_0 < g_1 < ...`` of identical GPUs, relabel them by their smallest
+    expert (empty GPUs last): the i-th then holds no expert below i, so ``x[e, g_i] = 0``
+    for ``e < i`` is valid for some optimal plan.
+    """
+    return [(e, int(cls[i])) for cls in identical_gpus(model.table) for i in range(1, len(cls)) for e in range(min(i, model.experts))]
+
+
+def canonical_home(model: LayerModel, home: np.ndarray) -> np.ndarray:
+    """``home`` relabelled within each class of identical GPUs so that it satisfies
+    :func:`symmetry_pairs` (a hint violating them would be dropped by CP-SAT); S is unchanged."""
+    home = np.asarray(home, dtype=np.int64).copy()
+    out = home.copy()
+    big = model.experts
+    for cls in identical_gpus(model.table):
+        first = np.array([np.nonzero(home == g)[0].min(initial=big) for g in cls])
+        order = cls[np.argsort(first, kind="stable")]  # GPUs by smallest expert, empty last
+        for new_g, old_g in zip(cls, order):
+            out[home == old_g] = new_g
+    return out
+
+
 @dataclass
 class ExactOutcome:
     """What one layer's exact solve returned."""
@@ -183,6 +216,8 @@ def build_milp(model: LayerModel):
             rule=lambda _, g, t: m.z[t]
             >= float(model.table[g, 0]) + sum(float(inc[g, j - 1]) * m.y[g, t, j] for j in range(1, int(model.tiles_max[t]) + 1)),
         )
+    for e, g in symmetry_pairs(model):
+        m.x[e, g].fix(0)
     m.obj = pe.Objective(expr=sum(m.z[t] for t in m.T), sense=pe.minimize)
     return m
 
@@ -219,6 +254,7 @@ def solve_milp(model: LayerModel, *, time_limit: float, hint: np.ndarray | None 
     opt = SolverFactory("highs")
     warm = False
     if hint is not None:
+        hint = canonical_home(model, hint)
         # Pyomo's HiGHS interface has no warm-start option: load the model, then hand the
         # plan to HiGHS directly (solve() below reuses the loaded model unchanged).
         try:
@@ -311,6 +347,8 @@ def build_cpsat(model: LayerModel, denominator: int = 1):
             else:
                 cp.add_element(k[g][t], [int(v) for v in q[g, : model.tiles_max[t] + 1]], lat[g][t])
             cp.add(z[t] >= lat[g][t])
+    for e, g in symmetry_pairs(model):
+        cp.add(x[e][g] == 0)
     cp.minimize(sum(z))
     return cp, x, k, lat, z, q, scale
 
@@ -325,6 +363,7 @@ def solve_cpsat(
     t0 = time.perf_counter()
     cp, x, k, lat, z, q, scale = build_cpsat(model, denominator)
     if hint is not None:
+        hint = canonical_home(model, hint)
         kk = tile_counts(model, hint)
         for e in range(model.experts):
             for g in range(model.gpus):
