@@ -18,8 +18,9 @@ import numpy as np
 from moeopt.errors import InfeasibleError
 from moeopt.result import Status, relative_gap
 
-#: Absolute slack on the load limit: solvers work with rounded or tolerance-checked loads.
-LOAD_TOL = 1e-7
+#: Absolute slack on the load limit (loads sum to 1): exact backends work with rounded
+#: (CP-SAT) or tolerance-checked (HiGHS, 1e-7) loads; every plan is checked against it.
+LOAD_TOL = 1e-6
 
 
 @dataclass(frozen=True, eq=False)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from moeopt.grouping import Grouping
+from moeopt.grouping import LOAD_TOL, Grouping
 
 
 def set_partitions(n: int, blocks: int) -> Iterator[list[int]]:
@@ -33,7 +33,7 @@ def brute_force(g: Grouping) -> tuple[np.ndarray | None, float]:
     values = np.triu(same * g.graph[None], k=1).sum(axis=(1, 2))
     sizes = np.stack([(homes == b).sum(axis=1) for b in range(g.groups)], axis=1)
     loads = np.stack([((homes == b) * g.load[None]).sum(axis=1) for b in range(g.groups)], axis=1)
-    ok = (sizes <= g.cap).all(axis=1) & (loads <= g.load_limit + 1e-7).all(axis=1)
+    ok = (sizes <= g.cap).all(axis=1) & (loads <= g.load_limit + LOAD_TOL).all(axis=1)
     if not ok.any():
         return None, -math.inf
     values = np.where(ok, values, -np.inf)

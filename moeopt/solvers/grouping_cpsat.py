@@ -2,9 +2,11 @@
 
 Variables: ``x[e, g]`` (expert e on group g), the group index ``h[e] = sum_g g x[e, g]`` and,
 for every pair with positive affinity, ``z[p]`` (both ends in one group), enforced by
-``z[p] => h[i] == h[j]``. Slots, the load limit (loads scaled to integers, rounded so that
-any CP-SAT solution meets the real limit), star cuts (at most ``cap - 1`` partners whose loads
-fit beside e), and value-precedence symmetry breaking ``x[e, g] <= sum_{e' < e} x[e', g-1]``.
+``z[p] => h[i] == h[j]``. Slots, the load limit, star cuts (at most ``cap - 1`` partners
+whose loads fit beside e), and value-precedence symmetry breaking ``x[e, g] <= sum_{e' < e} x[e', g-1]``.
+Loads are scaled to integers with ``cap / 2`` units of slack on the limit, so that plans at
+the limit (common with token counts) stay feasible and no plan exceeds it by more than
+``LOAD_TOL``.
 The objective uses weights scaled to integers; the reported bound adds back the largest
 possible rounding error so that it stays valid for the real weights.
 """
@@ -88,8 +90,11 @@ def build_model(g: Grouping) -> CpsatModel:
         col = [x[e][k] for e in range(k, E)]
         if col:
             m.add(sum(col) <= cap)
-    wl = np.ceil(g.load * LOAD_SCALE).astype(np.int64)  # rounded up: CP-SAT feasible => really feasible
-    lim = int(math.floor(g.load_limit * LOAD_SCALE)) if g.limited else None
+    # rounded loads: a group of at most cap experts errs by at most cap/2 units, so with cap/2
+    # units of slack every plan within the real limit stays feasible, and every CP-SAT plan
+    # exceeds the real limit by at most cap / LOAD_SCALE <= LOAD_TOL (cap <= 1000)
+    wl = np.rint(g.load * LOAD_SCALE).astype(np.int64)
+    lim = int(math.floor(g.load_limit * LOAD_SCALE)) + (cap + 1) // 2 if g.limited else None
     if lim is not None:
         for k in range(G):
             es = range(k, E)

@@ -253,6 +253,9 @@ def solve(
     h.setOptionValue("random_seed", seed)
     h.setOptionValue("mip_rel_gap", 1e-7)
     h.setOptionValue("mip_abs_gap", 1e-12)
+    # plans must meet the load limit within LOAD_TOL = 1e-6
+    h.setOptionValue("primal_feasibility_tolerance", 1e-7)
+    h.setOptionValue("mip_feasibility_tolerance", 1e-7)
     if hint is not None:
         sol = highspy.HighsSolution()
         sol.col_value = arrays.point(g.canonical(hint), g.groups).tolist()

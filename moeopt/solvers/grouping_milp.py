@@ -158,7 +158,8 @@ def solve(
         threads=max(1, threads),
         rel_gap=1e-7,
         abs_gap=1e-12,
-        solver_options={"random_seed": seed},
+        # plans must meet the load limit within LOAD_TOL = 1e-6
+        solver_options={"random_seed": seed, "primal_feasibility_tolerance": 1e-7, "mip_feasibility_tolerance": 1e-7},
     )
     wall = time.perf_counter() - t0
     info = {"termination": res.termination_condition.name, "warm_start": warm}
