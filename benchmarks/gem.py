@@ -59,8 +59,16 @@ EXACT_MAX_EXPERTS = 8  # gem-cpsat proves these in seconds
 
 
 def bursty_traces(experts: int, top_k: int, layers: int = 2) -> tuple[Trace, Trace]:
-    spec = dict(layers=layers, experts=experts, top_k=top_k, tokens=STEPS * TOKENS_PER_STEP, steps=STEPS,
-                burst=3.0, burst_fraction=0.1, structure_seed=0)
+    spec = dict(
+        layers=layers,
+        experts=experts,
+        top_k=top_k,
+        tokens=STEPS * TOKENS_PER_STEP,
+        steps=STEPS,
+        burst=3.0,
+        burst_fraction=0.1,
+        structure_seed=0,
+    )
     return synthesize(SynthSpec(**spec, seed=0)), synthesize(SynthSpec(**spec, seed=1))
 
 
@@ -70,7 +78,9 @@ def counts_traces(select: str) -> tuple[Trace, Trace]:
         keep = [i for i, n in enumerate(stats.family_names) if n != "tulu"]
         from moeopt.trace import stats_from_counts
 
-        stats = stats_from_counts(stats.counts[keep], top_k=stats.top_k, family_names=tuple(stats.family_names[i] for i in keep))
+        stats = stats_from_counts(
+            stats.counts[keep], top_k=stats.top_k, family_names=tuple(stats.family_names[i] for i in keep)
+        )
     make = dict(tokens=STEPS * TOKENS_PER_STEP, steps=STEPS, family_mix=0.3)
     return trace_from_counts(stats, **make, seed=0), trace_from_counts(stats, **make, seed=1)
 
@@ -98,8 +108,14 @@ def run_config(trace_kind: str, shape: str, traces: tuple[Trace, Trace], gpus: i
     profile = synthetic_profile(gpus, variability=level, seed=0, tile=64)
     wl = Workloads(calib, evaluation, calib.stats(), profile)
     row: dict = {
-        "trace": trace_kind, "shape": shape, "experts": calib.num_experts, "top_k": calib.top_k,
-        "layers": calib.layers, "gpus": gpus, "variability": level, "methods": {},
+        "trace": trace_kind,
+        "shape": shape,
+        "experts": calib.num_experts,
+        "top_k": calib.top_k,
+        "layers": calib.layers,
+        "gpus": gpus,
+        "variability": level,
+        "methods": {},
     }
     methods = list(BASELINES) + ["gem"]
     if calib.num_experts <= EXACT_MAX_EXPERTS and get_method("gem-cpsat").available():
@@ -108,11 +124,14 @@ def run_config(trace_kind: str, shape: str, traces: tuple[Trace, Trace], gpus: i
         r = solve(inst, method=name, workloads=wl, time_limit=60.0 if name == "gem-cpsat" else None)
         m = r.metrics
         row["methods"][name] = {
-            "S": m["straggler_latency"], "p90": m["straggler_p90"],
-            "lower_bound": m.get("straggler_lower_bound"), "gap_to_bound": m.get("gap_to_bound"),
+            "S": m["straggler_latency"],
+            "p90": m["straggler_p90"],
+            "lower_bound": m.get("straggler_lower_bound"),
+            "gap_to_bound": m.get("gap_to_bound"),
             "calibration_S": r.objective if r.objective_name == "straggler_latency" else None,
             "calibration_bound": r.bound if r.objective_name == "straggler_latency" else None,
-            "status": r.status.value, "wall_time": r.wall_time,
+            "status": r.status.value,
+            "wall_time": r.wall_time,
         }
     res = row["methods"]
     gem = res["gem"]
@@ -130,24 +149,45 @@ def summary_rows(rows: list[dict]) -> list[list]:
     for r in rows:
         g = r["methods"]["gem"]
         gap = g.get("gap_to_optimum")
-        out.append([
-            r["trace"], r["shape"], r["gpus"], r["variability"],
-            f"{g['S_vs_linear']:+.1f}", f"{g['S_vs_greedy']:+.1f}", f"{g['S_vs_speed-greedy']:+.1f}",
-            f"{g['p90_vs_linear']:+.1f}",
-            "-" if gap is None else f"{100 * gap:.2f}",
-            f"{100 * g['gap_to_bound']:.1f}", f"{g['wall_time']:.2f}",
-        ])
+        out.append(
+            [
+                r["trace"],
+                r["shape"],
+                r["gpus"],
+                r["variability"],
+                f"{g['S_vs_linear']:+.1f}",
+                f"{g['S_vs_greedy']:+.1f}",
+                f"{g['S_vs_speed-greedy']:+.1f}",
+                f"{g['p90_vs_linear']:+.1f}",
+                "-" if gap is None else f"{100 * gap:.2f}",
+                f"{100 * g['gap_to_bound']:.1f}",
+                f"{g['wall_time']:.2f}",
+            ]
+        )
     return out
 
 
-HEADERS = ["trace", "shape", "G", "variability", "S vs linear %", "S vs greedy %", "S vs speed-greedy %",
-           "p90 vs linear %", "gap to optimum % (calib.)", "gap to bound % (eval.)", "gem time (s)"]
+HEADERS = [
+    "trace",
+    "shape",
+    "G",
+    "variability",
+    "S vs linear %",
+    "S vs greedy %",
+    "S vs speed-greedy %",
+    "p90 vs linear %",
+    "gap to optimum % (calib.)",
+    "gap to bound % (eval.)",
+    "gem time (s)",
+]
 
 
 def aggregate(rows: list[dict]) -> list[list]:
     """Mean and max improvement of gem vs each baseline: per variability level, per trace
     kind, on 4 GPUs with real (count-sampled) traces (the paper's setting), and overall."""
-    groups: list[tuple[str, list[dict]]] = [(f"variability {v}", [r for r in rows if r["variability"] == v]) for v in LEVELS]
+    groups: list[tuple[str, list[dict]]] = [
+        (f"variability {v}", [r for r in rows if r["variability"] == v]) for v in LEVELS
+    ]
     for kind in dict.fromkeys(r["trace"] for r in rows):
         groups.append((f"trace {kind}", [r for r in rows if r["trace"] == kind]))
     groups.append(("count-sampled, 4 GPUs", [r for r in rows if r["trace"] != "bursty" and r["gpus"] == 4]))
@@ -195,13 +235,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"[{done}/{total}] {kind:14s} {shape:14s} G={gpus} {level:6s} "
                     f"S vs linear {g['S_vs_linear']:+6.1f} %, vs greedy {g['S_vs_greedy']:+5.1f} %, "
                     f"vs speed-greedy {g['S_vs_speed-greedy']:+5.1f} %, p90 vs linear {g['p90_vs_linear']:+6.1f} %, "
-                    f"gap to bound {100 * g['gap_to_bound']:.1f} %, gem {g['wall_time']:.2f} s ({time.perf_counter() - t0:.1f} s)",
+                    f"gap to bound {100 * g['gap_to_bound']:.1f} %, gem {g['wall_time']:.2f} s "
+                    f"({time.perf_counter() - t0:.1f} s)",
                     flush=True,
                 )
     elapsed = time.perf_counter() - t_start
     machine = f"{platform.machine()} CPU, {platform.python_implementation()} {platform.python_version()}"
-    write_json(OUT / "gem.json", {"machine": machine, "elapsed_s": elapsed, "steps": STEPS,
-                                  "tokens_per_step": TOKENS_PER_STEP, "rows": rows})
+    write_json(
+        OUT / "gem.json",
+        {"machine": machine, "elapsed_s": elapsed, "steps": STEPS, "tokens_per_step": TOKENS_PER_STEP, "rows": rows},
+    )
     md = [
         "# GEM benchmark",
         "",
@@ -213,9 +256,19 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "## gem: mean / max improvement (%)",
         "",
-        tabulate(aggregate(rows), headers=["configurations", "n", "S vs linear", "p90 vs linear",
-                                           "S vs greedy", "S vs speed-greedy", "max gap to optimum % (n)"],
-                 tablefmt="github"),
+        tabulate(
+            aggregate(rows),
+            headers=[
+                "configurations",
+                "n",
+                "S vs linear",
+                "p90 vs linear",
+                "S vs greedy",
+                "S vs speed-greedy",
+                "max gap to optimum % (n)",
+            ],
+            tablefmt="github",
+        ),
         "",
         "Paper (GEM, 4 GPUs, real runs): latency -7.9 % mean / -16.5 % max vs linear; p90 TPOT -9.1 % / -16.9 %.",
         "",

@@ -171,9 +171,7 @@ def classification_lines(stats: object, steps: int | None = DEFAULT_STEPS) -> li
     for l in range(util.counts.shape[0]):
         c = classify_experts(util.counts[l])
         shown = ", ".join(f"{a}-{b}" for a, b in c.pairs[:6]) + (" ..." if len(c.pairs) > 6 else "")
-        rows.append(
-            f"| {l} | {int(c.consistent.sum())} | {int(c.temporal.sum())} | {len(c.pairs)} | {shown or '-'} |"
-        )
+        rows.append(f"| {l} | {int(c.consistent.sum())} | {int(c.temporal.sum())} | {len(c.pairs)} | {shown or '-'} |")
     head = (
         f"GEM classification ({util.steps} steps"
         + (f", aggregated from {len(util.group)}" if util.aggregated else "")
@@ -238,7 +236,9 @@ def step_lower_bound(
         least = 0 if slots is None else n.shape[-1] - (profile.gpus - 1) * slots
         if least > 0:
             floor = np.sort(n, axis=-1)[..., :least].sum(axis=-1)
-            bound = np.maximum(bound, profile(np.broadcast_to(floor[..., None], floor.shape + (profile.gpus,))).max(axis=-1))
+            bound = np.maximum(
+                bound, profile(np.broadcast_to(floor[..., None], floor.shape + (profile.gpus,))).max(axis=-1)
+            )
     return bound
 
 

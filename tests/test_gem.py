@@ -15,7 +15,6 @@ from moeopt.evaluate import evaluate, layer_straggler
 from moeopt.heuristics.gem_search import LayerSearch, SearchSettings, search_layer
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
 from moeopt.io import load_instance, read_profile, write_profile
-from moeopt.plan import Plan
 from moeopt.profile import Profile, synthetic_profile
 from moeopt.registry import Context, Problem, get_method, method_names
 from moeopt.solve import load_workloads, solve
@@ -102,9 +101,7 @@ def test_classification_finds_consistent_temporal_and_correlated_pairs():
 
 
 # ----------------------------------------------------------------------------- lower bound
-@given(
-    st.integers(1, 6), st.integers(2, 4), st.integers(1, 3), st.integers(0, 10_000), st.booleans()
-)
+@given(st.integers(1, 6), st.integers(2, 4), st.integers(1, 3), st.integers(0, 10_000), st.booleans())
 def test_lower_bound_never_exceeds_any_plan(T, G, slots, seed, affine):
     """The per-step bound is at most S of random slot-feasible plans, and of split loads."""
     rng = np.random.default_rng(seed)
@@ -198,7 +195,9 @@ def test_identical_gpus_flat_load_agree_with_token_balancing():
     prof = synthetic_profile(4, variability="none", tile=64)
     problem = count_problem(n, prof, 2, top_k=1)
     lb = step_lower_bound(n, prof).sum()
-    results = {m: get_method(m).solve(problem, get_method(m).Params(), Context()) for m in ("gem", "speed-greedy", "greedy")}
+    results = {
+        m: get_method(m).solve(problem, get_method(m).Params(), Context()) for m in ("gem", "speed-greedy", "greedy")
+    }
     for name, r in results.items():
         assert layer_straggler(n, r.plan.home[0], prof) == pytest.approx(lb), name
         loads = np.bincount(r.plan.home[0], weights=w, minlength=4)
@@ -271,7 +270,11 @@ def test_exact_equals_brute_force(name, case):
     if case == 4:
         prof = synthetic_profile(G, variability="none", tile=16)
     else:
-        prof = synthetic_profile(G, variability="high", seed=case, tile=16) if case % 2 == 0 else stepped_profile(G, 60, rng)
+        prof = (
+            synthetic_profile(G, variability="high", seed=case, tile=16)
+            if case % 2 == 0
+            else stepped_profile(G, 60, rng)
+        )
     slots = 3 if case < 2 or case == 4 else 4
     problem = count_problem(n, prof, slots)
     r = m.solve(problem, m.Params(), Context(time_limit=30))
@@ -344,9 +347,17 @@ def test_exact_is_warm_started_and_never_worse_than_gem(name):
     ("name", "source", "message"),
     [
         ("invalid_profile_seed.yaml", "invalid_profile_seed.yaml", "profile: invalid synthetic profile"),
-        ("invalid_profile_variability.yaml", "invalid_profile_variability.yaml", "profile.variability: expected one of"),
+        (
+            "invalid_profile_variability.yaml",
+            "invalid_profile_variability.yaml",
+            "profile.variability: expected one of",
+        ),
         ("invalid_profile_gpus.yaml", "invalid_profile_gpus.yaml", "profile: profile has 3 GPUs, cluster.gpus is 4"),
-        ("invalid_profile_decreasing.yaml", "profile-decreasing.yaml", "profile.gpus[].latency: latencies must be non-decreasing"),
+        (
+            "invalid_profile_decreasing.yaml",
+            "profile-decreasing.yaml",
+            "profile.gpus[].latency: latencies must be non-decreasing",
+        ),
     ],
 )
 def test_bad_profiles_are_refused_with_the_field(name, source, message, capsys):

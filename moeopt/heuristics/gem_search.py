@@ -124,9 +124,7 @@ class LayerSearch:
             out = np.where(ok, vals[:, q][:, None, None], out)
         return out
 
-    def gains(
-        self, slot: np.ndarray, X: np.ndarray, Cx: np.ndarray, pa: np.ndarray, pb: np.ndarray
-    ) -> np.ndarray:
+    def gains(self, slot: np.ndarray, X: np.ndarray, Cx: np.ndarray, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
         """Change of S for every swap between GPUs ``pa[k]`` and ``pb[k]``.
 
         Parameters
@@ -196,7 +194,11 @@ class LayerSearch:
         return np.argsort(home, kind="stable").reshape(self.gpus, self.slots)
 
     def descend(
-        self, home: np.ndarray, *, max_plateau: int | None = None, max_moves: int | None = None,
+        self,
+        home: np.ndarray,
+        *,
+        max_plateau: int | None = None,
+        max_moves: int | None = None,
         stats: SearchStats | None = None,
     ) -> tuple[np.ndarray, float]:
         """Apply improving swaps until none lowers (S, Phi); returns the home vector and S.
@@ -247,8 +249,16 @@ class LayerSearch:
         return home, self.score(home)
 
     def _apply_batch(
-        self, home: np.ndarray, slot: np.ndarray, X: np.ndarray, Cx: np.ndarray,
-        pa: np.ndarray, pb: np.ndarray, dS: np.ndarray, tol: float, limit: int = 64,
+        self,
+        home: np.ndarray,
+        slot: np.ndarray,
+        X: np.ndarray,
+        Cx: np.ndarray,
+        pa: np.ndarray,
+        pb: np.ndarray,
+        dS: np.ndarray,
+        tol: float,
+        limit: int = 64,
         plateau: bool = False,
     ) -> int:
         """Apply the best improving swap, then further improving swaps on untouched GPU pairs
@@ -325,6 +335,24 @@ def temporal_greedy_homes(
     """Step-aware greedy: each expert (by ``order_key``, descending) goes where the partial
     S grows least (ties: least speed-weighted quadratic load), keeping correlated temporal
     experts on different GPUs and heavy experts off the slowest GPUs when possible.
+
+    Parameters
+    ----------
+    search
+        The layer's search (profile table, slots, speeds).
+    n
+        float ``[T, E]`` utilization trace.
+    classes
+        The experts' classification (heavy experts, correlated temporal pairs).
+    order_key
+        float ``[E]``: placement order, largest first (noisy for diverse starts).
+    slow_share
+        Fraction of the GPUs (the slowest) kept free of heavy experts when possible.
+
+    Returns
+    -------
+    numpy.ndarray
+        int ``[E]`` home GPUs within the slot capacities.
     """
     T, E = n.shape
     G, slots = search.gpus, search.slots
@@ -384,11 +412,38 @@ class SearchSettings:
 
 
 def initial_mappings(
-    search: LayerSearch, n: np.ndarray, classes: ExpertClasses, settings: SearchSettings,
-    rng: np.random.Generator, hint: np.ndarray | None = None,
+    search: LayerSearch,
+    n: np.ndarray,
+    classes: ExpertClasses,
+    settings: SearchSettings,
+    rng: np.random.Generator,
+    hint: np.ndarray | None = None,
 ) -> list[np.ndarray]:
-    """The starts: alternately speed-aware LPT and step-aware greedy; the first two without
-    noise, the rest on loads multiplied by lognormal noise; the hint (if any) first."""
+    """The initial mappings of one layer.
+
+    Alternately speed-aware LPT and step-aware greedy; the first two without noise, the rest
+    on loads multiplied by lognormal noise; a slot-feasible hint (if any) first.
+
+    Parameters
+    ----------
+    search
+        The layer's search.
+    n
+        float ``[T, E]`` utilization trace.
+    classes
+        The experts' classification.
+    settings
+        Number of starts and noise level.
+    rng
+        Random generator of the noise.
+    hint
+        Optional home vector ``[E]``.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Padded home vectors (dummies fill the free slots).
+    """
     mean = n.mean(axis=0)
     peak = n.max(axis=0)
     starts: list[np.ndarray] = []
@@ -461,7 +516,7 @@ def search_layer(
     if settings.ils_time is not None:
         ils_end = time.perf_counter() + settings.ils_time
         deadline = ils_end if deadline is None else min(deadline, ils_end)
-    current_home, current_s = best_home, best_s
+    current_home = best_home
     for _ in range(settings.rounds):
         if stale >= settings.patience or (deadline is not None and time.perf_counter() > deadline):
             break
@@ -478,8 +533,8 @@ def search_layer(
         # acceptance: walk on to local optima up to ``accept`` (relative) worse than the
         # best, so the search can leave a basin; otherwise go back to the best
         if s <= best_s * (1.0 + settings.accept) + 1e-12:
-            current_home, current_s = home, s
+            current_home = home
         else:
-            current_home, current_s = best_home, best_s
+            current_home = best_home
     stats.time = time.perf_counter() - t0
     return best_home[: search.experts].copy(), best_s, stats

@@ -40,21 +40,67 @@ OBJECTIVE = "straggler_latency"
 
 
 def problem_utilization(problem: Problem, steps: int | None) -> Utilization:
-    """The calibration utilization trace ``n[l, t, e]`` aggregated into ``steps`` groups."""
+    """The calibration utilization trace ``n[l, t, e]`` aggregated into ``steps`` groups.
+
+    Parameters
+    ----------
+    problem
+        The method's problem (its statistics must hold per-step counts).
+    steps
+        Number of step groups T; None keeps every step.
+
+    Returns
+    -------
+    Utilization
+        Counts ``[L, T, E]`` and the grouping.
+
+    Raises
+    ------
+    InputError
+        When the calibration workload has no per-step counts.
+    """
     if problem.stats.step_counts is None:
         raise InputError(None, "workload.calibration", "GEM needs per-step counts (a trace with 'step')")
     return utilization_trace(problem.stats.step_counts, steps)
 
 
 def plan_straggler(home: np.ndarray, util: Utilization, problem: Problem) -> float:
-    """S(M) of homes ``[L, E]`` on the utilization trace, summed over layers (the evaluator's
-    :func:`~moeopt.evaluate.layer_straggler` per layer)."""
+    """Straggler latency S(M) of homes ``[L, E]`` on the utilization trace, summed over layers.
+
+    Parameters
+    ----------
+    home
+        int ``[L, E]`` home GPU of each expert.
+    util
+        The utilization trace.
+    problem
+        The problem (for its profile).
+
+    Returns
+    -------
+    float
+        ``sum_l sum_t max_g C_g(n_g(M, t))``, from the evaluator's
+        :func:`~moeopt.evaluate.layer_straggler` per layer.
+    """
     assert problem.profile is not None
     return float(sum(layer_straggler(util.counts[l], home[l], problem.profile) for l in range(len(home))))
 
 
 def utilization_bound(util: Utilization, problem: Problem) -> float:
-    """Lower bound on S over every replica-free plan, on the utilization trace."""
+    """Lower bound on S over every replica-free plan on the utilization trace.
+
+    Parameters
+    ----------
+    util
+        The utilization trace.
+    problem
+        The problem (profile and slots per GPU).
+
+    Returns
+    -------
+    float
+        The sum over layers and steps of :func:`~moeopt.utilization.step_lower_bound`.
+    """
     assert problem.profile is not None
     slots = problem.instance.cluster.slots_per_gpu
     return float(step_lower_bound(util.counts, problem.profile, slots=slots).sum())
@@ -93,8 +139,14 @@ class Gem:
     def settings(self, params: Params, ctx: Context, layers: int) -> SearchSettings:
         per_layer = None if ctx.time_limit is None else ctx.time_limit / max(layers, 1)
         return SearchSettings(
-            starts=params.starts, noise=params.noise, rounds=params.rounds, patience=params.patience,
-            perturb=params.perturb, rho=params.rho, time_limit=per_layer, accept=params.accept,
+            starts=params.starts,
+            noise=params.noise,
+            rounds=params.rounds,
+            patience=params.patience,
+            perturb=params.perturb,
+            rho=params.rho,
+            time_limit=per_layer,
+            accept=params.accept,
             ils_time=params.ils_time if params.ils_time > 0 else None,
         )
 
@@ -108,7 +160,9 @@ class Gem:
         moves = rounds = 0
         for l in ctx.layers(problem.layers, self.name):
             hint = None if ctx.hint is None else ctx.hint.home[l]
-            home, s, st = search_layer(util.counts[l], problem.profile, slots, settings, seed=ctx.seed + 7919 * l, hint=hint)
+            home, s, st = search_layer(
+                util.counts[l], problem.profile, slots, settings, seed=ctx.seed + 7919 * l, hint=hint
+            )
             homes.append(home)
             initial.append(min(st.initial))
             found.append(s)
@@ -168,7 +222,9 @@ class _GemExact:
     def available(self) -> bool:
         raise NotImplementedError
 
-    def run_layer(self, model: Any, limit: float, hint: np.ndarray | None, params: Any, ctx: Context, util: Utilization):
+    def run_layer(  # one layer's exact solve; implemented by each backend
+        self, model: Any, limit: float, hint: np.ndarray | None, params: Any, ctx: Context, util: Utilization
+    ):
         raise NotImplementedError
 
     def solve(self, problem: Problem, params: Any, ctx: Context) -> Result:
@@ -206,9 +262,17 @@ class _GemExact:
             bounds.append(bound)
             statuses.append(Status.OPTIMAL if out.optimal else Status.TIME_LIMIT)
             layer_stats.append(
-                {"status": out.status, "solver_objective": out.objective, "solver_bound": out.bound,
-                 "time": round(out.time, 3), "warm_start": out.warm_start, "kept": "solver" if best == 0 and out.home is not None else "hint",
-                 "encoding": "tile counts" if models[l].affine else ("level binaries" if self.backend == "milp" else "element")}
+                {
+                    "status": out.status,
+                    "solver_objective": out.objective,
+                    "solver_bound": out.bound,
+                    "time": round(out.time, 3),
+                    "warm_start": out.warm_start,
+                    "kept": "solver" if best == 0 and out.home is not None else "hint",
+                    "encoding": "tile counts"
+                    if models[l].affine
+                    else ("level binaries" if self.backend == "milp" else "element"),
+                }
             )
             ctx.say(f"{self.name}: layer {l}: {out.status}, S {min(scores):.4f}, bound {bound:.4f}")
         status = combine_status(statuses)
@@ -218,8 +282,16 @@ class _GemExact:
             "steps": util.steps,
         }
         if any(h is None for h in homes):
-            return Result(method=self.name, status=status, plan=None, sense="min", objective_name=OBJECTIVE,
-                          wall_time=time.perf_counter() - t0, params=vars(params), stats=stats)
+            return Result(
+                method=self.name,
+                status=status,
+                plan=None,
+                sense="min",
+                objective_name=OBJECTIVE,
+                wall_time=time.perf_counter() - t0,
+                params=vars(params),
+                stats=stats,
+            )
         home = np.stack(homes)
         objective = plan_straggler(home, util, problem)
         bound = float(sum(bounds))
@@ -330,7 +402,20 @@ class SpeedGreedy:
 
 # ----------------------------------------------------------------------------- hooks
 def evaluation_step_counts(workload: Any, experts: int) -> np.ndarray | None:
-    """float ``[L, T, E]`` per-step expert counts of an evaluation workload (None if unknown)."""
+    """Per-step expert counts of an evaluation workload.
+
+    Parameters
+    ----------
+    workload
+        A :class:`~moeopt.trace.Trace` (counted with one bincount per layer) or statistics.
+    experts
+        E.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        float ``[L, T, E]``, or None for count-only statistics without steps.
+    """
     from moeopt.trace import Trace
 
     if isinstance(workload, Trace):
@@ -346,7 +431,20 @@ def evaluation_step_counts(workload: Any, experts: int) -> np.ndarray | None:
 
 
 def straggler_bound_hook(plan: Plan, problem: Problem, workloads: Any, metrics: dict) -> None:
-    """Add ``straggler_lower_bound`` and ``gap_to_bound`` (relative to S) to a result's metrics."""
+    """Metric hook: add ``straggler_lower_bound`` and ``gap_to_bound = (S - LB) / S``.
+
+    Parameters
+    ----------
+    plan
+        The result's plan (with replicas only the fractional-balance terms are used).
+    problem
+        The method's problem (slots per GPU).
+    workloads
+        The instance's workloads: the bound is computed on the evaluation workload, like S.
+    metrics
+        The evaluator's metrics, updated in place (nothing is added without a profile or
+        per-step counts).
+    """
     profile = workloads.profile
     if profile is None or metrics.get("straggler_latency") is None:
         return

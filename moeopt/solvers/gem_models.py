@@ -108,7 +108,8 @@ def layer_model(n: np.ndarray, profile: Profile, slots: int, *, method: str = "g
     size = model.nonzeros()
     if size > MAX_NONZEROS:
         raise InputError(
-            None, "method.name",
+            None,
+            "method.name",
             f"{method}: a layer with E={model.experts} experts, G={model.gpus} GPUs, T={model.steps} steps"
             f" needs about {size:,} nonzeros (limit {MAX_NONZEROS:,}); exact GEM models are for small"
             " instances (proved optimal up to about E=16, G=4): use method 'gem' instead",
@@ -138,7 +139,12 @@ def symmetry_pairs(model: LayerModel) -> list[tuple[int, int]]:
     expert (empty GPUs last): the i-th then holds no expert below i, so ``x[e, g_i] = 0``
     for ``e < i`` is valid for some optimal plan.
     """
-    return [(e, int(cls[i])) for cls in identical_gpus(model.table) for i in range(1, len(cls)) for e in range(min(i, model.experts))]
+    return [
+        (e, int(cls[i]))
+        for cls in identical_gpus(model.table)
+        for i in range(1, len(cls))
+        for e in range(min(i, model.experts))
+    ]
 
 
 def canonical_home(model: LayerModel, home: np.ndarray) -> np.ndarray:
@@ -150,7 +156,7 @@ def canonical_home(model: LayerModel, home: np.ndarray) -> np.ndarray:
     for cls in identical_gpus(model.table):
         first = np.array([np.nonzero(home == g)[0].min(initial=big) for g in cls])
         order = cls[np.argsort(first, kind="stable")]  # GPUs by smallest expert, empty last
-        for new_g, old_g in zip(cls, order):
+        for new_g, old_g in zip(cls, order, strict=True):
             out[home == old_g] = new_g
     return out
 
@@ -171,7 +177,19 @@ class ExactOutcome:
 
 # ----------------------------------------------------------------------------- MILP (Pyomo)
 def build_milp(model: LayerModel):
-    """The Pyomo MILP of one layer (see ``formulations/gem.md``)."""
+    """The Pyomo MILP of one layer (see ``formulations/gem.md``).
+
+    Parameters
+    ----------
+    model
+        The layer's data; affine profiles get integer tile counts ``k[g, t]``, general ones
+        ordered level binaries ``y[g, t, j]``.
+
+    Returns
+    -------
+    pyomo.environ.ConcreteModel
+        With variables ``x[e, g]``, ``z[t]`` and the objective ``obj``.
+    """
     import pyomo.environ as pe
 
     T, E, G = model.steps, model.experts, model.gpus
@@ -190,7 +208,8 @@ def build_milp(model: LayerModel):
         m.k = pe.Var(m.G, m.T, domain=pe.NonNegativeIntegers, bounds=lambda _, g, t: (0, int(model.tiles_max[t])))
         m.tiles = pe.Constraint(m.G, m.T, rule=lambda _, g, t: model.tile * m.k[g, t] >= load(g, t))
         m.latency = pe.Constraint(
-            m.G, m.T,
+            m.G,
+            m.T,
             rule=lambda _, g, t: m.z[t] >= float(model.table[g, 0]) + float(model.slope[g]) * m.k[g, t],
         )
     else:
@@ -212,9 +231,13 @@ def build_milp(model: LayerModel):
 
         m.tiles = pe.Constraint(m.G, m.T, rule=tiles_rule)
         m.latency = pe.Constraint(
-            m.G, m.T,
-            rule=lambda _, g, t: m.z[t]
-            >= float(model.table[g, 0]) + sum(float(inc[g, j - 1]) * m.y[g, t, j] for j in range(1, int(model.tiles_max[t]) + 1)),
+            m.G,
+            m.T,
+            rule=lambda _, g, t: (
+                m.z[t]
+                >= float(model.table[g, 0])
+                + sum(float(inc[g, j - 1]) * m.y[g, t, j] for j in range(1, int(model.tiles_max[t]) + 1))
+            ),
         )
     for e, g in symmetry_pairs(model):
         m.x[e, g].fix(0)
@@ -237,13 +260,32 @@ def _milp_values(m, model: LayerModel, home: np.ndarray) -> list[tuple[object, f
             for t in range(model.steps):
                 vals.append((m.k[g, t], float(k[g, t])))
     else:
-        for (g, t, j) in m.L:
+        for g, t, j in m.L:
             vals.append((m.y[g, t, j], 1.0 if j <= k[g, t] else 0.0))
     return vals
 
 
-def solve_milp(model: LayerModel, *, time_limit: float, hint: np.ndarray | None = None, threads: int = 1) -> ExactOutcome:
-    """Solve one layer's MILP with HiGHS through Pyomo's solver API v2."""
+def solve_milp(
+    model: LayerModel, *, time_limit: float, hint: np.ndarray | None = None, threads: int = 1
+) -> ExactOutcome:
+    """Solve one layer's MILP with HiGHS through Pyomo's solver API v2.
+
+    Parameters
+    ----------
+    model
+        The layer's data.
+    time_limit
+        Seconds.
+    hint
+        Optional home vector ``[E]`` loaded into HiGHS as the starting solution.
+    threads
+        HiGHS threads.
+
+    Returns
+    -------
+    ExactOutcome
+        The plan (if any), HiGHS's objective and dual bound, whether it proved optimality.
+    """
     import highspy
     import pyomo.environ as pe
     from pyomo.contrib.solver.common.factory import SolverFactory
@@ -270,7 +312,11 @@ def solve_milp(model: LayerModel, *, time_limit: float, hint: np.ndarray | None 
         except (AttributeError, KeyError, TypeError):
             warm = False
     res = opt.solve(
-        m, time_limit=max(time_limit, 0.1), threads=threads, rel_gap=1e-7, raise_exception_on_nonoptimal_result=False,
+        m,
+        time_limit=max(time_limit, 0.1),
+        threads=threads,
+        rel_gap=1e-7,
+        raise_exception_on_nonoptimal_result=False,
         load_solutions=False,
     )
     optimal = res.termination_condition == TerminationCondition.convergenceCriteriaSatisfied
@@ -321,7 +367,21 @@ def scaled_table(model: LayerModel) -> tuple[np.ndarray, float]:
 
 
 def build_cpsat(model: LayerModel, denominator: int = 1):
-    """The CP-SAT model of one layer; returns ``(model, x, k, lat, z, q, scale)``."""
+    """The CP-SAT model of one layer.
+
+    Parameters
+    ----------
+    model
+        The layer's data.
+    denominator
+        Counts times this are integral (group means of aggregated traces).
+
+    Returns
+    -------
+    tuple
+        ``(cp_model, x[e][g], k[g][t], lat[g][t], z[t], q, scale)``: the model, its variables,
+        the integer latency table ``q`` and the scale from milliseconds to its units.
+    """
     from ortools.sat.python import cp_model
 
     T, E, G = model.steps, model.experts, model.gpus
@@ -334,7 +394,9 @@ def build_cpsat(model: LayerModel, denominator: int = 1):
     for g in range(G):
         cp.add(sum(x[e][g] for e in range(E)) <= model.slots)
     k = [[cp.new_int_var(0, int(model.tiles_max[t]), f"k{g}_{t}") for t in range(T)] for g in range(G)]
-    lat = [[cp.new_int_var(int(q[g, 0]), int(q[g, model.tiles_max[t]]), f"c{g}_{t}") for t in range(T)] for g in range(G)]
+    lat = [
+        [cp.new_int_var(int(q[g, 0]), int(q[g, model.tiles_max[t]]), f"c{g}_{t}") for t in range(T)] for g in range(G)
+    ]
     # the per-step bound, rounded down so that rounding never cuts off a plan
     lb = np.floor(model.step_bound * scale * (1 - 1e-9)).astype(np.int64) - 1
     z = [cp.new_int_var(int(lb[t]), int(max(q[:, model.tiles_max[t]].max(), lb[t])), f"z{t}") for t in range(T)]
@@ -354,10 +416,35 @@ def build_cpsat(model: LayerModel, denominator: int = 1):
 
 
 def solve_cpsat(
-    model: LayerModel, *, time_limit: float, hint: np.ndarray | None = None, seed: int = 0,
-    workers: int = 2, denominator: int = 1,
+    model: LayerModel,
+    *,
+    time_limit: float,
+    hint: np.ndarray | None = None,
+    seed: int = 0,
+    workers: int = 2,
+    denominator: int = 1,
 ) -> ExactOutcome:
-    """Solve one layer's CP-SAT model, hinted with ``hint`` (complete, consistent hint)."""
+    """Solve one layer's CP-SAT model.
+
+    Parameters
+    ----------
+    model
+        The layer's data.
+    time_limit
+        Seconds.
+    hint
+        Optional home vector ``[E]``: relabelled to satisfy the symmetry breaking, then given
+        as a complete hint of every variable.
+    seed, workers
+        CP-SAT's random seed and number of workers.
+    denominator
+        See :func:`build_cpsat`.
+
+    Returns
+    -------
+    ExactOutcome
+        The plan (if any), objective and best bound in milliseconds, whether optimal.
+    """
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter()
