@@ -69,7 +69,7 @@ def check_size(g: Grouping, time_limit: float) -> None:
     most = int(TERMS_PER_SECOND * max(time_limit, 1.0))
     if n > most:
         raise InputError(
-            None, "method.name",
+            None, None,
             f"tacg-cpsat: E={g.experts}, G={g.groups} gives about {n} model terms, too many for a "
             f"{time_limit:g} s limit (at most {most}); raise --time-limit or use the heuristic 'tacg'",
         )
