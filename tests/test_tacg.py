@@ -14,7 +14,7 @@ from moeopt.errors import InfeasibleError
 from moeopt.evaluate import grouping_affinity
 from moeopt.grouping import LOAD_TOL, Grouping
 from moeopt.heuristics.spectral import capacity_repair, first_fit, spectral_labels
-from moeopt.heuristics.swap import arrange_nodes, iterated_local_search, local_search
+from moeopt.heuristics.swap import arrange_nodes, iterated_local_search, local_search, node_affinity
 from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
 from moeopt.methods.tacg import family_preference, layer_problems, task_modulated_graph
 from moeopt.registry import Context, Problem, get_method, parse_params
@@ -154,6 +154,19 @@ def test_nodes_relabel_gpus_without_changing_groups() -> None:
     placed = arrange_nodes(g, home, 2, rng)
     assert g.objective(placed) == pytest.approx(g.objective(home))
     assert np.array_equal(np.sort(g.group_sizes(placed)), np.sort(g.group_sizes(home)))
+    assert node_affinity(g.graph, placed, 2) >= node_affinity(g.graph, home, 2) - 1e-12
+    assert node_affinity(g.graph, placed, 2) > 0
+
+
+def test_hint_is_used_when_better() -> None:
+    """A better feasible hint (here: the exact optimum) is never lost by the heuristic."""
+    p = make_problem(E=12, G=4, k=2, L=1, tokens=800, seed=9)
+    exact = run("tacg-cpsat", p, time_limit=20.0)
+    method = get_method("tacg")
+    weak = parse_params(method, {"refine": False})
+    hinted = method.solve(p, weak, Context(time_limit=5.0, hint=exact.plan))
+    assert method.solve(p, weak, Context(time_limit=5.0)).objective < exact.objective - 1e-6  # hint matters
+    assert hinted.objective == pytest.approx(exact.objective)
 
 
 # ----------------------------------------------------------------------------- bounds and search
