@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import time
 
 import numpy as np
@@ -11,13 +13,26 @@ from hypothesis import strategies as st
 
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.grouping import Grouping
+from moeopt.heuristics.spectral import capacity_repair, spectral_labels
+from moeopt.heuristics.swap import iterated_local_search
 from moeopt.methods.tacg import _TacgExact, layer_problems
 from moeopt.registry import get_method, method_names, parse_params
 from moeopt.result import Status
+from tests.conftest import DATA
 from tests.grouping_cases import brute_force, random_grouping
 from tests.test_tacg import make_problem, run
 
 EXACT = [n for n in method_names() if isinstance(get_method(n), _TacgExact)]
+KNOWN = json.loads((DATA / "tacg_known_optima.json").read_text())["cases"]
+
+
+def known_case(case: dict) -> Grouping:
+    """A :class:`Grouping` from a row of ``tests/data/tacg_known_optima.json``."""
+    E = len(case["load"])
+    W = np.zeros((E, E))
+    W[np.triu_indices(E, 1)] = case["graph"]
+    limit = math.inf if case["load_limit"] is None else case["load_limit"]
+    return Grouping(W + W.T, load=case["load"], groups=case["groups"], cap=case["cap"], load_limit=limit)
 
 
 def backend(name: str):
@@ -51,6 +66,27 @@ def test_backend_matches_brute_force(name: str, seed: int) -> None:
     assert out.incumbent == pytest.approx(opt, rel=1e-5, abs=1e-8)
     assert out.bound >= opt - 1e-7 * max(opt, 1.0)
     assert out.gap is not None and out.gap < 1e-5
+
+
+@pytest.mark.parametrize("name", EXACT)
+@pytest.mark.parametrize("case", KNOWN, ids=[c["name"] for c in KNOWN])
+def test_backend_reproduces_known_optima(name: str, case: dict) -> None:
+    """Every backend proves the tabulated optimum; the table's plan is feasible and attains it."""
+    mod = backend(name)
+    g = known_case(case)
+    assert g.feasible(np.array(case["plan"])) and g.objective(np.array(case["plan"])) == pytest.approx(case["optimum"])
+    out = mod.solve(g, time_limit=20.0)
+    assert out.status == Status.OPTIMAL
+    assert g.objective(out.home) == pytest.approx(case["optimum"], abs=1e-9)
+
+
+@pytest.mark.parametrize("case", KNOWN, ids=[c["name"] for c in KNOWN])
+def test_heuristic_reaches_known_optima(case: dict) -> None:
+    """The iterated local search (default engine) finds every tabulated optimum."""
+    g = known_case(case)
+    rng = np.random.default_rng(0)
+    home, _ = iterated_local_search(g, capacity_repair(g, spectral_labels(g.graph, g.groups, rng)), rng)
+    assert g.objective(home) == pytest.approx(case["optimum"], abs=1e-9)
 
 
 @pytest.mark.parametrize("name", EXACT)
@@ -91,8 +127,6 @@ def test_backend_respects_the_time_limit(name: str) -> None:
     """On a size no backend closes quickly, the solver stops near the limit holding the hint."""
     mod = backend(name)
     g = random_grouping(np.random.default_rng(7), E=40, G=8, cap=5, limited=True, density=0.5)
-    from moeopt.heuristics.spectral import capacity_repair, spectral_labels
-
     start = capacity_repair(g, spectral_labels(g.graph, 8, np.random.default_rng(0)))
     t0 = time.perf_counter()
     out = mod.solve(g, time_limit=2.0, hint=start)
