@@ -1,4 +1,4 @@
-"""Tiny grouping problems and their brute-force optima (for exact solvers and bounds)."""
+"""Tiny grouping problems, their brute-force optima, and small synthetic TACG problems."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ from collections.abc import Iterator
 import numpy as np
 
 from moeopt.grouping import LOAD_TOL, Grouping
+from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
+from moeopt.registry import Context, Problem, get_method, parse_params
+from moeopt.result import Result
+from moeopt.synth import SynthSpec, synthesize
 
 
 def set_partitions(n: int, blocks: int) -> Iterator[list[int]]:
@@ -55,3 +59,20 @@ def random_grouping(
     if limited:
         g = g.replace(load_limit=g.min_max_load() * float(rng.uniform(1.0, 1.4)))
     return g
+
+
+def make_problem(E: int = 16, G: int = 4, k: int = 2, L: int = 2, gpn: int | None = None,
+                 slots: int | None = None, tokens: int = 2000, seed: int = 0) -> Problem:
+    """A synthetic task-structured problem (calibration statistics only)."""
+    model = Model(layers=L, experts=E, top_k=k)
+    cluster = Cluster(gpus=G, gpus_per_node=gpn or G, slots_per_gpu=slots or math.ceil(E / G))
+    inst = Instance(name="t", model=model, cluster=cluster,
+                    workload=Workload(calibration=WorkloadSource(synthetic={})))
+    trace = synthesize(SynthSpec(layers=L, experts=E, top_k=k, tokens=tokens, structure_seed=seed, seed=seed))
+    return Problem(inst, trace.stats())
+
+
+def run(name: str, problem: Problem, seed: int = 0, time_limit: float | None = 5.0, **params) -> Result:
+    """Solve ``problem`` with the registered method ``name`` and YAML-style ``params``."""
+    method = get_method(name)
+    return method.solve(problem, parse_params(method, params), Context(time_limit=time_limit, seed=seed))

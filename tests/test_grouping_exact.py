@@ -15,14 +15,13 @@ from moeopt.errors import InfeasibleError, InputError
 from moeopt.grouping import Grouping
 from moeopt.heuristics.spectral import capacity_repair, spectral_labels
 from moeopt.heuristics.swap import iterated_local_search
-from moeopt.methods.tacg import _TacgExact, layer_problems
+from moeopt.methods.tacg import TacgExact, layer_problems
 from moeopt.registry import get_method, method_names, parse_params
 from moeopt.result import Status
 from tests.conftest import DATA
-from tests.grouping_cases import brute_force, random_grouping
-from tests.test_tacg import make_problem, run
+from tests.grouping_cases import brute_force, make_problem, random_grouping, run
 
-EXACT = [n for n in method_names() if isinstance(get_method(n), _TacgExact)]
+EXACT = [n for n in method_names() if isinstance(get_method(n), TacgExact)]
 KNOWN = json.loads((DATA / "tacg_known_optima.json").read_text())["cases"]
 
 

@@ -15,28 +15,10 @@ from moeopt.evaluate import grouping_affinity
 from moeopt.grouping import LOAD_TOL, Grouping
 from moeopt.heuristics.spectral import capacity_repair, first_fit, spectral_labels
 from moeopt.heuristics.swap import arrange_nodes, iterated_local_search, local_search, node_affinity
-from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
 from moeopt.methods.tacg import family_preference, layer_problems, task_modulated_graph
 from moeopt.registry import Context, Problem, get_method, parse_params
 from moeopt.result import Status
-from moeopt.synth import SynthSpec, synthesize
-from tests.grouping_cases import brute_force, random_grouping
-
-
-def make_problem(E: int = 16, G: int = 4, k: int = 2, L: int = 2, gpn: int | None = None,
-                 slots: int | None = None, tokens: int = 2000, seed: int = 0) -> Problem:
-    """A synthetic task-structured problem (calibration statistics only)."""
-    model = Model(layers=L, experts=E, top_k=k)
-    cluster = Cluster(gpus=G, gpus_per_node=gpn or G, slots_per_gpu=slots or math.ceil(E / G))
-    inst = Instance(name="t", model=model, cluster=cluster,
-                    workload=Workload(calibration=WorkloadSource(synthetic={})))
-    trace = synthesize(SynthSpec(layers=L, experts=E, top_k=k, tokens=tokens, structure_seed=seed, seed=seed))
-    return Problem(inst, trace.stats())
-
-
-def run(name: str, problem: Problem, seed: int = 0, time_limit: float | None = 5.0, **params):
-    method = get_method(name)
-    return method.solve(problem, parse_params(method, params), Context(time_limit=time_limit, seed=seed))
+from tests.grouping_cases import brute_force, make_problem, random_grouping, run
 
 
 @pytest.fixture(scope="module")

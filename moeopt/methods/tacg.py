@@ -224,7 +224,7 @@ def _finish(home: np.ndarray, g: Grouping, gpn: int, rng: np.random.Generator) -
     return arrange_nodes(g, home, gpn, rng) if gpn < g.groups else home
 
 
-class _TacgBase:
+class TacgBase:
     requires: ClassVar[frozenset[str]] = frozenset({"coactivation"})
     name: ClassVar[str]
 
@@ -255,7 +255,7 @@ class _TacgBase:
 
 
 @register
-class Tacg(_TacgBase):
+class Tacg(TacgBase):
     """Task-aware coactivation grouping, heuristic (iterated local search)."""
 
     name: ClassVar[str] = "tacg"
@@ -298,7 +298,7 @@ class Agnostic(Tacg):
 
 
 # ----------------------------------------------------------------------------- exact
-class _TacgExact(_TacgBase):
+class TacgExact(TacgBase):
     """Exact TACG grouping by a backend module with ``available``, ``check_size`` and ``solve``."""
 
     Params: ClassVar[type] = ExactParams
@@ -394,7 +394,7 @@ class _TacgExact(_TacgBase):
 
 
 @register
-class TacgCpsat(_TacgExact):
+class TacgCpsat(TacgExact):
     """Exact TACG grouping with OR-Tools CP-SAT, hinted with the heuristic plan."""
 
     name: ClassVar[str] = "tacg-cpsat"
@@ -403,7 +403,7 @@ class TacgCpsat(_TacgExact):
 
 
 @register
-class TacgMilp(_TacgExact):
+class TacgMilp(TacgExact):
     """Exact TACG grouping as a Pyomo MILP solved by HiGHS."""
 
     name: ClassVar[str] = "tacg-milp"
@@ -412,7 +412,7 @@ class TacgMilp(_TacgExact):
 
 
 @register
-class TacgHighs(_TacgExact):
+class TacgHighs(TacgExact):
     """Exact TACG grouping, the same MILP built directly with highspy's array API."""
 
     name: ClassVar[str] = "tacg-highs"
