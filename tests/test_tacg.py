@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moeopt.bounds import eigenvalue_bound, grouping_bound, lagrangian_bound, star_bound
-from moeopt.errors import InfeasibleError
+from moeopt.errors import InfeasibleError, InputError
 from moeopt.evaluate import grouping_affinity
 from moeopt.grouping import LOAD_TOL, Grouping
 from moeopt.heuristics.spectral import capacity_repair, first_fit, spectral_labels
@@ -192,3 +192,15 @@ def test_heuristic_certified_optimal_when_bound_closes() -> None:
     top1 = run("tacg", make_problem(E=8, G=4, k=1, tokens=500))
     assert top1.status == Status.OPTIMAL and top1.objective == 0.0 == top1.bound
     assert run("tacg", make_problem(E=32, G=8, k=4, tokens=3000, seed=1)).status == Status.FEASIBLE
+
+
+def test_top_down_nodes_mode_gives_feasible_plans() -> None:
+    """nodes='top-down' groups experts by node first; plans stay feasible, the mode is reported."""
+    p = make_problem(E=32, G=8, gpn=4, k=4, tokens=3000, seed=2)
+    r = run("tacg", p, nodes="top-down", eps_load=0.8)
+    r.plan.check(p.instance.cluster, layers=p.layers, experts=p.experts)
+    _, groupings, _ = layer_problems(p, parse_params(get_method("tacg"), {"eps_load": 0.8}))
+    assert all(g.feasible(h) for g, h in zip(groupings, r.plan.home, strict=True))
+    assert set(r.stats["node_mode"]) <= {"flat", "top-down"} and "top-down" in r.stats["node_mode"]
+    with pytest.raises(InputError, match="nodes must be"):
+        parse_params(get_method("tacg"), {"nodes": "sideways"})

@@ -120,6 +120,13 @@ class TacgParams:
         random swaps per kick (None: drawn in ``2 .. 2 max(2, E // 10)`` each round).
     bound_iterations, eigen_iterations
         Subgradient steps of the Lagrangian and eigenvalue bounds (-1: skip that bound).
+    nodes
+        With ``gpus_per_node < gpus``: ``"flat"`` (default) groups on GPUs, then places the
+        groups on nodes (only relabels GPUs; the certified objective is untouched);
+        ``"top-down"`` (heuristic ``tacg`` only) first groups experts into nodes
+        (``gpus_per_node * cap`` slots, load limit ``gpus_per_node * (1+eps_load)/G``), then
+        each node's experts onto its GPUs, falling back to flat for a layer where that split
+        misses the per-GPU load limit.
     """
 
     tau: float = 1.0
@@ -132,6 +139,7 @@ class TacgParams:
     kick: int | None = None
     bound_iterations: int = 100
     eigen_iterations: int = 0
+    nodes: str = "flat"
 
     def __post_init__(self) -> None:
         if not self.tau > 0:
@@ -142,6 +150,8 @@ class TacgParams:
             raise ValueError(f"eps_load must be >= 0, got {self.eps_load}")
         if self.iterations < 0 or self.patience < 1:
             raise ValueError("iterations must be >= 0 and patience >= 1")
+        if self.nodes not in ("flat", "top-down"):
+            raise ValueError(f"nodes must be 'flat' or 'top-down', got {self.nodes!r}")
 
 
 @dataclass
@@ -220,6 +230,33 @@ def heuristic_home(
     return home, info
 
 
+def top_down_home(
+    g: Grouping, params: TacgParams, gpus_per_node: int, rng: np.random.Generator, deadline: float | None = None
+) -> np.ndarray:
+    """Hierarchical grouping: experts into nodes first, then each node's experts onto its GPUs.
+
+    Raises
+    ------
+    InfeasibleError
+        When a node's experts cannot be split onto its GPUs within the per-GPU load limit.
+    """
+    nodes = g.groups // gpus_per_node
+    scale = gpus_per_node if np.isfinite(g.load_limit) else 1.0
+    node_problem = g.replace(groups=nodes, cap=gpus_per_node * g.cap, load_limit=scale * g.load_limit)
+    node, _ = heuristic_home(node_problem, params, rng, deadline=deadline)
+    home = np.empty(g.experts, dtype=np.int64)
+    for n in range(nodes):
+        idx = np.flatnonzero(node == n)
+        if not len(idx):
+            continue
+        sub = Grouping(graph=g.graph[np.ix_(idx, idx)], load=g.load[idx], groups=gpus_per_node, cap=g.cap,
+                       load_limit=g.load_limit)
+        sub.check_load_limit()
+        local, _ = heuristic_home(sub, params, rng, deadline=deadline)
+        home[idx] = n * gpus_per_node + local
+    return home
+
+
 def _finish(home: np.ndarray, g: Grouping, gpn: int, rng: np.random.Generator) -> np.ndarray:
     return arrange_nodes(g, home, gpn, rng) if gpn < g.groups else home
 
@@ -266,13 +303,22 @@ class Tacg(TacgBase):
         graph, groupings, eps = layer_problems(problem, params)
         limit = ctx.time_limit if ctx.time_limit is not None else DEFAULT_TIME_LIMIT
         gpn = problem.instance.cluster.gpus_per_node
-        homes, bounds, kinds, spectral, rounds, statuses = [], [], [], [], [], []
+        homes, bounds, kinds, spectral, rounds, statuses, modes = [], [], [], [], [], [], []
         for l in ctx.layers(problem.layers, self.name):
             g = groupings[l]
             rng = np.random.default_rng([ctx.seed, l])
             hint = None if ctx.hint is None else ctx.hint.home[l]
-            home, info = heuristic_home(g, params, rng, hint=hint, deadline=time.perf_counter() + limit)
-            homes.append(_finish(home, g, gpn, rng))
+            deadline = time.perf_counter() + limit
+            home, info = heuristic_home(g, params, rng, hint=hint, deadline=deadline)
+            mode = "flat"
+            if params.nodes == "top-down" and gpn < g.groups:
+                try:
+                    home = top_down_home(g, params, gpn, rng, deadline)
+                    mode = "top-down"
+                except InfeasibleError:
+                    pass  # this layer's node split misses the per-GPU load limit: keep the flat plan
+            modes.append(mode)
+            homes.append(_finish(home, g, gpn, rng) if mode == "flat" else home)
             b, kind = grouping_bound(
                 g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
             )
@@ -284,7 +330,8 @@ class Tacg(TacgBase):
             spectral.append(info["spectral"])
             rounds.append(info.get("rounds", 0))
             ctx.say(f"{self.name} layer {l}: affinity {g.objective(home):.6g}, bound {b:.6g} ({kind})")
-        stats = {"bound_kind": kinds, "spectral_affinity": float(sum(spectral)), "ils_rounds": rounds}
+        stats = {"bound_kind": kinds, "spectral_affinity": float(sum(spectral)), "ils_rounds": rounds,
+                 "node_mode": modes}
         return self._result(problem, params, graph, groupings, homes, statuses, bounds, stats, eps)
 
 
