@@ -241,6 +241,14 @@ def test_trace_stats_shows_classification(tmp_path, capsys):
     assert "GEM classification" in out and "correlated temporal pairs" in out
 
 
+def test_trace_stats_without_steps_says_so():
+    """Count-only statistics get one line explaining that the classification needs steps."""
+    from moeopt.utilization import classification_lines
+
+    stats = stats_from_counts(np.ones((2, 8)), top_k=2)
+    assert classification_lines(stats) == ["GEM classification: needs per-step counts (a trace with 'step'); none here"]
+
+
 def test_gem_needs_steps_and_profile():
     """A count-only workload or a missing profile is refused with a clear error."""
     inst = synthetic_instance().replace(profile=None)
