@@ -439,3 +439,19 @@ def test_canonical_hint_satisfies_symmetry_breaking(seed):
     assert all(canon[e] != g for e, g in symmetry_pairs(model))
     assert layer_straggler(n, canon, prof) == pytest.approx(layer_straggler(n, home, prof))
     assert (np.bincount(canon, minlength=G) <= 3).all()
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_exact_on_aggregated_steps_equals_brute_force(name):
+    """A trace with more steps than T is aggregated into group means (halves here), and the
+    exact backends (CP-SAT scaling counts by the group size) still prove the optimum."""
+    m = _exact(name)
+    rng = np.random.default_rng(11)
+    n = rng.integers(0, 120, size=(8, 5)).astype(float)  # 8 source steps -> 4 groups of 2
+    prof = synthetic_profile(3, variability="high", seed=11, tile=16)
+    problem = count_problem(n, prof, 2)
+    r = m.solve(problem, m.Params(steps=4), Context(time_limit=30))
+    util = utilization_trace(n[None], 4)
+    assert util.denominator == 2 and not np.array_equal(util.counts, np.round(util.counts))
+    assert r.status.value == "optimal" and r.stats["steps"] == 4
+    assert r.objective == pytest.approx(brute_force(util.counts[0], prof, 2), rel=1e-6)
