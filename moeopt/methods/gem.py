@@ -244,6 +244,7 @@ class _GemExact:
             hints, _, _ = gem.search(problem, gparams, hctx)
         elif ctx.hint is not None:
             hints = ctx.hint.home
+        hint_objective = None if hints is None else plan_straggler(hints, util, problem)
         homes, statuses, bounds, layer_stats = [], [], [], []
         for l in ctx.layers(problem.layers, self.name):
             left = total - (time.perf_counter() - t0)
@@ -280,6 +281,7 @@ class _GemExact:
             "layers": layer_stats,
             "solver_objective": float(sum(s["solver_objective"] or 0.0 for s in layer_stats)),
             "steps": util.steps,
+            "hint_objective": hint_objective,
         }
         if any(h is None for h in homes):
             return Result(
