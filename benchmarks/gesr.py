@@ -218,6 +218,16 @@ def summary(rows: list[dict]) -> dict:
     syn = [r for r in rows if r["workload"] in ("deepseek-moe-16b", "qwen1.5-moe", "moonlight-16b")]
     for S in BUDGETS:
         mixed = [r for r in syn if r["evaluation"] == "mixed" and r["replica_slots"] == S and r["base"] != "agnostic"]
+        ood = [r for r in syn if r["evaluation"] != "mixed" and r["replica_slots"] == S and r["base"] != "agnostic"]
+        if ood:
+            out[f"slots{S}_ood"] = {
+                name: {
+                    "jain": float(np.mean([r[name]["jain"] for r in ood])),
+                    "maxvio": float(np.mean([r[name]["maxvio"] for r in ood])),
+                    "comm_per_token": float(np.mean([r[name]["comm_per_token"] for r in ood])),
+                }
+                for name in ("base_plan", *REPLICATION)
+            }
         if mixed:
             out[f"slots{S}_mixed"] = {
                 name: {
@@ -319,8 +329,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-real", action="store_true", help="skip DeepSeek-V3 and OLMoE")
     ap.add_argument("--sampled-tokens", type=int, default=2048)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--report-only", action="store_true", help="rebuild gesr.md from gesr.json")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    if args.report_only:
+        import json
+
+        data = json.loads((args.out / "gesr.json").read_text())
+        data["info"]["summary"] = summary(data["rows"])
+        write_json(args.out / "gesr.json", data)
+        write_text(args.out / "gesr.md", markdown(data["rows"], data["info"]))
+        return 0
 
     def log(line: str) -> None:
         print(f"[{time.perf_counter() - t0:6.0f}s] {line}", flush=True)
