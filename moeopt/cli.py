@@ -28,6 +28,7 @@ METRIC_ROWS = [
     ("straggler_latency", "straggler latency S (ms)", True),
     ("straggler_p90", "p90 step latency (ms)", True),
     ("gap_to_bound", "gap to lower bound", True),
+    ("replication_bound_maxvio", "MaxVio lower bound (replication certificate)", True),
 ]
 
 def _fmt(v: Any) -> str:
