@@ -254,7 +254,9 @@ def summary(rows: list[dict]) -> dict:
                 ratios[f"{base}+{name}"] = {
                     "mean_ood_maxvio": float(np.mean([v[2] for v in vals])),
                     "max_ood_over_mixed": float(max(v[2] / max(v[3], 1e-9) for v in vals)),
-                    "code_ood_over_mixed": float(np.mean([v[2] / max(v[3], 1e-9) for v in vals if v[1] == "code"] or [np.nan])),
+                    "code_ood_over_mixed": float(
+                        np.mean([v[2] / max(v[3], 1e-9) for v in vals if v[1] == "code"] or [np.nan])
+                    ),
                 }
     out["ood_maxvio_ratio_slots1"] = ratios
     return out

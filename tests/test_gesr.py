@@ -14,7 +14,6 @@ from moeopt.errors import InputError
 from moeopt.evaluate import GuardParams, dispatch, evaluate, guard_layer
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
 from moeopt.io import load_instance
-from moeopt.methods.baselines import hottest_replicas
 from moeopt.methods.gesr import (
     generic_score,
     place_replicas,
