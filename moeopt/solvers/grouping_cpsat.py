@@ -4,6 +4,7 @@ Variables: ``x[e, g]`` (expert e on group g), the group index ``h[e] = sum_g g x
 for every pair with positive affinity, ``z[p]`` (both ends in one group), enforced by
 ``z[p] => h[i] == h[j]``. Slots, the load limit, star cuts (at most ``cap - 1`` partners
 whose loads fit beside e), and value-precedence symmetry breaking ``x[e, g] <= sum_{e' < e} x[e', g-1]``.
+Value precedence goes through prefix booleans ``used[e, k]`` (some expert ``<= e`` on k).
 Loads are scaled to integers with ``cap / 2`` units of slack on the limit, so that plans at
 the limit (common with token counts) stay feasible and no plan exceeds it by more than
 ``LOAD_TOL``.
@@ -27,9 +28,10 @@ from moeopt.result import Status
 WEIGHT_SCALE = 1_000_000
 #: integer scale of the loads (which sum to about 1)
 LOAD_SCALE = 1_000_000_000
-#: model terms per second of time limit before refusing: the build runs at about 700k terms/s
-#: on one core, so a model within this rate leaves at least 70 % of the limit for the search
-TERMS_PER_SECOND = 200_000
+#: model terms per second of time limit before refusing. Building is fast (about 300k
+#: terms/s) but presolve and the first search passes are not: at E = 256, G = 64 (300k terms)
+#: CP-SAT held no solution, not even the hint, after 10 s on this 2-core machine
+TERMS_PER_SECOND = 20_000
 
 
 def available() -> bool:
@@ -46,6 +48,7 @@ class CpsatModel:
 
     model: object
     x: list[list[object]]
+    used: list[list[object]]
     h: list[object]
     z: list[object]
     pair_i: np.ndarray
@@ -57,10 +60,10 @@ class CpsatModel:
 
 
 def model_terms(g: Grouping) -> int:
-    """Linear terms of :func:`build_model` (precedence rows dominate: about E^2 G / 2)."""
+    """Linear terms and clause literals of :func:`build_model`."""
     E, G = g.experts, g.groups
     P = len(pairs(g.graph)[0])
-    return int(E * G * (3 + g.limited) + E * E * G // 2 + P * (3 + 2 * g.limited))
+    return int(E * G * (12 + g.limited) + P * (3 + 2 * g.limited))
 
 
 def check_size(g: Grouping, time_limit: float) -> None:
@@ -99,9 +102,19 @@ def build_model(g: Grouping) -> CpsatModel:
         for k in range(G):
             es = range(k, E)
             m.add(sum(int(wl[e]) * x[e][k] for e in es) <= lim)
-    for e in range(1, E):
-        for k in range(1, min(e + 1, G)):
-            m.add(x[e][k] <= sum(x[f][k - 1] for f in range(k - 1, e)))
+    # value precedence x[e, k] <= sum_{f < e} x[f, k-1] through prefix booleans
+    # used[e][k] => (some f <= e is on k): O(E G) short clauses instead of O(E^2 G) terms
+    used = [[m.new_bool_var(f"u{e}_{k}") for k in range(min(e + 1, G))] for e in range(E)]
+    for e in range(E):
+        for k in range(len(used[e])):
+            m.add_implication(x[e][k], used[e][k])
+            if k < len(used[e - 1]) and e > 0:
+                m.add_implication(used[e - 1][k], used[e][k])
+                m.add_bool_or([x[e][k], used[e - 1][k], ~used[e][k]])
+            else:
+                m.add_implication(used[e][k], x[e][k])
+            if k >= 1:
+                m.add_implication(x[e][k], used[e - 1][k - 1])
     h = []
     for e in range(E):
         he = m.new_int_var(0, min(e, G - 1), f"h{e}")
@@ -129,7 +142,7 @@ def build_model(g: Grouping) -> CpsatModel:
     m.maximize(sum(int(w) * zp for w, zp in zip(wint.tolist(), z, strict=True)))
     # each real weight differs from wint / scale by at most 0.5 / scale; at most E (cap-1) / 2 pairs count
     rounding = 0.5 / scale * min(len(z), E * (cap - 1) / 2)
-    return CpsatModel(m, x, h, z, pi, pj, wint, scale, rounding, time.perf_counter() - t0)
+    return CpsatModel(m, x, used, h, z, pi, pj, wint, scale, rounding, time.perf_counter() - t0)
 
 
 def solve(
@@ -174,6 +187,8 @@ def solve(
             for k, var in enumerate(cm.x[e]):
                 m.add_hint(var, int(home[e] == k))
             m.add_hint(cm.h[e], int(home[e]))
+            for k, var in enumerate(cm.used[e]):
+                m.add_hint(var, int((home[: e + 1] == k).any()))
         for zp, i, j in zip(cm.z, cm.pair_i.tolist(), cm.pair_j.tolist(), strict=True):
             m.add_hint(zp, int(home[i] == home[j]))
     solver = cp_model.CpSolver()
