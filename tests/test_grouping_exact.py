@@ -129,7 +129,7 @@ def test_backend_respects_the_time_limit(name: str) -> None:
     start = capacity_repair(g, spectral_labels(g.graph, 8, np.random.default_rng(0)))
     t0 = time.perf_counter()
     out = mod.solve(g, time_limit=2.0, hint=start)
-    assert time.perf_counter() - t0 < 2.0 + 3.0  # a little slack for model hand-over
+    assert time.perf_counter() - t0 < 2.0 + 4.0  # slack for model hand-over on a loaded machine
     assert out.status in (Status.OPTIMAL, Status.TIME_LIMIT)
     assert g.feasible(out.home)
     # a loaded machine may stop HiGHS before its root bound; a bound given must be valid
