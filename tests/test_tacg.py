@@ -15,9 +15,12 @@ from moeopt.evaluate import grouping_affinity
 from moeopt.grouping import LOAD_TOL, Grouping
 from moeopt.heuristics.spectral import capacity_repair, first_fit, spectral_labels
 from moeopt.heuristics.swap import arrange_nodes, iterated_local_search, local_search, node_affinity
+from moeopt.io import load_instance
 from moeopt.methods.tacg import family_preference, layer_problems, task_modulated_graph
 from moeopt.registry import Context, Problem, get_method, parse_params
 from moeopt.result import Status
+from moeopt.solve import solve
+from tests.conftest import INSTANCES
 from tests.grouping_cases import brute_force, make_problem, random_grouping, run
 
 
@@ -204,3 +207,12 @@ def test_top_down_nodes_mode_gives_feasible_plans() -> None:
     assert set(r.stats["node_mode"]) <= {"flat", "top-down"} and "top-down" in r.stats["node_mode"]
     with pytest.raises(InputError, match="nodes must be"):
         parse_params(get_method("tacg"), {"nodes": "sideways"})
+
+
+def test_bundled_instance_solves_end_to_end() -> None:
+    """instances/tacg-small.yaml: tacg beats linear on communication, and reports its bound."""
+    r = solve(load_instance(INSTANCES / "tacg-small.yaml"), time_limit=5.0)
+    assert r.method == "tacg" and r.status.has_plan
+    assert r.metrics["comm_reduction_vs_linear"] > 0
+    assert r.bound >= r.objective > 0
+    assert len(r.stats["eps_load"]) == 2 and "node_affinity" in r.stats
