@@ -22,7 +22,13 @@ from moeopt.grouping import LOAD_TOL, Grouping
 
 
 class _State:
-    """A plan with its affinity-to-group matrix, group loads and sizes kept up to date."""
+    """A plan with its affinity-to-group matrix, group loads and sizes, and the gain of every
+    swap, kept up to date.
+
+    A move or swap changes only groups a and b: column a and b of ``S``, their loads, and so
+    only the swap gains of pairs with an end in a or b. Those rows and columns of the gain
+    matrix are recomputed (``O(E cap)`` work per step instead of ``O(E^2)``).
+    """
 
     def __init__(self, problem: Grouping, home: np.ndarray) -> None:
         self.p = problem
@@ -32,8 +38,30 @@ class _State:
         self.S = problem.graph @ onehot
         self.loads = problem.group_loads(self.home)
         self.sizes = problem.group_sizes(self.home)
+        self.limit = problem.load_limit + LOAD_TOL
+        self.swap_gain = np.empty((problem.experts, problem.experts))
+        self._refresh(np.arange(problem.experts))
 
-    def move(self, e: int, g: int) -> None:
+    def _swap_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Swap gains ``[len(rows), E]`` (-inf where the swap is not allowed)."""
+        p, home, S = self.p, self.home, self.S
+        E = p.experts
+        own = S[np.arange(E), home]
+        hr = home[rows]
+        gain = (S[rows][:, home] - own[rows, None]) + (S[:, hr].T - own[None, :]) - 2.0 * p.graph[rows]
+        ok = hr[:, None] != home[None, :]
+        if p.limited:
+            w = p.load
+            dw = w[None, :] - w[rows, None]  # change on the group of the row's expert
+            ok &= (self.loads[hr][:, None] + dw <= self.limit) & (self.loads[home][None, :] - dw <= self.limit)
+        return np.where(ok, gain, -np.inf)
+
+    def _refresh(self, rows: np.ndarray) -> None:
+        block = self._swap_rows(rows)
+        self.swap_gain[rows] = block
+        self.swap_gain[:, rows] = block.T
+
+    def _apply(self, e: int, g: int) -> None:
         a = int(self.home[e])
         col = self.p.graph[:, e]
         self.S[:, a] -= col
@@ -44,42 +72,37 @@ class _State:
         self.sizes[g] += 1
         self.home[e] = g
 
+    def move(self, e: int, g: int) -> None:
+        a = int(self.home[e])
+        self._apply(e, g)
+        self._refresh(np.flatnonzero((self.home == a) | (self.home == g)))
+
     def swap(self, e: int, f: int) -> None:
         a, b = int(self.home[e]), int(self.home[f])
-        self.move(e, b)
-        self.move(f, a)
+        self._apply(e, b)
+        self._apply(f, a)
+        self._refresh(np.flatnonzero((self.home == a) | (self.home == b)))
 
     def best_step(self, tol: float) -> tuple[float, str, int, int]:
         """The best improving move or swap ``(gain, kind, i, j)``; gain <= tol means none."""
         p, home, S = self.p, self.home, self.S
         E = p.experts
-        limit = p.load_limit + LOAD_TOL
-        own = S[np.arange(E), home]
         best = (tol, "", -1, -1)
-        # moves into groups with a free slot
+        # moves into groups with a free slot (E x G: recomputed, cheap)
         open_ = self.sizes < p.cap
         if open_.any():
+            own = S[np.arange(E), home]
             gain = S - own[:, None]
             ok = open_[None, :] & (home[:, None] != np.arange(p.groups)[None, :])
             if p.limited:
-                ok &= self.loads[None, :] + p.load[:, None] <= limit
+                ok &= self.loads[None, :] + p.load[:, None] <= self.limit
             gain = np.where(ok, gain, -np.inf)
             i = int(np.argmax(gain))
             if gain.flat[i] > best[0]:
                 best = (float(gain.flat[i]), "move", i // p.groups, i % p.groups)
-        # swaps between groups
-        Q = S[:, home] - own[:, None]
-        gain = Q + Q.T - 2.0 * p.graph
-        ok = home[:, None] != home[None, :]
-        if p.limited:
-            w = p.load
-            dw = w[None, :] - w[:, None]  # [e, e']: w[e'] - w[e], the change on e's group
-            lh = self.loads[home]
-            ok &= (lh[:, None] + dw <= limit) & (lh[None, :] - dw <= limit)
-        gain = np.where(ok, gain, -np.inf)
-        i = int(np.argmax(gain))
-        if gain.flat[i] > best[0]:
-            best = (float(gain.flat[i]), "swap", i // E, i % E)
+        i = int(np.argmax(self.swap_gain))
+        if self.swap_gain.flat[i] > best[0]:
+            best = (float(self.swap_gain.flat[i]), "swap", i // E, i % E)
         return best
 
 
