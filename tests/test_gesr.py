@@ -27,6 +27,7 @@ from moeopt.solvers.replication import (
     optimal_split_maxvio,
     replica_count_bound,
     solve_replication_bound,
+    solve_replication_bound_pyomo,
 )
 from moeopt.synth import SynthSpec, synthesize
 from moeopt.trace import stats_from_counts
@@ -240,21 +241,35 @@ def brute_force(home: np.ndarray, load: np.ndarray, G: int, S: int) -> float:
     return best
 
 
-@given(st.integers(0, 2**31 - 1), st.integers(2, 3), st.integers(1, 2))
+BACKENDS = {"highspy": solve_replication_bound, "pyomo": solve_replication_bound_pyomo}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 3), st.integers(1, 2), st.booleans())
 @settings(max_examples=12)
-def test_certificate_matches_brute_force(seed, G, S):
+def test_certificate_matches_brute_force(backend, seed, G, S, crowded):
     """The MILP's optimum equals the brute-force optimum over all replica choices."""
     rng = np.random.default_rng(seed)
     E = int(rng.integers(G, 5 if S == 1 else 4))
-    home = rng.integers(0, G, E)
+    # crowded: every expert on GPU 0, so the budget binds and the optimum is often above 0
+    home = np.zeros(E, dtype=np.int64) if crowded else rng.integers(0, G, E)
     load = np.round(rng.pareto(1.0, E) * 10 + 1)
     exact = brute_force(home, load, G, S)
-    cert = solve_replication_bound(home, load, G, S, time_limit=20)
+    cert = BACKENDS[backend](home, load, G, S, time_limit=20)
     assert cert.status.value == "optimal"
     assert cert.bound == pytest.approx(exact, abs=1e-6)
     assert cert.best == pytest.approx(exact, abs=1e-6)
     z_floor = replica_count_bound(home, load / (load.sum() / G), G, S)
     assert z_floor - 1 <= exact + 1e-9
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_certificate_known_optimum(backend):
+    """Three experts of load 3 on GPU 0, one replica slot per GPU, 2 GPUs: MaxVio 1/3."""
+    cert = BACKENDS[backend](np.zeros(3, dtype=np.int64), np.full(3, 3.0), 2, 1, time_limit=20)
+    assert cert.status.value == "optimal"
+    assert cert.bound == pytest.approx(1 / 3) and cert.best == pytest.approx(1 / 3)
+    assert len(cert.replicas) == 1 and cert.replicas[0, 1] == 1
 
 
 def test_certificate_bounds_every_measured_plan():

@@ -465,3 +465,68 @@ def optimal_split_maxvio(
     reps = np.asarray(replicas, dtype=np.int64).reshape(-1, 2)
     z, _ = _split_lp(np.asarray(home, dtype=np.int64), reps, load / mean, gpus)
     return max(z - 1.0, 0.0)
+
+
+def solve_replication_bound_pyomo(
+    home: np.ndarray, load: np.ndarray, gpus: int, slots: int, *, time_limit: float = 10.0
+) -> ReplicationBound:
+    """The same MILP written algebraically in Pyomo, solved by HiGHS (solver API v2).
+
+    A second, independently built backend: no count bound, no incumbent heuristics, so it
+    cross-checks :func:`build_model`'s arrays (``tests/test_gesr.py``). Meant for small
+    layers; :func:`solve_replication_bound` is the fast path.
+    """
+    import pyomo.environ as pyo
+    from pyomo.contrib.solver.common.factory import SolverFactory
+    from pyomo.contrib.solver.common.results import SolutionStatus, TerminationCondition
+
+    t0 = time.perf_counter()
+    home = np.asarray(home, dtype=np.int64)
+    load = np.asarray(load, dtype=np.float64)
+    E = len(load)
+    mean = load.sum() / gpus
+    if mean <= 0:
+        return ReplicationBound(Status.OPTIMAL, 0.0, 0.0, np.zeros((0, 2), np.int64), 0.0)
+    w = load / mean
+    pairs = [(e, g) for e in range(E) for g in range(gpus) if g != home[e] and w[e] > 0 and slots > 0]
+    m = pyo.ConcreteModel()
+    m.P = pyo.Set(initialize=range(len(pairs)))
+    m.x = pyo.Var(m.P, bounds=lambda _, p: (0.0, float(w[pairs[p][0]])))
+    m.y = pyo.Var(m.P, domain=pyo.Binary)
+    m.z = pyo.Var(bounds=(0.0, None))
+    m.objective = pyo.Objective(expr=m.z, sense=pyo.minimize)
+
+    def gpu_load(_, g: int):
+        own = sum(float(w[e]) for e in range(E) if home[e] == g)
+        out = sum(m.x[p] for p, (e, _g) in enumerate(pairs) if home[e] == g)
+        inflow = sum(m.x[p] for p, (_e, gg) in enumerate(pairs) if gg == g)
+        return own - out + inflow <= m.z
+
+    m.gpu_load = pyo.Constraint(range(gpus), rule=gpu_load)
+    def home_share(_, e: int):
+        terms = [m.x[p] for p, (ee, _g) in enumerate(pairs) if ee == e]
+        return sum(terms) <= float(w[e]) if terms else pyo.Constraint.Skip
+
+    def slot_limit(_, g: int):
+        terms = [m.y[p] for p, (_e, gg) in enumerate(pairs) if gg == g]
+        return sum(terms) <= slots if terms else pyo.Constraint.Skip
+
+    m.home_share = pyo.Constraint(range(E), rule=home_share)
+    m.link = pyo.Constraint(m.P, rule=lambda _, p: m.x[p] <= float(w[pairs[p][0]]) * m.y[p])
+    m.slots = pyo.Constraint(range(gpus), rule=slot_limit)
+    res = SolverFactory("highs").solve(
+        m, raise_exception_on_nonoptimal_result=False, load_solutions=False,
+        time_limit=max(0.1, time_limit), threads=1, rel_gap=1e-7, abs_gap=1e-9,
+    )
+    optimal = res.termination_condition == TerminationCondition.convergenceCriteriaSatisfied
+    bound = res.objective_bound
+    bound = max(float(bound) - 1.0, 0.0) if bound is not None and np.isfinite(bound) else 0.0
+    best, reps = None, np.zeros((0, 2), np.int64)
+    if res.solution_status in (SolutionStatus.feasible, SolutionStatus.optimal):
+        res.solution_loader.load_vars()
+        reps = np.array(
+            [pairs[p] for p in m.P if pyo.value(m.y[p]) > 0.5], dtype=np.int64
+        ).reshape(-1, 2)
+        best = float(optimal_split_maxvio(home, reps, load, gpus))
+    status = Status.OPTIMAL if optimal else Status.TIME_LIMIT
+    return ReplicationBound(status, bound, best, reps, time.perf_counter() - t0)
