@@ -297,3 +297,16 @@ def test_certificate_hook_only_for_replicated_plans(quickstart_path):
     """Plans without replicas get no replication certificate in their metrics."""
     res = solve(load_instance(quickstart_path), method="greedy", params={})
     assert "replication_bound_maxvio" not in res.metrics
+
+
+def test_highs_thread_count_changes_between_solves():
+    """A HiGHS solve with 2 threads does not break a later 1-thread certificate (global scheduler)."""
+    import highspy
+
+    h = highspy.Highs()
+    h.silent()
+    h.setOptionValue("threads", 2)  # sizes the process-wide scheduler, as outside code might
+    h.addVar(0.0, 1.0)
+    h.run()
+    cert = solve_replication_bound_pyomo(np.zeros(3, dtype=np.int64), np.full(3, 3.0), 2, 1, time_limit=20)
+    assert cert.status.value == "optimal"

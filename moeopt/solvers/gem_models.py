@@ -25,6 +25,7 @@ import numpy as np
 
 from moeopt.errors import InputError
 from moeopt.profile import Profile
+from moeopt.solvers.highs_threads import highs_threads
 from moeopt.utilization import step_lower_bound
 
 #: Largest model accepted, in constraint-matrix nonzeros (load rows E*G*T plus levels).
@@ -314,7 +315,7 @@ def solve_milp(
     res = opt.solve(
         m,
         time_limit=max(time_limit, 0.1),
-        threads=threads,
+        threads=highs_threads(threads),
         rel_gap=1e-7,
         raise_exception_on_nonoptimal_result=False,
         load_solutions=False,

@@ -24,6 +24,7 @@ import scipy.sparse as sp
 from moeopt.errors import InputError
 from moeopt.grouping import ExactOutcome, Grouping, pairs
 from moeopt.result import Status
+from moeopt.solvers.highs_threads import highs_threads
 
 #: matrix nonzeros per second of time limit before refusing: the array build runs at about
 #: 2.3M/s, but HiGHS needs time for the root LP of a model that size
@@ -249,7 +250,7 @@ def solve(
     build = time.perf_counter() - t0
     h.setOptionValue("output_flag", log)
     h.setOptionValue("time_limit", max(0.1, time_limit - build))
-    h.setOptionValue("threads", max(1, threads))
+    h.setOptionValue("threads", highs_threads(threads))
     h.setOptionValue("random_seed", seed)
     h.setOptionValue("mip_rel_gap", 1e-7)
     h.setOptionValue("mip_abs_gap", 1e-12)

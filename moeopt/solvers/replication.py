@@ -26,6 +26,7 @@ import scipy.sparse as sp
 from scipy.optimize import linprog
 
 from moeopt.result import Status
+from moeopt.solvers.highs_threads import highs_threads
 
 #: share of the time limit spent looking for a plan that reaches the count bound exactly
 FEASIBILITY_SHARE = 0.5
@@ -230,7 +231,7 @@ def _run_highs(
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
-    h.setOptionValue("threads", int(threads))
+    h.setOptionValue("threads", highs_threads(threads))
     h.setOptionValue("mip_rel_gap", 1e-6)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = m.matrix.shape[1], m.matrix.shape[0]
@@ -516,7 +517,7 @@ def solve_replication_bound_pyomo(
     m.slots = pyo.Constraint(range(gpus), rule=slot_limit)
     res = SolverFactory("highs").solve(
         m, raise_exception_on_nonoptimal_result=False, load_solutions=False,
-        time_limit=max(0.1, time_limit), threads=1, rel_gap=1e-7, abs_gap=1e-9,
+        time_limit=max(0.1, time_limit), threads=highs_threads(1), rel_gap=1e-7, abs_gap=1e-9,
     )
     optimal = res.termination_condition == TerminationCondition.convergenceCriteriaSatisfied
     bound = res.objective_bound
