@@ -31,6 +31,7 @@ METRIC_ROWS = [
     ("replication_bound_maxvio", "MaxVio lower bound (replication certificate)", True),
 ]
 
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
@@ -117,7 +118,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     wl = load_workloads(inst)
     workload = read_workload_file(args.trace, top_k=inst.model.top_k) if args.trace else wl.evaluation
     metrics = evaluate(plan, workload, inst.cluster, profile=wl.profile)
-    base = evaluate(linear_plan(inst.model.layers, inst.model.experts, gpus), workload, inst.cluster, profile=wl.profile)
+    base = evaluate(
+        linear_plan(inst.model.layers, inst.model.experts, gpus), workload, inst.cluster, profile=wl.profile
+    )
     add_relative_metrics(metrics, base)
     if args.report:
         write_json(args.report, {"instance": inst.name, "plan": str(args.plan), "metrics": metrics})
@@ -143,7 +146,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         write_json(args.report, {"instance": inst.name, "results": reports})
     table = metrics_table(cols)
     walls = "| wall time (s) | " + " | ".join(f"{cols[n]['wall_time']:.3f}" for n in names) + " |"
-    red = "| comm reduction vs linear (%) | " + " | ".join(_fmt(cols[n].get("comm_reduction_vs_linear")) for n in names) + " |"
+    red = (
+        "| comm reduction vs linear (%) | "
+        + " | ".join(_fmt(cols[n].get("comm_reduction_vs_linear")) for n in names)
+        + " |"
+    )
     print("\n".join([table, red, walls]))
     return 0
 
@@ -178,8 +185,10 @@ def cmd_trace_synth(args: argparse.Namespace) -> int:
     trace = synthesize(spec)
     write_trace(args.output, trace)
     if not args.quiet:
-        print(f"wrote {args.output}: {trace.tokens} tokens, {trace.layers} layers, E={trace.num_experts}, "
-              f"k={trace.top_k}, {trace.steps} steps, families {', '.join(trace.family_names)}")
+        print(
+            f"wrote {args.output}: {trace.tokens} tokens, {trace.layers} layers, E={trace.num_experts}, "
+            f"k={trace.top_k}, {trace.steps} steps, families {', '.join(trace.family_names)}"
+        )
     return 0
 
 
@@ -203,7 +212,9 @@ def trace_summary(workload: Any) -> str:
             a = stats.affinity[l]
             row.append(f"{(a > 0).mean():.2f}")
         rows.append(row)
-    headers = ["layer", "busiest/mean", "idlest/mean"] + (["coactivation density"] if stats.affinity is not None else [])
+    headers = ["layer", "busiest/mean", "idlest/mean"] + (
+        ["coactivation density"] if stats.affinity is not None else []
+    )
     lines.append(tabulate(rows, headers=headers, tablefmt="github"))
     import moeopt.methods  # noqa: F401  (methods register their trace-stats hooks)
 
@@ -242,8 +253,12 @@ def _harness_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--tile", type=int, default=None, help="tokens per tile of the profile (default 64)")
     sp.add_argument("--speeds", default=None, help="emulated GPU speeds, comma-separated")
     sp.add_argument("--threads", type=int, default=None, help="torch CPU threads (CPU default 1)")
-    sp.add_argument("--statistic", default="median", choices=["median", "min"],
-                    help="of the timed runs (min is steadier on a shared CPU)")
+    sp.add_argument(
+        "--statistic",
+        default="median",
+        choices=["median", "min"],
+        help="of the timed runs (min is steadier on a shared CPU)",
+    )
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -284,8 +299,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         w = read_workload_file(args.load, top_k=inst.model.top_k if inst is not None else 1)
         load = (w.stats() if isinstance(w, Trace) else w).expert_load
     write_engine_plan(
-        args.output, plan, gpus, args.format, slots_per_gpu=slots, replica_slots_per_gpu=replica_slots,
-        load=load, dense_layers=args.dense_layers,
+        args.output,
+        plan,
+        gpus,
+        args.format,
+        slots_per_gpu=slots,
+        replica_slots_per_gpu=replica_slots,
+        load=load,
+        dense_layers=args.dense_layers,
     )
     if not args.quiet:
         physical = (slots + replica_slots) * gpus
@@ -305,8 +326,12 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.dense_layers and args.format != "sglang":
         raise MoeoptError("--dense-layers applies to --format sglang only (EPLB and vLLM count MoE layers)")
     plan, gpus = read_engine_plan(
-        args.file, args.format, gpus=gpus, experts=None if inst is None else inst.model.experts,
-        slots_per_gpu=slots, dense_layers=args.dense_layers,
+        args.file,
+        args.format,
+        gpus=gpus,
+        experts=None if inst is None else inst.model.experts,
+        slots_per_gpu=slots,
+        dense_layers=args.dense_layers,
     )
     if inst is not None:
         _check_against(plan, gpus, inst, args.file)
@@ -438,8 +463,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--profile", default=None, help="modelled profile file (default: the instance's)")
     v.add_argument("--repeats", type=int, default=3, help="timed runs per GPU group (median)")
     v.add_argument("--warmup", type=int, default=1, help="untimed runs per GPU group")
-    v.add_argument("--all-to-all", default="auto", choices=["auto", "off", "nccl", "gloo"],
-                   help="time the token all-to-all (auto: NCCL when several CUDA devices are visible)")
+    v.add_argument(
+        "--all-to-all",
+        default="auto",
+        choices=["auto", "off", "nccl", "gloo"],
+        help="time the token all-to-all (auto: NCCL when several CUDA devices are visible)",
+    )
     v.add_argument("--world", type=int, default=None, help="ranks of the all-to-all")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--report", help="report JSON to write")

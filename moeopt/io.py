@@ -109,7 +109,9 @@ def _mapping(data: Any, src: str, field: str, allowed: set[str] | None = None) -
         for key in data:
             if key not in allowed:
                 raise InputError(
-                    src, f"{field}.{key}" if field else str(key), f"unknown field; accepted: {', '.join(sorted(allowed))}"
+                    src,
+                    f"{field}.{key}" if field else str(key),
+                    f"unknown field; accepted: {', '.join(sorted(allowed))}",
                 )
     return data
 
@@ -155,7 +157,9 @@ def load_instance(path: str | Path) -> Instance:
     if model.top_k > model.experts:
         raise InputError(src, "model.top_k", f"top_k={model.top_k} exceeds experts={model.experts}")
     c = _mapping(
-        data.get("cluster"), src, "cluster",
+        data.get("cluster"),
+        src,
+        "cluster",
         {"gpus", "gpus_per_node", "slots_per_gpu", "replica_slots_per_gpu", "inter_node_weight"},
     )
     if not c:
@@ -307,15 +311,15 @@ def _array(value: Any, src: str, field: str) -> np.ndarray:
     return arr
 
 
-def _counts(
-    arr: np.ndarray, src: str, field: str, top_k: int | None, family_names: Any = None
-) -> Stats:
+def _counts(arr: np.ndarray, src: str, field: str, top_k: int | None, family_names: Any = None) -> Stats:
     arr = np.asarray(arr)
     if arr.dtype.kind not in "iuf":
         raise InputError(src, field, f"expected numbers, got dtype {arr.dtype}")
     arr = arr.astype(np.float64)
     if arr.ndim not in (2, 3):
-        raise InputError(src, field, f"expected [layers, experts] or [families, layers, experts], got shape {arr.shape}")
+        raise InputError(
+            src, field, f"expected [layers, experts] or [families, layers, experts], got shape {arr.shape}"
+        )
     if not np.isfinite(arr).all():
         raise InputError(src, field, "contains NaN or infinite values")
     if (arr < 0).any():
@@ -373,9 +377,7 @@ def _sglang_counts(arr: np.ndarray, src: str, top_k: int | None) -> Stats:
     keep = arr.sum(axis=1) > 0
     stats = _counts(arr[keep], src, "logical_count", top_k)
     if steps is not None:
-        stats = stats_from_counts(
-            stats.counts, top_k=stats.top_k, step_counts=np.transpose(steps[:, keep], (1, 0, 2))
-        )
+        stats = stats_from_counts(stats.counts, top_k=stats.top_k, step_counts=np.transpose(steps[:, keep], (1, 0, 2)))
     return stats
 
 
@@ -579,7 +581,7 @@ def _read_domain_counts(data: Any, src: str, select: str | None) -> Stats:
     if select not in models:
         raise InputError(src, "select", f"no model {select!r}; the file holds {', '.join(models)}")
     prefix = f"{select}/expert_counts/"
-    domains = sorted(k[len(prefix):] for k in data.files if k.startswith(prefix))
+    domains = sorted(k[len(prefix) :] for k in data.files if k.startswith(prefix))
     arr = np.stack([data[prefix + d] for d in domains])
     # each row sums to tokens * k: infer k from the first-rank counts where present
     top1 = f"{select}/expert_counts_top1/{domains[0]}"
@@ -751,7 +753,10 @@ def write_profile(path: str | Path, profile: Profile) -> None:
         "tile": profile.tile,
         "unit": "ms",
         "gpus": [
-            {"name": profile.names[g] if profile.names else f"gpu{g}", "latency": [round(float(x), 6) for x in profile.latency[g]]}
+            {
+                "name": profile.names[g] if profile.names else f"gpu{g}",
+                "latency": [round(float(x), 6) for x in profile.latency[g]],
+            }
             for g in range(profile.gpus)
         ],
         "meta": _jsonable(profile.meta),

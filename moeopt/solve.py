@@ -51,7 +51,8 @@ def check_requirements(method: Any, problem: Problem, src: str | None) -> None:
     needs = method.requires
     if "coactivation" in needs and not problem.stats.has_coactivation:
         raise InputError(
-            src, "workload.calibration",
+            src,
+            "workload.calibration",
             f"method {method.name!r} needs a token trace (coactivation); this workload is count-only",
         )
     if "steps" in needs and problem.stats.step_counts is None:
@@ -91,7 +92,9 @@ def solve(
     if not impl.available():
         raise InputError(src, "method.name", f"method {name!r} is not available here (missing package?)")
     wl = workloads or load_workloads(instance)
-    problem = Problem(instance, wl.calibration_stats, wl.calibration if isinstance(wl.calibration, Trace) else None, wl.profile)
+    problem = Problem(
+        instance, wl.calibration_stats, wl.calibration if isinstance(wl.calibration, Trace) else None, wl.profile
+    )
     check_requirements(impl, problem, src)
     ctx = Context(time_limit=time_limit, seed=seed, hint=hint, quiet=quiet)
     t0 = time.perf_counter()
@@ -108,7 +111,9 @@ def solve(
     metrics = evaluate(result.plan, wl.evaluation, instance.cluster, profile=wl.profile, guard=guard)
     base = evaluate(
         linear_plan(instance.model.layers, instance.model.experts, instance.cluster.gpus),
-        wl.evaluation, instance.cluster, profile=wl.profile,
+        wl.evaluation,
+        instance.cluster,
+        profile=wl.profile,
     )
     add_relative_metrics(metrics, base)
     for hook in METRIC_HOOKS:

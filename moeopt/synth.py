@@ -45,7 +45,9 @@ class SynthSpec:
     seed: int = 0
 
     @classmethod
-    def from_mapping(cls, data: dict, *, source: str | None = None, field_prefix: str = "workload.synthetic") -> SynthSpec:
+    def from_mapping(
+        cls, data: dict, *, source: str | None = None, field_prefix: str = "workload.synthetic"
+    ) -> SynthSpec:
         known = {f.name: f for f in fields(cls)}
         kwargs = {}
         for key, value in data.items():
@@ -66,7 +68,9 @@ class SynthSpec:
         if self.top_k > self.experts:
             raise InputError(source, f"{prefix}.top_k", f"top_k={self.top_k} exceeds experts={self.experts}")
         if self.only_family is not None and self.only_family not in self.families:
-            raise InputError(source, f"{prefix}.only_family", f"{self.only_family!r} is not one of {list(self.families)}")
+            raise InputError(
+                source, f"{prefix}.only_family", f"{self.only_family!r} is not one of {list(self.families)}"
+            )
         if self.family_share is not None and len(self.family_share) != len(self.families):
             raise InputError(source, f"{prefix}.family_share", "needs one share per family")
 

@@ -52,7 +52,9 @@ def test_no_traceback_from_the_real_entry_point(tmp_path):
     """``python -m moeopt`` on a bad file prints one line, not a traceback."""
     proc = subprocess.run(
         [sys.executable, "-m", "moeopt", "solve", str(DATA / "invalid_expert_id.yaml")],
-        capture_output=True, text=True, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
@@ -67,7 +69,9 @@ def test_missing_instance_file(capsys):
 def test_solve_then_evaluate_round_trip(quickstart_path, tmp_path, capsys):
     """Plan and report written by solve re-evaluate to the same metrics."""
     plan_path, report_path = tmp_path / "plan.json", tmp_path / "report.json"
-    assert main(["solve", str(quickstart_path), "--quiet", "--output", str(plan_path), "--report", str(report_path)]) == 0
+    assert (
+        main(["solve", str(quickstart_path), "--quiet", "--output", str(plan_path), "--report", str(report_path)]) == 0
+    )
     out = capsys.readouterr().out
     assert "Jain fairness" in out and "linear" in out
     report = json.loads(report_path.read_text())
@@ -89,8 +93,12 @@ def test_method_override_keeps_accepted_params(tmp_path):
     """--method replaces the name; parameters the new method does not accept are dropped."""
     report = tmp_path / "r.json"
     inst = tmp_path / "i.yaml"
-    inst.write_text((DATA / "tiny.yaml").read_text().replace("{name: linear}", "{name: greedy, replicate: true}")
-                    .replace("tiny-trace.npz", str(DATA / "tiny-trace.npz")))
+    inst.write_text(
+        (DATA / "tiny.yaml")
+        .read_text()
+        .replace("{name: linear}", "{name: greedy, replicate: true}")
+        .replace("tiny-trace.npz", str(DATA / "tiny-trace.npz"))
+    )
     assert main(["solve", str(inst), "--method", "random", "--quiet", "--report", str(report)]) == 0
     assert json.loads(report.read_text())["method"] == "random"
 
@@ -121,8 +129,26 @@ def test_methods_lists_baselines(capsys):
 def test_trace_synth_and_stats(tmp_path, capsys):
     """trace synth writes a readable trace; trace stats summarizes it; OOD has one family."""
     path = tmp_path / "t.npz"
-    assert main(["trace", "synth", "--experts", "8", "--top-k", "2", "--tokens", "500", "--family", "math",
-                 "--output", str(path), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "trace",
+                "synth",
+                "--experts",
+                "8",
+                "--top-k",
+                "2",
+                "--tokens",
+                "500",
+                "--family",
+                "math",
+                "--output",
+                str(path),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     tr = read_trace(path)
     assert tr.tokens == 500 and tr.num_experts == 8
     assert set(np.unique(tr.family)) == {tr.family_names.index("math")}
@@ -133,8 +159,11 @@ def test_trace_synth_and_stats(tmp_path, capsys):
 def test_evaluate_rejects_wrong_plan(tmp_path, capsys, quickstart_path):
     """A plan for another cluster size is refused with one line."""
     plan = tmp_path / "p.json"
-    plan.write_text(json.dumps({"format": "moeopt.plan/1", "gpus": 2, "layers": 2, "experts": 16,
-                                "placement": [[0] * 8 + [1] * 8] * 2}))
+    plan.write_text(
+        json.dumps(
+            {"format": "moeopt.plan/1", "gpus": 2, "layers": 2, "experts": 16, "placement": [[0] * 8 + [1] * 8] * 2}
+        )
+    )
     assert main(["evaluate", str(quickstart_path), str(plan)]) == 2
     assert "plan is for 2 GPUs" in capsys.readouterr().err
     assert read_plan(plan)[1] == 2
