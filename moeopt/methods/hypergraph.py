@@ -553,7 +553,8 @@ def mtkahypar_partition(
         k = G blocks, each with target weight ``slots`` (exact slot balance).
     seed, preset, threads
         Mt-KaHyPar's seed, preset (one of ``default``, ``quality``, ``highest_quality``,
-        ``deterministic``, ``large_k``) and thread count (1 keeps it deterministic).
+        ``deterministic``, ``large_k``) and thread count (1 keeps it deterministic; Mt-KaHyPar
+        is initialized once per process, so the first call's thread count applies).
 
     Returns
     -------
