@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--time-limit", type=float, default=None, help="seconds per exact solve")
+        sp.add_argument("--time-limit", type=float, default=None, help="seconds per layer (exact solvers stop there; heuristics use it as a cap)")
         sp.add_argument("--seed", type=int, default=0)
         sp.add_argument("--quiet", action="store_true", help="no progress output")
 

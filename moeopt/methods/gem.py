@@ -137,7 +137,7 @@ class Gem:
         return True
 
     def settings(self, params: Params, ctx: Context, layers: int) -> SearchSettings:
-        per_layer = None if ctx.time_limit is None else ctx.time_limit / max(layers, 1)
+        per_layer = ctx.time_limit  # --time-limit is per layer, as for every method
         return SearchSettings(
             starts=params.starts,
             noise=params.noise,
@@ -213,7 +213,7 @@ class _GemExact:
     @dataclass
     class Params:
         steps: int = DEFAULT_STEPS  # utilization-trace steps T (0: every trace step)
-        time_limit: float = 60.0  # seconds for all layers when the run gives no time limit
+        time_limit: float = 30.0  # seconds per layer when the run gives no --time-limit
         warm_start: bool = True  # hint the exact model with gem's plan
         threads: int = 2  # solver threads
 
@@ -235,7 +235,8 @@ class _GemExact:
         util = problem_utilization(problem, _steps_param(params.steps))
         slots = problem.instance.cluster.slots_per_gpu
         models = [layer_model(util.counts[l], problem.profile, slots, method=self.name) for l in range(problem.layers)]
-        total = ctx.time_limit if ctx.time_limit is not None else params.time_limit
+        per_layer = ctx.time_limit if ctx.time_limit is not None else params.time_limit
+        total = per_layer * problem.layers
         hints = None
         if params.warm_start:
             gem = Gem()
