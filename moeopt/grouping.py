@@ -21,6 +21,37 @@ from moeopt.result import Status, relative_gap
 #: Absolute slack on the load limit (loads sum to 1): exact backends work with rounded
 #: (CP-SAT) or tolerance-checked (HiGHS, 1e-7) loads; every plan is checked against it.
 LOAD_TOL = 1e-6
+#: The automatic load limit (``eps_load`` unset) sits this factor above the least
+#: largest-GPU load any slot-feasible plan can reach.
+AUTO_LOAD_SLACK = 1.1
+
+
+def min_max_load(load: np.ndarray, groups: int, cap: int) -> float:
+    """A lower bound on the largest group load of any slot-feasible plan.
+
+    The group holding expert e holds at least ``s = max(1, E - (G-1) cap)`` experts, so it
+    carries at least ``w[e]`` plus the ``s - 1`` smallest other loads; some group also
+    carries at least the mean ``sum(w) / G``.
+    """
+    w = np.asarray(load, dtype=np.float64)
+    s = max(1, len(w) - (groups - 1) * cap)
+    best = w.sum() / groups
+    if s > 1:
+        srt = np.sort(w)
+        small = srt[: s - 1].sum()
+        # if e is among the s-1 smallest, the next smallest replaces it
+        per = w + np.where(w <= srt[s - 2], small - w + srt[s - 1], small)
+        return max(best, float(per.max()))
+    return max(best, float(w.max()))
+
+
+def auto_eps_load(load: np.ndarray, groups: int, cap: int) -> float:
+    """A layer's automatic ``eps_load``: ``AUTO_LOAD_SLACK`` times the least reachable
+    largest-GPU load, as a fraction above the mean (the default of tacg, hypergraph, metis)."""
+    total = float(np.sum(load))
+    if total <= 0:
+        return 0.0
+    return AUTO_LOAD_SLACK * min_max_load(load, groups, cap) * groups / total - 1.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,25 +134,8 @@ class Grouping:
         return not self.violations(home)
 
     def min_max_load(self) -> float:
-        """A lower bound on the largest group load of any slot-feasible plan.
-
-        The group holding expert e holds at least ``s = max(1, E - (G-1) cap)`` experts, so it
-        carries at least ``w[e]`` plus the ``s - 1`` smallest other loads; some group also
-        carries at least the mean ``sum(w) / G``.
-        """
-        w = self.load
-        E = self.experts
-        s = max(1, E - (self.groups - 1) * self.cap)
-        best = w.sum() / self.groups
-        if s > 1:
-            srt = np.sort(w)
-            small = srt[: s - 1].sum()
-            # if e is among the s-1 smallest, the next smallest replaces it
-            per = w + np.where(w <= srt[s - 2], small - w + srt[s - 1], small)
-            best = max(best, float(per.max()))
-        else:
-            best = max(best, float(w.max()))
-        return best
+        """A lower bound on the largest group load of any slot-feasible plan (:func:`min_max_load`)."""
+        return min_max_load(self.load, self.groups, self.cap)
 
     def check_load_limit(self, eps_load: float | None = None) -> None:
         """Raise :class:`InfeasibleError` when no plan can meet the load limit."""

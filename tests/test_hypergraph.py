@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from moeopt.errors import InputError
 from moeopt.evaluate import communication, evaluate, grouping_affinity, linear_plan
+from moeopt.grouping import auto_eps_load
 from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
 from moeopt.methods.hypergraph import (
     AffinityGain,
@@ -215,8 +216,26 @@ def test_metis_respects_capacity(experts, gpus):
     assert np.bincount(r.plan.home[0], minlength=gpus).max() <= inst.cluster.slots_per_gpu
     A = wl.calibration_stats.affinity
     assert r.objective == pytest.approx(sum(grouping_affinity(A[l], r.plan.home[l]) for l in range(2)))
+    free = solve(inst, method="metis", params={"eps_load": math.inf}, workloads=wl)
     lin = linear_plan(2, experts, gpus)
-    assert r.objective >= sum(grouping_affinity(A[l], lin.home[l]) for l in range(2))
+    assert free.objective >= sum(grouping_affinity(A[l], lin.home[l]) for l in range(2))
+
+
+@pytest.mark.parametrize("method", ["hypergraph", "metis"])
+def test_default_load_limit_is_automatic(method, structured):
+    """Without eps_load both apply the automatic limit (tacg's rule, relaxed only if repair
+    cannot reach it): every GPU's calibration share stays within the eps_load reported."""
+    inst, wl = structured
+    r = solve(inst, method=method, workloads=wl)
+    assert r.status == Status.FEASIBLE
+    G, cap = inst.cluster.gpus, inst.cluster.slots_per_gpu
+    ubar = wl.calibration_stats.global_usage
+    for l, eps in enumerate(r.stats["eps_load"]):
+        assert eps >= auto_eps_load(ubar[l], G, cap) - 1e-12
+        share = np.bincount(r.plan.home[l], weights=ubar[l], minlength=G)
+        assert share.max() <= (1 + eps) / G + 1e-6
+    free = solve(inst, method=method, params={"eps_load": math.inf}, workloads=wl)
+    assert "eps_load" in free.stats and free.stats["eps_load"] == [None] * inst.model.layers
 
 
 def test_metis_load_limit_holds(structured):

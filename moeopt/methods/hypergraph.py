@@ -24,6 +24,7 @@ moves into the gain of a swap; the two objectives supply those gains vectorized
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ import scipy.sparse as sp
 
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.evaluate import communication, dispatch, grouping_affinity
+from moeopt.grouping import auto_eps_load
 from moeopt.plan import Plan
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status
@@ -582,11 +584,41 @@ def mtkahypar_partition(
 
 @dataclass
 class LayerOutcome:
-    """One layer's hypergraph plan: homes, Mt-KaHyPar's km1, and the search log."""
+    """One layer's hypergraph plan: homes, Mt-KaHyPar's km1, the search log, eps_load used."""
 
     home: np.ndarray
     km1: int
     log: SearchLog
+    eps_load: float | None = None
+
+
+#: An automatic load limit that repair cannot reach is relaxed by this factor, at most
+#: ``AUTO_RELAX_TRIES`` times (an explicit eps_load is never relaxed).
+AUTO_RELAX_STEP = 1.1
+AUTO_RELAX_TRIES = 10
+
+
+def resolve_eps_load(eps_load: float | None, load: np.ndarray, gpus: int, slots: int) -> tuple[float | None, bool]:
+    """``(eps_load to apply, whether it is automatic)``: None gives the automatic limit of
+    :func:`moeopt.grouping.auto_eps_load` (the rule ``tacg`` uses); ``.inf`` gives no limit."""
+    if eps_load is None:
+        return auto_eps_load(load, gpus, slots), True
+    return (None if math.isinf(eps_load) else eps_load), False
+
+
+def limited_search(starts: list[np.ndarray], gain, gpus: int, slots: int, *, load: np.ndarray,
+                   eps_load: float | None, automatic: bool, **kwargs) -> tuple[np.ndarray, SearchLog, float | None]:
+    """:func:`constrained_search` under ``eps_load``; an automatic limit that repair cannot
+    reach is relaxed step by step, so the default always yields a plan."""
+    limit = load_limit(eps_load, gpus, load)
+    home, log = constrained_search(starts, gain, gpus, slots, load=load, limit=limit, **kwargs)
+    tries = 0
+    while automatic and limit is not None and not log.limit_met and tries < AUTO_RELAX_TRIES:
+        limit *= AUTO_RELAX_STEP
+        tries += 1
+        home, log = constrained_search(starts, gain, gpus, slots, load=load, limit=limit, **kwargs)
+    used = None if limit is None else limit * gpus / float(load.sum()) - 1.0
+    return home, log, used
 
 
 def hypergraph_layer(
@@ -612,24 +644,25 @@ def hypergraph_layer(
     if load is None:
         load = np.bincount(np.asarray(topk_layer).ravel(), minlength=num_experts).astype(np.float64)
     load = load / load.sum() if load.sum() > 0 else np.full(num_experts, 1.0 / num_experts)
-    limit = load_limit(eps_load, gpus, load)
+    eps, automatic = resolve_eps_load(eps_load, load, gpus, slots)
     starts, km1s = [], []
     for r in range(max(1, runs)):
         h, km1 = mtkahypar_partition(edges, gpus, slots, seed=seed + r, preset=preset, threads=threads)
         starts.append(h)
         km1s.append(km1)
-    home, log = constrained_search(
+    home, log, used = limited_search(
         starts,
         ConnectivityGain(edges),
         gpus,
         slots,
         load=load,
-        limit=limit,
+        eps_load=eps,
+        automatic=automatic,
         refine=refine,
         score=lambda h: -edges.cost(h),
-        balanced=refine or limit is not None,
+        balanced=refine or eps is not None,
     )
-    return LayerOutcome(home=home, km1=min(km1s), log=log)
+    return LayerOutcome(home=home, km1=min(km1s), log=log, eps_load=used)
 
 
 def hypergraph_homes(
@@ -654,8 +687,8 @@ def hypergraph_homes(
     gpus, slots
         G and slots per GPU (``cap``).
     eps_load
-        Optional load limit: each GPU's share of the layer's token-slots (``Σ_e ubar[e]``)
-        at most ``(1 + eps_load) / G``.
+        Load limit: each GPU's share of the layer's token-slots (``Σ_e ubar[e]``) at most
+        ``(1 + eps_load) / G``; None: the automatic limit (as ``tacg``); ``inf``: none.
     seed, runs, preset, threads
         Mt-KaHyPar settings (``runs`` seeds from ``seed``; deterministic with one thread).
     refine
@@ -728,7 +761,7 @@ class Hypergraph:
 
     @dataclass
     class Params:
-        eps_load: float | None = None  # GPU load <= (1 + eps_load) / G of ubar; None: no limit
+        eps_load: float | None = None  # GPU load <= (1 + eps_load) / G of ubar; None: automatic; .inf: off
         runs: int = 1  # Mt-KaHyPar seeds tried per layer
         preset: str = "default"
         refine: bool = True  # (lambda-1) swap/move refinement after repair
@@ -746,7 +779,7 @@ class Hypergraph:
             raise InputError(None, "workload.calibration", "method 'hypergraph' needs a token trace")
         c = problem.instance.cluster
         ubar = problem.stats.global_usage
-        homes, km1, log = [], 0, SearchLog()
+        homes, km1, log, eps_used = [], 0, SearchLog(), []
         for l in ctx.layers(problem.layers, "hypergraph"):
             try:
                 out = hypergraph_layer(
@@ -767,6 +800,7 @@ class Hypergraph:
             if not out.log.limit_met:
                 return _no_plan(self.name, f"layer {l}: repair could not meet eps_load={params.eps_load}", t0, params)
             homes.append(out.home)
+            eps_used.append(out.eps_load)
             km1 += out.km1
             log.add(out.log)
             ctx.say(
@@ -787,6 +821,7 @@ class Hypergraph:
                 # Mt-KaHyPar's own (lambda - 1) before repair, as distinct GPUs per token
                 "solver_objective": 1.0 + km1 / (trace.tokens * trace.layers),
                 "solver_km1": km1,
+                "eps_load": eps_used,
                 **{k: v for k, v in vars(log).items()},
             },
         )
@@ -834,7 +869,7 @@ class Metis:
 
     @dataclass
     class Params:
-        eps_load: float | None = None  # GPU load <= (1 + eps_load) / G of ubar; None: no limit
+        eps_load: float | None = None  # GPU load <= (1 + eps_load) / G of ubar; None: automatic; .inf: off
         ufactor: int = 1  # METIS imbalance in 1/1000
         refine: bool = False  # pairwise swap refinement after repair (off: METIS as is)
 
@@ -848,28 +883,29 @@ class Metis:
         c = problem.instance.cluster
         A = problem.stats.affinity
         ubar = problem.stats.global_usage
-        homes, cut, log = [], 0, SearchLog()
+        homes, cut, log, eps_used = [], 0, SearchLog(), []
         for l in ctx.layers(problem.layers, "metis"):
             h, layer_cut = metis_partition(A[l], c.gpus, seed=ctx.seed, ufactor=params.ufactor)
-            gain = AffinityGain(A[l])
+            eps, automatic = resolve_eps_load(params.eps_load, ubar[l], c.gpus, c.slots_per_gpu)
             try:
-                limit = load_limit(params.eps_load, c.gpus, ubar[l])
+                h, lg, used = limited_search(
+                    [h],
+                    AffinityGain(A[l]),
+                    c.gpus,
+                    c.slots_per_gpu,
+                    load=ubar[l],
+                    eps_load=eps,
+                    automatic=automatic,
+                    refine=params.refine,
+                    score=lambda x, g=A[l]: grouping_affinity(g, x),
+                    balanced=False,
+                )
             except InfeasibleError as exc:
                 return _no_plan(self.name, f"layer {l}: {exc}", t0, params, Status.INFEASIBLE)
-            h, lg = constrained_search(
-                [h],
-                gain,
-                c.gpus,
-                c.slots_per_gpu,
-                load=ubar[l],
-                limit=limit,
-                refine=params.refine,
-                score=lambda x, g=A[l]: grouping_affinity(g, x),
-                balanced=False,
-            )
             if not lg.limit_met:
                 return _no_plan(self.name, f"layer {l}: repair could not meet eps_load={params.eps_load}", t0, params)
             homes.append(h)
+            eps_used.append(used)
             cut += layer_cut
             log.add(lg)
         plan = Plan(home=np.stack(homes))
@@ -882,5 +918,10 @@ class Metis:
             sense="max",
             wall_time=time.perf_counter() - t0,
             params=vars(params),
-            stats={"solver_objective": cut, "solver_objective_name": "metis_edgecut_scaled", **vars(log)},
+            stats={
+                "solver_objective": cut,
+                "solver_objective_name": "metis_edgecut_scaled",
+                "eps_load": eps_used,
+                **vars(log),
+            },
         )

@@ -26,7 +26,7 @@ import numpy as np
 from moeopt.bounds import grouping_bound
 from moeopt.errors import InfeasibleError
 from moeopt.evaluate import grouping_affinity
-from moeopt.grouping import Grouping
+from moeopt.grouping import AUTO_LOAD_SLACK, Grouping
 from moeopt.heuristics.spectral import capacity_repair, first_fit, spectral_labels
 from moeopt.heuristics.swap import arrange_nodes, iterated_local_search, node_affinity
 from moeopt.plan import Plan
@@ -37,7 +37,6 @@ from moeopt.trace import Stats
 #: epsilon of the log-lift preference score (SPEC 3.1)
 PREFERENCE_EPS = 1e-6
 #: automatic load limit: this factor above the least largest-group load any plan can reach
-AUTO_LOAD_SLACK = 1.1
 #: seconds per layer when the caller gives no time limit
 DEFAULT_TIME_LIMIT = 10.0
 
