@@ -38,6 +38,7 @@ class SynthSpec:
     generic_boost: float = 4.0
     community_boost: float = 30.0
     family_focus: float = 0.3  # Dirichlet concentration of family community preferences
+    family_communities: str = "shared"  # "per_family": each family partitions the experts anew
     skew: float = 0.8  # Zipf exponent of expert popularity
     burst: float = 2.0  # multiplicative boost of bursting experts
     burst_fraction: float = 0.1  # share of experts bursting in a given step
@@ -67,6 +68,10 @@ class SynthSpec:
                 raise InputError(source, f"{prefix}.{name}", f"expected a positive integer, got {v!r}")
         if self.top_k > self.experts:
             raise InputError(source, f"{prefix}.top_k", f"top_k={self.top_k} exceeds experts={self.experts}")
+        if self.family_communities not in ("shared", "per_family"):
+            raise InputError(
+                source, f"{prefix}.family_communities", f"expected 'shared' or 'per_family', got {self.family_communities!r}"
+            )
         if self.only_family is not None and self.only_family not in self.families:
             raise InputError(
                 source, f"{prefix}.only_family", f"{self.only_family!r} is not one of {list(self.families)}"
@@ -78,7 +83,7 @@ class SynthSpec:
 @dataclass
 class _LayerStructure:
     base: np.ndarray  # [E] popularity
-    community: np.ndarray  # [E] community id, -1 for generic
+    community: np.ndarray  # [F, E] community id per family, -1 for generic
     preference: np.ndarray  # [F, C] family -> community probabilities
     bursts: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [T, E] multipliers
 
@@ -97,6 +102,12 @@ def _structure(spec: SynthSpec, rng: np.random.Generator) -> list[_LayerStructur
         base[perm[:n_gen]] = base.max() * spec.generic_boost
         preference = rng.dirichlet(np.full(C, spec.family_focus), size=F)
         bursts = np.where(rng.random((T, E)) < spec.burst_fraction, spec.burst, 1.0)
+        community = np.tile(community, (F, 1))
+        if spec.family_communities == "per_family":
+            # an expert's co-activation partners depend on the task: each family after the
+            # first draws its own partition of the non-generic experts
+            for f in range(1, F):
+                community[f, rng.permutation(rest)] = np.arange(len(rest)) % C
         out.append(_LayerStructure(base, community, preference, bursts))
     return out
 
@@ -122,8 +133,9 @@ def synthesize(spec: SynthSpec) -> Trace:
         C = s.preference.shape[1]
         cum = s.preference.cumsum(axis=1)
         comm = (rng.random(N)[:, None] > cum[family]).sum(axis=1).clip(max=C - 1)
-        boost = np.where(s.community[None, :] == np.arange(C)[:, None], spec.community_boost, 1.0)  # [C, E]
-        logw = np.log(s.base)[None, :] + np.log(boost)[comm] + np.log(s.bursts)[step]
+        member = s.community[:, None, :] == np.arange(C)[None, :, None]  # [F, C, E]
+        logboost = np.where(member, np.log(spec.community_boost), 0.0)
+        logw = np.log(s.base)[None, :] + logboost[family, comm] + np.log(s.bursts)[step]
         scores = logw + rng.gumbel(size=(N, E))
         topk[:, l, :] = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     return Trace(

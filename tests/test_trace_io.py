@@ -178,3 +178,19 @@ def test_written_files_have_the_usual_mode(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_per_family_communities():
+    """per_family communities: co-activation partners differ by family; shared: they agree."""
+
+    def partner_overlap(spec: SynthSpec) -> float:
+        co = synthesize(spec).stats().coactivation[:, 0]  # [F, E, E]
+        top = [set(map(tuple, np.argwhere(c > np.quantile(c, 0.97)))) for c in co]
+        return len(top[0] & top[1]) / max(1, len(top[0] | top[1]))
+
+    base = dict(layers=1, experts=32, top_k=4, tokens=12000, structure_seed=3)
+    shared = partner_overlap(SynthSpec(**base))
+    per_family = partner_overlap(SynthSpec(**base, family_communities="per_family"))
+    assert per_family < shared
+    with pytest.raises(InputError, match="family_communities"):
+        SynthSpec(**base, family_communities="nope").validate()
