@@ -70,7 +70,9 @@ class SynthSpec:
             raise InputError(source, f"{prefix}.top_k", f"top_k={self.top_k} exceeds experts={self.experts}")
         if self.family_communities not in ("shared", "per_family"):
             raise InputError(
-                source, f"{prefix}.family_communities", f"expected 'shared' or 'per_family', got {self.family_communities!r}"
+                source,
+                f"{prefix}.family_communities",
+                f"expected 'shared' or 'per_family', got {self.family_communities!r}",
             )
         if self.only_family is not None and self.only_family not in self.families:
             raise InputError(
