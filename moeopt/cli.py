@@ -178,6 +178,7 @@ def cmd_trace_synth(args: argparse.Namespace) -> int:
         steps=args.steps,
         families=tuple(f.strip() for f in args.families.split(",")),
         only_family=args.family,
+        family_communities=args.family_communities,
         structure_seed=args.structure_seed,
         seed=args.seed,
     )
@@ -406,6 +407,12 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--steps", type=int, default=16)
     ts.add_argument("--families", default="code,query,math,reasoning")
     ts.add_argument("--family", default=None, help="single-family (out-of-distribution) workload")
+    ts.add_argument(
+        "--family-communities",
+        choices=["shared", "per_family"],
+        default="shared",
+        help="one partition of experts into co-activated communities, or one per family",
+    )
     ts.add_argument("--structure-seed", type=int, default=0, help="seed of the hidden expert structure")
     ts.add_argument("--seed", type=int, default=0, help="seed of the token sample")
     ts.add_argument("--output", required=True)
