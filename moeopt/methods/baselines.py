@@ -112,26 +112,28 @@ def hottest_replicas(
     Returns int ``[R, 2]`` rows ``(expert, gpu)``.
     """
     E = len(load)
-    holders = [{int(home[e])} for e in range(E)]
+    holds = np.zeros((E, gpus), dtype=bool)
+    holds[np.arange(E), home] = True
     ncopy = np.ones(E)
     free = np.full(gpus, replica_slots)
+    gpu_load = np.bincount(home, weights=load, minlength=gpus).astype(np.float64)
     reps: list[tuple[int, int]] = []
     for _ in range(min(budget, gpus * replica_slots)):
-        gpu_load = np.zeros(gpus)
-        for e in range(E):
-            for g in holders[e]:
-                gpu_load[g] += load[e] / ncopy[e]
         placed = False
         for e in np.argsort(-load / ncopy, kind="stable"):
-            options = [g for g in np.argsort(gpu_load, kind="stable") if free[g] > 0 and g not in holders[e]]
-            if options:
-                g = int(options[0])
-                holders[e].add(g)
-                ncopy[e] += 1
-                free[g] -= 1
-                reps.append((int(e), g))
-                placed = True
-                break
+            options = (free > 0) & ~holds[e]
+            if not options.any():
+                continue
+            g = int(np.argmin(np.where(options, gpu_load, np.inf)))  # least loaded, lowest id on ties
+            # the expert's load is re-split evenly over its copies
+            gpu_load[holds[e]] += load[e] / (ncopy[e] + 1) - load[e] / ncopy[e]
+            gpu_load[g] += load[e] / (ncopy[e] + 1)
+            holds[e, g] = True
+            ncopy[e] += 1
+            free[g] -= 1
+            reps.append((int(e), g))
+            placed = True
+            break
         if not placed:
             break
     return np.array(reps, dtype=np.int64).reshape(-1, 2)
