@@ -121,7 +121,8 @@ def run_config(trace_kind: str, shape: str, traces: tuple[Trace, Trace], gpus: i
     if calib.num_experts <= EXACT_MAX_EXPERTS and get_method("gem-cpsat").available():
         methods.append("gem-cpsat")
     for name in methods:
-        r = solve(inst, method=name, workloads=wl, time_limit=60.0 / calib.layers if name == "gem-cpsat" else None)  # 60 s in all
+        limit = 60.0 / calib.layers if name == "gem-cpsat" else None  # 60 s over all layers
+        r = solve(inst, method=name, workloads=wl, time_limit=limit)
         m = r.metrics
         row["methods"][name] = {
             "S": m["straggler_latency"],

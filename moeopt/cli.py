@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -367,7 +368,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--time-limit", type=float, default=None, help="seconds per layer (exact solvers stop there; heuristics use it as a cap)")
+        sp.add_argument(
+            "--time-limit",
+            type=float,
+            default=None,
+            help="seconds per layer (exact solvers stop there; heuristics use it as a cap)",
+        )
         sp.add_argument("--seed", type=int, default=0)
         sp.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -495,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `moeopt ... | head`: the reader left, nothing to report
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (keep the interpreter's flush at exit quiet)
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -44,7 +44,8 @@ def load_workloads(instance: Instance) -> Workloads:
 
 
 #: Post-processing hooks that add metrics to every result, e.g. GEM's lower bound.
-METRIC_HOOKS: list[Callable[[Plan, Problem, Workloads, dict], None]] = []
+#: Each is called as ``hook(plan, problem, workloads, metrics, result)`` and adds to ``metrics``.
+METRIC_HOOKS: list[Callable[[Plan, Problem, Workloads, dict, Result], None]] = []
 
 
 def check_requirements(method: Any, problem: Problem, src: str | None) -> None:
@@ -117,7 +118,7 @@ def solve(
     )
     add_relative_metrics(metrics, base)
     for hook in METRIC_HOOKS:
-        hook(result.plan, problem, wl, metrics)
+        hook(result.plan, problem, wl, metrics, result)
     return result.replace(metrics=metrics, wall_time=wall)
 
 

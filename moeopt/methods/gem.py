@@ -433,7 +433,7 @@ def evaluation_step_counts(workload: Any, experts: int) -> np.ndarray | None:
     return getattr(workload, "step_counts", None)
 
 
-def straggler_bound_hook(plan: Plan, problem: Problem, workloads: Any, metrics: dict) -> None:
+def straggler_bound_hook(plan: Plan, problem: Problem, workloads: Any, metrics: dict, result: Any = None) -> None:
     """Metric hook: add ``straggler_lower_bound`` and ``gap_to_bound = (S - LB) / S``.
 
     Parameters

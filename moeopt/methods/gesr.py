@@ -227,7 +227,8 @@ def base_result(problem: Problem, base: str, base_params: dict[str, Any] | None,
         raise InputError(src, "method.base", f"base {base!r} is itself a replication method")
     if base not in method_names():
         raise InputError(
-            src, "method.base",
+            src,
+            "method.base",
             f"base method {base!r} is not registered (registered: {', '.join(method_names())}); "
             "set method.base to one of them, e.g. base: greedy",
         )
@@ -235,9 +236,7 @@ def base_result(problem: Problem, base: str, base_params: dict[str, Any] | None,
     if not impl.available():
         raise InputError(src, "method.base", f"base method {base!r} is not available here")
     if "coactivation" in impl.requires and not problem.stats.has_coactivation:
-        raise InputError(
-            src, "method.base", f"base method {base!r} needs a token trace; this workload is count-only"
-        )
+        raise InputError(src, "method.base", f"base method {base!r} needs a token trace; this workload is count-only")
     params = parse_params(impl, base_params, source=src)
     result = impl.solve(problem, params, ctx)
     if result.plan is None:
@@ -258,7 +257,11 @@ def replication_certificate(
     """The replication certificate of every layer (``home`` ``[L, E]``, ``loads`` ``[L, E]``)."""
     return [
         solve_replication_bound(
-            home[l], loads[l], gpus, slots, time_limit=time_limit,
+            home[l],
+            loads[l],
+            gpus,
+            slots,
+            time_limit=time_limit,
             hint=None if hints is None else hints[l],
         )
         for l in range(len(home))
@@ -293,10 +296,11 @@ def workload_expert_load(workload: Trace | Stats) -> np.ndarray:
 _HOOK_CACHE: dict[tuple, list[ReplicationBound]] = {}
 
 
-def _certificate_hook(plan: Plan, problem: Problem, wl: Workloads, metrics: dict) -> None:
-    """Adds the replication certificate on the evaluation loads to every replicated plan."""
+def _certificate_hook(plan: Plan, problem: Problem, wl: Workloads, metrics: dict, result: Result) -> None:
+    """Adds the replication certificate on the evaluation loads to replicated plans whose
+    method asked for it (the replication methods' ``certificate`` parameter)."""
     slots = problem.instance.cluster.replica_slots_per_gpu
-    if not plan.has_replicas or slots <= 0:
+    if not plan.has_replicas or slots <= 0 or not result.params.get("certificate", False):
         return
     loads = workload_expert_load(wl.evaluation)
     G = problem.instance.cluster.gpus
@@ -415,7 +419,8 @@ class _Replication:
             limit = params.certificate_time_limit
             if limit is None:
                 limit = (
-                    certificate_time(problem.layers) if ctx.time_limit is None
+                    certificate_time(problem.layers)
+                    if ctx.time_limit is None
                     else ctx.time_limit / max(problem.layers, 1)
                 )
             bounds = replication_certificate(
@@ -461,15 +466,19 @@ class Gesr(_Replication):
         self, problem: Problem, params: GesrParams, l: int, home: np.ndarray, budget: int, ctx: Context
     ) -> np.ndarray:
         stats = problem.stats
-        score = generic_score(
-            stats.usage[:, l], stats.family_share, a=params.a, b=params.b, c=params.c
-        )
+        score = generic_score(stats.usage[:, l], stats.family_share, a=params.a, b=params.b, c=params.c)
         selected = select_generic(score, budget // params.copies_each, params.centrality_floor)
         affinity = stats.affinity[l] if stats.has_coactivation else None
         c = problem.instance.cluster
         return place_replicas(
-            selected, home, stats.expert_load[l], c.gpus, c.replica_slots_per_gpu,
-            copies_each=params.copies_each, affinity=affinity, fit_tolerance=params.fit_tolerance,
+            selected,
+            home,
+            stats.expert_load[l],
+            c.gpus,
+            c.replica_slots_per_gpu,
+            copies_each=params.copies_each,
+            affinity=affinity,
+            fit_tolerance=params.fit_tolerance,
             load_cap=params.load_cap,
         )
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from moeopt.errors import InputError
 from moeopt.profile import Profile
-from moeopt.solvers.highs_threads import highs_threads
+from moeopt.solvers.highs_common import highs_threads
 from moeopt.utilization import step_lower_bound
 
 #: Largest model accepted, in constraint-matrix nonzeros (load rows E*G*T plus levels).

@@ -11,11 +11,7 @@ partners, load of partners within ``L - w[e]``) and value precedence
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +20,7 @@ import scipy.sparse as sp
 from moeopt.errors import InputError
 from moeopt.grouping import ExactOutcome, Grouping, pairs
 from moeopt.result import Status
-from moeopt.solvers.highs_threads import highs_threads
+from moeopt.solvers.highs_common import highs_threads, new_highs
 
 #: matrix nonzeros per second of time limit before refusing: the array build runs at about
 #: 2.3M/s, but HiGHS needs time for the root LP of a model that size
@@ -164,34 +160,6 @@ def build_arrays(g: Grouping) -> MilpArrays:
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, ncol)
     )
     return MilpArrays(cost, col_lo, col_hi, integer, matrix, np.concatenate(lo), np.concatenate(hi), pi, pj)
-
-
-@contextlib.contextmanager
-def _silence_stdout() -> Iterator[None]:
-    """Hide what C code prints on file descriptor 1 (HiGHS prints a banner on its first use)."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no real stdout: nothing to hide
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def new_highs():
-    """A silent ``highspy.Highs``."""
-    import highspy
-
-    with _silence_stdout():
-        h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    return h
 
 
 def build_model(g: Grouping, arrays: MilpArrays | None = None):

@@ -1,4 +1,9 @@
-"""HiGHS's thread scheduler is global to the process.
+"""Shared HiGHS plumbing: silent construction and the process-wide thread scheduler.
+
+HiGHS prints a banner on file descriptor 1 when a ``Highs`` object is first built: every
+HiGHS user in moeopt builds its solver with :func:`new_highs`, which hides it.
+
+HiGHS's thread scheduler is global to the process.
 
 The first HiGHS solve sizes it; a later solve asking for another thread count fails inside
 HiGHS ("the scheduler has already been initialized") and comes back as a time limit without
@@ -9,6 +14,11 @@ scheduler first; rebuilding a thread pool costs far less than any solve.
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 def highs_threads(threads: int) -> int:
     """Reset HiGHS's global scheduler so the next solve can use ``threads``; return that count."""
@@ -16,3 +26,31 @@ def highs_threads(threads: int) -> int:
 
     highspy.Highs.resetGlobalScheduler(True)
     return max(1, int(threads))
+
+
+@contextmanager
+def _silence_stdout() -> Iterator[None]:
+    """Hide what C code prints on file descriptor 1 (HiGHS prints a banner on its first use)."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no real stdout: nothing to hide
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def new_highs():
+    """A silent ``highspy.Highs``."""
+    import highspy
+
+    with _silence_stdout():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    return h

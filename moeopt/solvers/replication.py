@@ -26,7 +26,7 @@ import scipy.sparse as sp
 from scipy.optimize import linprog
 
 from moeopt.result import Status
-from moeopt.solvers.highs_threads import highs_threads
+from moeopt.solvers.highs_common import highs_threads, new_highs
 
 #: share of the time limit spent looking for a plan that reaches the count bound exactly
 FEASIBILITY_SHARE = 0.5
@@ -228,7 +228,7 @@ def _run_highs(
     m: ReplicationModel, z_floor: float, start: np.ndarray | None, time_limit: float, threads: int
 ) -> tuple[Status, float, np.ndarray | None]:
     """Solve a replication model with HiGHS: (status, proved bound on z, column values)."""
-    h = highspy.Highs()
+    h = new_highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
     h.setOptionValue("threads", highs_threads(threads))
