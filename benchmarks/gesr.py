@@ -37,7 +37,7 @@ from tabulate import tabulate
 from moeopt.evaluate import GuardParams, evaluate
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
 from moeopt.io import load_instance, read_workload_file, write_json, write_text
-from moeopt.methods.gesr import certificate_stats, replication_certificate, workload_expert_load
+from moeopt.methods.gesr import certificate_stats, replication_certificate
 from moeopt.registry import Context, Problem, get_method, method_names, parse_params
 from moeopt.result import Result
 from moeopt.solve import load_workloads
@@ -116,7 +116,7 @@ def score_workloads(
                 bounds = None
                 if certify is None or base_name in certify:
                     bounds = replication_certificate(
-                        base.plan.home, workload_expert_load(ev), cluster.gpus, S,
+                        base.plan.home, ev.expert_load, cluster.gpus, S,
                         time_limit=cert_time, hints=plans["gesr"].plan.replicas,
                     )
                 row = {

@@ -16,6 +16,15 @@ import numpy as np
 import scipy.sparse as sp
 
 DEFAULT_FAMILY = "all"
+#: ε of the log-lift preference score (SPEC 3.1 and 4.1).
+LIFT_EPS = 1e-6
+
+
+def log_lift(usage: np.ndarray, global_usage: np.ndarray, eps: float = LIFT_EPS) -> np.ndarray:
+    """The log-lift ``s[f, e] = log((u[f, e] + eps) / (ubar[e] + eps))`` (any leading axes of
+    ``usage`` beyond the family axis must match ``global_usage``): how much more family f
+    uses expert e than the workload does. TACG's preferences and GESR's deviation read it."""
+    return np.log((usage + eps) / (global_usage[None] + eps))
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,6 +72,19 @@ class Trace:
     @property
     def steps(self) -> int:
         return int(self.step.max()) + 1 if self.tokens else 0
+
+    @cached_property
+    def step_counts(self) -> np.ndarray:
+        """n[l, t, e]: tokens routed to expert e at layer l in timestep t, ``[L, T, E]`` (one
+        bincount; the same attribute as :attr:`Stats.step_counts`)."""
+        L, T, E = self.layers, self.steps, self.num_experts
+        key = (np.arange(L)[None, :, None] * T + self.step[:, None, None]) * E + self.topk.astype(np.int64)
+        return np.bincount(key.ravel(), minlength=L * T * E).reshape(L, T, E).astype(np.float64)
+
+    @property
+    def expert_load(self) -> np.ndarray:
+        """Token-slots routed to each expert, ``[L, E]`` (as :attr:`Stats.expert_load`)."""
+        return self.step_counts.sum(axis=1)
 
     def subset(self, mask: np.ndarray) -> Trace:
         """The tokens selected by a boolean mask (steps renumbered, families kept)."""
@@ -197,14 +219,10 @@ def stats_from_trace(trace: Trace) -> Stats:
     family_tokens = np.bincount(trace.family, minlength=F).astype(np.float64)
     counts = np.zeros((F, L, E))
     coact = np.zeros((F, L, E, E))
-    T = trace.steps
-    step_counts = np.zeros((L, T, E))
     for l in range(L):
         ids = trace.topk[:, l, :].astype(np.int64)
         flat_f = np.repeat(trace.family, k)
         counts[:, l, :] = np.bincount(flat_f * E + ids.ravel(), minlength=F * E).reshape(F, E)
-        flat_t = np.repeat(trace.step, k)
-        step_counts[l] = np.bincount(flat_t * E + ids.ravel(), minlength=T * E).reshape(T, E)
         x = token_expert_matrix(ids, E)
         for f in range(F):
             if family_tokens[f] == 0:
@@ -218,7 +236,7 @@ def stats_from_trace(trace: Trace) -> Stats:
         counts=counts,
         family_tokens=family_tokens,
         top_k=k,
-        step_counts=step_counts,
+        step_counts=trace.step_counts,
         coactivation=coact,
     )
 

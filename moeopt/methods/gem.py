@@ -404,35 +404,6 @@ class SpeedGreedy:
 
 
 # ----------------------------------------------------------------------------- hooks
-def evaluation_step_counts(workload: Any, experts: int) -> np.ndarray | None:
-    """Per-step expert counts of an evaluation workload.
-
-    Parameters
-    ----------
-    workload
-        A :class:`~moeopt.trace.Trace` (counted with one bincount per layer) or statistics.
-    experts
-        E.
-
-    Returns
-    -------
-    numpy.ndarray or None
-        float ``[L, T, E]``, or None for count-only statistics without steps.
-    """
-    from moeopt.trace import Trace
-
-    if isinstance(workload, Trace):
-        L, T, E = workload.layers, workload.steps, experts
-        k = workload.top_k
-        out = np.empty((L, T, E))
-        step = np.repeat(workload.step.astype(np.int64), k)
-        for l in range(L):
-            key = step * E + workload.topk[:, l, :].astype(np.int64).ravel()
-            out[l] = np.bincount(key, minlength=T * E).reshape(T, E)
-        return out
-    return getattr(workload, "step_counts", None)
-
-
 def straggler_bound_hook(plan: Plan, problem: Problem, workloads: Any, metrics: dict, result: Any = None) -> None:
     """Metric hook: add ``straggler_lower_bound`` and ``gap_to_bound = (S - LB) / S``.
 
@@ -451,7 +422,7 @@ def straggler_bound_hook(plan: Plan, problem: Problem, workloads: Any, metrics: 
     profile = workloads.profile
     if profile is None or metrics.get("straggler_latency") is None:
         return
-    counts = evaluation_step_counts(workloads.evaluation, problem.experts)
+    counts = workloads.evaluation.step_counts  # [L, T, E]; None for counts without steps
     if counts is None:
         return
     single = not plan.has_replicas

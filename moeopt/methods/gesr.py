@@ -34,10 +34,8 @@ from moeopt.registry import Context, Problem, get_method, method_names, parse_pa
 from moeopt.result import Result, Status, combine_status
 from moeopt.solve import METRIC_HOOKS, Workloads
 from moeopt.solvers.replication import ReplicationBound, solve_replication_bound
-from moeopt.trace import Stats, Trace
+from moeopt.trace import LIFT_EPS, log_lift
 
-#: ε of the log-lift s[f, e] (SPEC 3.1, 4.1)
-LIFT_EPS = 1e-6
 #: seconds per layer of the certificate MILP when the caller gives no time limit ...
 CERTIFICATE_TIME_LIMIT = 2.0
 #: ... and at most this many seconds over all layers (58-layer models get 0.5 s a layer)
@@ -105,7 +103,7 @@ def generic_score(
         consistency = np.where(col > 0, ent / np.log(F), 0.0)
     else:
         consistency = np.ones_like(ubar)
-    deviation = np.abs(np.log((u + eps) / (ubar + eps))).max(axis=0)
+    deviation = np.abs(log_lift(u, ubar, eps)).max(axis=0)
     score = a * centrality + b * consistency - c * deviation
     return GenericScore(score, centrality, consistency, deviation)
 
@@ -284,15 +282,6 @@ def certificate_stats(bounds: list[ReplicationBound], measured: float | None, pr
     return out
 
 
-def workload_expert_load(workload: Trace | Stats) -> np.ndarray:
-    """Token-slots per expert ``[L, E]`` of a trace (bincount) or of count statistics."""
-    if isinstance(workload, Stats):
-        return workload.expert_load
-    L, E = workload.layers, workload.num_experts
-    flat = (np.arange(L)[None, :, None] * E + workload.topk.astype(np.int64)).ravel()
-    return np.bincount(flat, minlength=L * E).reshape(L, E).astype(np.float64)
-
-
 _HOOK_CACHE: dict[tuple, list[ReplicationBound]] = {}
 
 
@@ -302,7 +291,7 @@ def _certificate_hook(plan: Plan, problem: Problem, wl: Workloads, metrics: dict
     slots = problem.instance.cluster.replica_slots_per_gpu
     if not plan.has_replicas or slots <= 0 or not result.params.get("certificate", False):
         return
-    loads = workload_expert_load(wl.evaluation)
+    loads = wl.evaluation.expert_load
     G = problem.instance.cluster.gpus
     key = (plan.home.tobytes(), loads.tobytes(), G, slots)
     if key not in _HOOK_CACHE:

@@ -32,10 +32,9 @@ from moeopt.heuristics.swap import arrange_nodes, iterated_local_search, node_af
 from moeopt.plan import Plan
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, combine_status
-from moeopt.trace import Stats
+from moeopt.trace import LIFT_EPS, Stats, log_lift
 
 #: epsilon of the log-lift preference score (SPEC 3.1)
-PREFERENCE_EPS = 1e-6
 #: automatic load limit: this factor above the least largest-group load any plan can reach
 #: seconds per layer when the caller gives no time limit
 DEFAULT_TIME_LIMIT = 10.0
@@ -43,7 +42,7 @@ DEFAULT_TIME_LIMIT = 10.0
 
 # ----------------------------------------------------------------------------- graph
 def family_preference(
-    usage: np.ndarray, global_usage: np.ndarray, tau: float, eps: float = PREFERENCE_EPS
+    usage: np.ndarray, global_usage: np.ndarray, tau: float, eps: float = LIFT_EPS
 ) -> np.ndarray:
     """``F * p[f, l, e]``: family preferences scaled so that uniform preferences are exactly 1.
 
@@ -62,7 +61,7 @@ def family_preference(
     """
     if not tau > 0:
         raise ValueError(f"tau must be positive, got {tau}")
-    s = np.log((usage + eps) / (global_usage[None] + eps))
+    s = log_lift(usage, global_usage, eps)
     z = s / tau
     z = z - z.max(axis=0, keepdims=True)
     ez = np.exp(z)
