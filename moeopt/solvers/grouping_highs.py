@@ -20,7 +20,7 @@ import scipy.sparse as sp
 from moeopt.errors import InputError
 from moeopt.grouping import ExactOutcome, Grouping, pairs
 from moeopt.result import Status
-from moeopt.solvers.highs_common import highs_threads, new_highs
+from moeopt.solvers.highs_common import GROUPING_OPTIONS, highs_threads, new_highs
 
 #: matrix nonzeros per second of time limit before refusing: the array build runs at about
 #: 2.3M/s, but HiGHS needs time for the root LP of a model that size
@@ -220,11 +220,8 @@ def solve(
     h.setOptionValue("time_limit", max(0.1, time_limit - build))
     h.setOptionValue("threads", highs_threads(threads))
     h.setOptionValue("random_seed", seed)
-    h.setOptionValue("mip_rel_gap", 1e-7)
-    h.setOptionValue("mip_abs_gap", 1e-12)
-    # plans must meet the load limit within LOAD_TOL = 1e-6
-    h.setOptionValue("primal_feasibility_tolerance", 1e-7)
-    h.setOptionValue("mip_feasibility_tolerance", 1e-7)
+    for option, value in GROUPING_OPTIONS.items():
+        h.setOptionValue(option, value)
     if hint is not None:
         sol = highspy.HighsSolution()
         sol.col_value = arrays.point(g.canonical(hint), g.groups).tolist()

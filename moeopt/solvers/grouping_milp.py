@@ -16,7 +16,7 @@ import numpy as np
 from moeopt.grouping import ExactOutcome, Grouping, pairs
 from moeopt.result import Status
 from moeopt.solvers.grouping_highs import refuse_large
-from moeopt.solvers.highs_common import highs_threads
+from moeopt.solvers.highs_common import GROUPING_OPTIONS, highs_threads
 
 #: matrix nonzeros per second of time limit before refusing: Pyomo builds about 270k/s on one
 #: core, so a model within this rate leaves at least 60 % of the limit to HiGHS
@@ -157,10 +157,7 @@ def solve(
         tee=log,
         time_limit=max(0.1, time_limit - (time.perf_counter() - t0)),
         threads=highs_threads(threads),
-        rel_gap=1e-7,
-        abs_gap=1e-12,
-        # plans must meet the load limit within LOAD_TOL = 1e-6
-        solver_options={"random_seed": seed, "primal_feasibility_tolerance": 1e-7, "mip_feasibility_tolerance": 1e-7},
+        solver_options={"random_seed": seed, **GROUPING_OPTIONS},
     )
     wall = time.perf_counter() - t0
     info = {"termination": res.termination_condition.name, "warm_start": warm}

@@ -19,6 +19,16 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+#: HiGHS options of the grouping MILP, shared by the highspy and the Pyomo backends so the
+#: two solve the same model to the same tolerances. Plans must meet the load limit within
+#: ``grouping.LOAD_TOL = 1e-6``, hence feasibility tolerances below it.
+GROUPING_OPTIONS = {
+    "mip_rel_gap": 1e-7,
+    "mip_abs_gap": 1e-12,
+    "primal_feasibility_tolerance": 1e-7,
+    "mip_feasibility_tolerance": 1e-7,
+}
+
 
 def highs_threads(threads: int) -> int:
     """Reset HiGHS's global scheduler so the next solve can use ``threads``; return that count."""
