@@ -28,6 +28,9 @@ class Cluster:
 
     ``slots_per_gpu`` defaults to ``ceil(E / G)``; ``replica_slots_per_gpu`` extra slots per GPU
     hold replicas; ``inter_node_weight`` is the cost of an inter-node hop (intra-node costs 1).
+    A plan may fill any of a GPU's ``W = slots_per_gpu + replica_slots_per_gpu`` physical slots
+    with any expert; ``allow_colocated_copies`` lets moeopt's planners put two copies of one
+    expert on one GPU (engines' plans may hold them regardless).
     """
 
     gpus: int
@@ -35,13 +38,22 @@ class Cluster:
     slots_per_gpu: int
     replica_slots_per_gpu: int = 0
     inter_node_weight: float = 4.0
+    allow_colocated_copies: bool = False
+
+    @property
+    def width(self) -> int:
+        """W: physical slots per GPU (``slots_per_gpu + replica_slots_per_gpu``)."""
+        return self.slots_per_gpu + self.replica_slots_per_gpu
+
+    @property
+    def physical_slots(self) -> int:
+        """P = G * W physical slots per layer."""
+        return self.gpus * self.width
 
     @property
     def nodes(self) -> int:
         return self.gpus // self.gpus_per_node
 
-    def node_of(self, gpu: int) -> int:
-        return gpu // self.gpus_per_node
 
 
 @dataclass(frozen=True)

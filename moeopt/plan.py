@@ -1,118 +1,360 @@
-"""Plans: each (layer, expert) has a home GPU and optionally replica GPUs."""
+"""Plans (``moeopt.plan/2``): per layer, the logical expert held by every physical slot.
+
+Each layer has ``G`` GPUs with ``W`` physical slots each (``W = slots_per_gpu +
+replica_slots_per_gpu``); a plan writes one logical expert id into every slot (``-1`` for a
+slot left empty) so that every expert has at least one copy. Copies are not "homes" or
+"replicas": they are equal, and the plan's :class:`Dispatch` says how tokens choose among
+them. Two copies of one expert on one GPU ("colocated", which DeepSeek's EPLB emits) are
+legal and scored as the engine runs them; moeopt's planners emit them only when
+``cluster.allow_colocated_copies`` is true.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
 
 import numpy as np
 
 from moeopt.errors import PlanError
 from moeopt.instance import Cluster
 
+#: Dispatch policies (SPEC section 11): how a token chooses among the copies of an expert.
+DISPATCH_KINDS = ("even", "static", "lp", "locality")
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """How tokens are split over the copies of an expert; part of every plan.
+
+    ``kind``:
+
+    * ``even``: every copy receives ``1/c`` of its expert's tokens (EPLB's model).
+    * ``static``: SGLang's static rule: a token uses the copy on its own GPU, else a copy
+      fixed per (source GPU, expert) drawn fairly over the expert's physical slots.
+    * ``lp``: per batch, each expert's tokens are split over its copies to minimize the
+      batch's largest GPU load (the best any dispatcher can do for the plan).
+    * ``locality``: the online guard of SPEC 4.3, ``argmax locality(g) - lam * Lhat_g /
+      mean(Lhat)`` with ``Lhat`` decayed by ``decay`` after each batch of ``batch_tokens``
+      tokens (``None``: one batch per trace step).
+    """
+
+    kind: str = "even"
+    lam: float = 1.0
+    decay: float = 0.9
+    batch_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in DISPATCH_KINDS:
+            raise PlanError(f"dispatch.kind: expected one of {', '.join(DISPATCH_KINDS)}, got {self.kind!r}")
+        if not np.isfinite(self.lam) or self.lam < 0:
+            raise PlanError(f"dispatch.lam: expected a finite number >= 0, got {self.lam!r}")
+        if not np.isfinite(self.decay) or not 0 <= self.decay <= 1:
+            raise PlanError(f"dispatch.decay: expected a number in [0, 1], got {self.decay!r}")
+        if self.batch_tokens is not None and (isinstance(self.batch_tokens, bool) or self.batch_tokens < 1):
+            raise PlanError(f"dispatch.batch_tokens: expected an integer >= 1, got {self.batch_tokens!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan file's ``dispatch`` object (only the fields the kind uses)."""
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.kind == "locality":
+            out.update(lam=self.lam, decay=self.decay, batch_tokens=self.batch_tokens)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> Dispatch:
+        """Read a ``dispatch`` object (a mapping, or a bare kind string)."""
+        if isinstance(data, str):
+            return cls(kind=data)
+        if not isinstance(data, dict):
+            raise PlanError(f"dispatch: expected a mapping with 'kind', got {data!r}")
+        unknown = set(data) - {"kind", "lam", "decay", "batch_tokens"}
+        if unknown:
+            raise PlanError(f"dispatch: unknown field(s) {', '.join(sorted(unknown))}")
+        kind = data.get("kind", "even")
+        for key in ("lam", "decay"):
+            v = data.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise PlanError(f"dispatch.{key}: expected a number, got {v!r}")
+        bt = data.get("batch_tokens")
+        if bt is not None and (isinstance(bt, bool) or not isinstance(bt, int)):
+            raise PlanError(f"dispatch.batch_tokens: expected an integer, got {bt!r}")
+        return cls(
+            kind=str(kind),
+            lam=float(data.get("lam", 1.0) if data.get("lam") is not None else 1.0),
+            decay=float(data.get("decay", 0.9) if data.get("decay") is not None else 0.9),
+            batch_tokens=bt,
+        )
+
 
 @dataclass(frozen=True, eq=False)
 class Plan:
-    """An expert-to-GPU placement.
+    """A placement of expert copies in physical slots, with its dispatch rule.
 
     Attributes
     ----------
-    home
-        int ``[L, E]``: home GPU of expert e at layer l.
-    replicas
-        per layer, int ``[R_l, 2]`` rows ``(expert, gpu)``: extra copies held in replica slots.
+    slots
+        int ``[L, G, W]``: the logical expert in slot w of GPU g at layer l; ``-1`` = empty.
+    experts
+        E, the number of logical experts per layer (every id in ``[0, E)`` has a copy).
+        Defaults to the largest id + 1.
+    dispatch
+        How tokens choose among an expert's copies.
     """
 
-    home: np.ndarray
-    replicas: tuple[np.ndarray, ...] = ()
+    slots: np.ndarray
+    experts: int = -1
+    dispatch: Dispatch = field(default_factory=Dispatch)
 
     def __post_init__(self) -> None:
-        home = np.asarray(self.home, dtype=np.int64)
+        try:
+            raw = np.asarray(self.slots)
+        except (TypeError, ValueError):
+            raise PlanError("plan.slots: expected [layers][gpus][slots] integer expert ids") from None
+        if raw.dtype.kind == "f" and raw.size and not np.array_equal(raw, np.round(raw)):
+            raise PlanError("plan.slots: expected integer expert ids")
+        if raw.dtype.kind not in "iuf" and raw.size:
+            raise PlanError(f"plan.slots: expected integer expert ids, got {raw.dtype}")
+        slots = raw.astype(np.int64)
+        if slots.ndim != 3:
+            raise PlanError(f"plan.slots: expected [layers, gpus, slots], got shape {slots.shape}")
+        object.__setattr__(self, "slots", slots)
+        E = int(self.experts)
+        if E < 0:
+            E = int(slots.max()) + 1 if slots.size else 0
+        object.__setattr__(self, "experts", E)
+        if not isinstance(self.dispatch, Dispatch):
+            raise PlanError("plan.dispatch: expected a Dispatch")
+        if slots.size and (slots.min() < -1 or slots.max() >= E):
+            l, g, w = np.argwhere((slots < -1) | (slots >= E))[0]
+            raise PlanError(
+                f"plan.slots: layer {l} GPU {g} slot {w} holds expert {slots[l, g, w]}, expected an id in [0, {E - 1}]"
+            )
+        missing = self.copy_counts == 0
+        if missing.any():
+            l, e = np.argwhere(missing)[0]
+            raise PlanError(f"plan.slots: layer {l} has no copy of expert {e}; every expert needs at least one slot")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_homes(
+        cls,
+        home: np.ndarray,
+        replicas: tuple[np.ndarray, ...] | list[np.ndarray] = (),
+        *,
+        gpus: int,
+        width: int | None = None,
+        dispatch: Dispatch | None = None,
+    ) -> Plan:
+        """A plan from a home GPU per expert ``[L, E]`` plus extra copies ``(expert, gpu)`` rows.
+
+        Each GPU's slots list its home experts in ascending id, then its extra copies in
+        ascending id, then empty slots (``-1``) up to ``width`` (default: the fullest GPU).
+        """
+        home = np.asarray(home, dtype=np.int64)
         if home.ndim != 2:
             raise PlanError(f"plan.placement: expected [layers, experts], got shape {home.shape}")
-        object.__setattr__(self, "home", home)
-        reps = tuple(
-            np.asarray(r, dtype=np.int64).reshape(-1, 2) for r in (self.replicas or ())
-        ) or tuple(np.zeros((0, 2), dtype=np.int64) for _ in range(home.shape[0]))
-        if len(reps) != home.shape[0]:
-            raise PlanError(
-                f"plan.replicas: expected one list per layer ({home.shape[0]}), got {len(reps)}"
-            )
-        object.__setattr__(self, "replicas", reps)
+        L, E = home.shape
+        if home.size and (home.min() < 0 or home.max() >= gpus):
+            raise PlanError(f"plan.placement: GPU ids must lie in [0, {gpus - 1}]")
+        reps = [np.asarray(r, dtype=np.int64).reshape(-1, 2) for r in (replicas or ())]
+        reps += [np.zeros((0, 2), dtype=np.int64)] * (L - len(reps))
+        if len(reps) != L:
+            raise PlanError(f"plan.replicas: expected one list per layer ({L}), got {len(reps)}")
+        per_layer = []
+        for l in range(L):
+            r = reps[l]
+            if len(r) and (r[:, 0].min() < 0 or r[:, 0].max() >= E or r[:, 1].min() < 0 or r[:, 1].max() >= gpus):
+                raise PlanError(f"plan.replicas[{l}]: expert or GPU id out of range")
+            e = np.concatenate([np.arange(E), r[:, 0]])
+            g = np.concatenate([home[l], r[:, 1]])
+            extra = np.concatenate([np.zeros(E, dtype=np.int64), np.ones(len(r), dtype=np.int64)])
+            per_layer.append((g, extra, e))
+        counts = [np.bincount(g, minlength=gpus) for g, _, _ in per_layer]
+        need = max((int(c.max()) for c in counts if c.size), default=0)
+        W = need if width is None else int(width)
+        if need > W:
+            l = next(i for i, c in enumerate(counts) if c.max() > W)
+            g = int(np.argmax(counts[l]))
+            raise PlanError(f"plan: layer {l} puts {counts[l][g]} copies on GPU {g}, which has {W} slots")
+        slots = np.full((L, gpus, W), -1, dtype=np.int64)
+        for l, (g, extra, e) in enumerate(per_layer):
+            order = np.lexsort((e, extra, g))
+            gs = g[order]
+            rank = np.arange(len(gs)) - np.searchsorted(gs, gs)
+            slots[l, gs, rank] = e[order]
+        return cls(slots=slots, experts=E, dispatch=dispatch or Dispatch())
 
+    def with_dispatch(self, dispatch: Dispatch) -> Plan:
+        return replace(self, dispatch=dispatch)
+
+    def padded(self, width: int) -> Plan:
+        """The same plan with ``width`` slots per GPU (extra slots empty)."""
+        W = self.width
+        if width == W:
+            return self
+        if width < W:
+            used = (self.slots >= 0).sum(axis=2).max(initial=0)
+            if used > width:
+                raise PlanError(f"plan: a GPU holds {used} copies, more than {width} slots")
+            # keep slot order: stable compaction of the non-empty slots to the front
+            order = np.argsort(self.slots < 0, axis=2, kind="stable")
+            compact = np.take_along_axis(self.slots, order, axis=2)[:, :, :width]
+            return replace(self, slots=compact)
+        pad = np.full(self.slots.shape[:2] + (width - W,), -1, dtype=np.int64)
+        return replace(self, slots=np.concatenate([self.slots, pad], axis=2))
+
+    # ------------------------------------------------------------------ shape
     @property
     def layers(self) -> int:
-        return int(self.home.shape[0])
+        return int(self.slots.shape[0])
 
     @property
-    def experts(self) -> int:
-        return int(self.home.shape[1])
+    def gpus(self) -> int:
+        return int(self.slots.shape[1])
+
+    @property
+    def width(self) -> int:
+        """W: physical slots per GPU."""
+        return int(self.slots.shape[2])
+
+    # ------------------------------------------------------------------ derived views
+    @cached_property
+    def copy_counts(self) -> np.ndarray:
+        """int ``[L, E]``: copies of each expert (colocated copies counted each)."""
+        L, E = self.layers, self.experts
+        filled = self.slots >= 0
+        key = (np.arange(L)[:, None, None] * E + self.slots)[filled]
+        return np.bincount(key, minlength=L * E).reshape(L, E)
+
+    @cached_property
+    def copies_on_gpu(self) -> np.ndarray:
+        """int ``[L, E, G]``: copies of each expert on each GPU (2+ = colocated)."""
+        L, G, W = self.slots.shape
+        E = self.experts
+        filled = self.slots >= 0
+        g = np.broadcast_to(np.arange(G)[None, :, None], self.slots.shape)
+        key = ((np.arange(L)[:, None, None] * E + self.slots) * G + g)[filled]
+        return np.bincount(key, minlength=L * E * G).reshape(L, E, G)
+
+    @cached_property
+    def home(self) -> np.ndarray:
+        """int ``[L, E]``: the GPU of each expert's first copy (in GPU, then slot, order)."""
+        L, G, W = self.slots.shape
+        flat = self.slots.reshape(L, G * W)
+        home = np.zeros((L, self.experts), dtype=np.int64)
+        for l in range(L):
+            ids = flat[l]
+            pos = np.nonzero(ids >= 0)[0]
+            e, first = np.unique(ids[pos], return_index=True)  # first occurrence in slot order
+            home[l, e] = pos[first] // W
+        return home
 
     @property
     def has_replicas(self) -> bool:
-        return any(len(r) for r in self.replicas)
+        """Whether any expert has more than one copy."""
+        return bool((self.copy_counts > 1).any())
 
-    @classmethod
-    def from_homes(cls, home: np.ndarray) -> Plan:
-        return cls(home=np.asarray(home))
+    @property
+    def colocated(self) -> int:
+        """Number of copies that share a GPU with another copy of the same expert."""
+        c = self.copies_on_gpu
+        return int(np.maximum(c - 1, 0).sum())
 
-    def without_replicas(self) -> Plan:
-        return Plan(home=self.home.copy())
+    @property
+    def replicas(self) -> tuple[np.ndarray, ...]:
+        """Per layer int ``[R_l, 2]`` rows ``(expert, gpu)``: every copy but the first."""
+        out = []
+        L, G, W = self.slots.shape
+        for l in range(L):
+            ids = self.slots[l].reshape(-1)
+            pos = np.nonzero(ids >= 0)[0]
+            e = ids[pos]
+            order = np.argsort(e, kind="stable")
+            e_sorted = e[order]
+            first = np.ones(len(e_sorted), dtype=bool)
+            first[1:] = e_sorted[1:] != e_sorted[:-1]
+            extra = order[~first]
+            rows = np.stack([e[extra], pos[extra] // W], axis=1) if len(extra) else np.zeros((0, 2), np.int64)
+            out.append(rows[np.lexsort((rows[:, 1], rows[:, 0]))] if len(rows) else rows)
+        return tuple(out)
 
     def copies(self, layer: int) -> np.ndarray:
-        """int ``[E, 1 + max replicas]``: GPUs holding each expert, home first, -1 padded."""
-        reps = self.replicas[layer]
-        E = self.experts
-        per = np.bincount(reps[:, 0], minlength=E) if len(reps) else np.zeros(E, dtype=np.int64)
-        width = 1 + (int(per.max()) if len(reps) else 0)
-        table = np.full((E, width), -1, dtype=np.int64)
-        table[:, 0] = self.home[layer]
-        if len(reps):
-            order = np.argsort(reps[:, 0], kind="stable")
-            sorted_e = reps[order, 0]
-            start = np.searchsorted(sorted_e, np.arange(E))
-            rank = np.arange(len(sorted_e)) - start[sorted_e]
-            table[sorted_e, 1 + rank] = reps[order, 1]
+        """int ``[E, C]``: the GPU of each copy of each expert (first copy first), -1 padded.
+
+        A colocated copy appears once per slot, so an even split gives that GPU its share
+        twice, as engines do.
+        """
+        W = self.width
+        ids = self.slots[layer].reshape(-1)
+        pos = np.nonzero(ids >= 0)[0]
+        e = ids[pos]
+        order = np.argsort(e, kind="stable")
+        e_sorted, gpu = e[order], pos[order] // W
+        counts = np.bincount(e_sorted, minlength=self.experts)
+        table = np.full((self.experts, max(int(counts.max(initial=1)), 1)), -1, dtype=np.int64)
+        start = np.searchsorted(e_sorted, np.arange(self.experts))
+        rank = np.arange(len(e_sorted)) - start[e_sorted]
+        table[e_sorted, rank] = gpu
         return table
 
-    def experts_per_gpu(self, gpus: int) -> np.ndarray:
-        """int ``[L, G]``: home experts on each GPU."""
-        L = self.layers
-        flat = (np.arange(L)[:, None] * gpus + self.home).ravel()
-        return np.bincount(flat, minlength=L * gpus).reshape(L, gpus)
+    def physical(self, layer: int) -> np.ndarray:
+        """int ``[G * W]``: the layer's slots flattened (slot ``p`` on GPU ``p // W``)."""
+        return self.slots[layer].reshape(-1)
 
-    def check(self, cluster: Cluster, *, layers: int | None = None, experts: int | None = None) -> None:
-        """Raise :class:`PlanError` unless the plan fits the cluster's slots and replica slots."""
-        G = cluster.gpus
+    def experts_per_gpu(self) -> np.ndarray:
+        """int ``[L, G]``: filled slots on each GPU."""
+        return (self.slots >= 0).sum(axis=2)
+
+    def same_layout(self, other: Plan) -> bool:
+        """Whether two plans hold the same multiset of experts on every GPU of every layer."""
+        if self.slots.shape[:2] != other.slots.shape[:2] or self.experts != other.experts:
+            return False
+        return bool(np.array_equal(self.copies_on_gpu, other.copies_on_gpu))
+
+    # ------------------------------------------------------------------ checks
+    def check(
+        self,
+        cluster: Cluster,
+        *,
+        layers: int | None = None,
+        experts: int | None = None,
+        own: bool = False,
+    ) -> None:
+        """Raise :class:`PlanError` (one line) unless the plan fits the instance.
+
+        ``own=True`` is for moeopt's own planners: colocated copies are then an error unless
+        ``cluster.allow_colocated_copies``. Plans read from engines may hold them.
+        """
+        G, W = cluster.gpus, cluster.width
         if layers is not None and self.layers != layers:
-            raise PlanError(f"plan.placement: {self.layers} layers, instance has {layers}")
+            raise PlanError(f"plan.slots: {self.layers} layers, the instance has {layers}")
         if experts is not None and self.experts != experts:
-            raise PlanError(f"plan.placement: {self.experts} experts per layer, instance has {experts}")
-        if self.home.size and (self.home.min() < 0 or self.home.max() >= G):
-            raise PlanError(f"plan.placement: GPU ids must lie in [0, {G - 1}]")
-        used = self.experts_per_gpu(G)
-        if (used > cluster.slots_per_gpu).any():
-            l, g = np.argwhere(used > cluster.slots_per_gpu)[0]
+            raise PlanError(f"plan.slots: {self.experts} experts per layer, the instance has {experts}")
+        if self.gpus != G:
+            raise PlanError(f"plan.slots: plan is for {self.gpus} GPUs, the instance has {G}")
+        used = self.experts_per_gpu()
+        if (used > W).any():
+            l, g = np.argwhere(used > W)[0]
             raise PlanError(
-                f"plan.placement: layer {l} puts {used[l, g]} experts on GPU {g}, "
-                f"which has {cluster.slots_per_gpu} slots"
+                f"plan.slots: layer {l} puts {used[l, g]} copies on GPU {g}, which has {W} slots "
+                f"(cluster.slots_per_gpu + replica_slots_per_gpu)"
             )
-        for l, reps in enumerate(self.replicas):
-            if not len(reps):
-                continue
-            e, g = reps[:, 0], reps[:, 1]
-            if e.min() < 0 or e.max() >= self.experts or g.min() < 0 or g.max() >= G:
-                raise PlanError(f"plan.replicas[{l}]: expert or GPU id out of range")
-            if (self.home[l, e] == g).any():
-                i = int(np.argmax(self.home[l, e] == g))
-                raise PlanError(
-                    f"plan.replicas[{l}]: expert {e[i]} replicated on its home GPU {g[i]}"
-                )
-            if len(np.unique(e * G + g)) != len(e):
-                raise PlanError(f"plan.replicas[{l}]: two copies of one expert on one GPU")
-            per_gpu = np.bincount(g, minlength=G)
-            if (per_gpu > cluster.replica_slots_per_gpu).any():
-                gg = int(np.argmax(per_gpu))
-                raise PlanError(
-                    f"plan.replicas[{l}]: GPU {gg} holds {per_gpu[gg]} replicas, "
-                    f"replica_slots_per_gpu is {cluster.replica_slots_per_gpu}"
-                )
+        if own and not cluster.allow_colocated_copies and self.colocated:
+            l, e, g = np.argwhere(self.copies_on_gpu > 1)[0]
+            raise PlanError(
+                f"plan.slots: layer {l} puts two copies of expert {e} on GPU {g}; "
+                f"set cluster.allow_colocated_copies: true to allow it"
+            )
+
+    def notes(self) -> list[str]:
+        """Remarks a user should see (not errors), e.g. colocated copies."""
+        out = []
+        if self.colocated:
+            layers = int((self.copies_on_gpu > 1).any(axis=(1, 2)).sum())
+            out.append(
+                f"note: {self.colocated} colocated copies (two copies of one expert on one GPU) in {layers} "
+                f"layers; scored as the engine runs them"
+            )
+        return out

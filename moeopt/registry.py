@@ -8,11 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+import numpy as np
 from tqdm.auto import tqdm
 
-from moeopt.errors import InputError
+from moeopt.errors import InputError, PlanError
 from moeopt.instance import Instance
-from moeopt.plan import Plan
+from moeopt.plan import Dispatch, Plan
 from moeopt.profile import Profile
 from moeopt.result import Result
 from moeopt.trace import Stats, Trace
@@ -38,6 +39,13 @@ class Problem:
     @property
     def gpus(self) -> int:
         return self.instance.cluster.gpus
+
+    def plan(
+        self, home: np.ndarray, replicas: tuple[np.ndarray, ...] | list[np.ndarray] = (), dispatch: Dispatch | None = None
+    ) -> Plan:
+        """A plan/2 from homes ``[L, E]`` and extra copies, in this instance's ``G x W`` slots."""
+        c = self.instance.cluster
+        return Plan.from_homes(home, replicas, gpus=c.gpus, width=c.width, dispatch=dispatch)
 
 
 @dataclass
@@ -68,6 +76,9 @@ class Method(Protocol):
     Params: ClassVar[type]
     #: What the calibration workload must provide: "coactivation", "steps", "profile".
     requires: ClassVar[frozenset[str]]
+    #: Metrics the method adds to every score of its plans (bounds, certificates), each called
+    #: as ``hook(plan, instance, workloads, metrics, params)``; see :func:`moeopt.scoring.score`.
+    metric_hooks: ClassVar[tuple]
 
     def available(self) -> bool: ...
 
@@ -89,6 +100,13 @@ def method_names() -> list[str]:
     import moeopt.methods  # noqa: F401  (registers the built-in methods)
 
     return sorted(_REGISTRY)
+
+
+def metric_hooks(name: str) -> tuple:
+    """The metric hooks a registered method declares (none for unknown names, e.g. imports)."""
+    method_names()
+    cls = _REGISTRY.get(name)
+    return tuple(getattr(cls, "metric_hooks", ())) if cls is not None else ()
 
 
 def get_method(name: str, *, source: str | None = None) -> Method:
@@ -125,7 +143,7 @@ def parse_params(
         values[key] = _coerce(value, hints.get(key), source, f"method.{key}")
     try:
         params = method.Params(**values)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, PlanError) as exc:
         raise InputError(source, "method", str(exc)) from None
     return params
 

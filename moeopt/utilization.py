@@ -14,10 +14,15 @@ replicas) and is computed in microseconds; its validity argument is in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from moeopt.profile import Profile
+
+if TYPE_CHECKING:
+    from moeopt.instance import Instance
+    from moeopt.plan import Plan
 
 #: Default number of utilization-trace steps (the GEM paper: 16 steps suffice).
 DEFAULT_STEPS = 16
@@ -247,3 +252,33 @@ def straggler_lower_bound(
 ) -> float:
     """Lower bound on ``S(M) = sum_t max_g C_g(n_g(M, t))`` (summed over any leading axes)."""
     return float(step_lower_bound(n, profile, single_expert=single_expert, slots=slots).sum())
+
+
+# ----------------------------------------------------------------------------- metric hook
+def straggler_bound_hook(plan: Plan, instance: Instance, workloads: Any, metrics: dict, params: Any = None) -> None:
+    """Metric hook: add ``straggler_lower_bound`` and ``gap_to_bound = (S - LB) / S``.
+
+    Parameters
+    ----------
+    plan
+        The result's plan (with replicas only the fractional-balance terms are used).
+    instance
+        The plan's instance (slots per GPU).
+    workloads
+        The instance's workloads: the bound is computed on the evaluation workload, like S.
+    metrics
+        The evaluator's metrics, updated in place (nothing is added without a profile or
+        per-step counts).
+    """
+    profile = workloads.profile
+    if profile is None or metrics.get("straggler_latency") is None:
+        return
+    counts = workloads.evaluation.step_counts  # [L, T, E]; None for counts without steps
+    if counts is None:
+        return
+    single = not plan.has_replicas
+    slots = instance.cluster.slots_per_gpu
+    bound = float(step_lower_bound(counts, profile, single_expert=single, slots=slots).sum())
+    s = float(metrics["straggler_latency"])
+    metrics["straggler_lower_bound"] = bound
+    metrics["gap_to_bound"] = max(s - bound, 0.0) / max(abs(s), 1e-12)

@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moeopt.errors import InputError
-from moeopt.evaluate import GuardParams, dispatch, evaluate, guard_layer
+from moeopt.dispatch import guard_layer, route_trace
+from moeopt.evaluate import evaluate
+from moeopt.plan import Dispatch
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
 from moeopt.io import load_instance
 from moeopt.methods.gesr import (
@@ -87,7 +89,7 @@ def test_place_replicas_respects_slots(seed, G, S, r):
     np.fill_diagonal(a, 0)
     reps = place_replicas(rng.permutation(E), home, rng.random(E), G, S, copies_each=r, affinity=a)
     cluster = Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=E, replica_slots_per_gpu=S)
-    Plan(home=home[None], replicas=(reps,)).check(cluster)
+    Plan.from_homes(home[None], (reps,), gpus=G).check(cluster, own=True)
     assert len(reps) == min(G * S, len(reps))
     assert np.bincount(reps[:, 0], minlength=E).max(initial=0) <= r
 
@@ -155,11 +157,12 @@ def test_random_replicas_fill_budget():
 def test_guard_sends_tokens_only_to_holders(case, lam, decay, batch):
     """The guard never sends a token to a GPU lacking the expert; loads sum to tokens*k*L."""
     cluster, trace, plan = case
-    gpu = dispatch(plan, trace, cluster.gpus, GuardParams(lam, decay, batch))
+    plan = plan.with_dispatch(Dispatch("locality", lam, decay, batch))
+    gpu = route_trace(plan, trace, cluster).gpu
     for l in range(trace.layers):
         holds = holds_matrix(plan, l, cluster.gpus)
         assert holds[trace.topk[:, l, :].astype(np.int64), gpu[:, l, :]].all()
-    m = evaluate(plan, trace, cluster, guard=GuardParams(lam, decay, batch))
+    m = evaluate(plan, trace, cluster)
     assert m["total_load"] == trace.tokens * trace.top_k * trace.layers
     assert np.asarray(m["loads"]).sum(axis=1).tolist() == [trace.tokens * trace.top_k] * trace.layers
 
@@ -168,7 +171,7 @@ def test_guard_sends_tokens_only_to_holders(case, lam, decay, batch):
 def test_no_replicas_is_home_dispatch(case):
     """Without replicas every assignment runs on the expert's home GPU."""
     cluster, trace, plan = case
-    gpu = dispatch(plan, trace, cluster.gpus, GuardParams(3.0, 0.5, 2))
+    gpu = route_trace(plan.with_dispatch(Dispatch("locality", 3.0, 0.5, 2)), trace, cluster).gpu
     for l in range(trace.layers):
         assert np.array_equal(gpu[:, l, :], plan.home[l][trace.topk[:, l, :]])
 
@@ -177,7 +180,7 @@ def test_guard_keeps_a_token_on_one_gpu():
     """Two replicated experts of one token end up together (not chasing each other's home)."""
     copies = np.array([[0, 1], [1, 0], [2, -1], [3, -1]])
     topk = np.array([[0, 1]] * 8)
-    gpu = guard_layer(topk, np.zeros(8, dtype=np.int64), copies, 4, GuardParams(lam=0.0))
+    gpu = guard_layer(topk, np.zeros(8, dtype=np.int64), copies, 4, Dispatch("locality", lam=0.0))
     assert (gpu[:, 0] == gpu[:, 1]).all()
 
 
@@ -188,9 +191,9 @@ def test_guard_locality_and_load():
     n = 400
     topk = np.stack([np.zeros(n, dtype=np.int64), np.full(n, 2)], axis=1)
     step = np.repeat(np.arange(20), 20)
-    local = guard_layer(topk, step, copies, 3, GuardParams(lam=0.0))
+    local = guard_layer(topk, step, copies, 3, Dispatch("locality", lam=0.0))
     assert (local[:, 0] == 1).all()
-    spread = guard_layer(topk, step, copies, 3, GuardParams(lam=50.0, decay=0.5, batch_tokens=5))
+    spread = guard_layer(topk, step, copies, 3, Dispatch("locality", lam=50.0, decay=0.5, batch_tokens=5))
     # GPU 1 already runs expert 2 for every token: balance wants expert 0 on GPU 0
     assert (spread[:, 0] == 0).mean() > 0.6
 
@@ -200,20 +203,19 @@ def test_guard_lambda_lowers_maxvio_on_hot_replicas():
     p = synthetic_problem(E=16, G=4, k=2, S=2, tokens=4096)
     res = run("hottest-replication", p)
     trace, c = p.trace, p.instance.cluster
-    pure = evaluate(res.plan, trace, c, guard=GuardParams(lam=0.0))["maxvio"]
-    aware = evaluate(res.plan, trace, c, guard=GuardParams(lam=4.0, decay=0.9, batch_tokens=32))["maxvio"]
+    pure = evaluate(res.plan, trace, c, dispatch=Dispatch("locality", lam=0.0))["maxvio"]
+    aware = evaluate(res.plan, trace, c, dispatch=Dispatch("locality", lam=4.0, decay=0.9, batch_tokens=32))["maxvio"]
     assert aware < pure
 
 
 def test_solve_uses_the_methods_guard():
-    """solve() evaluates a GESR plan with the guard settings of its parameters."""
+    """A GESR plan carries the guard settings of its parameters as its dispatch rule."""
     inst = load_instance(INSTANCES / "gesr-small.yaml")
     inst = inst.replace(method=replace(inst.method, params={**inst.method.params, "base": "greedy"}))
     wl = load_workloads(inst)
     res = solve(inst, params={"base": "greedy", "lam": 3.0, "decay": 0.5}, workloads=wl)
-    assert res.stats["guard"]["lam"] == 3.0
-    guard = GuardParams(**res.stats["guard"])
-    m = evaluate(res.plan, wl.evaluation, inst.cluster, guard=guard)
+    assert res.plan.dispatch == Dispatch("locality", lam=3.0, decay=0.5, batch_tokens=32)
+    m = evaluate(res.plan, wl.evaluation, inst.cluster)
     assert res.metrics["maxvio"] == pytest.approx(m["maxvio"])
     assert res.metrics["replication_bound_maxvio"] <= res.metrics["maxvio"] + 1e-9
     assert res.bound is not None and res.bound <= res.objective + 1e-9
@@ -280,7 +282,7 @@ def test_certificate_bounds_every_measured_plan():
     loads = p.stats.expert_load
     bounds = [solve_replication_bound(home[l], loads[l], 4, 1, time_limit=10) for l in range(p.layers)]
     for name, r in res.items():
-        m = evaluate(r.plan, p.trace, p.instance.cluster, guard=GuardParams(1.0, 0.9, 32))
+        m = evaluate(r.plan, p.trace, p.instance.cluster)
         for l, b in enumerate(bounds):
             assert b.bound <= m["maxvio_per_layer"][l] + 1e-9, name
 

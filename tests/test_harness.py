@@ -15,12 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moeopt.cli import main
-from moeopt.evaluate import communication, dispatch, evaluate, linear_plan
+from moeopt.dispatch import route_trace
+from moeopt.evaluate import communication, evaluate, linear_plan
 from moeopt.harness.profile import monotone_fit, split_tokens, step_function_error
 from moeopt.harness.run import PLAN_KEYS, REPORT_KEYS, plan_loads, rank_traffic, ranking
 from moeopt.instance import Cluster
 from moeopt.io import load_instance, read_profile, write_plan
-from moeopt.plan import Plan
+from moeopt.plan import Dispatch, Plan
 from moeopt.profile import synthetic_profile
 from moeopt.solve import load_workloads
 from moeopt.trace import stats_from_counts
@@ -110,8 +111,10 @@ def test_plan_loads_match_the_evaluator(quickstart_path: Path) -> None:
     home = np.random.default_rng(5).integers(0, G, size=trace.tokens)
     trace = dataclasses.replace(trace, home=home)
     plan = linear_plan(inst.model.layers, inst.model.experts, G)
-    # a replica makes the dispatch non-trivial
-    plan = Plan(home=plan.home, replicas=tuple(np.array([[0, 3]]) for _ in range(inst.model.layers)))
+    # a replica makes the dispatch non-trivial; the guard's per-token choices are what the
+    # evaluator counts too (even and lp are fractional there, rounded to tokens here)
+    reps = tuple(np.array([[0, 3]]) for _ in range(inst.model.layers))
+    plan = Plan.from_homes(plan.home, reps, gpus=G, dispatch=Dispatch(kind="locality"))
     cluster = dataclasses.replace(inst.cluster, replica_slots_per_gpu=1)
     pl = plan_loads("p", plan, trace, cluster)
     np.testing.assert_array_equal(pl.per_expert.sum(axis=-1), pl.step_loads)
@@ -125,7 +128,7 @@ def test_plan_loads_match_the_evaluator(quickstart_path: Path) -> None:
     assert straggler(pl.step_loads, profile)[0] == pytest.approx(
         evaluate(plan, trace, cluster, profile=profile)["straggler_latency"]
     )
-    _, remote, _ = communication(dispatch(plan, trace, G), cluster, home)
+    _, remote, _ = communication(route_trace(plan, trace, cluster).gpu, cluster, home)
     np.testing.assert_allclose(pl.traffic.sum(axis=(1, 2, 3)), remote.sum(axis=0))
     assert (pl.traffic[:, :, np.arange(G), np.arange(G)] == 0).all()
 
@@ -134,7 +137,7 @@ def test_plan_loads_from_step_counts_split_replicas() -> None:
     """Count statistics: replicas split an expert's tokens evenly, per expert and GPU."""
     step_counts = np.array([[[8.0, 2.0, 0.0, 4.0], [0.0, 6.0, 2.0, 2.0]]])  # [L=1, T=2, E=4]
     stats = stats_from_counts(step_counts.sum(axis=1), top_k=1, step_counts=step_counts)
-    plan = Plan(home=np.array([[0, 0, 1, 1]]), replicas=(np.array([[0, 1]]),))
+    plan = Plan.from_homes(np.array([[0, 0, 1, 1]]), (np.array([[0, 1]]),), gpus=2)
     cluster = Cluster(gpus=2, gpus_per_node=2, slots_per_gpu=2, replica_slots_per_gpu=1)
     pl = plan_loads("p", plan, stats, cluster)
     assert pl.per_expert[0, 0, 0, 0] == 4 and pl.per_expert[0, 0, 1, 0] == 4
@@ -248,9 +251,9 @@ def test_validate_cli_report_shape(torch, tiny_instance: Path, tmp_path: Path, c
     inst = load_instance(tiny_instance)
     G, L, E = inst.cluster.gpus, inst.model.layers, inst.model.experts
     lin = tmp_path / "linear.json"
-    write_plan(lin, linear_plan(L, E, G), G, "linear")
+    write_plan(lin, linear_plan(L, E, G), "linear")
     skew = tmp_path / "interleaved.json"
-    write_plan(skew, Plan(home=np.tile(np.arange(E) % G, (L, 1))), G, "interleaved")
+    write_plan(skew, Plan.from_homes(np.tile(np.arange(E) % G, (L, 1)), gpus=G), "interleaved")
     report_path, md_path = tmp_path / "r.json", tmp_path / "r.md"
     rc = main([
         "validate", str(tiny_instance), str(lin), str(skew), "--device", "cpu", "--repeats", "2",
@@ -272,7 +275,7 @@ def test_validate_cli_report_shape(torch, tiny_instance: Path, tmp_path: Path, c
         assert entry["assignments"] == 256 * 2
         from moeopt.io import read_plan
 
-        plan, _ = read_plan(plan_path)
+        plan = read_plan(plan_path)
         # the modelled value is the evaluator's S on the full evaluation workload
         expected = evaluate(plan, wl.evaluation, inst.cluster, profile=wl.profile)["straggler_latency"]
         assert entry["modelled_straggler"] == pytest.approx(expected)

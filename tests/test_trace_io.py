@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ from moeopt.errors import InputError
 from moeopt.io import (
     load_instance,
     read_plan,
+    read_plan_file,
     read_profile,
     read_trace,
     read_workload_file,
@@ -128,13 +132,48 @@ def test_counts_csv_and_npy(tmp_path):
         read_workload_file(DATA / "good-counts.csv")
 
 
-def test_plan_json_round_trip(tmp_path):
-    """A plan with replicas survives write_plan/read_plan."""
-    plan = Plan(home=np.array([[0, 0, 1, 1], [1, 0, 1, 0]]), replicas=(np.array([[0, 1]]), np.zeros((0, 2))))
-    write_plan(tmp_path / "p.json", plan, 2, "x", {"a": 1})
-    back, gpus = read_plan(tmp_path / "p.json")
-    assert gpus == 2 and np.array_equal(back.home, plan.home)
-    assert back.replicas[0].tolist() == [[0, 1]] and len(back.replicas[1]) == 0
+@given(small_case(replicas=True, colocated=True, dispatch=None))
+def test_plan_json_round_trip(case):
+    """Any plan/2 (empty slots, colocated copies, every dispatch) survives write_plan/read_plan_file."""
+    _, _, plan = case
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "p.json"
+        write_plan(path, plan, "x", {"a": 1})
+        back = read_plan_file(path)
+    assert np.array_equal(back.plan.slots, plan.slots) and back.plan.experts == plan.experts
+    assert back.plan.dispatch == plan.dispatch and back.method == "x" and back.params == {"a": 1}
+
+
+def test_plan_v1_files_still_read(tmp_path):
+    """A first-release plan/1 file (homes + replicas) reads into plan/2 with the guard dispatch."""
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({
+        "format": "moeopt.plan/1", "gpus": 2, "layers": 2, "experts": 4,
+        "placement": [[0, 0, 1, 1], [1, 0, 1, 0]], "replicas": [[[0, 1]], []],
+    }))
+    plan = read_plan(path)
+    assert plan.slots.tolist() == [[[0, 1, -1], [2, 3, 0]], [[1, 3, -1], [0, 2, -1]]]
+    assert plan.copies_on_gpu[0, 0].tolist() == [1, 1] and plan.copy_counts[1].tolist() == [1, 1, 1, 1]
+    assert plan.home.tolist() == [[0, 0, 1, 1], [1, 0, 1, 0]]
+    assert plan.dispatch.kind == "locality"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"slots": [[[0, 1], [2, 9]]]}, "holds expert 9"),
+    ({"slots": [[[0, 1], [2, 2]]]}, "no copy of expert 3"),
+    ({"slots": [[["a", 1], [2, 3]]]}, "slots: expected"),
+    ({"slots": [[[0, 1], [2, 3]]], "gpus": "two"}, "gpus: expected an integer"),
+    ({"slots": [[[0, 1], [2, 3]]], "dispatch": {"kind": "fastest"}}, "dispatch.kind"),
+    ({"slots": [[[0, 1]], [[2, 3]]]}, "expected shape [1, 2, slots]"),
+])
+def test_bad_plan_files_one_line(tmp_path, bad, message):
+    """Malformed plan/2 files are InputErrors naming the file and the field."""
+    data = {"format": "moeopt.plan/2", "gpus": 2, "layers": 1, "experts": 4, **bad}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError) as info:
+        read_plan(path)
+    assert str(path) in str(info.value) and message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_profile_round_trip_and_step_function(tmp_path):

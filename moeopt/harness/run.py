@@ -7,9 +7,8 @@ divided by g's emulated speed; the step's latency is the slowest GPU; the plan's
 straggler latency is the sum over layers and steps, the same sum as the evaluator's
 ``S = sum_l sum_t max_g C_g(n_g)``, which is the modelled value reported beside it.
 
-Token counts come from the evaluator: ``moeopt.evaluate.dispatch`` (the online replica
-guard) for token traces, ``moeopt.evaluate.loads_from_counts`` (replicas split evenly) for
-per-step count statistics. All groups of all plans are timed in interleaved rounds and
+Token counts come from the plan's own dispatch rule (:mod:`moeopt.dispatch`):
+``route_trace`` for token traces, ``count_flows`` for per-step count statistics. All groups of all plans are timed in interleaved rounds and
 each keeps its median, so slow drift of the device (clock, temperature) or a burst of
 contention does not favour one plan.
 
@@ -35,14 +34,9 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from moeopt.dispatch import count_flows, route_trace
 from moeopt.errors import InputError, MoeoptError
-from moeopt.evaluate import (
-    GuardParams,
-    dispatch,
-    loads_from_counts,
-    step_loads_from_dispatch,
-    straggler,
-)
+from moeopt.evaluate import straggler
 from moeopt.instance import Cluster, Instance
 from moeopt.plan import Plan
 from moeopt.profile import Profile
@@ -116,7 +110,6 @@ def plan_loads(
     workload: Trace | Stats,
     cluster: Cluster,
     *,
-    guard: GuardParams = GuardParams(),
     seed: int = 0,
 ) -> PlanLoads:
     """Per-expert token counts of a plan on a workload, through the evaluator's dispatch.
@@ -131,16 +124,15 @@ def plan_loads(
         The evaluation workload: a token trace, or statistics with ``step_counts``.
     cluster
         The instance's cluster (G).
-    guard
-        Replica guard parameters (as in :func:`moeopt.evaluate.evaluate`).
     seed
-        Seed of the uniform token homes used for traffic when the trace has none.
+        Seed of the uniform token homes used for traffic when the trace has none (and, under
+        ``static`` dispatch, to choose each token's copy).
 
     Returns
     -------
     PlanLoads
-        Counts per (layer, step, GPU, expert) whose sums over experts equal the
-        evaluator's per-step loads.
+        Counts per (layer, step, GPU, expert): the tokens the plan's dispatch sends to each
+        GPU (for ``even`` and ``lp`` an integer rounding of the evaluator's fractional split).
 
     Raises
     ------
@@ -149,16 +141,19 @@ def plan_loads(
     """
     G, E, L = cluster.gpus, plan.experts, plan.layers
     if isinstance(workload, Trace):
-        gpu = dispatch(plan, workload, G, guard)
+        home = workload.home
+        if home is None:
+            home = np.random.default_rng(seed).integers(0, G, size=workload.tokens)
+            if plan.dispatch.kind == "static":  # the copy a token uses depends on its home
+                workload = dataclasses.replace(workload, home=home)
+        gpu = route_trace(plan, workload, cluster).gpu
+        assert gpu is not None
         step = workload.step.astype(np.int64)
         T = int(step.max()) + 1
         experts = workload.topk.astype(np.int64)
         key = ((np.arange(L)[None, :, None] * T + step[:, None, None]) * G + gpu) * E + experts
         per_expert = np.bincount(key.ravel(), minlength=L * T * G * E).reshape(L, T, G, E)
-        step_loads = step_loads_from_dispatch(gpu, workload.step, G)
-        home = workload.home
-        if home is None:
-            home = np.random.default_rng(seed).integers(0, G, size=workload.tokens)
+        step_loads = per_expert.sum(axis=-1).astype(np.float64)
         traffic = token_traffic(gpu, step, home.astype(np.int64), G, T)
     else:
         if workload.step_counts is None:
@@ -167,16 +162,9 @@ def plan_loads(
                 "validate needs per-timestep counts: a token trace or counts with step_counts",
             )
         counts = np.asarray(workload.step_counts, dtype=np.float64)  # [L, T, E]
-        T = counts.shape[1]
-        eye = np.eye(E)
-        per_expert = np.zeros((L, T, G, E))
-        for l in range(L):
-            one = Plan(home=plan.home[l : l + 1], replicas=(plan.replicas[l],))
-            # expert axis kept apart as a diagonal, so the evaluator's split is per expert
-            spread = counts[l][:, None, :] * eye[None]  # [T, E_src, E]
-            per_expert[l] = np.swapaxes(loads_from_counts(one, spread[None], G)[0], 1, 2)
-        step_loads = loads_from_counts(plan, counts, G)
-        per_expert = np.rint(per_expert).astype(np.int64)
+        flows = count_flows(plan, counts, cluster)  # [L, T, E, G]
+        step_loads = flows.sum(axis=2)
+        per_expert = np.rint(np.swapaxes(flows, 2, 3)).astype(np.int64)
         traffic = None
     return PlanLoads(name=name, per_expert=per_expert, step_loads=step_loads, traffic=traffic)
 
@@ -778,9 +766,11 @@ def validate_command(args: Any) -> int:
     inst = load_instance(args.instance)
     plans = []
     for path in args.plans:
-        plan, gpus = read_plan(path)
-        if gpus != inst.cluster.gpus:
-            raise MoeoptError(f"{path}: gpus: plan is for {gpus} GPUs, instance has {inst.cluster.gpus}")
+        plan = read_plan(path)
+        try:
+            plan.check(inst.cluster, layers=inst.model.layers, experts=inst.model.experts)
+        except MoeoptError as exc:
+            raise MoeoptError(f"{path}: {exc}") from None
         plans.append((Path(path).stem, str(path), plan))
     report = validate(
         inst,

@@ -9,14 +9,15 @@ from typing import ClassVar
 import numpy as np
 
 from moeopt.evaluate import linear_plan, loads_from_counts, maxvio
-from moeopt.plan import Plan
+from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status
+from moeopt.utilization import straggler_bound_hook
 
 
 def calibration_maxvio(plan: Plan, problem: Problem) -> float:
-    """Mean over layers of MaxVio on calibration counts (replicas split evenly)."""
-    loads = loads_from_counts(plan, problem.stats.expert_load, problem.gpus)
+    """Mean over layers of MaxVio on pooled calibration counts, under the plan's dispatch."""
+    loads = loads_from_counts(plan, problem.stats.expert_load, problem.instance.cluster)
     return float(maxvio(loads).mean())
 
 
@@ -43,6 +44,8 @@ class Baseline:
 
     requires: ClassVar[frozenset[str]] = frozenset()
     Params: ClassVar[type] = NoParams
+    #: the instance's straggler lower bound (when it has a profile), to compare with GEM's
+    metric_hooks: ClassVar[tuple] = (straggler_bound_hook,)
 
     def available(self) -> bool:
         return True
@@ -63,7 +66,7 @@ class Linear(Baseline):
     summary: ClassVar[str] = "expert e on GPU floor(e*G/E) (vLLM default)"
 
     def homes(self, problem: Problem, params: object, ctx: Context) -> Plan:
-        return linear_plan(problem.layers, problem.experts, problem.gpus)
+        return problem.plan(linear_plan(problem.layers, problem.experts, problem.gpus).home)
 
 
 def random_homes(experts: int, gpus: int, slots: int, rng: np.random.Generator) -> np.ndarray:
@@ -82,9 +85,9 @@ class Random(Baseline):
     def homes(self, problem: Problem, params: object, ctx: Context) -> Plan:
         rng = np.random.default_rng(ctx.seed)
         c = problem.instance.cluster
-        return Plan(home=np.stack(
-            [random_homes(problem.experts, c.gpus, c.slots_per_gpu, rng) for _ in range(problem.layers)]
-        ))
+        return problem.plan(
+            np.stack([random_homes(problem.experts, c.gpus, c.slots_per_gpu, rng) for _ in range(problem.layers)])
+        )
 
 
 def balanced_homes(load: np.ndarray, gpus: int, slots: int, speed: np.ndarray | None = None) -> np.ndarray:
@@ -150,6 +153,12 @@ class Greedy(Baseline):
     class Params:
         replicate: bool = False
         replicas: int | None = None  # per layer; default: every replica slot
+        dispatch: str = "even"  # how tokens split over copies: even, static, lp, locality
+
+        def __post_init__(self) -> None:
+            Dispatch(kind=self.dispatch)  # one-line error for an unknown kind
+            if self.replicas is not None and self.replicas < 0:
+                raise ValueError(f"replicas must be >= 0, got {self.replicas}")
 
     Params: ClassVar[type] = Params
 
@@ -164,4 +173,4 @@ class Greedy(Baseline):
                 hottest_replicas(loads[l], home[l], c.gpus, c.replica_slots_per_gpu, budget)
                 for l in ctx.layers(problem.layers, "greedy")
             )
-        return Plan(home=home, replicas=reps)
+        return problem.plan(home, reps, Dispatch(kind=params.dispatch))

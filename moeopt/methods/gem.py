@@ -25,14 +25,13 @@ import numpy as np
 from moeopt.errors import InputError
 from moeopt.evaluate import layer_straggler
 from moeopt.heuristics.gem_search import SearchSettings, search_layer, speed_greedy_homes
-from moeopt.plan import Plan
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, combine_status
 from moeopt.utilization import (
     DEFAULT_STEPS,
     Utilization,
-    classification_lines,
     step_lower_bound,
+    straggler_bound_hook,
     utilization_trace,
 )
 
@@ -118,6 +117,7 @@ class Gem:
     name: ClassVar[str] = "gem"
     summary: ClassVar[str] = "GEM straggler-latency search: multi-start greedy + vectorized pairwise swaps + ILS"
     requires: ClassVar[frozenset[str]] = frozenset({"steps", "profile"})
+    metric_hooks: ClassVar[tuple] = (straggler_bound_hook,)
 
     @dataclass
     class Params:
@@ -188,7 +188,7 @@ class Gem:
         return Result(
             method=self.name,
             status=Status.FEASIBLE,
-            plan=Plan(home=home),
+            plan=problem.plan(home),
             objective=objective,
             bound=utilization_bound(util, problem),
             sense="min",
@@ -208,6 +208,7 @@ class _GemExact:
     name: ClassVar[str]
     summary: ClassVar[str]
     requires: ClassVar[frozenset[str]] = frozenset({"steps", "profile"})
+    metric_hooks: ClassVar[tuple] = (straggler_bound_hook,)
     backend: ClassVar[str]
 
     @dataclass
@@ -304,7 +305,7 @@ class _GemExact:
         return Result(
             method=self.name,
             status=status,
-            plan=Plan(home=home),
+            plan=problem.plan(home),
             objective=objective,
             bound=bound,
             sense="min",
@@ -369,6 +370,7 @@ class SpeedGreedy:
     name: ClassVar[str] = "speed-greedy"
     summary: ClassVar[str] = "LPT packing on mean loads weighted by GPU speed (GEM baseline)"
     requires: ClassVar[frozenset[str]] = frozenset({"profile"})
+    metric_hooks: ClassVar[tuple] = (straggler_bound_hook,)
 
     @dataclass
     class Params:
@@ -393,7 +395,7 @@ class SpeedGreedy:
         return Result(
             method=self.name,
             status=Status.FEASIBLE,
-            plan=Plan(home=home),
+            plan=problem.plan(home),
             objective=objective,
             bound=bound,
             sense="min",
@@ -402,47 +404,5 @@ class SpeedGreedy:
             params=vars(params),
         )
 
-
-# ----------------------------------------------------------------------------- hooks
-def straggler_bound_hook(plan: Plan, problem: Problem, workloads: Any, metrics: dict, result: Any = None) -> None:
-    """Metric hook: add ``straggler_lower_bound`` and ``gap_to_bound = (S - LB) / S``.
-
-    Parameters
-    ----------
-    plan
-        The result's plan (with replicas only the fractional-balance terms are used).
-    problem
-        The method's problem (slots per GPU).
-    workloads
-        The instance's workloads: the bound is computed on the evaluation workload, like S.
-    metrics
-        The evaluator's metrics, updated in place (nothing is added without a profile or
-        per-step counts).
-    """
-    profile = workloads.profile
-    if profile is None or metrics.get("straggler_latency") is None:
-        return
-    counts = workloads.evaluation.step_counts  # [L, T, E]; None for counts without steps
-    if counts is None:
-        return
-    single = not plan.has_replicas
-    slots = problem.instance.cluster.slots_per_gpu
-    bound = float(step_lower_bound(counts, profile, single_expert=single, slots=slots).sum())
-    s = float(metrics["straggler_latency"])
-    metrics["straggler_lower_bound"] = bound
-    metrics["gap_to_bound"] = max(s - bound, 0.0) / max(abs(s), 1e-12)
-
-
-def _register_hooks() -> None:
-    from moeopt.cli import TRACE_STATS_HOOKS
-    from moeopt.solve import METRIC_HOOKS
-
-    if straggler_bound_hook not in METRIC_HOOKS:
-        METRIC_HOOKS.append(straggler_bound_hook)
-    if classification_lines not in TRACE_STATS_HOOKS:
-        TRACE_STATS_HOOKS.append(classification_lines)
-
-
-_register_hooks()
 
 __all__ = ["Gem", "SpeedGreedy", "plan_straggler", "straggler_bound_hook", "utilization_bound"]

@@ -5,7 +5,7 @@ every family uses (the hot spots a task-aware grouping cannot spread), the top `
 above a centrality floor each get ``r`` replicas, placed by *structural fit* (coactivation
 with the experts homed on the candidate GPU), ties broken by the lower estimated load, in the
 cluster's ``replica_slots_per_gpu`` and never two copies of one expert on one GPU. At serving
-time the online guard of :func:`moeopt.evaluate.guard_layer` picks a copy per token (λ, δ);
+time the online guard of :func:`moeopt.dispatch.guard_layer` picks a copy per token (λ, δ);
 the evaluator simulates it, so the result's metrics are measured.
 
 Methods: ``gesr`` (base plan + GESR replicas; default base ``tacg``), and on the same base and
@@ -28,11 +28,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from moeopt.errors import InputError
-from moeopt.evaluate import GuardParams, dispatch, loads_from_counts, maxvio, step_loads_from_dispatch
-from moeopt.plan import Plan
+from moeopt.evaluate import evaluate
+from moeopt.instance import Instance
+from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, get_method, method_names, parse_params, register
 from moeopt.result import Result, Status, combine_status
-from moeopt.solve import METRIC_HOOKS, Workloads
+from moeopt.scoring import Workloads
 from moeopt.solvers.replication import ReplicationBound, solve_replication_bound
 from moeopt.trace import LIFT_EPS, log_lift
 
@@ -285,14 +286,14 @@ def certificate_stats(bounds: list[ReplicationBound], measured: float | None, pr
 _HOOK_CACHE: dict[tuple, list[ReplicationBound]] = {}
 
 
-def _certificate_hook(plan: Plan, problem: Problem, wl: Workloads, metrics: dict, result: Result) -> None:
-    """Adds the replication certificate on the evaluation loads to replicated plans whose
-    method asked for it (the replication methods' ``certificate`` parameter)."""
-    slots = problem.instance.cluster.replica_slots_per_gpu
-    if not plan.has_replicas or slots <= 0 or not result.params.get("certificate", False):
+def certificate_hook(plan: Plan, instance: Instance, wl: Workloads, metrics: dict, params: dict) -> None:
+    """Metric hook of the replication methods: the replication certificate on the evaluation
+    loads, for replicated plans whose method asked for it (``certificate`` parameter)."""
+    slots = instance.cluster.replica_slots_per_gpu
+    if not plan.has_replicas or slots <= 0 or not params.get("certificate", False):
         return
     loads = wl.evaluation.expert_load
-    G = problem.instance.cluster.gpus
+    G = instance.cluster.gpus
     key = (plan.home.tobytes(), loads.tobytes(), G, slots)
     if key not in _HOOK_CACHE:
         _HOOK_CACHE.clear()  # one entry: a benchmark evaluates several plans on one base
@@ -300,9 +301,6 @@ def _certificate_hook(plan: Plan, problem: Problem, wl: Workloads, metrics: dict
             plan.home, loads, G, slots, time_limit=certificate_time(plan.layers), hints=plan.replicas
         )
     metrics.update(certificate_stats(_HOOK_CACHE[key], metrics.get("maxvio")))
-
-
-METRIC_HOOKS.append(_certificate_hook)
 
 
 # ----------------------------------------------------------------------------- methods
@@ -316,6 +314,7 @@ class ReplicationParams:
     lam: float = 1.0  # guard λ: weight of the decayed load against locality
     decay: float = 0.9  # guard δ: Lhat <- δ Lhat + (1 - δ) load(batch)
     guard_batch_tokens: int | None = 32  # guard batch size within a trace step (None: the step)
+    dispatch: str = "locality"  # how tokens split over copies: locality (the guard), even, static, lp
     certificate: bool = True  # solve the replication MILP on the calibration loads
     certificate_time_limit: float | None = None  # seconds per layer (default min(2, 30 / L))
 
@@ -330,6 +329,13 @@ class ReplicationParams:
             raise ValueError(f"guard_batch_tokens must be >= 1, got {self.guard_batch_tokens}")
         if self.replicas is not None and self.replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {self.replicas}")
+        Dispatch(kind=self.dispatch)  # one-line error for an unknown kind
+
+    def dispatch_rule(self) -> Dispatch:
+        """The plan's dispatch: the guard with these λ, δ and batch size, or another kind."""
+        if self.dispatch == "locality":
+            return Dispatch(kind="locality", lam=self.lam, decay=self.decay, batch_tokens=self.guard_batch_tokens)
+        return Dispatch(kind=self.dispatch)
 
 
 @dataclass
@@ -359,6 +365,7 @@ class _Replication:
     summary: ClassVar[str]
     requires: ClassVar[frozenset[str]] = frozenset()
     Params: ClassVar[type] = ReplicationParams
+    metric_hooks: ClassVar[tuple] = (certificate_hook,)
 
     def available(self) -> bool:
         return True
@@ -382,25 +389,24 @@ class _Replication:
         c = problem.instance.cluster
         G, S = c.gpus, c.replica_slots_per_gpu
         budget = G * S if params.replicas is None else min(params.replicas, G * S)
+        rule = params.dispatch_rule()
+        unreplicated = problem.plan(home, dispatch=rule)
         if S == 0 or budget == 0:
-            plan = base.plan.without_replicas()
-            reps = plan.replicas
+            plan = unreplicated
         else:
             reps = tuple(
                 self.layer_replicas(problem, params, l, home[l], budget, ctx)
                 for l in ctx.layers(problem.layers, self.name)
             )
-            plan = Plan(home=home.copy(), replicas=reps)
-        guard = GuardParams(lam=params.lam, decay=params.decay, batch_tokens=params.guard_batch_tokens)
-        objective = calibration_maxvio(plan, problem, guard)
+            plan = problem.plan(home, reps, dispatch=rule)
+        objective = calibration_maxvio(plan, problem)
         stats: dict[str, Any] = {
-            "guard": {"lam": params.lam, "decay": params.decay, "batch_tokens": params.guard_batch_tokens},
             "base_method": params.base,
             "base_status": base.status.value,
             "base_objective": base.objective,
             "base_objective_name": base.objective_name,
             "base_wall_time": base.wall_time,
-            "base_calibration_maxvio": calibration_maxvio(base.plan.without_replicas(), problem, guard),
+            "base_calibration_maxvio": calibration_maxvio(unreplicated, problem),
             "replicas_per_layer": [len(r) for r in plan.replicas],
         }
         bound = None
@@ -431,16 +437,11 @@ class _Replication:
         )
 
 
-def calibration_maxvio(plan: Plan, problem: Problem, guard: GuardParams) -> float:
-    """Mean over layers of MaxVio on the calibration workload: dispatched by the guard on the
-    calibration trace when there is one, else from counts (replicas split evenly)."""
-    G = problem.gpus
-    if problem.trace is not None:
-        gpu = dispatch(plan, problem.trace, G, guard)
-        loads = step_loads_from_dispatch(gpu, problem.trace.step, G).sum(axis=1)
-    else:
-        loads = loads_from_counts(plan, problem.stats.expert_load, G)
-    return float(maxvio(loads).mean())
+def calibration_maxvio(plan: Plan, problem: Problem) -> float:
+    """Mean over layers of MaxVio on the calibration workload (the trace when there is one,
+    else the counts) under the plan's own dispatch."""
+    workload = problem.trace if problem.trace is not None else problem.stats
+    return float(evaluate(plan, workload, problem.instance.cluster)["maxvio"])
 
 
 @register

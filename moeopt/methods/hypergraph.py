@@ -34,8 +34,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from moeopt.errors import InfeasibleError, InputError
-from moeopt.evaluate import communication, dispatch, grouping_affinity
+from moeopt.evaluate import evaluate, grouping_affinity
 from moeopt.grouping import auto_eps_load
+from moeopt.instance import Cluster
 from moeopt.plan import Plan
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status
@@ -724,12 +725,9 @@ def hypergraph_homes(
     return np.stack(out)
 
 
-def calibration_gpus_per_token(plan: Plan, trace: Trace, gpus: int) -> float:
+def calibration_gpus_per_token(plan: Plan, trace: Trace, cluster: Cluster) -> float:
     """Mean over tokens and layers of distinct GPUs (λ) on the calibration trace (evaluator)."""
-    from moeopt.instance import Cluster
-
-    distinct, _, _ = communication(dispatch(plan, trace, gpus), Cluster(gpus=gpus, gpus_per_node=gpus, slots_per_gpu=1))
-    return float(distinct.mean())
+    return float(evaluate(plan, trace, cluster)["gpus_per_token"])
 
 
 def _available(module: str) -> bool:
@@ -807,12 +805,12 @@ class Hypergraph:
                 f"hypergraph layer {l}: km1 {out.km1}, repair {out.log.repair_moves}+{out.log.repair_swaps}, "
                 f"refine {out.log.refine_moves}+{out.log.refine_swaps}"
             )
-        plan = Plan(home=np.stack(homes))
+        plan = problem.plan(np.stack(homes))
         return Result(
             method=self.name,
             status=Status.FEASIBLE,
             plan=plan,
-            objective=calibration_gpus_per_token(plan, trace, c.gpus),
+            objective=calibration_gpus_per_token(plan, trace, c),
             objective_name="gpus_per_token",
             sense="min",
             wall_time=time.perf_counter() - t0,
@@ -908,7 +906,7 @@ class Metis:
             eps_used.append(used)
             cut += layer_cut
             log.add(lg)
-        plan = Plan(home=np.stack(homes))
+        plan = problem.plan(np.stack(homes))
         return Result(
             method=self.name,
             status=Status.FEASIBLE,

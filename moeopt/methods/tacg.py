@@ -29,7 +29,6 @@ from moeopt.evaluate import grouping_affinity
 from moeopt.grouping import AUTO_LOAD_SLACK, Grouping
 from moeopt.heuristics.spectral import capacity_repair, first_fit, spectral_labels
 from moeopt.heuristics.swap import arrange_nodes, iterated_local_search, node_affinity
-from moeopt.plan import Plan
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, combine_status
 from moeopt.trace import LIFT_EPS, Stats, log_lift
@@ -283,7 +282,7 @@ class TacgBase:
         if c.gpus_per_node < c.gpus:
             stats["node_affinity"] = sum(node_affinity(graph[l], home[l], c.gpus_per_node) for l in range(len(homes)))
         return Result(
-            method=self.name, status=combine_status(statuses), plan=Plan(home=home), objective=objective,
+            method=self.name, status=combine_status(statuses), plan=problem.plan(home), objective=objective,
             bound=float(sum(bounds)), sense="max", objective_name="affinity", params=vars(params).copy(),
             stats=stats,
         )

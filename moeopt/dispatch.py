@@ -1,0 +1,438 @@
+"""Dispatch policies (SPEC section 11): how tokens choose among the copies of an expert.
+
+A plan's :class:`~moeopt.plan.Dispatch` is part of the plan; this module turns a plan and a
+workload into what that rule executes:
+
+* on count data (per-expert counts, per step or pooled), the GPU loads ``[L, ..., G]``
+  (:func:`count_loads`);
+* on a token trace, the per-step GPU loads and the GPU serving every token-expert
+  assignment (:func:`route_trace`), from which communication is counted.
+
+Policies
+--------
+``even``
+    Every copy gets ``1/c`` of its expert's tokens (EPLB's model). On a trace the ``j``-th
+    token of a step routed to ``e`` uses copy ``j mod c``; loads are the exact ``n/c`` shares.
+``static``
+    SGLang's static dispatch (``--ep-dispatch-algorithm static``): each source GPU (the
+    token's home rank) maps each expert to one physical copy, fixed for the run: the first
+    copy on its own GPU, else the first copy in its own node when that narrows the choice,
+    else one drawn by the engine's "fair choice" (Python's ``random.Random(42)``, layers then
+    experts in order) over the expert's physical slots, so a GPU with two copies of an
+    expert receives twice the share. Without token homes, homes are uniform and loads and
+    communication are the exact expectation over the G possible homes.
+``lp``
+    Per batch (trace step, or the pooled counts), the expert's tokens are split over the GPUs
+    holding it to minimize the batch's largest GPU load: one LP per layer (all steps at
+    once, block-separable, solved by HiGHS through scipy). Loads are the LP's fractional
+    optimum; tokens are assigned to GPUs by a largest-remainder rounding of it.
+``locality``
+    The online guard of SPEC 4.3 (:func:`guard_layer`), simulated batch by batch. It needs
+    tokens; on count data it reduces to ``even`` (no token has a preference, and the load
+    term spreads each expert evenly in expectation).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.optimize import linprog
+
+from moeopt.instance import Cluster
+from moeopt.plan import Plan
+from moeopt.trace import Trace
+
+#: The engine's seed for its fair choice of a copy (SGLang's ``compute_logical_to_rank_dispatch_physical_map``).
+STATIC_SEED = 42
+
+
+# ----------------------------------------------------------------------------- static (SGLang)
+def static_map(plan: Plan, gpus_per_node: int | None = None, seed: int = STATIC_SEED) -> np.ndarray:
+    """int ``[G, L, E]``: the physical slot each source GPU sends each expert's tokens to.
+
+    Re-implements SGLang's static rule from its published behaviour: a single copy is used
+    by everyone; otherwise a rank uses the first copy on its own GPU, else the first copy in
+    its node when only some copies are there, else a fair draw over all copies (every copy
+    ``floor(k / c)`` times plus a sample of the remainder, then shuffled), with one
+    ``random.Random(seed)`` stream over layers then experts.
+    """
+    L, G, W = plan.slots.shape
+    E = plan.experts
+    rng = random.Random(seed)
+    out = np.full((G, L, E), -1, dtype=np.int64)
+    node_slots = None if gpus_per_node is None or gpus_per_node >= G else gpus_per_node * W
+    ranks = np.arange(G)
+    for l in range(L):
+        phys = plan.physical(l)
+        order = np.argsort(phys, kind="stable")
+        valid = phys[order] >= 0
+        order, ids = order[valid], phys[order][valid]
+        start = np.searchsorted(ids, np.arange(E + 1))
+        for e in range(E):
+            cand = order[start[e] : start[e + 1]]  # ascending physical ids
+            if len(cand) == 1:
+                out[:, l, e] = cand[0]
+                continue
+            gpu_of = cand // W  # ascending, like cand
+            # first copy on the rank's own GPU
+            chosen = np.full(G, -1, dtype=np.int64)
+            gs, at = np.unique(gpu_of, return_index=True)
+            chosen[gs] = cand[at]
+            if node_slots is not None:
+                node_of = cand // node_slots
+                first_in_node = np.full(G // gpus_per_node, -1, dtype=np.int64)
+                ns, at = np.unique(node_of, return_index=True)
+                first_in_node[ns] = cand[at]
+                per_node = np.bincount(node_of, minlength=G // gpus_per_node)
+                rank_node = ranks // gpus_per_node
+                narrower = (per_node[rank_node] > 0) & (per_node[rank_node] < len(cand))
+                use_node = (chosen < 0) & narrower
+                chosen[use_node] = first_in_node[rank_node[use_node]]
+            remaining = np.nonzero(chosen < 0)[0]
+            if len(remaining):
+                chosen[remaining] = _fair_choices(cand.tolist(), len(remaining), rng)
+            out[:, l, e] = chosen
+    return out
+
+
+def _fair_choices(items: list[int], k: int, rng: random.Random) -> list[int]:
+    """``k`` picks from ``items``: each ``k // n`` times, the remainder sampled, then shuffled."""
+    whole, rest = divmod(k, len(items))
+    picks = items * whole + rng.sample(items, k=rest)
+    rng.shuffle(picks)
+    return picks
+
+
+def static_share(plan: Plan, gpus_per_node: int | None = None) -> np.ndarray:
+    """float ``[L, E, G]``: share of an expert's tokens each GPU serves under static dispatch,
+    with token homes uniform over the G source GPUs."""
+    L, G, W = plan.slots.shape
+    dest = static_map(plan, gpus_per_node) // W  # [G_src, L, E] destination GPU
+    share = np.zeros((L, plan.experts, G))
+    l_idx = np.broadcast_to(np.arange(L)[None, :, None], dest.shape)
+    e_idx = np.broadcast_to(np.arange(plan.experts)[None, None, :], dest.shape)
+    np.add.at(share, (l_idx.ravel(), e_idx.ravel(), dest.ravel()), 1.0 / G)
+    return share
+
+
+# ----------------------------------------------------------------------------- even
+def even_share(plan: Plan) -> np.ndarray:
+    """float ``[L, E, G]``: copies of e on g divided by e's copies (colocated copies count twice)."""
+    on = plan.copies_on_gpu.astype(np.float64)
+    return on / plan.copy_counts[:, :, None]
+
+
+# ----------------------------------------------------------------------------- lp
+def lp_layer_loads(counts: np.ndarray, holds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The best split of one layer's expert counts over the GPUs holding each expert.
+
+    Parameters
+    ----------
+    counts
+        float ``[T, E]`` tokens per expert in each batch.
+    holds
+        bool ``[E, G]``: GPUs holding a copy of each expert.
+
+    Returns
+    -------
+    loads
+        float ``[T, G]``: GPU loads of the optimal split (largest load minimized per batch).
+    flow
+        float ``[T, E, G]``: tokens of e served by g in each batch.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    T, E = counts.shape
+    G = holds.shape[1]
+    single = holds.sum(axis=1) == 1
+    home = holds.argmax(axis=1)
+    flow = np.zeros((T, E, G))
+    flow[:, single, home[single]] = counts[:, single]
+    fixed = flow.sum(axis=1)  # [T, G]
+    multi = np.nonzero(~single)[0]
+    active = counts[:, multi].sum(axis=1) > 0 if len(multi) else np.zeros(T, dtype=bool)
+    if not len(multi) or not active.any():
+        return fixed, flow
+    me, mg = np.nonzero(holds[multi])  # pairs (index into multi, gpu)
+    V = len(me)
+    ts = np.nonzero(active)[0]
+    nT = len(ts)
+    # variables: x[t, v] for t in ts, v in pairs (t-major), then z[t]
+    nx = nT * V
+    t_of = np.repeat(np.arange(nT), V)
+    v_of = np.tile(np.arange(V), nT)
+    # equality: sum over copies of e = n[t, e]
+    eq_rows = t_of * len(multi) + me[v_of]
+    A_eq = sp.csr_matrix((np.ones(nx), (eq_rows, np.arange(nx))), shape=(nT * len(multi), nx + nT))
+    b_eq = counts[ts][:, multi].reshape(-1)
+    # load rows: sum_{v on g} x[t, v] - z[t] <= -fixed[t, g]
+    ub_rows = t_of * G + mg[v_of]
+    rows = np.concatenate([ub_rows, np.arange(nT * G)])
+    cols = np.concatenate([np.arange(nx), nx + np.repeat(np.arange(nT), G)])
+    vals = np.concatenate([np.ones(nx), -np.ones(nT * G)])
+    A_ub = sp.csr_matrix((vals, (rows, cols)), shape=(nT * G, nx + nT))
+    b_ub = -fixed[ts].reshape(-1)
+    c = np.concatenate([np.zeros(nx), np.ones(nT)])
+    res = linprog(c, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=b_eq, bounds=(0, None), method="highs")
+    if res.status != 0:  # pragma: no cover - a feasible bounded LP by construction
+        raise RuntimeError(f"lp dispatch: HiGHS failed ({res.message})")
+    x = np.maximum(res.x[:nx].reshape(nT, V), 0.0)
+    part = np.zeros((nT, len(multi), G))
+    np.add.at(part, (np.repeat(np.arange(nT), V), np.tile(me, nT), np.tile(mg, nT)), x.reshape(-1))
+    flow[np.ix_(ts, multi, np.arange(G))] = part
+    return flow.sum(axis=1), flow
+
+
+# ----------------------------------------------------------------------------- counts
+def count_loads(plan: Plan, counts: np.ndarray, cluster: Cluster) -> np.ndarray:
+    """float ``[L, ..., G]``: GPU loads of per-expert counts ``[L, ..., E]`` under the plan's dispatch.
+
+    Each leading index after the layer (e.g. a step) is one batch for ``lp``.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    kind = plan.dispatch.kind
+    if kind in ("even", "locality"):
+        return np.einsum("l...e,leg->l...g", counts, even_share(plan))
+    if kind == "static":
+        return np.einsum("l...e,leg->l...g", counts, static_share(plan, cluster.gpus_per_node))
+    L, E, G = counts.shape[0], counts.shape[-1], plan.gpus
+    holds = plan.copies_on_gpu > 0
+    flat = counts.reshape(L, -1, E)
+    out = np.stack([lp_layer_loads(flat[l], holds[l])[0] for l in range(L)])
+    return out.reshape(counts.shape[:-1] + (G,))
+
+
+def count_flows(plan: Plan, counts: np.ndarray, cluster: Cluster) -> np.ndarray:
+    """float ``[L, T, E, G]``: tokens of expert e served by GPU g at step t, from ``[L, T, E]``."""
+    counts = np.asarray(counts, dtype=np.float64)
+    kind = plan.dispatch.kind
+    if kind in ("even", "locality"):
+        return counts[..., None] * even_share(plan)[:, None]
+    if kind == "static":
+        return counts[..., None] * static_share(plan, cluster.gpus_per_node)[:, None]
+    holds = plan.copies_on_gpu > 0
+    return np.stack([lp_layer_loads(counts[l], holds[l])[1] for l in range(plan.layers)])
+
+
+# ----------------------------------------------------------------------------- traces
+@dataclass(frozen=True, eq=False)
+class Routing:
+    """What a dispatch executes on a token trace.
+
+    Attributes
+    ----------
+    step_loads
+        float ``[L, T, G]``: token-expert assignments served by each GPU at each step.
+    gpu
+        int ``[tokens, L, k]``: the GPU serving each assignment; None for ``static`` without
+        token homes (then it depends on the home, and ``comm`` holds the expectation).
+    comm
+        optional ``(distinct, remote, weighted)`` float ``[tokens, L]`` already averaged over
+        homes (``static`` without token homes); None when computed from ``gpu``.
+    """
+
+    step_loads: np.ndarray
+    gpu: np.ndarray | None
+    comm: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+
+def _step_counts(ids: np.ndarray, step: np.ndarray, T: int, E: int) -> np.ndarray:
+    key = step[:, None] * E + ids
+    return np.bincount(key.ravel(), minlength=T * E).reshape(T, E).astype(np.float64)
+
+
+def _rank_in_group(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stable order of ``key`` and, per element, its rank among equal keys (in token order)."""
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    rank_sorted = np.arange(len(sk)) - np.searchsorted(sk, sk)
+    rank = np.empty(len(key), dtype=np.int64)
+    rank[order] = rank_sorted
+    return order, rank
+
+
+def _assign_by_quota(ids: np.ndarray, step: np.ndarray, E: int, quota: np.ndarray) -> np.ndarray:
+    """GPU of each assignment ``[n, k]`` given integer quotas ``[T, E, G]`` that sum to the counts:
+    the tokens of (t, e), in token order, fill GPU 0's quota, then GPU 1's, and so on."""
+    T, _, G = quota.shape
+    key = (step[:, None] * E + ids).ravel()
+    _, rank = _rank_in_group(key)
+    cum = np.cumsum(quota.reshape(T * E, G), axis=1)  # [T*E, G]
+    # GPU = number of cumulative quotas <= rank
+    g = (cum[key] <= rank[:, None]).sum(axis=1)
+    return g.reshape(ids.shape)
+
+
+def _integer_quota(flow: np.ndarray) -> np.ndarray:
+    """Largest-remainder rounding of ``flow [T, E, G]`` keeping each (t, e) total."""
+    base = np.floor(flow + 1e-9)
+    total = np.rint(flow.sum(axis=2))
+    short = (total - base.sum(axis=2)).astype(np.int64)  # [T, E] >= 0
+    frac = flow - base
+    order = np.argsort(-frac, axis=2, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(flow.shape[2])[None, None, :], axis=2)
+    base += rank < short[:, :, None]
+    return base.astype(np.int64)
+
+
+def route_trace(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
+    """Run the plan's dispatch on a token trace (see the module docstring for each policy)."""
+    L, G, W = plan.slots.shape
+    E = plan.experts
+    N, k = trace.tokens, trace.top_k
+    step = trace.step.astype(np.int64)
+    T = int(step.max()) + 1 if N else 1
+    kind = plan.dispatch.kind
+    step_loads = np.zeros((L, T, G))
+    if kind == "static" and trace.home is None:
+        share = static_share(plan, cluster.gpus_per_node)
+        dest = static_map(plan, cluster.gpus_per_node) // W  # [G_src, L, E]
+        distinct = np.zeros((N, L))
+        remote = np.zeros((N, L))
+        weighted = np.zeros((N, L))
+        for l in range(L):
+            ids = trace.topk[:, l, :].astype(np.int64)
+            step_loads[l] = _step_counts(ids, step, T, E) @ share[l]
+            d, r, w = _expected_comm_static(ids, dest[:, l, :], cluster)
+            distinct[:, l], remote[:, l], weighted[:, l] = d, r, w
+        return Routing(step_loads, None, (distinct, remote, weighted))
+    gpu = np.empty((N, L, k), dtype=np.int64)
+    if kind == "static":
+        dest = static_map(plan, cluster.gpus_per_node) // W
+    for l in range(L):
+        ids = trace.topk[:, l, :].astype(np.int64)
+        if kind == "even":
+            copies = plan.copies(l)
+            c = plan.copy_counts[l]
+            key = (step[:, None] * E + ids).ravel()
+            _, rank = _rank_in_group(key)
+            g = copies[ids.ravel(), rank % c[ids.ravel()]].reshape(ids.shape)
+            step_loads[l] = _step_counts(ids, step, T, E) @ even_share(plan)[l]
+        elif kind == "static":
+            g = dest[trace.home[:, None], l, ids]
+            step_loads[l] = np.bincount((step[:, None] * G + g).ravel(), minlength=T * G).reshape(T, G)
+        elif kind == "lp":
+            holds = plan.copies_on_gpu[l] > 0
+            loads, flow = lp_layer_loads(_step_counts(ids, step, T, E), holds)
+            g = _assign_by_quota(ids, step, E, _integer_quota(flow))
+            step_loads[l] = loads
+        else:  # locality
+            g = guard_layer(ids, step, plan.copies(l), G, plan.dispatch, trace.home)
+            step_loads[l] = np.bincount((step[:, None] * G + g).ravel(), minlength=T * G).reshape(T, G)
+        gpu[:, l, :] = g
+    return Routing(step_loads, gpu)
+
+
+def _expected_comm_static(ids: np.ndarray, dest: np.ndarray, cluster: Cluster, chunk: int = 4096):
+    """Per token, the expectation over a uniform home h of (distinct GPUs, remote GPUs,
+    weighted remote cost) when source GPU h sends expert e to ``dest[h, e]``."""
+    G, gpn, w = cluster.gpus, cluster.gpus_per_node, cluster.inter_node_weight
+    N = len(ids)
+    out = [np.zeros(N) for _ in range(3)]
+    h = np.arange(G)[:, None, None]
+    for s in range(0, N, chunk):
+        d = np.sort(dest[:, ids[s : s + chunk]], axis=-1)  # [G, n, k]
+        first = np.ones(d.shape, dtype=bool)
+        first[..., 1:] = d[..., 1:] != d[..., :-1]
+        distinct = first.sum(axis=-1)
+        on_home = d == h
+        remote = distinct - (first & on_home).sum(axis=-1)
+        cost = np.where(on_home, 0.0, np.where(d // gpn == h // gpn, 1.0, w))
+        weighted = (cost * first).sum(axis=-1)
+        for o, v in zip(out, (distinct, remote, weighted), strict=True):
+            o[s : s + chunk] = v.mean(axis=0)
+    return out[0], out[1], out[2]
+
+
+# ----------------------------------------------------------------------------- locality (guard)
+def guard_layer(
+    topk: np.ndarray,
+    step: np.ndarray,
+    copies: np.ndarray,
+    gpus: int,
+    guard,
+    token_home: np.ndarray | None = None,
+) -> np.ndarray:
+    """GPU executing each token-slot ``[tokens, k]`` of one layer under the online guard.
+
+    For a token needing a replicated expert e the guard picks, among the GPUs holding e, the
+    one maximizing ``locality(g) - lam * Lhat_g / mean(Lhat)`` (SPEC 4.3). ``locality(g)``
+    counts the token's other top-k experts already on g, plus 1 when g is the token's home.
+    An expert with a single copy is served by that copy; the replicated experts of a token
+    are decided one top-k position after another, so each decision sees where the earlier
+    ones went, and an expert still to be decided counts on every GPU holding a copy of it.
+    (Counting other experts by their *first* copy instead would send two replicated experts
+    that share a token to two different GPUs, each chasing the other's first copy.) Within a
+    batch the decisions are vectorized over tokens and share the same ``Lhat``; ``Lhat`` is
+    updated after it.
+
+    Parameters
+    ----------
+    topk
+        int ``[tokens, k]`` experts chosen by the (unchanged) router.
+    step
+        int ``[tokens]`` batch ids; the decayed load Lhat is updated after each batch.
+    copies
+        int ``[E, C]`` GPUs holding each expert, first copy first, -1 padded (``Plan.copies``).
+    gpus
+        G.
+    guard
+        λ (``lam``), δ (``decay``) and the batch size (``batch_tokens``): a
+        :class:`~moeopt.plan.Dispatch`.
+    token_home
+        optional int ``[tokens]`` GPU each token lives on.
+
+    Returns
+    -------
+    numpy.ndarray
+        int ``[tokens, k]``: a GPU holding each chosen expert.
+    """
+    base = copies[topk, 0]
+    if copies.shape[1] == 1 or not len(topk):
+        return base
+    E, k = copies.shape[0], topk.shape[1]
+    chosen = base.copy()
+    needs_choice = (copies[:, 1:] >= 0).any(axis=1)[topk]  # [n, k]
+    holds = np.zeros((E, gpus), dtype=bool)
+    e_idx, w_idx = np.nonzero(copies >= 0)
+    holds[e_idx, copies[e_idx, w_idx]] = True
+    lhat = np.zeros(gpus)
+    order = np.argsort(step, kind="stable")
+    batch = step[order].astype(np.int64)
+    if guard.batch_tokens is not None:  # split each step into batches of batch_tokens tokens
+        rank = np.arange(len(batch)) - np.searchsorted(batch, batch)
+        per_step = -(-np.bincount(batch).max() // guard.batch_tokens)
+        batch = batch * per_step + rank // guard.batch_tokens
+    bounds = np.searchsorted(batch, np.arange(batch.max() + 2))
+    for b in range(len(bounds) - 1):
+        idx = order[bounds[b] : bounds[b + 1]]
+        if not len(idx):
+            continue
+        mean = lhat.mean()
+        pressure = lhat / mean if mean > 0 else np.zeros(gpus)
+        ids, gpu = topk[idx], chosen[idx]
+        pending = needs_choice[idx].copy()
+        for j in range(k):
+            rows = np.nonzero(pending[:, j])[0]
+            if not len(rows):
+                continue
+            pending[rows, j] = False
+            cand = copies[ids[rows, j]]  # [m, C]
+            valid = cand >= 0
+            cand0 = np.maximum(cand, 0)
+            executes_on = gpu[rows][:, None, :] == cand[:, :, None]  # [m, C, k]
+            has_copy = holds[ids[rows][:, None, :], cand0[:, :, None]]
+            on_g = np.where(pending[rows][:, None, :], has_copy, executes_on)
+            on_g[:, :, j] = False
+            locality = on_g.sum(axis=2)
+            if token_home is not None:
+                locality = locality + (cand == token_home[idx[rows]][:, None])
+            score = np.where(valid, locality - guard.lam * pressure[cand0], -np.inf)
+            gpu[rows, j] = cand[np.arange(len(rows)), score.argmax(axis=1)]
+        chosen[idx] = gpu
+        load = np.bincount(gpu.ravel(), minlength=gpus)
+        lhat = guard.decay * lhat + (1.0 - guard.decay) * load
+    return chosen

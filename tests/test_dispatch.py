@@ -1,0 +1,146 @@
+"""Dispatch policies: lp optimality (brute force), lp <= even, SGLang's static rule by hand."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moeopt.dispatch import count_loads, lp_layer_loads, route_trace, static_map, static_share
+from moeopt.evaluate import evaluate
+from moeopt.instance import Cluster
+from moeopt.plan import Dispatch, Plan
+from moeopt.trace import Trace, stats_from_counts
+from tests.strategies import random_slots, small_case
+
+
+def brute_force_min_max(counts: np.ndarray, holds: np.ndarray) -> float:
+    """The fractional min-max load by Hall's condition: max over GPU sets S of the tokens whose
+    experts live only inside S, divided by |S| (the max-flow min-cut value of the LP)."""
+    E, G = holds.shape
+    best = 0.0
+    for r in range(1, G + 1):
+        for S in itertools.combinations(range(G), r):
+            inside = ~holds[:, [g for g in range(G) if g not in S]].any(axis=1)
+            best = max(best, counts[inside].sum() / r)
+    return best
+
+
+@st.composite
+def layer_and_counts(draw, colocated: bool = False):
+    E = draw(st.integers(1, 6))
+    G = draw(st.integers(1, 4))
+    W = -(-E // G) + draw(st.integers(0, 2))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    slots = random_slots(E, G, W, 1, rng, fill=rng.random(), colocated=colocated)
+    T = draw(st.integers(1, 3))
+    counts = rng.integers(0, 20, size=(1, T, E)).astype(float)
+    cluster = Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=W)
+    return Plan(slots=slots, experts=E), counts, cluster
+
+
+@settings(max_examples=150, deadline=None)
+@given(layer_and_counts(colocated=True))
+def test_lp_matches_brute_force(case):
+    """lp's largest GPU load per batch equals the brute-force fractional optimum."""
+    plan, counts, cluster = case
+    loads, flow = lp_layer_loads(counts[0], plan.copies_on_gpu[0] > 0)
+    for t in range(counts.shape[1]):
+        assert loads[t].max() == pytest.approx(brute_force_min_max(counts[0, t], plan.copies_on_gpu[0] > 0), abs=1e-6)
+    # the split serves every token, only from GPUs holding the expert
+    assert np.allclose(flow.sum(axis=2), counts[0])
+    assert (flow[:, ~(plan.copies_on_gpu[0] > 0)] <= 1e-9).all()
+
+
+@settings(max_examples=150, deadline=None)
+@given(layer_and_counts(colocated=True), st.sampled_from(["even", "static"]))
+def test_lp_never_worse(case, other):
+    """On the same plan, lp's per-batch largest load is never above even's or static's."""
+    plan, counts, cluster = case
+    lp = count_loads(plan.with_dispatch(Dispatch(kind="lp")), counts, cluster)
+    rule = count_loads(plan.with_dispatch(Dispatch(kind=other)), counts, cluster)
+    assert (lp.max(axis=-1) <= rule.max(axis=-1) + 1e-6).all()
+    assert np.allclose(lp.sum(axis=-1), counts.sum(axis=-1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(small_case(replicas=True, colocated=True))
+def test_lp_never_worse_on_traces(case):
+    """On token traces too: per-step MaxVio under lp <= under even, same total load."""
+    cluster, trace, plan = case
+    even = evaluate(plan, trace, cluster)
+    lp = evaluate(plan.with_dispatch(Dispatch(kind="lp")), trace, cluster)
+    assert lp["maxvio_per_step_max"] <= even["maxvio_per_step_max"] + 1e-9
+    assert lp["total_load"] == pytest.approx(even["total_load"])
+
+
+def test_lp_trace_assignment_follows_the_split():
+    """lp's per-token choices are an integer rounding of its loads (within one token per copy)."""
+    rng = np.random.default_rng(3)
+    N, E, G = 400, 6, 3
+    topk = np.argsort(rng.random((N, 1, E)) * np.array([4, 1, 1, 1, 1, 1]), axis=2)[:, :, -2:].astype(np.int16)
+    trace = Trace(topk=topk, family=np.zeros(N, np.int32), step=(np.arange(N) // 100).astype(np.int32),
+                  family_names=("all",), num_experts=E)
+    plan = Plan(slots=np.array([[[0, 1, 2], [3, 0, -1], [4, 5, 0]]]), experts=E, dispatch=Dispatch(kind="lp"))
+    cluster = Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=3)
+    r = route_trace(plan, trace, cluster)
+    counted = np.zeros((4, G))
+    np.add.at(counted, (np.repeat(trace.step, 2), r.gpu[:, 0, :].ravel()), 1)
+    assert np.abs(counted - r.step_loads[0]).max() <= 3 + 1e-9  # expert 0 has 3 copies
+
+
+def test_static_rule_by_hand():
+    """SGLang static: own GPU's copy first, then own node's when that narrows, else a fair draw
+    over physical slots (so two copies on one GPU draw twice)."""
+    # 5 GPUs x 2 slots, one node: expert 0 twice on GPU 0 and once on GPU 1
+    slots = np.array([[[0, 0], [0, 1], [2, 3], [4, 5], [6, 7]]])
+    plan = Plan(slots=slots, experts=8)
+    m = static_map(plan)  # [G_src, L, E] physical slot ids (slot p on GPU p // 2)
+    assert m[0, 0, 0] == 0 and m[1, 0, 0] == 2  # local copies, the first one on GPU 0
+    assert sorted(m[2:, 0, 0].tolist()) == [0, 1, 2]  # 3 ranks, 3 physical copies: each once
+    share = static_share(plan)
+    assert share[0, 0].tolist() == pytest.approx([3 / 5, 2 / 5, 0, 0, 0])
+    assert (m[:, 0, 5] == 7).all()  # a single copy serves everyone
+    # two nodes of 2 GPUs: copies on GPU 0, 1 (node 0) and 2 (node 1); rank 3 stays in its node
+    plan2 = Plan(slots=np.array([[[0, 1], [0, 2], [0, 3], [4, 5]]]), experts=6)
+    m2 = static_map(plan2, gpus_per_node=2)
+    assert m2[3, 0, 0] == 4  # GPU 2's copy (physical slot 4)
+    # one node: no narrowing, rank 3 draws over all three copies
+    assert m2[3, 0, 0] in (0, 2, 4)
+
+
+def test_static_expectation_over_homes():
+    """Without token homes, static loads are the exact average over the G possible homes."""
+    rng = np.random.default_rng(0)
+    E, G, W, N = 6, 3, 3, 50
+    plan = Plan(slots=random_slots(E, G, W, 1, rng, fill=1.0), experts=E, dispatch=Dispatch(kind="static"))
+    cluster = Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=2, replica_slots_per_gpu=1)
+    topk = np.argsort(rng.random((N, 1, E)), axis=2)[:, :, :2].astype(np.int16)
+    base = dict(topk=topk, family=np.zeros(N, np.int32), step=np.zeros(N, np.int32), family_names=("a",),
+                num_experts=E)
+    avg = evaluate(plan, Trace(**base), cluster)
+    per_home = [evaluate(plan, Trace(**base, home=np.full(N, h)), cluster) for h in range(G)]
+    assert np.allclose(avg["loads"], np.mean([m["loads"] for m in per_home], axis=0))
+    assert avg["comm_per_token"] == pytest.approx(np.mean([m["comm_per_token"] for m in per_home]))
+    assert avg["gpus_per_token"] == pytest.approx(np.mean([m["gpus_per_token"] for m in per_home]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_case(replicas=True, colocated=True, dispatch=None))
+def test_counts_and_trace_agree(case):
+    """For even, static (no homes) and lp, a trace's loads equal those from its per-step counts."""
+    cluster, trace, plan = case
+    if plan.dispatch.kind == "locality":
+        return
+    m = evaluate(plan, trace, cluster)
+    s = trace.stats()
+    m2 = evaluate(plan, s, cluster)
+    assert np.allclose(m["loads"], m2["loads"])
+    assert m["maxvio_per_step"] == pytest.approx(m2["maxvio_per_step"])
+    pooled = evaluate(plan, stats_from_counts(s.expert_load, top_k=trace.top_k), cluster)
+    if plan.dispatch.kind != "lp":
+        assert np.allclose(pooled["loads"], m["loads"])
