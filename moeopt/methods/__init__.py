@@ -2,6 +2,7 @@
 
 from moeopt.methods import (
     baselines,  # noqa: F401
+    eplb,  # noqa: F401
     gem,  # noqa: F401
     gesr,  # noqa: F401
     hypergraph,  # noqa: F401

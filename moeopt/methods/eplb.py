@@ -1,0 +1,200 @@
+"""``eplb``: DeepSeek's Expert-Parallelism Load Balancer, as shipped in SGLang, as a baseline.
+
+This calls the real algorithm (``rebalance_experts`` of DeepSeek's ``eplb.py``, vendored by
+SGLang as ``sglang.srt.eplb.eplb_algorithms.deepseek``) on the calibration workload's
+per-expert loads and turns its physical-to-logical map into a plan/2 with ``even``
+dispatch, which is EPLB's own load model (every copy serves ``1/c`` of its expert's tokens).
+The plan is scored by moeopt's own code, not by EPLB.
+
+Install (optional): ``pip install -e '.[eplb]'`` (torch) and ``pip install --no-deps
+'sglang>=0.5'``. SGLang is installed without its dependencies on purpose: they are a whole
+serving stack (CUDA kernels, transformers, FlashInfer, ...), and the one file used here
+imports only ``torch``. Importing ``sglang.srt.eplb.eplb_algorithms.deepseek`` the usual
+way would run ``sglang/__init__.py``, which imports that stack (``psutil``, ``transformers``,
+...) and fails without it, so :func:`load_deepseek_eplb` locates the installed ``sglang``
+package with :func:`importlib.util.find_spec` (which does not execute the package's
+``__init__``) and loads only ``srt/eplb/eplb_algorithms/deepseek.py`` from it, under a
+private module name.
+
+EPLB may put two copies of one expert on one GPU ("colocated"); they are kept, as an engine
+running EPLB's map would hold them, so this method declares ``emits_colocated = True`` and
+``solve`` does not apply the own-planner colocation check to it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, ClassVar
+
+import numpy as np
+
+from moeopt.errors import InputError
+from moeopt.methods.baselines import calibration_maxvio
+from moeopt.plan import Dispatch, Plan
+from moeopt.registry import Context, Problem, register
+from moeopt.result import Result, Status
+
+#: The one line shown when sglang or torch is missing (``solve`` wraps it).
+INSTALL_HINT = "needs sglang and torch: pip install -e '.[eplb]' then pip install --no-deps 'sglang>=0.5'"
+
+#: Where SGLang keeps DeepSeek's EPLB, relative to the ``sglang`` package (newest first).
+_CANDIDATES = (
+    ("srt", "eplb", "eplb_algorithms", "deepseek.py"),  # sglang >= 0.4.8 / 0.5
+    ("srt", "managers", "eplb_algorithms", "deepseek.py"),  # older 0.4.x layout
+)
+_MODULE_NAME = "_moeopt_sglang_eplb_deepseek"
+_PACKAGE = "sglang"  # the installed package to look in (tests point it elsewhere)
+
+POLICIES = ("global", "hierarchical")
+
+
+def load_deepseek_eplb() -> ModuleType:
+    """SGLang's copy of DeepSeek's ``eplb.py``, loaded with only torch.
+
+    Raises :class:`ImportError` (with the reason) when torch, sglang or the file is missing.
+    """
+    cached = sys.modules.get(_MODULE_NAME)
+    if cached is not None:
+        return cached
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"torch is not installed ({exc})") from None
+    spec = importlib.util.find_spec(_PACKAGE)  # finds the package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("sglang is not installed")
+    for root in spec.submodule_search_locations:
+        for parts in _CANDIDATES:
+            path = Path(root).joinpath(*parts)
+            if path.is_file():
+                file_spec = importlib.util.spec_from_file_location(_MODULE_NAME, path)
+                assert file_spec is not None and file_spec.loader is not None
+                module = importlib.util.module_from_spec(file_spec)
+                file_spec.loader.exec_module(module)
+                if not callable(getattr(module, "rebalance_experts", None)):
+                    raise ImportError(f"{path} has no rebalance_experts")
+                sys.modules[_MODULE_NAME] = module
+                return module
+    raise ImportError("this sglang has no eplb_algorithms/deepseek.py (need sglang >= 0.5)")
+
+
+def rebalance(
+    weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int, hierarchical: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Run EPLB's ``rebalance_experts``: ``(phy2log [L, P], log2phy [L, E, X], logcnt [L, E])``.
+
+    ``hierarchical=False`` is EPLB's global policy (one group, one node).
+    """
+    import torch
+
+    eplb = load_deepseek_eplb()
+    w = torch.as_tensor(np.asarray(weight, dtype=np.float64))
+    kwargs: dict[str, Any] = dict(
+        num_replicas=num_replicas, num_groups=num_groups, num_nodes=num_nodes, num_gpus=num_gpus
+    )
+    if "enable_hierarchical" in inspect.signature(eplb.rebalance_experts).parameters:
+        kwargs["enable_hierarchical"] = hierarchical
+    elif not hierarchical:  # DeepSeek's original file: the global policy is groups = nodes = 1
+        kwargs.update(num_groups=1, num_nodes=1)
+    phy2log, log2phy, logcnt = eplb.rebalance_experts(w, **kwargs)
+    return phy2log.cpu().numpy(), log2phy.cpu().numpy(), logcnt.cpu().numpy()
+
+
+@register
+class Eplb:
+    """DeepSeek's EPLB (global or hierarchical policy) on the calibration loads."""
+
+    name: ClassVar[str] = "eplb"
+    summary: ClassVar[str] = "DeepSeek's EPLB as shipped in SGLang (global/hierarchical); needs the eplb extra"
+    requires: ClassVar[frozenset[str]] = frozenset()
+    metric_hooks: ClassVar[tuple] = ()
+    #: EPLB may place two copies of one expert on one GPU; they are kept (solve reads this).
+    emits_colocated: ClassVar[bool] = True
+    install_hint: ClassVar[str] = INSTALL_HINT
+
+    @dataclass
+    class Params:
+        #: "global": replicate and pack over all GPUs; "hierarchical": pack expert groups to
+        #: nodes first (nodes = gpus / cluster.gpus_per_node), then replicate within nodes.
+        policy: str = "global"
+        #: hierarchical only: expert groups (EPLB's ``num_groups``, DeepSeek-V3's ``n_group`` = 8);
+        #: must divide the experts and be a multiple of the nodes. Default: the number of nodes.
+        num_groups: int | None = None
+
+        def __post_init__(self) -> None:
+            if self.policy not in POLICIES:
+                raise ValueError(f"eplb policy must be 'global' or 'hierarchical', got {self.policy!r}")
+            if self.num_groups is not None:
+                if self.num_groups < 1:
+                    raise ValueError(f"eplb num_groups must be >= 1, got {self.num_groups}")
+                if self.policy != "hierarchical":
+                    raise ValueError("eplb num_groups applies only to policy: hierarchical")
+
+    Params: ClassVar[type] = Params
+
+    def available(self) -> bool:
+        try:
+            load_deepseek_eplb()
+        except Exception:  # noqa: BLE001 - any failure to load the file means "not available"
+            return False
+        return True
+
+    def solve(self, problem: Problem, params: Params, ctx: Context) -> Result:
+        t0 = time.perf_counter()
+        src = str(problem.instance.source) if problem.instance.source else None
+        try:
+            load_deepseek_eplb()
+        except Exception as exc:  # noqa: BLE001
+            raise InputError(src, "method.name", f"method 'eplb' {INSTALL_HINT} ({exc})") from None
+        c = problem.instance.cluster
+        L, E, G, W = problem.layers, problem.experts, c.gpus, c.width
+        P = G * W
+        if P < E:
+            raise InputError(src, "cluster", f"eplb needs at least {E} slots per layer (one per expert), got {G} x {W}")
+        hierarchical = params.policy == "hierarchical"
+        nodes = c.gpus // c.gpus_per_node
+        groups = params.num_groups if params.num_groups is not None else nodes
+        if hierarchical:
+            if E % groups:
+                raise InputError(
+                    src, "method.num_groups", f"eplb hierarchical: {groups} groups must divide {E} experts"
+                )
+            if groups % nodes:
+                raise InputError(
+                    src,
+                    "method.num_groups",
+                    f"eplb hierarchical: {groups} groups must be a multiple of the {nodes} nodes "
+                    f"(gpus / cluster.gpus_per_node)",
+                )
+        weight = np.asarray(problem.stats.expert_load, dtype=np.float64)
+        t1 = time.perf_counter()
+        phy2log, _log2phy, logcnt = rebalance(
+            weight, P, groups if hierarchical else 1, nodes if hierarchical else 1, G, hierarchical
+        )
+        eplb_time = time.perf_counter() - t1
+        plan = Plan(slots=phy2log.reshape(L, G, W), experts=E, dispatch=Dispatch(kind="even"))
+        return Result(
+            method=self.name,
+            status=Status.FEASIBLE,
+            plan=plan,
+            objective=calibration_maxvio(plan, problem),
+            objective_name="maxvio",
+            sense="min",
+            wall_time=time.perf_counter() - t0,
+            params=vars(params),
+            stats={
+                "eplb_wall_time": eplb_time,
+                "policy": params.policy,
+                "num_groups": groups if hierarchical else 1,
+                "num_nodes": nodes if hierarchical else 1,
+                "num_replicas": P,
+                "colocated_copies": plan.colocated,
+                "max_copies": int(logcnt.max()),
+            },
+        )
