@@ -9,7 +9,7 @@ Workloads (calibrate on one split, evaluate on another):
   the paper's OOD hot-spot claim;
 * DeepSeek-V3 expert counts recorded by SGLang (58 MoE layers x 256 experts, top-8):
   calibrate on the prefill counts, evaluate on the decode counts and the other way round;
-  count-only, so the base is ``greedy`` and replicas split evenly (``loads_from_counts``),
+  count-only, so the base is ``greedy`` and replicas split by the plan's dispatch rule,
   and the guard is measured on a count-sampled trace (``moeopt.synth.trace_from_counts``);
 * OLMoE per-domain counts (3 layers x 64 experts, top-8, 6 domains): calibrate on the
   domain mix, evaluate on the mix and on every single domain; count-only, base ``greedy``.
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
-from moeopt.evaluate import GuardParams, evaluate
+from moeopt.evaluate import evaluate
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
 from moeopt.io import load_instance, read_workload_file, write_json, write_text
 from moeopt.methods.gesr import certificate_stats, replication_certificate
@@ -64,8 +64,9 @@ def run_base(problem: Problem, name: str) -> Result:
     return impl.solve(problem, parse_params(impl, {}), Context(seed=0))
 
 
-def metrics_of(result_plan, workload, cluster, guard) -> dict:
-    m = evaluate(result_plan, workload, cluster, guard=guard)
+def metrics_of(result_plan, workload, cluster) -> dict:
+    """The scorer's metrics of a plan under its own dispatch rule."""
+    m = evaluate(result_plan, workload, cluster)
     return {
         "maxvio": m["maxvio"],
         "jain": m["jain"],
@@ -123,15 +124,14 @@ def score_workloads(
                     "workload": label, "evaluation": ev_name, "base": base_name,
                     "replica_slots": S, "base_time_s": base_time, "replication_time_s": rep_time,
                 }
-                row["base_plan"] = metrics_of(base.plan, ev, instance.cluster, GuardParams())
-                guards = {n: GuardParams(**res.stats["guard"]) for n, res in plans.items()}
+                row["base_plan"] = metrics_of(base.plan, ev, instance.cluster)
                 for name, res in plans.items():
-                    row[name] = metrics_of(res.plan, ev, cluster, guards[name])
+                    row[name] = metrics_of(res.plan, ev, cluster)
                     row[name]["replicas"] = int(sum(len(r) for r in res.plan.replicas))
                 if guard_traces and ev_name in guard_traces:  # count-only: guard on sampled tokens
                     for name in ("base_plan", *plans):
                         plan = base.plan if name == "base_plan" else plans[name].plan
-                        g = metrics_of(plan, guard_traces[ev_name], cluster, guards.get(name, GuardParams()))
+                        g = metrics_of(plan, guard_traces[ev_name], cluster)
                         row[name]["guard_sampled"] = g
                 row["certificate"] = None
                 if bounds is not None:

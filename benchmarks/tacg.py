@@ -55,7 +55,8 @@ from moeopt.methods.hypergraph import (  # noqa: E402
     metis_partition,
 )
 from moeopt.plan import Plan  # noqa: E402
-from moeopt.solve import Workloads, add_relative_metrics, load_workloads, solve  # noqa: E402
+from moeopt.scoring import add_relative_metrics  # noqa: E402
+from moeopt.solve import Workloads, load_workloads, solve  # noqa: E402
 from moeopt.synth import SynthSpec, synthesize, trace_from_counts  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -146,7 +147,7 @@ def limited_plans(inst: Instance, wl: Workloads, eps: list[float], seed: int = 0
             break
         homes.append(res.home)
     if homes is not None:
-        out["hypergraph @tacg-limit"] = (Plan(home=np.stack(homes)), time.perf_counter() - t0)
+        out["hypergraph @tacg-limit"] = (Plan.from_homes(np.stack(homes), gpus=c.gpus, width=c.width), time.perf_counter() - t0)
     t0 = time.perf_counter()
     homes = []
     for l in range(inst.model.layers):
@@ -168,7 +169,7 @@ def limited_plans(inst: Instance, wl: Workloads, eps: list[float], seed: int = 0
             break
         homes.append(h)
     if homes is not None:
-        out["metis @tacg-limit"] = (Plan(home=np.stack(homes)), time.perf_counter() - t0)
+        out["metis @tacg-limit"] = (Plan.from_homes(np.stack(homes), gpus=c.gpus, width=c.width), time.perf_counter() - t0)
     return out
 
 
