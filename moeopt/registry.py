@@ -55,6 +55,8 @@ class Context:
     time_limit: float | None = None
     seed: int = 0
     hint: Plan | None = None
+    #: the plan running now (``solve --from``): migration-aware methods re-plan from it
+    current: Plan | None = None
     quiet: bool = True
     log: Callable[[str], None] | None = None
 

@@ -59,12 +59,14 @@ def solve(
     quiet: bool = True,
     workloads: Workloads | None = None,
     dispatch: Dispatch | None = None,
+    current: Plan | None = None,
 ) -> Result:
     """Solve ``instance`` with its method (or ``method``), check the plan, score it.
 
     ``params`` default to the instance's ``method:`` mapping; when ``method`` names another
     method, only the parameters that method accepts are kept. ``dispatch`` replaces the
-    dispatch rule of the returned plan (default: the one the method chose). The metrics come
+    dispatch rule of the returned plan (default: the one the method chose). ``current`` is
+    the plan running now, for migration-aware methods (``balance``). The metrics come
     from :func:`moeopt.scoring.score`, the same function ``evaluate`` uses on the plan file.
     """
     src = str(instance.source) if instance.source else None
@@ -83,7 +85,15 @@ def solve(
         instance, wl.calibration_stats, wl.calibration if isinstance(wl.calibration, Trace) else None, wl.profile
     )
     check_requirements(impl, problem, src)
-    ctx = Context(time_limit=time_limit, seed=seed, hint=hint, quiet=quiet)
+    if current is not None:
+        if not getattr(impl, "migration_aware", False):
+            raise InputError(src, "--from", f"method {name!r} does not re-plan from a current plan; use 'balance'")
+        try:
+            current.check(instance.cluster, layers=instance.model.layers, experts=instance.model.experts)
+        except PlanError as exc:
+            raise InputError(src, "--from", str(exc)) from None
+        current = current.padded(instance.cluster.width)
+    ctx = Context(time_limit=time_limit, seed=seed, hint=hint, quiet=quiet, current=current)
     t0 = time.perf_counter()
     result = impl.solve(problem, params_obj, ctx)
     wall = time.perf_counter() - t0

@@ -1,6 +1,7 @@
 """Built-in methods; importing this package registers them."""
 
 from moeopt.methods import (
+    balance,  # noqa: F401
     baselines,  # noqa: F401
     eplb,  # noqa: F401
     gem,  # noqa: F401

@@ -1,0 +1,136 @@
+"""The ``balance`` method end to end: real DeepSeek-V3 loads, bounds, robust, hierarchical, --from."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from moeopt import balance as core
+from moeopt.cli import main
+from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
+from moeopt.plan import Plan
+from moeopt.solve import load_workloads, solve
+from tests.conftest import INSTANCES
+
+PREFILL = INSTANCES / "real" / "deepseek_v3_prefill_in1024.json"
+
+
+@pytest.fixture(scope="module")
+def deepseek_few_layers(tmp_path_factory):
+    """Layers 3-6 of the real DeepSeek-V3 prefill loads (plus the three dense rows SGLang records)."""
+    data = json.loads(PREFILL.read_text())
+    path = tmp_path_factory.mktemp("ds") / "ds.json"
+    path.write_text(json.dumps({"logical_count": data["logical_count"][:7]}))
+    return path
+
+
+def instance(path, gpus=64, slots=4, extra=1, gpn=8, method="balance", **params) -> Instance:
+    return Instance(
+        name="ds",
+        model=Model(layers=4, experts=256, top_k=8),
+        cluster=Cluster(gpus=gpus, gpus_per_node=gpn, slots_per_gpu=slots, replica_slots_per_gpu=extra),
+        workload=Workload(calibration=WorkloadSource(path=path)),
+        method=MethodSpec(name=method, params=params),
+    )
+
+
+def test_balance_beats_lpt_and_reports_a_valid_bound(deepseek_few_layers):
+    """On real loads: every layer at or below LPT's MaxVio, bound <= objective, gap per layer."""
+    inst = instance(deepseek_few_layers)
+    r = solve(inst)
+    load = load_workloads(inst).calibration_stats.expert_load
+    per_layer = np.array(r.stats["calibration_maxvio_per_layer"])
+    for l in range(4):
+        c = core.copy_counts(load[l], 320, 64)
+        items = np.repeat(np.arange(256), c)
+        lpt_slots = items[core.lpt_pack(np.repeat(load[l] / c, c), items, 64, 5)]  # item index -> expert
+        assert per_layer[l] <= float(core.maxvio(lpt_slots, load[l])) + 1e-12
+    assert r.bound <= r.objective + 1e-12
+    assert np.all(np.array(r.stats["gap_per_layer"]) >= -1e-12)
+    assert r.metrics["maxvio"] == pytest.approx(per_layer.mean())  # the scorer agrees with the method
+    assert r.metrics["balance_bound_maxvio"] <= r.metrics["maxvio"] + 1e-12
+    assert r.plan.colocated == 0 and (r.plan.copy_counts >= 1).all()
+
+
+def test_balance_vs_eplb_in_sample(deepseek_few_layers):
+    """In-sample MaxVio at most a tenth of EPLB global's on the same 64 x (4 + 1) slots."""
+    pytest.importorskip("torch")
+    from moeopt.registry import get_method
+
+    if not get_method("eplb").available():
+        pytest.skip("sglang not installed")
+    ours = solve(instance(deepseek_few_layers)).metrics["maxvio"]
+    eplb = solve(instance(deepseek_few_layers, method="eplb")).metrics["maxvio"]
+    assert ours <= 0.1 * eplb
+
+
+def test_hierarchical_keeps_copies_in_a_node(deepseek_few_layers):
+    """hierarchical: every expert's copies sit inside one node of 8 GPUs."""
+    r = solve(instance(deepseek_few_layers, hierarchical=True))
+    node_of_slot = np.arange(64)[:, None].repeat(5, axis=1) // 8
+    for l in range(4):
+        for e in range(256):
+            assert len(set(node_of_slot[r.plan.slots[l] == e].tolist())) == 1
+
+
+def test_migration_budget_zero_and_unlimited(deepseek_few_layers, tmp_path):
+    """--from with max_moves 0 returns the current plan; unlimited reaches the plain plan's MaxVio."""
+    inst = instance(deepseek_few_layers, gpus=32, slots=8)
+    current = solve(inst, method="greedy", params={"replicate": True}).plan
+    same = solve(inst, params={"max_moves": 0}, current=current)
+    assert same.plan.same_layout(current) and same.stats["moves"] == 0
+    free = solve(inst, current=current)
+    plain = solve(inst)
+    assert free.metrics["maxvio"] == pytest.approx(plain.metrics["maxvio"], abs=1e-12)
+    frontier = free.stats["migration_frontier"]
+    assert frontier[0]["moves"] == 0 and frontier[-1]["maxvio"] <= frontier[0]["maxvio"]
+
+
+def test_robust_needs_snapshots(deepseek_few_layers):
+    """robust on a single pooled snapshot is one clear error."""
+    from moeopt.errors import InputError
+
+    with pytest.raises(InputError, match="method.robust"):
+        solve(instance(deepseek_few_layers, robust="mean"))
+
+
+def test_robust_never_worse_on_the_snapshots():
+    """OLMoE per-domain counts as snapshots: robust's mean per-domain MaxVio <= the pooled plan's."""
+    inst = Instance(
+        name="olmoe",
+        model=Model(layers=3, experts=64, top_k=8),
+        cluster=Cluster(gpus=16, gpus_per_node=16, slots_per_gpu=4, replica_slots_per_gpu=1),
+        workload=Workload(calibration=WorkloadSource(
+            path=INSTANCES / "real" / "olmoe_mixtral_domain_expert_counts.npz", format="olmoe-domains",
+            select="olmoe")),
+        method=MethodSpec(name="balance"),
+    )
+    wl = load_workloads(inst)
+    snaps = np.swapaxes(wl.calibration_stats.counts, 0, 1)  # [L, F, E]
+    pooled = solve(inst, workloads=wl).plan
+    robust = solve(inst, params={"robust": "mean"}, workloads=wl).plan
+    for l in range(3):
+        a = core.robust_objective(robust.slots[l], snaps[l], "mean")
+        b = core.robust_objective(pooled.slots[l], snaps[l], "mean")
+        assert a <= b + 1e-12
+
+
+def test_solve_from_an_engine_file(deepseek_few_layers, tmp_path, capsys):
+    """solve --from reads an engine placement and prints the moves-vs-MaxVio frontier."""
+    path = tmp_path / "inst.yaml"
+    path.write_text(
+        "model: {layers: 4, experts: 256, top_k: 8}\n"
+        "cluster: {gpus: 32, gpus_per_node: 8, slots_per_gpu: 8, replica_slots_per_gpu: 1}\n"
+        f"workload: {{calibration: {deepseek_few_layers}}}\nmethod: {{name: balance}}\n"
+    )
+    plan = tmp_path / "greedy.json"
+    assert main(["solve", str(path), "--method", "greedy", "--quiet", "--output", str(plan)]) == 0
+    sglang = tmp_path / "sglang.json"
+    assert main(["export", str(plan), "--format", "sglang", "--output", str(sglang), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["solve", str(path), "--from", str(sglang), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "migration frontier" in out and "moved expert weights" in out
+    assert main(["solve", str(path), "--method", "tacg", "--from", str(sglang), "--quiet"]) == 2

@@ -1,0 +1,324 @@
+"""Core of the load-balance planner (moeopt.balance): optimality, validity, bounds, robustness, migration."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from moeopt import balance as B
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def brute_counts(load: np.ndarray, total: int, cap: int) -> float:
+    """min over all count vectors of max_e load_e / c_e."""
+    E = len(load)
+    best = np.inf
+    for c in itertools.product(range(1, cap + 1), repeat=E):
+        if sum(c) == total:
+            best = min(best, float(np.max(load / np.array(c))))
+    return best
+
+
+def brute_opt(load: np.ndarray, G: int, W: int, allow: bool) -> float:
+    """Optimal largest GPU load over every filling of the G x W slots (GPUs unordered)."""
+    E = len(load)
+    sets = np.array(
+        list(itertools.combinations_with_replacement(range(E), W) if allow else itertools.combinations(range(E), W))
+    )
+    combos = np.array(list(itertools.combinations_with_replacement(range(len(sets)), G)))
+    flat = sets[combos].reshape(len(combos), G * W)
+    counts = (flat[:, :, None] == np.arange(E)).sum(axis=1)
+    ok = (counts >= 1).all(axis=1)
+    flat, counts = flat[ok], counts[ok]
+    share = load[None, :] / counts
+    gl = np.take_along_axis(share, flat, axis=1).reshape(len(flat), G, W).sum(axis=2)
+    return float(gl.max(axis=1).min())
+
+
+def check_plan(slots: np.ndarray, E: int, G: int, W: int, allow: bool) -> None:
+    assert slots.shape == (G, W)
+    assert slots.min() >= 0 and slots.max() < E
+    assert np.all(np.bincount(slots.ravel(), minlength=E) >= 1), "an expert has no copy"
+    if not allow:
+        for row in slots:
+            assert len(set(row.tolist())) == W, f"colocated copies on a GPU: {row}"
+
+
+def max_load(slots: np.ndarray, load: np.ndarray) -> float:
+    return float(B.gpu_loads(slots, load).max())
+
+
+@st.composite
+def layer(draw, max_e: int = 12, max_g: int = 6, max_w: int = 4):
+    E = draw(st.integers(1, max_e))
+    G = draw(st.integers(1, max_g))
+    allow = draw(st.booleans())
+    lo = max(1, -(-E // G))
+    hi = max(max_w, lo) if allow else max(min(max_w, E), lo)
+    W = draw(st.integers(lo, hi))
+    load = np.array(draw(st.lists(st.integers(0, 50), min_size=E, max_size=E)), dtype=float)
+    return load, G, W, allow
+
+
+@st.composite
+def tiny_layer(draw):
+    G = draw(st.integers(1, 3))
+    W = draw(st.integers(1, 3))
+    allow = draw(st.booleans())
+    E = draw(st.integers(1 if allow else W, min(6, G * W)))
+    load = np.array(draw(st.lists(st.integers(0, 30), min_size=E, max_size=E)), dtype=float)
+    return load, G, W, allow
+
+
+# --------------------------------------------------------------------------------------------------
+# scoring
+# --------------------------------------------------------------------------------------------------
+
+
+def test_gpu_loads_even_split_and_maxvio():
+    slots = np.array([[0, 1], [0, 2]])
+    load = np.array([10.0, 3.0, 5.0])
+    assert B.gpu_loads(slots, load).tolist() == [8.0, 10.0]
+    assert B.maxvio(slots, load) == pytest.approx(10.0 / 9.0 - 1.0)
+    steps = np.array([[10.0, 3.0, 5.0], [0.0, 0.0, 0.0]])
+    assert B.gpu_loads(slots, steps).shape == (2, 2)
+    assert B.maxvio(slots, steps).tolist() == pytest.approx([1 / 9, 0.0])
+    with pytest.raises(ValueError):
+        B.gpu_loads(np.array([[0, 1], [1, 0]]), load)  # expert 2 has no copy
+
+
+# --------------------------------------------------------------------------------------------------
+# copy counts
+# --------------------------------------------------------------------------------------------------
+
+
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=5),
+    st.integers(0, 6),
+    st.integers(1, 5),
+)
+def test_copy_counts_optimal_vs_brute_force(loads, extra, cap):
+    load = np.array(loads, dtype=float)
+    E = len(load)
+    total = E + extra
+    if cap * E < total:
+        with pytest.raises(ValueError):
+            B.copy_counts(load, total, cap)
+        return
+    c = B.copy_counts(load, total, cap)
+    assert c.sum() == total and c.min() >= 1 and c.max() <= cap
+    assert float(np.max(load / c)) == pytest.approx(brute_counts(load, total, cap), rel=1e-12, abs=0)
+
+
+def test_copy_counts_gives_copies_to_hottest():
+    c = B.copy_counts([100.0, 10.0, 1.0], 6)
+    assert c.tolist() == [4, 1, 1]
+    assert B.copy_counts([100.0, 10.0, 1.0], 6, max_copies=2).tolist() == [2, 2, 2]
+
+
+# --------------------------------------------------------------------------------------------------
+# packing
+# --------------------------------------------------------------------------------------------------
+
+
+@given(layer(max_e=16, max_g=6, max_w=5), st.integers(0, 3))
+def test_pack_never_worse_than_lpt(case, seed):
+    load, G, W, allow = case
+    E = load.size
+    c = B.copy_counts(load, G * W, B._cap(E, G, W, allow))
+    e = np.repeat(np.arange(E), c)
+    w = (load / c)[e]
+    lpt = B.lpt_pack(w, e, G, W, allow)
+    out = B.pack(w, e, G, W, allow, seed=seed, iterations=5)
+    for bins in (lpt, out):
+        assert sorted(bins.ravel().tolist()) == list(range(G * W))
+        check_plan(e[bins], E, G, W, allow)
+    assert w[out].sum(axis=1).max() <= w[lpt].sum(axis=1).max() + 1e-9
+
+
+def test_pack_respects_cardinality_and_colocation_with_many_copies():
+    # every expert has G copies: the only feasible packings put one copy of each on every bin
+    G, W = 4, 3
+    e = np.repeat(np.arange(W), G)
+    w = np.repeat([9.0, 5.0, 1.0], G)
+    out = B.pack(w, e, G, W)
+    check_plan(e[out], W, G, W, False)
+
+
+# --------------------------------------------------------------------------------------------------
+# whole layer
+# --------------------------------------------------------------------------------------------------
+
+
+@given(layer(), st.integers(0, 5))
+def test_plan_layer_valid_and_never_worse_than_lpt(case, seed):
+    load, G, W, allow = case
+    E = load.size
+    slots = B.plan_layer(load, G, W, allow_colocated=allow, seed=seed, iterations=4)
+    check_plan(slots, E, G, W, allow)
+    c = B.copy_counts(load, G * W, B._cap(E, G, W, allow))
+    e = np.repeat(np.arange(E), c)
+    lpt = e[B.lpt_pack((load / c)[e], e, G, W, allow)]
+    assert max_load(slots, load) <= max_load(lpt, load) + 1e-9
+    assert max_load(slots, load) >= B.lower_bound(load, G, W, allow) - 1e-9
+
+
+@given(tiny_layer())
+def test_lower_bound_below_brute_force_optimum(case):
+    load, G, W, allow = case
+    opt = brute_opt(load, G, W, allow)
+    parts = B.lower_bound(load, G, W, allow, details=True)
+    assert parts["bound"] <= opt * (1 + 1e-12) + 1e-12
+    assert parts["bound"] >= load.sum() / G - 1e-12
+    plan = B.plan_layer(load, G, W, allow_colocated=allow, iterations=4)
+    assert max_load(plan, load) >= opt - 1e-9
+
+
+def test_lower_bound_pigeonhole_beats_simple_bounds():
+    # 2 GPUs x 2 slots, no spare slot: three items of 10 force two of them onto one GPU (20), while
+    # the mean is 15.5 and the largest per-copy load 10
+    load = np.array([10.0, 10.0, 10.0, 1.0])
+    parts = B.lower_bound(load, 2, 2, details=True)
+    opt = brute_opt(load, 2, 2, False)
+    assert opt == 20.0
+    assert max(parts["average"], parts["per_copy"]) == 15.5
+    assert parts["bound"] == pytest.approx(20.0, rel=1e-9) and parts["bound"] <= opt
+
+
+def test_plan_layer_deterministic_and_seeded():
+    rng = np.random.default_rng(7)
+    load = rng.gamma(0.6, 100.0, 40)
+    a = B.plan_layer(load, 8, 6, seed=3, iterations=10)
+    b = B.plan_layer(load, 8, 6, seed=3, iterations=10)
+    assert np.array_equal(a, b)
+    many = B.plan_layers(np.stack([load, load[::-1]]), 8, 6, seed=1, iterations=5)
+    assert many.shape == (2, 8, 6)
+    assert np.array_equal(many, B.plan_layers(np.stack([load, load[::-1]]), 8, 6, seed=1, iterations=5))
+
+
+def test_plan_layer_balances_skewed_layer_close_to_bound():
+    rng = np.random.default_rng(0)
+    load = rng.lognormal(0.0, 1.0, 64) * 1000
+    slots = B.plan_layer(load, 16, 5)
+    check_plan(slots, 64, 16, 5, False)
+    assert B.maxvio(slots, load) < 0.01
+    assert max_load(slots, load) / B.lower_bound(load, 16, 5) - 1 < 0.01
+
+
+def test_plan_layer_zero_load_and_full_slots():
+    check_plan(B.plan_layer(np.zeros(6), 2, 3), 6, 2, 3, False)
+    check_plan(B.plan_layer(np.arange(6.0), 2, 3), 6, 2, 3, False)  # P == E: no spare slot
+
+
+def test_hierarchical_keeps_copies_in_node():
+    rng = np.random.default_rng(1)
+    load = rng.gamma(0.5, 10.0, 30)
+    G, W, n = 8, 5, 4
+    slots = B.plan_layer(load, G, W, gpus_per_node=n, hierarchical=True, iterations=5)
+    check_plan(slots, 30, G, W, False)
+    node_of = {}
+    for g in range(G):
+        for x in slots[g]:
+            assert node_of.setdefault(int(x), g // n) == g // n
+    flat = B.plan_layer(load, G, W, iterations=5)
+    assert max_load(flat, load) <= max_load(slots, load) + 1e-9 or B.maxvio(slots, load) < 0.05
+
+
+# --------------------------------------------------------------------------------------------------
+# robust mode
+# --------------------------------------------------------------------------------------------------
+
+
+@given(st.integers(0, 10_000), st.sampled_from(["mean", "worst"]), st.booleans())
+def test_robust_never_worse_than_pooled(seed, objective, normalize):
+    rng = np.random.default_rng(seed)
+    T = int(rng.integers(1, 6))
+    E = int(rng.integers(2, 14))
+    G = int(rng.integers(1, 5))
+    W = int(min(E, max(-(-E // G), rng.integers(1, 5))))
+    steps = rng.poisson(rng.gamma(0.7, 8.0, E), size=(T, E)).astype(float)
+    slots = B.plan_layer_robust(steps, G, W, objective, normalize=normalize, seed=seed % 3, iterations=3)
+    check_plan(slots, E, G, W, False)
+    pooled = B.plan_layer(steps.sum(axis=0), G, W, seed=seed % 3, iterations=3)
+    kw = {"objective": objective, "normalize": normalize}
+    assert B.robust_objective(slots, steps, **kw) <= B.robust_objective(pooled, steps, **kw) + 1e-12
+
+
+def test_robust_improves_on_shifting_steps():
+    rng = np.random.default_rng(5)
+    E, G, W = 24, 6, 5
+    base = rng.gamma(0.8, 50.0, E)
+    steps = np.stack([base * rng.lognormal(0, 0.6, E) for _ in range(8)])
+    pooled = B.plan_layer(steps.sum(axis=0), G, W)
+    robust = B.plan_layer_robust(steps, G, W)
+    assert B.robust_objective(robust, steps) < B.robust_objective(pooled, steps)
+
+
+# --------------------------------------------------------------------------------------------------
+# migration
+# --------------------------------------------------------------------------------------------------
+
+
+def _round_robin_plan(E: int, G: int, W: int) -> np.ndarray:
+    """Spare slots to the lowest ids, copies dealt round-robin (no colocation when W <= E)."""
+    ids = np.sort(np.arange(G * W) % E)
+    out = np.empty((G, W), dtype=np.int64)
+    out[np.arange(G * W) % G, np.arange(G * W) // G] = ids
+    return out
+
+
+def test_count_moves_and_relabel():
+    cur = np.array([[0, 1], [2, 3]])
+    new = np.array([[3, 2], [1, 4]])
+    assert B.count_moves(cur, new) == 4
+    assert B.count_moves(cur, cur[:, ::-1]) == 0  # slot order inside a GPU is not a move
+    rel = B.relabel(new, cur)
+    assert B.count_moves(cur, rel) == 1
+    assert rel.tolist() == [[4, 1], [2, 3]]
+
+
+@given(st.integers(0, 10_000))
+def test_migration_budget_zero_unlimited_and_budget_respected(seed):
+    rng = np.random.default_rng(seed)
+    E = int(rng.integers(4, 20))
+    G = int(rng.integers(2, 6))
+    W = int(min(E, -(-E // G) + rng.integers(0, 3)))
+    cur = _round_robin_plan(E, G, W)
+    check_plan(cur, E, G, W, False)
+    load = rng.gamma(0.6, 10.0, E)
+    assert np.array_equal(B.replan_from(cur, load, max_moves=0), cur)
+    full = B.replan_from(cur, load, iterations=3)
+    check_plan(full, E, G, W, False)
+    ref = B.maxvio(B.plan_layer(load, G, W, iterations=3), load)
+    assert B.maxvio(full, load) <= ref + 1e-12
+    for budget in (1, 2, 5):
+        out = B.replan_from(cur, load, max_moves=budget, iterations=3)
+        check_plan(out, E, G, W, False)
+        assert B.count_moves(cur, out) <= budget
+        assert B.maxvio(out, load) <= B.maxvio(cur, load) + 1e-12
+    frontier = B.migration_frontier(cur, load, [0, 1, 2, 5, G * W], iterations=3)
+    assert frontier[0] == (0, pytest.approx(B.maxvio(cur, load)))
+    vios = [v for _, v in frontier]
+    assert all(a >= b - 1e-12 for a, b in zip(vios, vios[1:]))
+    assert all(m <= b for (m, _), b in zip(frontier, [0, 1, 2, 5, G * W]))
+    assert vios[-1] <= ref + 1e-12
+
+
+def test_migration_target_reached_with_few_moves():
+    rng = np.random.default_rng(3)
+    E, G, W = 32, 8, 5
+    load = rng.gamma(0.6, 10.0, E)
+    cur = B.plan_layer(load, G, W, iterations=5)
+    shifted = load * rng.lognormal(0, 0.3, E)
+    target = 0.02
+    out = B.replan_from(cur, shifted, target_maxvio=target, iterations=5)
+    check_plan(out, E, G, W, False)
+    assert B.maxvio(out, shifted) <= target
+    assert B.count_moves(cur, out) <= B.count_moves(cur, B.relabel(B.plan_layer(shifted, G, W, iterations=5), cur))
