@@ -5,17 +5,28 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
 from moeopt.errors import MoeoptError
-from moeopt.evaluate import evaluate, linear_plan
-from moeopt.io import load_instance, read_plan, read_workload_file, write_json, write_plan, write_trace
+from moeopt.io import (
+    PlanFile,
+    fit_workload,
+    load_instance,
+    read_plan,
+    read_plan_file,
+    read_workload_file,
+    write_json,
+    write_plan,
+    write_trace,
+)
+from moeopt.plan import DISPATCH_KINDS, Dispatch
+from moeopt.registry import metric_hooks
 from moeopt.result import Result
-from moeopt.solve import Workloads, add_relative_metrics, load_workloads, solve
+from moeopt.scoring import score
+from moeopt.solve import Workloads, load_workloads, solve
 from moeopt.trace import Trace
 
 #: Rows of the metric tables: (report key, label, lower is better)
@@ -69,65 +80,129 @@ def metrics_table(columns: dict[str, dict]) -> str:
     return tabulate(rows, headers=["metric"] + names, tablefmt="github")
 
 
-def _solve_table(result: Result) -> str:
-    lin = result.metrics.get("linear", {})
-    cols = {"linear": lin, result.method: result.metrics}
-    table = metrics_table(cols)
-    extra = []
+def metrics_report(name: str, metrics: dict) -> str:
+    """The metrics table of one plan against linear, its reductions and its notes."""
+    table = metrics_table({"linear": metrics.get("linear", {}), name: metrics})
+    extra = [f"dispatch: {metrics['dispatch']}"] if metrics.get("dispatch") else []
     for key, label in (
         ("comm_reduction_vs_linear", "communication reduction vs linear"),
         ("straggler_improvement_vs_linear", "straggler latency improvement vs linear"),
         ("p90_improvement_vs_linear", "p90 step latency improvement vs linear"),
     ):
-        v = result.metrics.get(key)
+        v = metrics.get(key)
         if v is not None:
             extra.append(f"{label}: {v:+.2f} %")
+    return "\n".join([table, *extra, *metrics.get("notes", [])])
+
+
+def _solve_table(result: Result) -> str:
     head = (
         f"{result.method}: {result.status.value}; objective {result.objective_name} = {_fmt(result.objective)}"
         f"; bound {_fmt(result.bound)}; gap {_fmt(None if result.gap is None else 100 * result.gap)} %"
         f"; {result.wall_time:.2f} s"
     )
-    return "\n".join([head, table, *extra])
+    return "\n".join([head, metrics_report(result.method, result.metrics)])
+
+
+def _dispatch(args: argparse.Namespace) -> Dispatch | None:
+    return Dispatch(kind=args.dispatch) if getattr(args, "dispatch", None) else None
+
+
+def _read_plan_for(path: str, inst: Any) -> PlanFile:
+    """A plan file checked against an instance (errors name the plan file)."""
+    pf = read_plan_file(path)
+    try:
+        pf.plan.check(inst.cluster, layers=inst.model.layers, experts=inst.model.experts)
+    except MoeoptError as exc:
+        raise MoeoptError(f"{path}: {exc}") from None
+    return pf
+
+
+def _engine_format(path: str) -> str:
+    """Guess a plan file's format from its content: moeopt plan, SGLang, vLLM-Ascend, EPLB."""
+    import json
+
+    if path.endswith(".pt"):
+        return "eplb"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return "plan"  # read_plan_file says what is wrong with it
+    if isinstance(data, dict) and "physical_to_logical_map" in data:
+        return "sglang"
+    if isinstance(data, dict) and "layer_list" in data:
+        return "vllm-ascend"
+    return "plan"
+
+
+def _current_plan(path: str, fmt: str | None, inst: Any) -> Any:
+    """The plan running now (``solve --from``): a moeopt plan or any engine's placement file."""
+    from moeopt.io import read_engine_plan
+
+    fmt = fmt or _engine_format(path)
+    if fmt == "plan":
+        return _read_plan_for(path, inst).plan
+    rows = None
+    if fmt == "sglang":
+        import json
+
+        with open(path, encoding="utf-8") as fh:
+            rows = len(json.load(fh).get("physical_to_logical_map", []))
+    dense = max(0, rows - inst.model.layers) if rows is not None else 0
+    plan = read_engine_plan(path, fmt, gpus=inst.cluster.gpus, experts=inst.model.experts, dense_layers=dense)
+    try:
+        plan.check(inst.cluster, layers=inst.model.layers, experts=inst.model.experts)
+    except MoeoptError as exc:
+        raise MoeoptError(f"{path}: {exc}") from None
+    return plan
+
+
+def migration_table(stats: dict) -> str:
+    """Moves vs MaxVio of a migration-aware re-plan (``solve --from``)."""
+    rows = [[f["budget"], f["moves"], f"{f['maxvio']:.4f}"] for f in stats["migration_frontier"]]
+    head = f"moved expert weights: {stats['moves']} (per layer: max {max(stats['moves_per_layer'], default=0)})"
+    table = tabulate(rows, headers=["budget / layer", "moves (all layers)", "MaxVio"], tablefmt="github")
+    return "\n".join([head, "migration frontier (calibration, even split):", table])
 
 
 # ----------------------------------------------------------------------------- commands
 def cmd_solve(args: argparse.Namespace) -> int:
     inst = load_instance(args.instance)
-    hint = None
-    if args.hint:
-        hint, gpus = read_plan(args.hint)
-        if gpus != inst.cluster.gpus:
-            raise MoeoptError(f"{args.hint}: gpus: plan is for {gpus} GPUs, instance has {inst.cluster.gpus}")
-    result = solve(inst, method=args.method, time_limit=args.time_limit, seed=args.seed, quiet=args.quiet, hint=hint)
+    hint = _read_plan_for(args.hint, inst).plan if args.hint else None
+    current = _current_plan(args.from_plan, args.from_format, inst) if args.from_plan else None
+    result = solve(
+        inst,
+        method=args.method,
+        time_limit=args.time_limit,
+        seed=args.seed,
+        quiet=args.quiet,
+        hint=hint,
+        dispatch=_dispatch(args),
+        current=current,
+    )
     if args.output and result.plan is not None:
-        write_plan(args.output, result.plan, inst.cluster.gpus, result.method, result.params)
+        write_plan(args.output, result.plan, result.method, result.params)
     if args.report:
         write_json(args.report, report_dict(result, inst.name))
     print(_solve_table(result))
+    if "migration_frontier" in result.stats:
+        print(migration_table(result.stats))
     return 0 if result.plan is not None else 1
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     inst = load_instance(args.instance)
-    plan, gpus = read_plan(args.plan)
-    if gpus != inst.cluster.gpus:
-        raise MoeoptError(f"{args.plan}: gpus: plan is for {gpus} GPUs, instance has {inst.cluster.gpus}")
-    try:
-        plan.check(inst.cluster, layers=inst.model.layers, experts=inst.model.experts)
-    except MoeoptError as exc:
-        raise MoeoptError(f"{args.plan}: {exc}") from None
+    pf = _read_plan_for(args.plan, inst)
+    plan = pf.plan if args.dispatch is None else pf.plan.with_dispatch(Dispatch(kind=args.dispatch))
     wl = load_workloads(inst)
-    workload = read_workload_file(args.trace, top_k=inst.model.top_k) if args.trace else wl.evaluation
-    metrics = evaluate(plan, workload, inst.cluster, profile=wl.profile)
-    base = evaluate(
-        linear_plan(inst.model.layers, inst.model.experts, gpus), workload, inst.cluster, profile=wl.profile
-    )
-    add_relative_metrics(metrics, base)
+    workload = None
+    if args.trace:
+        workload = fit_workload(read_workload_file(args.trace, top_k=inst.model.top_k), inst.model, args.trace)
+    metrics = score(plan, inst, wl, workload=workload, hooks=metric_hooks(pf.method), params=pf.params)
     if args.report:
         write_json(args.report, {"instance": inst.name, "plan": str(args.plan), "metrics": metrics})
-    print(metrics_table({"linear": base, Path(args.plan).name: metrics}))
-    if metrics.get("comm_reduction_vs_linear") is not None:
-        print(f"communication reduction vs linear: {metrics['comm_reduction_vs_linear']:+.2f} %")
+    print(metrics_report(pf.method or Path(args.plan).name, metrics))
     return 0
 
 
@@ -138,7 +213,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     cols: dict[str, dict] = {}
     reports = []
     for name in names:
-        r = solve(inst, method=name, time_limit=args.time_limit, seed=args.seed, quiet=args.quiet, workloads=wl)
+        r = solve(
+            inst,
+            method=name,
+            time_limit=args.time_limit,
+            seed=args.seed,
+            quiet=args.quiet,
+            workloads=wl,
+            dispatch=_dispatch(args),
+        )
         m = dict(r.metrics)
         m["wall_time"] = r.wall_time
         cols[name] = m
@@ -152,7 +235,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         + " | ".join(_fmt(cols[n].get("comm_reduction_vs_linear")) for n in names)
         + " |"
     )
-    print("\n".join([table, red, walls]))
+    disp = "| dispatch | " + " | ".join(str(cols[n].get("dispatch", "-")) for n in names) + " |"
+    print("\n".join([table, red, walls, disp]))
     return 0
 
 
@@ -218,15 +302,10 @@ def trace_summary(workload: Any) -> str:
         ["coactivation density"] if stats.affinity is not None else []
     )
     lines.append(tabulate(rows, headers=headers, tablefmt="github"))
-    import moeopt.methods  # noqa: F401  (methods register their trace-stats hooks)
+    from moeopt.utilization import classification_lines
 
-    for hook in TRACE_STATS_HOOKS:
-        lines.extend(hook(stats))
+    lines.extend(classification_lines(stats))
     return "\n".join(lines)
-
-
-#: Extra sections for ``trace stats`` (GEM adds its expert classification here).
-TRACE_STATS_HOOKS: list[Callable[[Any], list[str]]] = []
 
 
 def cmd_trace_stats(args: argparse.Namespace) -> int:
@@ -275,9 +354,7 @@ def _engine_instance(args: argparse.Namespace) -> Any:
     return inst
 
 
-def _check_against(plan: Any, gpus: int, inst: Any, src: str) -> None:
-    if gpus != inst.cluster.gpus:
-        raise MoeoptError(f"{src}: gpus: plan is for {gpus} GPUs, instance has {inst.cluster.gpus}")
+def _check_against(plan: Any, inst: Any, src: str) -> None:
     try:
         plan.check(inst.cluster, layers=inst.model.layers, experts=inst.model.experts)
     except MoeoptError as exc:
@@ -285,37 +362,41 @@ def _check_against(plan: Any, gpus: int, inst: Any, src: str) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from moeopt.interop import default_slots
+    import numpy as np
+
+    from moeopt.interop import engine_settings
     from moeopt.io import write_engine_plan
 
-    plan, gpus = read_plan(args.plan)
+    plan = read_plan(args.plan)
     inst = _engine_instance(args)
-    slots, replica_slots = default_slots(plan, gpus)
     if inst is not None:
-        _check_against(plan, gpus, inst, args.plan)
-        slots, replica_slots = inst.cluster.slots_per_gpu, inst.cluster.replica_slots_per_gpu
+        _check_against(plan, inst, args.plan)
+        plan = plan.padded(inst.cluster.width)
+    if args.dispatch:
+        plan = plan.with_dispatch(Dispatch(kind=args.dispatch))
     if args.dense_layers and args.format != "sglang":
         raise MoeoptError("--dense-layers applies to --format sglang only (EPLB and vLLM count MoE layers)")
     load = None
     if args.load:
         w = read_workload_file(args.load, top_k=inst.model.top_k if inst is not None else 1)
         load = (w.stats() if isinstance(w, Trace) else w).expert_load
-    write_engine_plan(
-        args.output,
-        plan,
-        gpus,
-        args.format,
-        slots_per_gpu=slots,
-        replica_slots_per_gpu=replica_slots,
-        load=load,
-        dense_layers=args.dense_layers,
-    )
+        if load.shape[0] == plan.layers and load.shape[1] < plan.experts:  # highest ids never routed
+            load = np.pad(load, ((0, 0), (0, plan.experts - load.shape[1])))
+        if load.shape != (plan.layers, plan.experts):
+            raise MoeoptError(
+                f"{args.load}: counts: expected {plan.layers} layers x {plan.experts} experts, got {list(load.shape)}"
+            )
+    notes = write_engine_plan(args.output, plan, args.format, load=load, dense_layers=args.dense_layers)
     if not args.quiet:
-        physical = (slots + replica_slots) * gpus
+        W = plan.width
+        if args.format == "vllm-ascend":  # each device's distinct experts only
+            W = int((plan.copies_on_gpu > 0).sum(axis=1).max())
         print(
-            f"wrote {args.output}: {args.format}, {plan.layers + args.dense_layers} layers x {physical} physical "
-            f"slots ({gpus} GPUs x {slots + replica_slots}); redundant experts: {physical - plan.experts}"
+            f"wrote {args.output}: {args.format}, {plan.layers + args.dense_layers} layers x {plan.gpus * W} "
+            f"physical slots ({plan.gpus} GPUs x {W}), {plan.experts} experts, dispatch {plan.dispatch.kind}"
         )
+        for line in [*notes, *engine_settings(args.format, plan, str(args.output), dense_layers=args.dense_layers)]:
+            print(line)
     return 0
 
 
@@ -324,23 +405,28 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     inst = _engine_instance(args)
     gpus = args.gpus if inst is None else inst.cluster.gpus
-    slots = args.slots_per_gpu if args.slots_per_gpu or inst is None else inst.cluster.slots_per_gpu
     if args.dense_layers and args.format != "sglang":
         raise MoeoptError("--dense-layers applies to --format sglang only (EPLB and vLLM count MoE layers)")
-    plan, gpus = read_engine_plan(
+    plan = read_engine_plan(
         args.file,
         args.format,
         gpus=gpus,
         experts=None if inst is None else inst.model.experts,
-        slots_per_gpu=slots,
         dense_layers=args.dense_layers,
+        dispatch=args.dispatch,
     )
     if inst is not None:
-        _check_against(plan, gpus, inst, args.file)
-    write_plan(args.output, plan, gpus, f"import:{args.format}", {"source": str(args.file)})
+        _check_against(plan, inst, args.file)
+        plan = plan.padded(inst.cluster.width)
+    write_plan(args.output, plan, f"import:{args.format}", {"source": str(args.file)})
     if not args.quiet:
-        reps = sum(len(r) for r in plan.replicas)
-        print(f"wrote {args.output}: {plan.layers} layers x {plan.experts} experts on {gpus} GPUs, {reps} replicas")
+        P = plan.gpus * plan.width
+        print(
+            f"wrote {args.output}: {plan.layers} layers x {P} physical slots ({plan.gpus} GPUs x {plan.width}), "
+            f"{plan.experts} experts, dispatch {plan.dispatch.kind}"
+        )
+        for line in plan.notes():
+            print(line)
     return 0
 
 
@@ -377,12 +463,33 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--seed", type=int, default=0)
         sp.add_argument("--quiet", action="store_true", help="no progress output")
 
+    def dispatch_arg(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--dispatch",
+            choices=DISPATCH_KINDS,
+            default=None,
+            help="how tokens split over an expert's copies (default: the plan's own rule)",
+        )
+
     s = sub.add_parser("solve", help="solve an instance, print metrics vs linear, write plan and report")
     s.add_argument("instance")
     s.add_argument("--method", default=None, help="override the instance's method name")
     s.add_argument("--output", help="plan JSON to write")
     s.add_argument("--report", help="report JSON to write")
     s.add_argument("--hint", help="warm-start plan JSON (exact solvers start from it)")
+    s.add_argument(
+        "--from",
+        dest="from_plan",
+        metavar="CURRENT_PLAN",
+        help="the plan running now (moeopt plan or engine file): re-plan moving few expert weights (balance)",
+    )
+    s.add_argument(
+        "--from-format",
+        choices=["plan", "sglang", "eplb", "vllm-ascend"],
+        default=None,
+        help="format of --from (default: from the file's content; .pt is eplb)",
+    )
+    dispatch_arg(s)
     common(s)
     s.set_defaults(func=cmd_solve)
 
@@ -391,12 +498,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("plan")
     e.add_argument("--trace", help="evaluate on this trace or count file instead")
     e.add_argument("--report")
+    dispatch_arg(e)
     e.set_defaults(func=cmd_evaluate)
 
     c = sub.add_parser("compare", help="several methods side by side")
     c.add_argument("instance")
     c.add_argument("--methods", required=True, help="comma-separated method names")
     c.add_argument("--report")
+    dispatch_arg(c)
     common(c)
     c.set_defaults(func=cmd_compare)
 
@@ -442,8 +551,14 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("plan")
     x.add_argument("--format", required=True, choices=engines)
     x.add_argument("--output", required=True, help="sglang: .json/.pt; eplb: .npz/.pt; vllm-ascend: .json")
-    x.add_argument("--instance", help="take slots_per_gpu and replica_slots_per_gpu from it and check the plan")
-    x.add_argument("--load", help="trace or count file: its hottest expert fills GPUs that hold nothing")
+    x.add_argument("--instance", help="check the plan against it and write cluster's slots_per_gpu + replica ones")
+    x.add_argument("--load", help="trace or count file: picks the fill of an empty slot no neutral copy can fill")
+    x.add_argument(
+        "--dispatch",
+        choices=DISPATCH_KINDS,
+        default=None,
+        help="dispatch to run the engine with (default: the plan's; sets SGLang's --ep-dispatch-algorithm)",
+    )
     x.add_argument("--dense-layers", type=int, default=0, help="sglang: dense hidden layers before the MoE ones")
     x.add_argument("--quiet", action="store_true")
     x.set_defaults(func=cmd_export)
@@ -451,9 +566,14 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("file")
     im.add_argument("--format", required=True, choices=engines)
     im.add_argument("--output", required=True, help="plan JSON to write")
-    im.add_argument("--instance", help="take gpus, experts and slots_per_gpu from it and check the plan")
+    im.add_argument("--instance", help="take gpus and experts from it and check the plan")
     im.add_argument("--gpus", type=int, default=None, help="GPU count (SGLang maps do not record it)")
-    im.add_argument("--slots-per-gpu", type=int, default=None, help="home slots per GPU (default ceil(E/G))")
+    im.add_argument(
+        "--dispatch",
+        choices=DISPATCH_KINDS,
+        default=None,
+        help="the engine's dispatch (default: sglang static, eplb even, vllm-ascend even)",
+    )
     im.add_argument("--dense-layers", type=int, default=0, help="sglang: leading dense-layer rows to drop")
     im.add_argument("--quiet", action="store_true")
     im.set_defaults(func=cmd_import)

@@ -11,14 +11,16 @@ workload into what that rule executes:
 Policies
 --------
 ``even``
-    Every copy gets ``1/c`` of its expert's tokens (EPLB's model). On a trace the ``j``-th
-    token of a step routed to ``e`` uses copy ``j mod c``; loads are the exact ``n/c`` shares.
+    Every copy gets ``1/c`` of its expert's tokens (EPLB's model). On a trace a token uses
+    copy ``row mod c``, ``row`` its position in its step (SGLang's ``dynamic`` dispatch,
+    rank-invariant form); loads are the exact ``n/c`` shares.
 ``static``
-    SGLang's static dispatch (``--ep-dispatch-algorithm static``): each source GPU (the
-    token's home rank) maps each expert to one physical copy, fixed for the run: the first
-    copy on its own GPU, else the first copy in its own node when that narrows the choice,
-    else one drawn by the engine's "fair choice" (Python's ``random.Random(42)``, layers then
-    experts in order) over the expert's physical slots, so a GPU with two copies of an
+    SGLang's static dispatch (``--ep-dispatch-algorithm static``, the engine's default with
+    an all-to-all backend such as DeepEP): each source GPU (the token's home rank) maps each
+    expert to one physical copy, fixed for the run: the first copy on its own GPU, else the
+    first copy in its own node when that narrows the choice, else one dealt by the engine's
+    "fair choice" over the expert's physical slots (each rank its own ``random.Random(42)``
+    stream, as each engine rank builds its own table), so a GPU with two copies of an
     expert receives twice the share. Without token homes, homes are uniform and loads and
     communication are the exact expectation over the G possible homes.
 ``lp``
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import scipy.sparse as sp
@@ -50,21 +53,25 @@ STATIC_SEED = 42
 
 
 # ----------------------------------------------------------------------------- static (SGLang)
+@lru_cache(maxsize=4)  # plans hash by identity; scoring asks for the same plan's map twice
 def static_map(plan: Plan, gpus_per_node: int | None = None, seed: int = STATIC_SEED) -> np.ndarray:
     """int ``[G, L, E]``: the physical slot each source GPU sends each expert's tokens to.
 
-    Re-implements SGLang's static rule from its published behaviour: a single copy is used
-    by everyone; otherwise a rank uses the first copy on its own GPU, else the first copy in
-    its node when only some copies are there, else a fair draw over all copies (every copy
-    ``floor(k / c)`` times plus a sample of the remainder, then shuffled), with one
-    ``random.Random(seed)`` stream over layers then experts.
+    Re-implements SGLang's static rule (``--ep-dispatch-algorithm static`` with an all-to-all
+    backend such as DeepEP, where it is the default) from the engine's code: rank r uses an
+    expert's only copy; else the first copy on its own GPU; else the first copy in its node
+    when only some copies are there; else a "fair" draw: the ranks left without a near copy
+    are dealt the expert's physical slots (each ``k // c`` times plus a sample of the rest,
+    shuffled) and r takes its place in that deal. Each rank builds its own table with its own
+    ``random.Random(seed)`` stream, consumed only by the experts it has no near copy of, in
+    layer-then-expert order, exactly as each engine rank does.
     """
     L, G, W = plan.slots.shape
     E = plan.experts
-    rng = random.Random(seed)
     out = np.full((G, L, E), -1, dtype=np.int64)
     node_slots = None if gpus_per_node is None or gpus_per_node >= G else gpus_per_node * W
     ranks = np.arange(G)
+    drawn: list[tuple[int, int, list[int], np.ndarray]] = []  # (l, e, copies, ranks left to draw)
     for l in range(L):
         phys = plan.physical(l)
         order = np.argsort(phys, kind="stable")
@@ -77,10 +84,9 @@ def static_map(plan: Plan, gpus_per_node: int | None = None, seed: int = STATIC_
                 out[:, l, e] = cand[0]
                 continue
             gpu_of = cand // W  # ascending, like cand
-            # first copy on the rank's own GPU
             chosen = np.full(G, -1, dtype=np.int64)
             gs, at = np.unique(gpu_of, return_index=True)
-            chosen[gs] = cand[at]
+            chosen[gs] = cand[at]  # first copy on the rank's own GPU
             if node_slots is not None:
                 node_of = cand // node_slots
                 first_in_node = np.full(G // gpus_per_node, -1, dtype=np.int64)
@@ -91,10 +97,18 @@ def static_map(plan: Plan, gpus_per_node: int | None = None, seed: int = STATIC_
                 narrower = (per_node[rank_node] > 0) & (per_node[rank_node] < len(cand))
                 use_node = (chosen < 0) & narrower
                 chosen[use_node] = first_in_node[rank_node[use_node]]
-            remaining = np.nonzero(chosen < 0)[0]
-            if len(remaining):
-                chosen[remaining] = _fair_choices(cand.tolist(), len(remaining), rng)
             out[:, l, e] = chosen
+            left = np.nonzero(chosen < 0)[0]
+            if len(left):
+                drawn.append((l, e, cand.tolist(), left))
+    for r in range(G):
+        rng = random.Random(seed)
+        for l, e, cand, left in drawn:
+            if out[r, l, e] >= 0:
+                continue  # this rank's table holds only its near copy: no draw
+            picks = _fair_choices(cand, len(left), rng)
+            out[r, l, e] = picks[int(np.searchsorted(left, r))]
+    out.setflags(write=False)
     return out
 
 
@@ -300,16 +314,17 @@ def route_trace(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
             distinct[:, l], remote[:, l], weighted[:, l] = d, r, w
         return Routing(step_loads, None, (distinct, remote, weighted))
     gpu = np.empty((N, L, k), dtype=np.int64)
+    row = _rank_in_group(step)[1]  # a token's row within its batch
     if kind == "static":
         dest = static_map(plan, cluster.gpus_per_node) // W
     for l in range(L):
         ids = trace.topk[:, l, :].astype(np.int64)
         if kind == "even":
+            # SGLang's dynamic dispatch (rank-invariant form): a token's row in its batch picks
+            # copy row mod c, copies in physical-slot order
             copies = plan.copies(l)
             c = plan.copy_counts[l]
-            key = (step[:, None] * E + ids).ravel()
-            _, rank = _rank_in_group(key)
-            g = copies[ids.ravel(), rank % c[ids.ravel()]].reshape(ids.shape)
+            g = copies[ids, row[:, None] % c[ids]]
             step_loads[l] = _step_counts(ids, step, T, E) @ even_share(plan)[l]
         elif kind == "static":
             g = dest[trace.home[:, None], l, ids]

@@ -16,6 +16,7 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,14 @@ from moeopt.instance import (
     WorkloadSource,
     default_slots,
 )
-from moeopt.plan import Plan
+from moeopt.plan import Dispatch, Plan
 from moeopt.profile import Profile, synthetic_profile
 from moeopt.synth import SynthSpec, synthesize
 from moeopt.trace import Stats, Trace, stats_from_counts
 
-PLAN_FORMAT = "moeopt.plan/1"
+PLAN_FORMAT = "moeopt.plan/2"
+#: The first release's plan files (homes + replicas); still read.
+PLAN_FORMAT_V1 = "moeopt.plan/1"
 PROFILE_FORMAT = "moeopt.profile/1"
 TRACE_FORMATS = ("trace", "counts", "olmoe-domains", "sglang")
 
@@ -127,6 +130,13 @@ def _int(data: dict, key: str, src: str, field: str, default: Any = ..., minimum
     return v
 
 
+def _bool(data: dict, key: str, src: str, field: str, default: bool) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise InputError(src, f"{field}.{key}", f"expected true or false, got {value!r}")
+    return value
+
+
 def _float(data: dict, key: str, src: str, field: str, default: float, minimum: float = 0.0) -> float:
     v = data.get(key, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < minimum:
@@ -160,7 +170,14 @@ def load_instance(path: str | Path) -> Instance:
         data.get("cluster"),
         src,
         "cluster",
-        {"gpus", "gpus_per_node", "slots_per_gpu", "replica_slots_per_gpu", "inter_node_weight"},
+        {
+            "gpus",
+            "gpus_per_node",
+            "slots_per_gpu",
+            "replica_slots_per_gpu",
+            "inter_node_weight",
+            "allow_colocated_copies",
+        },
     )
     if not c:
         raise InputError(src, "cluster", "required field is missing")
@@ -174,6 +191,7 @@ def load_instance(path: str | Path) -> Instance:
         slots_per_gpu=_int(c, "slots_per_gpu", src, "cluster", default_slots(model.experts, gpus)),
         replica_slots_per_gpu=_int(c, "replica_slots_per_gpu", src, "cluster", 0, minimum=0),
         inter_node_weight=_float(c, "inter_node_weight", src, "cluster", 4.0),
+        allow_colocated_copies=_bool(c, "allow_colocated_copies", src, "cluster", False),
     )
     w = _mapping(data.get("workload"), src, "workload", {"calibration", "evaluation", "synthetic"})
     if "calibration" not in w and "synthetic" not in w:
@@ -241,19 +259,53 @@ def load_workload(
         return synthesize(SynthSpec.from_mapping(syn))
     assert source.path is not None
     result = read_workload_file(source.path, format=source.format, select=source.select, top_k=model.top_k)
-    _check_shape(result, model, str(source.path))
-    return result
+    return _check_shape(result, model, str(source.path))
 
 
-def _check_shape(w: Trace | Stats, model: Model, src: str) -> None:
+def _check_shape(w: Trace | Stats, model: Model, src: str) -> Trace | Stats:
+    """The workload checked against the model, widened to ``model.experts`` when its highest
+    expert ids were never routed (experts inferred from the largest id, or count columns):
+    the instance is the truth. Ids at or above ``model.experts`` are an error."""
     layers = w.layers
     experts = w.num_experts if isinstance(w, Trace) else w.experts
     if layers != model.layers:
         raise InputError(src, "layers", f"workload has {layers} layers, model.layers is {model.layers}")
-    if experts != model.experts:
-        raise InputError(src, "experts", f"workload has {experts} experts, model.experts is {model.experts}")
     if isinstance(w, Trace) and w.top_k != model.top_k:
         raise InputError(src, "topk", f"trace has top-{w.top_k} routing, model.top_k is {model.top_k}")
+    E = model.experts
+    if experts > E:
+        if isinstance(w, Trace):
+            top = int(w.topk.max()) if w.tokens else -1
+            if top >= E:
+                raise InputError(src, "topk", f"expert id {top} out of range: model.experts is {E}")
+            raise InputError(src, "num_experts", f"trace has {experts} experts, model.experts is {E}")
+        raise InputError(src, "counts", f"workload has {experts} experts (columns), model.experts is {E}")
+    if experts == E:
+        return w
+    if isinstance(w, Trace):
+        return replace(w, num_experts=E)
+    pad = E - experts
+
+    def widen(a: np.ndarray | None, axes: tuple[int, ...]) -> np.ndarray | None:
+        if a is None:
+            return None
+        width = [(0, 0)] * a.ndim
+        for ax in axes:
+            width[ax] = (0, pad)
+        return np.pad(a, width)
+
+    return replace(
+        w,
+        counts=widen(w.counts, (2,)),
+        step_counts=widen(w.step_counts, (2,)),
+        coactivation=widen(w.coactivation, (2, 3)),
+    )
+
+
+def fit_workload(w: Trace | Stats, model: Model, src: str) -> Trace | Stats:
+    """A workload read outside an instance (e.g. ``evaluate --trace``) checked against the
+    model and widened to ``model.experts`` (see :func:`load_workload`)."""
+    return _check_shape(w, model, src)
 
 
 def read_workload_file(
@@ -442,14 +494,11 @@ def write_counts(path: str | Path, stats: Stats) -> None:
 def write_engine_plan(
     path: str | Path,
     plan: Plan,
-    gpus: int,
     format: str,
     *,
-    slots_per_gpu: int | None = None,
-    replica_slots_per_gpu: int | None = None,
     load: np.ndarray | None = None,
     dense_layers: int = 0,
-) -> None:
+) -> list[str]:
     """Write a plan for a serving engine (atomically; layout rules in :mod:`moeopt.interop`).
 
     Parameters
@@ -457,36 +506,44 @@ def write_engine_plan(
     path
         Output file: ``.json`` or ``.pt`` for ``sglang``, ``.npz`` or ``.pt`` for ``eplb``,
         ``.json`` for ``vllm-ascend``.
-    plan, gpus
-        The plan and G.
+    plan
+        The plan; physical slot ``p`` of layer ``l`` is ``plan.slots[l].reshape(-1)[p]``.
     format
         ``sglang``, ``eplb`` or ``vllm-ascend``.
-    slots_per_gpu, replica_slots_per_gpu, load
-        See :func:`moeopt.interop.physical_layout`.
+    load
+        Optional float ``[L, E]`` expert loads, used only to fill an empty slot that no
+        score-neutral copy can fill (:func:`moeopt.interop.fill_empty_slots`).
     dense_layers
         SGLang only: dense hidden layers to put before the MoE layers.
+
+    Returns
+    -------
+    list of str
+        One-line notes for the user (fills that shift load, colocated copies written once).
 
     Raises
     ------
     InputError
-        On an unknown format, a wrong suffix, a plan that does not fit the slots, or a
+        On an unknown format, a wrong suffix, a plan the engine cannot represent, or a
         ``.pt`` path without torch.
     """
     path = Path(path)
     suffix = path.suffix.lower()
-    layout = dict(slots_per_gpu=slots_per_gpu, replica_slots_per_gpu=replica_slots_per_gpu, load=load)
     allowed = {"sglang": (".json", ".pt"), "eplb": (".npz", ".pt"), "vllm-ascend": (".json",)}
     if format not in allowed:
         raise InputError(None, "format", f"expected one of {', '.join(interop.ENGINE_FORMATS)}, got {format!r}")
     if suffix not in allowed[format]:
         raise InputError(str(path), None, f"{format} plans are written as {' or '.join(allowed[format])}")
     try:
-        if format == "sglang":
-            data = interop.to_sglang(plan, gpus, dense_layers=dense_layers, **layout)
-        elif format == "eplb":
-            data = interop.to_eplb(plan, gpus, **layout)
+        if format == "vllm-ascend":
+            _, notes = interop.vllm_ascend_layout(plan)
+            data: dict[str, Any] = interop.to_vllm_ascend(plan)
         else:
-            data = interop.to_vllm_ascend(plan, gpus, **layout)
+            _, notes = interop.fill_empty_slots(plan, load)
+            if format == "sglang":
+                data = interop.to_sglang(plan, dense_layers=dense_layers, load=load)
+            else:
+                data = interop.to_eplb(plan, load=load)
     except PlanError as exc:
         raise InputError(str(path), None, str(exc)) from None
     if suffix == ".pt":
@@ -497,6 +554,7 @@ def write_engine_plan(
                 np.savez(fh, **data)
     else:
         write_text(path, json.dumps(data, separators=(",", ":")) + "\n")
+    return notes
 
 
 def read_engine_plan(
@@ -505,10 +563,10 @@ def read_engine_plan(
     *,
     gpus: int | None = None,
     experts: int | None = None,
-    slots_per_gpu: int | None = None,
     dense_layers: int = 0,
-) -> tuple[Plan, int]:
-    """Read a serving-engine plan file back into a plan.
+    dispatch: str | None = None,
+) -> Plan:
+    """Read a serving-engine plan file into a plan, slot for slot (nothing merged).
 
     Parameters
     ----------
@@ -517,18 +575,14 @@ def read_engine_plan(
     format
         ``sglang``, ``eplb`` or ``vllm-ascend``.
     gpus
-        G: required for SGLang maps (they do not record it), checked for vLLM-Ascend.
+        G: required for SGLang maps (they do not record it) and EPLB files without
+        ``num_gpus``; checked against the file otherwise.
     experts
-        E (default: one more than the largest id).
-    slots_per_gpu
-        Home region size (default ``ceil(E / G)``, or an EPLB file's own value).
+        E (default: from the file, else one more than the largest id).
     dense_layers
         SGLang only: leading dense-layer rows to drop.
-
-    Returns
-    -------
-    tuple of (Plan, int)
-        The plan and its GPU count.
+    dispatch
+        The plan's dispatch kind (default: the engine's, :data:`moeopt.interop.ENGINE_DISPATCH`).
 
     Raises
     ------
@@ -540,6 +594,10 @@ def read_engine_plan(
     suffix = path.suffix.lower()
     if format not in interop.ENGINE_FORMATS:
         raise InputError(None, "format", f"expected one of {', '.join(interop.ENGINE_FORMATS)}, got {format!r}")
+    try:
+        kind = Dispatch(kind=dispatch or interop.ENGINE_DISPATCH[format])
+    except PlanError as exc:
+        raise InputError(None, "dispatch", str(exc)) from None
     if suffix == ".pt":
         data: Any = _torch_load(path)
     elif not path.is_file():
@@ -555,17 +613,16 @@ def read_engine_plan(
             data = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(src, None, f"not valid JSON: {exc}") from None
-    layout = dict(experts=experts, slots_per_gpu=slots_per_gpu, source=src)
     if format == "sglang":
         if gpus is None:
             raise InputError(src, "gpus", "SGLang maps do not record the GPU count; give it (--gpus or --instance)")
-        return interop.from_sglang(data, gpus, dense_layers=dense_layers, **layout), gpus
+        return interop.from_sglang(data, gpus, experts=experts, dense_layers=dense_layers, dispatch=kind, source=src)
     if format == "eplb":
-        return interop.from_eplb(data, gpus, slots_per_gpu=slots_per_gpu, source=src)
-    plan, g = interop.from_vllm_ascend(data, **layout)
-    if gpus is not None and gpus != g:
-        raise InputError(src, "device_count", f"the map has {g} devices, expected {gpus}")
-    return plan, g
+        return interop.from_eplb(data, gpus, experts=experts, dispatch=kind, source=src)
+    plan = interop.from_vllm_ascend(data, experts=experts, dispatch=kind, source=src)
+    if gpus is not None and gpus != plan.gpus:
+        raise InputError(src, "device_count", f"the map has {plan.gpus} devices, expected {gpus}")
+    return plan
 
 
 def _read_domain_counts(data: Any, src: str, select: str | None) -> Stats:
@@ -670,25 +727,41 @@ def write_trace(path: str | Path, trace: Trace) -> None:
 
 
 # ----------------------------------------------------------------------------- plans
-def plan_to_json(plan: Plan, gpus: int, method: str = "", params: dict | None = None) -> dict:
+def plan_to_json(plan: Plan, method: str = "", params: dict | None = None) -> dict:
+    """The ``moeopt.plan/2`` JSON object of a plan."""
     return {
         "format": PLAN_FORMAT,
-        "gpus": gpus,
+        "gpus": plan.gpus,
         "layers": plan.layers,
         "experts": plan.experts,
-        "placement": plan.home.tolist(),
-        "replicas": [r.tolist() for r in plan.replicas],
+        "slots_per_gpu": plan.width,
+        "slots": plan.slots.tolist(),
+        "dispatch": plan.dispatch.to_json(),
         "method": method,
         "params": params or {},
     }
 
 
-def write_plan(path: str | Path, plan: Plan, gpus: int, method: str = "", params: dict | None = None) -> None:
-    write_json(path, plan_to_json(plan, gpus, method, params))
+def write_plan(path: str | Path, plan: Plan, method: str = "", params: dict | None = None) -> None:
+    write_json(path, plan_to_json(plan, method, params))
 
 
-def read_plan(path: str | Path) -> tuple[Plan, int]:
-    """Read a ``moeopt.plan/1`` JSON file; returns the plan and its GPU count."""
+@dataclass(frozen=True)
+class PlanFile:
+    """A plan read from a file, with the method and parameters that wrote it."""
+
+    plan: Plan
+    method: str = ""
+    params: dict = field(default_factory=dict)
+
+
+def read_plan(path: str | Path) -> Plan:
+    """Read a ``moeopt.plan/2`` (or first-release ``moeopt.plan/1``) JSON file."""
+    return read_plan_file(path).plan
+
+
+def read_plan_file(path: str | Path) -> PlanFile:
+    """Read a plan file with its ``method`` and ``params`` (see :func:`read_plan`)."""
     path = Path(path)
     src = str(path)
     if not path.is_file():
@@ -697,28 +770,63 @@ def read_plan(path: str | Path) -> tuple[Plan, int]:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(src, None, f"not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
-        raise InputError(src, "format", f"expected {PLAN_FORMAT!r}")
-    for key in ("gpus", "layers", "experts", "placement"):
+    if not isinstance(data, dict) or data.get("format") not in (PLAN_FORMAT, PLAN_FORMAT_V1):
+        raise InputError(src, "format", f"expected {PLAN_FORMAT!r} (or {PLAN_FORMAT_V1!r})")
+    for key in ("gpus", "layers", "experts"):
         if key not in data:
             raise InputError(src, key, "required field is missing")
+        if isinstance(data[key], bool) or not isinstance(data[key], int) or data[key] < 1:
+            raise InputError(src, key, f"expected an integer >= 1, got {data[key]!r}")
+    G, L, E = data["gpus"], data["layers"], data["experts"]
+    method = data.get("method", "")
+    params = data.get("params") or {}
+    if not isinstance(method, str):
+        raise InputError(src, "method", f"expected a method name, got {method!r}")
+    if not isinstance(params, dict):
+        raise InputError(src, "params", f"expected a mapping, got {params!r}")
     try:
-        home = np.asarray(data["placement"], dtype=np.int64)
-    except (TypeError, ValueError):
-        raise InputError(src, "placement", "expected [layers][experts] integer GPU ids") from None
-    if home.shape != (data["layers"], data["experts"]):
-        raise InputError(src, "placement", f"expected shape [{data['layers']}, {data['experts']}], got {home.shape}")
-    reps = []
-    for l, r in enumerate(data.get("replicas") or [[] for _ in range(home.shape[0])]):
-        try:
-            reps.append(np.asarray(r, dtype=np.int64).reshape(-1, 2))
-        except (TypeError, ValueError):
-            raise InputError(src, f"replicas[{l}]", "expected a list of [expert, gpu] pairs") from None
-    try:
-        plan = Plan(home=home, replicas=tuple(reps))
+        if data["format"] == PLAN_FORMAT_V1:
+            plan = _plan_v1(data, src, G, L, E)
+        else:
+            if "slots" not in data:
+                raise InputError(src, "slots", "required field is missing")
+            slots = _int_array(data["slots"], src, "slots", "[layers][gpus][slots] integer expert ids")
+            if slots.ndim != 3 or slots.shape[:2] != (L, G):
+                raise InputError(src, "slots", f"expected shape [{L}, {G}, slots], got {list(slots.shape)}")
+            plan = Plan(slots=slots, experts=E, dispatch=Dispatch.from_json(data.get("dispatch", "even")))
     except PlanError as exc:
         raise InputError(src, None, str(exc)) from None
-    return plan, int(data["gpus"])
+    return PlanFile(plan, method, params)
+
+
+def _int_array(value: Any, src: str, field: str, expected: str) -> np.ndarray:
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError):
+        raise InputError(src, field, f"expected {expected}") from None
+    if arr.dtype == object or (arr.size and arr.dtype.kind not in "iu"):
+        raise InputError(src, field, f"expected {expected}")
+    return arr.astype(np.int64)
+
+
+def _plan_v1(data: dict, src: str, G: int, L: int, E: int) -> Plan:
+    """A ``moeopt.plan/1`` file: ``placement [L][E]`` homes and ``replicas`` (expert, gpu) rows.
+    Its replicas were dispatched by the online guard: the plan keeps that rule (``locality``)."""
+    if "placement" not in data:
+        raise InputError(src, "placement", "required field is missing")
+    home = _int_array(data["placement"], src, "placement", "[layers][experts] integer GPU ids")
+    if home.shape != (L, E):
+        raise InputError(src, "placement", f"expected shape [{L}, {E}], got {list(home.shape)}")
+    if home.size and (home.min() < 0 or home.max() >= G):
+        raise InputError(src, "placement", f"GPU ids must lie in [0, {G - 1}]")
+    reps = []
+    for l, r in enumerate(data.get("replicas") or [[] for _ in range(L)]):
+        arr = _int_array(r, src, f"replicas[{l}]", "a list of [expert, gpu] pairs")
+        if arr.size % 2:
+            raise InputError(src, f"replicas[{l}]", "expected a list of [expert, gpu] pairs")
+        reps.append(arr.reshape(-1, 2))
+    dispatch = Dispatch(kind="locality") if any(len(r) for r in reps) else Dispatch()
+    return Plan.from_homes(home, tuple(reps), gpus=G, dispatch=dispatch)
 
 
 # ----------------------------------------------------------------------------- profiles

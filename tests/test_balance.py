@@ -10,7 +10,6 @@ import pytest
 from moeopt import balance as core
 from moeopt.cli import main
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
-from moeopt.plan import Plan
 from moeopt.solve import load_workloads, solve
 from tests.conftest import INSTANCES
 

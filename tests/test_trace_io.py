@@ -23,7 +23,6 @@ from moeopt.io import (
     write_profile,
     write_trace,
 )
-from moeopt.plan import Plan
 from moeopt.profile import Profile, synthetic_profile
 from moeopt.solve import load_workloads
 from moeopt.synth import SynthSpec, synthesize, trace_from_counts
