@@ -227,8 +227,7 @@ def test_hierarchical_keeps_copies_in_node():
     for g in range(G):
         for x in slots[g]:
             assert node_of.setdefault(int(x), g // n) == g // n
-    flat = B.plan_layer(load, G, W, iterations=5)
-    assert max_load(flat, load) <= max_load(slots, load) + 1e-9 or B.maxvio(slots, load) < 0.05
+    assert B.maxvio(slots, load) < 0.02  # the node constraint costs little here (flat: ~0.001)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -306,8 +305,8 @@ def test_migration_budget_zero_unlimited_and_budget_respected(seed):
     frontier = B.migration_frontier(cur, load, [0, 1, 2, 5, G * W], iterations=3)
     assert frontier[0] == (0, pytest.approx(B.maxvio(cur, load)))
     vios = [v for _, v in frontier]
-    assert all(a >= b - 1e-12 for a, b in zip(vios, vios[1:]))
-    assert all(m <= b for (m, _), b in zip(frontier, [0, 1, 2, 5, G * W]))
+    assert all(a >= b - 1e-12 for a, b in zip(vios, vios[1:], strict=False))
+    assert all(m <= b for (m, _), b in zip(frontier, [0, 1, 2, 5, G * W], strict=True))
     assert vios[-1] <= ref + 1e-12
 
 
@@ -322,3 +321,45 @@ def test_migration_target_reached_with_few_moves():
     check_plan(out, E, G, W, False)
     assert B.maxvio(out, shifted) <= target
     assert B.count_moves(cur, out) <= B.count_moves(cur, B.relabel(B.plan_layer(shifted, G, W, iterations=5), cur))
+
+
+def test_lpt_repairs_a_stuck_placement():
+    # LPT ends with only bins that already hold expert 5 or 6: the repair swaps restore validity
+    e = np.array([0, 1, 2, 3, 4, 5, 5, 6, 6])
+    w = np.array([2.0, 1.0, 1.0, 2.0, 5.0, 1.0, 1.0, 2.5, 2.5])
+    out = B.lpt_pack(w, e, 3, 3)
+    assert sorted(out.ravel().tolist()) == list(range(9))
+    check_plan(e[out], 7, 3, 3, False)
+    assert w[B.pack(w, e, 3, 3)].sum(axis=1).max() <= w[out].sum(axis=1).max()
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError):
+        B.plan_layer(np.ones(10), 2, 4)  # 8 slots < 10 experts
+    with pytest.raises(ValueError):
+        B.plan_layer(np.ones(3), 2, 4)  # W > E needs colocation
+    check_plan(B.plan_layer(np.ones(3), 2, 4, allow_colocated=True), 3, 2, 4, True)
+    with pytest.raises(ValueError):
+        B.plan_layer(np.ones(9), 4, 3, gpus_per_node=1, hierarchical=True)  # 2-3 experts per node < W
+
+
+def test_replan_from_colocated_current_plan():
+    # an EPLB-style plan with two copies of expert 0 on GPU 0
+    cur = np.array([[0, 0, 1], [2, 3, 4], [5, 6, 7]])
+    load = np.array([30.0, 5, 5, 5, 5, 5, 5, 5])
+    assert np.array_equal(B.replan_from(cur, load, max_moves=0), cur)
+    out = B.replan_from(cur, load, iterations=3)
+    check_plan(out, 8, 3, 3, False)
+    assert B.maxvio(out, load) < B.maxvio(cur, load)
+
+
+def test_migration_accepts_precomputed_unconstrained_plan():
+    rng = np.random.default_rng(11)
+    E, G, W = 20, 5, 5
+    load = rng.gamma(0.6, 10.0, E)
+    cur = _round_robin_plan(E, G, W)
+    full = B.plan_layer(load, G, W, iterations=3)
+    out = B.replan_from(cur, load, unconstrained=full)
+    assert B.maxvio(out, load) <= B.maxvio(full, load) + 1e-12
+    fr = B.migration_frontier(cur, load, [0, 4, G * W], unconstrained=full)
+    assert fr[-1][1] <= B.maxvio(full, load) + 1e-12

@@ -133,6 +133,8 @@ class Balance:
         for l in ctx.layers(L, self.name):
             if current is not None:
                 cur = current.slots[l]
+                free = core.plan_layer(load[l], G, W, allow_colocated=allow, seed=ctx.seed + l,
+                                       iterations=params.iterations)
                 slots[l] = core.replan_from(
                     cur,
                     load[l],
@@ -141,12 +143,13 @@ class Balance:
                     allow_colocated=allow,
                     seed=ctx.seed,
                     iterations=params.iterations,
+                    unconstrained=free,
                 )
                 moves.append(core.count_moves(cur, slots[l]))
                 frontier.append(
                     core.migration_frontier(
                         cur, load[l], FRONTIER_BUDGETS, allow_colocated=allow, seed=ctx.seed,
-                        iterations=params.iterations,
+                        iterations=params.iterations, unconstrained=free,
                     )
                 )
             elif params.robust != "none":
@@ -160,7 +163,7 @@ class Balance:
                     G,
                     W,
                     allow_colocated=allow,
-                    seed=ctx.seed,
+                    seed=ctx.seed + l,
                     iterations=params.iterations,
                     gpus_per_node=c.gpus_per_node,
                     hierarchical=params.hierarchical,
