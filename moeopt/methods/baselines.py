@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from moeopt.evaluate import linear_plan, loads_from_counts, maxvio
+from moeopt.evaluate import evaluate, linear_plan
 from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status
@@ -16,12 +16,16 @@ from moeopt.utilization import straggler_bound_hook
 
 
 def calibration_maxvio(plan: Plan, problem: Problem) -> float:
-    """Mean over layers of MaxVio on pooled calibration counts, under the plan's dispatch."""
-    loads = loads_from_counts(plan, problem.stats.expert_load, problem.instance.cluster)
-    return float(maxvio(loads).mean())
+    """Mean over layers of MaxVio on the calibration workload (the trace when there is one,
+    else the counts) under the plan's own dispatch."""
+    workload = problem.trace if problem.trace is not None else problem.stats
+    return float(evaluate(plan, workload, problem.instance.cluster)["maxvio"])
 
 
-def _baseline_result(name: str, plan: Plan, problem: Problem, params: object, t0: float) -> Result:
+def baseline_result(
+    name: str, plan: Plan, problem: Problem, params: object, t0: float, stats: dict | None = None
+) -> Result:
+    """A load-only method's result: its plan with the calibration MaxVio as objective."""
     return Result(
         method=name,
         status=Status.FEASIBLE,
@@ -31,6 +35,7 @@ def _baseline_result(name: str, plan: Plan, problem: Problem, params: object, t0
         sense="min",
         wall_time=time.perf_counter() - t0,
         params=vars(params),
+        stats=stats or {},
     )
 
 
@@ -55,7 +60,7 @@ class Baseline:
 
     def solve(self, problem: Problem, params: object, ctx: Context) -> Result:
         t0 = time.perf_counter()
-        return _baseline_result(self.name, self.homes(problem, params, ctx), problem, params, t0)
+        return baseline_result(self.name, self.homes(problem, params, ctx), problem, params, t0)
 
 
 @register

@@ -35,10 +35,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from moeopt.errors import InputError
-from moeopt.methods.baselines import calibration_maxvio
+from moeopt.methods.baselines import baseline_result
 from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, register
-from moeopt.result import Result, Status
+from moeopt.result import Result
 
 #: The one line shown when sglang or torch is missing (``solve`` wraps it).
 INSTALL_HINT = "needs sglang and torch: pip install -e '.[eplb]' then pip install --no-deps 'sglang>=0.5'"
@@ -179,22 +179,13 @@ class Eplb:
         )
         eplb_time = time.perf_counter() - t1
         plan = Plan(slots=phy2log.reshape(L, G, W), experts=E, dispatch=Dispatch(kind="even"))
-        return Result(
-            method=self.name,
-            status=Status.FEASIBLE,
-            plan=plan,
-            objective=calibration_maxvio(plan, problem),
-            objective_name="maxvio",
-            sense="min",
-            wall_time=time.perf_counter() - t0,
-            params=vars(params),
-            stats={
-                "eplb_wall_time": eplb_time,
-                "policy": params.policy,
-                "num_groups": groups if hierarchical else 1,
-                "num_nodes": nodes if hierarchical else 1,
-                "num_replicas": P,
-                "colocated_copies": plan.colocated,
-                "max_copies": int(logcnt.max()),
-            },
-        )
+        stats = {
+            "eplb_wall_time": eplb_time,
+            "policy": params.policy,
+            "num_groups": groups if hierarchical else 1,
+            "num_nodes": nodes if hierarchical else 1,
+            "num_replicas": P,
+            "colocated_copies": plan.colocated,
+            "max_copies": int(logcnt.max()),
+        }
+        return baseline_result(self.name, plan, problem, params, t0, stats)

@@ -28,8 +28,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from moeopt.errors import InputError
-from moeopt.evaluate import evaluate
 from moeopt.instance import Instance
+from moeopt.methods.baselines import calibration_maxvio
 from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, get_method, method_names, parse_params, register
 from moeopt.result import Result, Status, combine_status
@@ -435,13 +435,6 @@ class _Replication:
             params=dict(vars(params)),
             stats=stats,
         )
-
-
-def calibration_maxvio(plan: Plan, problem: Problem) -> float:
-    """Mean over layers of MaxVio on the calibration workload (the trace when there is one,
-    else the counts) under the plan's own dispatch."""
-    workload = problem.trace if problem.trace is not None else problem.stats
-    return float(evaluate(plan, workload, problem.instance.cluster)["maxvio"])
 
 
 @register
