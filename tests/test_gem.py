@@ -454,3 +454,23 @@ def test_exact_on_aggregated_steps_equals_brute_force(name):
     assert util.denominator == 2 and not np.array_equal(util.counts, np.round(util.counts))
     assert r.status.value == "optimal" and r.stats["steps"] == 4
     assert r.objective == pytest.approx(brute_force(util.counts[0], prof, 2), rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_cpsat_bound_survives_integer_rounding(seed):
+    """CP-SAT solves rounded integer latencies; its reported bound is corrected for that
+    rounding, so it never exceeds the brute-force optimum of the true latencies (no clamp)."""
+    pytest.importorskip("ortools")
+    from moeopt.solvers.gem_models import layer_model, solve_cpsat
+
+    rng = np.random.default_rng(900 + seed)
+    E, G, T, slots = 4, 2, 3, 3
+    n = rng.integers(0, 80, size=(T, E)).astype(float)
+    # latencies with many significant digits: rounding to integers moves every entry
+    base = rng.uniform(0.1, 0.5, size=(G, 1)) * np.pi
+    prof = Profile(tile=16, latency=np.concatenate([base, base + np.cumsum(rng.uniform(0, 1, (G, 8)) / 3, axis=1)], 1))
+    out = solve_cpsat(layer_model(n, prof, slots), time_limit=10)
+    opt = brute_force(n, prof, slots)
+    assert out.optimal
+    assert out.bound <= opt
+    assert out.bound == pytest.approx(opt, rel=1e-5)

@@ -118,6 +118,10 @@ class Gem:
     summary: ClassVar[str] = "GEM straggler-latency search: multi-start greedy + vectorized pairwise swaps + ILS"
     requires: ClassVar[frozenset[str]] = frozenset({"steps", "profile"})
     metric_hooks: ClassVar[tuple] = (straggler_bound_hook,)
+    #: solved layer by layer (moeopt.execute); S and its bound add up over layers
+    combine: ClassVar[str] = "sum"
+    uses_trace: ClassVar[bool] = False
+    stats_rules: ClassVar[dict] = {"steps": "same", "source_steps": "same"}
 
     @dataclass
     class Params:
@@ -210,6 +214,9 @@ class _GemExact:
     requires: ClassVar[frozenset[str]] = frozenset({"steps", "profile"})
     metric_hooks: ClassVar[tuple] = (straggler_bound_hook,)
     backend: ClassVar[str]
+    combine: ClassVar[str] = "sum"
+    uses_trace: ClassVar[bool] = False
+    stats_rules: ClassVar[dict] = {"steps": "same"}
 
     @dataclass
     class Params:
@@ -298,10 +305,7 @@ class _GemExact:
             )
         home = np.stack(homes)
         objective = plan_straggler(home, util, problem)
-        bound = float(sum(bounds))
-        # a lower bound above an achieved objective can only come from rounding (CP-SAT's
-        # integer latencies): clamp it
-        bound = min(bound, objective)
+        bound = float(sum(bounds))  # valid by construction (CP-SAT's rounding is corrected)
         return Result(
             method=self.name,
             status=status,
@@ -371,6 +375,8 @@ class SpeedGreedy:
     summary: ClassVar[str] = "LPT packing on mean loads weighted by GPU speed (GEM baseline)"
     requires: ClassVar[frozenset[str]] = frozenset({"profile"})
     metric_hooks: ClassVar[tuple] = (straggler_bound_hook,)
+    combine: ClassVar[str] = "sum"
+    uses_trace: ClassVar[bool] = False
 
     @dataclass
     class Params:
