@@ -24,6 +24,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from moeopt import balance as core
+from moeopt.balance_batch import plan_layers_fast
+from moeopt.balance_robust import shrink_loads
 from moeopt.errors import InputError
 from moeopt.evaluate import maxvio
 from moeopt.instance import Instance
@@ -83,6 +85,8 @@ def robust_snapshots(problem: Problem) -> np.ndarray:
 class BalanceParams:
     """Parameters of ``balance``."""
 
+    search: str = "fast"  # fast: all layers at once (batched LPT + swaps); thorough: per layer, ILS
+    shrink: float | None = None  # alpha < 1 plans on mean * (load / mean) ** alpha: hedges a shift
     robust: str = "none"  # none | mean | worst: plan on per-step counts
     hierarchical: bool = False  # every expert's copies in one node (cluster.gpus_per_node)
     iterations: int = core.DEFAULT_ITERATIONS  # perturbation rounds of the local search
@@ -91,6 +95,10 @@ class BalanceParams:
     target_maxvio: float | None = None  # with a current plan: stop moving once reached
 
     def __post_init__(self) -> None:
+        if self.search not in ("fast", "thorough"):
+            raise ValueError(f"search must be fast or thorough, got {self.search!r}")
+        if self.shrink is not None and not (np.isfinite(self.shrink) and 0 < self.shrink <= 1):
+            raise ValueError(f"shrink must lie in (0, 1], got {self.shrink}")
         if self.robust not in ("none", "mean", "worst"):
             raise ValueError(f"robust must be none, mean or worst, got {self.robust!r}")
         if self.iterations < 0:
@@ -114,6 +122,27 @@ class Balance:
     Params: ClassVar[type] = BalanceParams
     metric_hooks: ClassVar[tuple] = (balance_bound_hook,)
     migration_aware: ClassVar[bool] = True
+    #: solved layer by layer (moeopt.execute); peak/mean load and its bound average over layers
+    combine: ClassVar[str] = "mean"
+    uses_trace: ClassVar[bool] = False
+
+    def combine_stats(self, per_layer: list[dict], params: BalanceParams) -> dict:
+        """The layers' statistics; the migration frontier adds moves and averages MaxVio."""
+        from moeopt.execute import combine_stats
+
+        rest = [{k: v for k, v in s.items() if k != "migration_frontier"} for s in per_layer]
+        out = combine_stats(rest, self.combine)
+        fronts = [s["migration_frontier"] for s in per_layer if "migration_frontier" in s]
+        if fronts:
+            out["migration_frontier"] = [
+                {
+                    "budget": point["budget"],
+                    "moves": int(sum(f[i]["moves"] for f in fronts)),
+                    "maxvio": float(np.mean([f[i]["maxvio"] for f in fronts])),
+                }
+                for i, point in enumerate(fronts[0])
+            ]
+        return out
 
     def available(self) -> bool:
         return True
@@ -126,15 +155,26 @@ class Balance:
         allow = c.allow_colocated_copies
         steps = robust_snapshots(problem) if params.robust != "none" else None
         current = ctx.current
+        true_load = load
+        if params.shrink is not None:  # plan on loads pulled toward the mean (held-out shift)
+            load = np.stack([shrink_loads(row, params.shrink) for row in load])
         slots = np.empty((L, G, W), dtype=np.int64)
+        # the unconstrained plan of every layer at once (batched), unless a mode needs per-layer work
+        fast = params.search == "fast" and params.robust == "none" and not params.hierarchical
+        base = plan_layers_fast(load, G, W, allow_colocated=allow) if fast else None
+        if base is not None and current is None:
+            slots[:] = base
         stats: dict[str, Any] = {}
         moves: list[int] = []
         frontier: list[list[tuple[int, float]]] = []
-        for l in ctx.layers(L, self.name):
+        for l in ctx.layers(0 if base is not None and current is None else L, self.name):
             if current is not None:
                 cur = current.slots[l]
-                free = core.plan_layer(load[l], G, W, allow_colocated=allow, seed=ctx.seed + l,
-                                       iterations=params.iterations)
+                free = (
+                    base[l]
+                    if base is not None
+                    else core.plan_layer(load[l], G, W, allow_colocated=allow, seed=ctx.seed + l, iterations=params.iterations)
+                )
                 slots[l] = core.replan_from(
                     cur,
                     load[l],
@@ -169,8 +209,8 @@ class Balance:
                     hierarchical=params.hierarchical,
                 )
         plan = Plan(slots=slots, experts=problem.experts, dispatch=Dispatch(kind=params.dispatch))
-        per_layer = np.array([float(maxvio(core.gpu_loads(slots[l], load[l]))) for l in range(L)])
-        bounds = layer_bounds(load, G, W, allow)
+        per_layer = np.array([float(maxvio(core.gpu_loads(slots[l], true_load[l]))) for l in range(L)])
+        bounds = layer_bounds(true_load, G, W, allow)
         stats["calibration_maxvio_per_layer"] = per_layer.tolist()
         stats["bound_maxvio_per_layer"] = bounds.tolist()
         stats["gap_per_layer"] = (per_layer - bounds).tolist()
