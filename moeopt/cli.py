@@ -104,6 +104,16 @@ def _solve_table(result: Result) -> str:
     return "\n".join([head, metrics_report(result.method, result.metrics)])
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 def _dispatch(args: argparse.Namespace) -> Dispatch | None:
     return Dispatch(kind=args.dispatch) if getattr(args, "dispatch", None) else None
 
@@ -180,6 +190,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
         hint=hint,
         dispatch=_dispatch(args),
         current=current,
+        workers=args.workers,
+        ray=args.ray,
     )
     if args.output and result.plan is not None:
         write_plan(args.output, result.plan, result.method, result.params)
@@ -221,6 +233,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             quiet=args.quiet,
             workloads=wl,
             dispatch=_dispatch(args),
+            workers=args.workers,
+            ray=args.ray,
         )
         m = dict(r.metrics)
         m["wall_time"] = r.wall_time
@@ -264,6 +278,7 @@ def cmd_trace_synth(args: argparse.Namespace) -> int:
         families=tuple(f.strip() for f in args.families.split(",")),
         only_family=args.family,
         family_communities=args.family_communities,
+        layer_dependency=args.layer_dependency,
         structure_seed=args.structure_seed,
         seed=args.seed,
     )
@@ -462,6 +477,22 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sp.add_argument("--seed", type=int, default=0)
         sp.add_argument("--quiet", action="store_true", help="no progress output")
+        sp.add_argument(
+            "--workers",
+            type=_positive_int,
+            default=None,
+            metavar="N",
+            help="solve layers in N local processes (same plans as serial; default: the instance's executor, else 1)",
+        )
+        sp.add_argument(
+            "--ray",
+            nargs="?",
+            const="local",
+            default=None,
+            metavar="ADDRESS",
+            help="solve layers as Ray tasks on the cluster at ADDRESS, or on a local Ray when no address "
+            '(needs pip install -e ".[ray]")',
+        )
 
     def dispatch_arg(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
@@ -482,6 +513,11 @@ def build_parser() -> argparse.ArgumentParser:
         dest="from_plan",
         metavar="CURRENT_PLAN",
         help="the plan running now (moeopt plan or engine file): re-plan moving few expert weights (balance)",
+    )
+    s.add_argument(
+        "--no-relabel",
+        action="store_true",
+        help="with token_home: previous-layer, keep the method's GPU ids (no free relabeling)",
     )
     s.add_argument(
         "--from-format",
@@ -527,6 +563,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["shared", "per_family"],
         default="shared",
         help="one partition of experts into co-activated communities, or one per family",
+    )
+    ts.add_argument(
+        "--layer-dependency",
+        type=float,
+        default=0.0,
+        help="chance in [0, 1] that a token's community follows its previous top-1 expert's",
     )
     ts.add_argument("--structure-seed", type=int, default=0, help="seed of the hidden expert structure")
     ts.add_argument("--seed", type=int, default=0, help="seed of the token sample")

@@ -44,6 +44,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
+from moeopt.errors import InputError
 from moeopt.instance import Cluster
 from moeopt.plan import Plan
 from moeopt.trace import Trace
@@ -292,16 +293,31 @@ def _integer_quota(flow: np.ndarray) -> np.ndarray:
     return base.astype(np.int64)
 
 
+#: Seed of the uniform layer-0 homes drawn when ``token_home: previous-layer`` meets a trace
+#: without homes under a dispatch that needs them (``static``).
+HOME_SEED = 0
+
+
 def route_trace(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
-    """Run the plan's dispatch on a token trace (see the module docstring for each policy)."""
+    """Run the plan's dispatch on a token trace (see the module docstring for each policy).
+
+    Token homes follow ``cluster.token_home``: ``uniform`` (the trace's ``home`` when it
+    records one, else uniform: expectations), ``trace`` (the trace's ``home``, required) or
+    ``previous-layer`` (the GPU that served the token's top-1 expert at the previous layer;
+    layer 0 as ``uniform``).
+    """
+    mode = getattr(cluster, "token_home", "uniform")
+    if mode == "trace" and trace.home is None:
+        raise InputError(None, "cluster.token_home", "'trace' needs a trace with token homes (key 'home')")
+    if mode == "previous-layer":
+        return _route_previous_layer(plan, trace, cluster)
     L, G, W = plan.slots.shape
     E = plan.experts
-    N, k = trace.tokens, trace.top_k
+    N = trace.tokens
     step = trace.step.astype(np.int64)
     T = int(step.max()) + 1 if N else 1
-    kind = plan.dispatch.kind
     step_loads = np.zeros((L, T, G))
-    if kind == "static" and trace.home is None:
+    if plan.dispatch.kind == "static" and trace.home is None:
         share = static_share(plan, cluster.gpus_per_node)
         dest = static_map(plan, cluster.gpus_per_node) // W  # [G_src, L, E]
         distinct = np.zeros((N, L))
@@ -313,32 +329,91 @@ def route_trace(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
             d, r, w = _expected_comm_static(ids, dest[:, l, :], cluster)
             distinct[:, l], remote[:, l], weighted[:, l] = d, r, w
         return Routing(step_loads, None, (distinct, remote, weighted))
-    gpu = np.empty((N, L, k), dtype=np.int64)
+    gpu = np.empty((N, L, trace.top_k), dtype=np.int64)
     row = _rank_in_group(step)[1]  # a token's row within its batch
-    if kind == "static":
-        dest = static_map(plan, cluster.gpus_per_node) // W
     for l in range(L):
-        ids = trace.topk[:, l, :].astype(np.int64)
-        if kind == "even":
-            # SGLang's dynamic dispatch (rank-invariant form): a token's row in its batch picks
-            # copy row mod c, copies in physical-slot order
-            copies = plan.copies(l)
-            c = plan.copy_counts[l]
-            g = copies[ids, row[:, None] % c[ids]]
-            step_loads[l] = _step_counts(ids, step, T, E) @ even_share(plan)[l]
-        elif kind == "static":
-            g = dest[trace.home[:, None], l, ids]
-            step_loads[l] = np.bincount((step[:, None] * G + g).ravel(), minlength=T * G).reshape(T, G)
-        elif kind == "lp":
-            holds = plan.copies_on_gpu[l] > 0
-            loads, flow = lp_layer_loads(_step_counts(ids, step, T, E), holds)
-            g = _assign_by_quota(ids, step, E, _integer_quota(flow))
-            step_loads[l] = loads
-        else:  # locality
-            g = guard_layer(ids, step, plan.copies(l), G, plan.dispatch, trace.home)
-            step_loads[l] = np.bincount((step[:, None] * G + g).ravel(), minlength=T * G).reshape(T, G)
-        gpu[:, l, :] = g
+        gpu[:, l, :], step_loads[l] = _route_layer(plan, l, trace, cluster, step, row, T, trace.home)
     return Routing(step_loads, gpu)
+
+
+def _route_layer(
+    plan: Plan,
+    l: int,
+    trace: Trace,
+    cluster: Cluster,
+    step: np.ndarray,
+    row: np.ndarray,
+    T: int,
+    home: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One layer's dispatch: the GPU of every assignment ``[N, k]`` and the loads ``[T, G]``."""
+    G, W, E = plan.gpus, plan.width, plan.experts
+    kind = plan.dispatch.kind
+    ids = trace.topk[:, l, :].astype(np.int64)
+    if kind == "even":
+        # SGLang's dynamic dispatch (rank-invariant form): a token's row in its batch picks
+        # copy row mod c, copies in physical-slot order
+        copies = plan.copies(l)
+        c = plan.copy_counts[l]
+        g = copies[ids, row[:, None] % c[ids]]
+        return g, _step_counts(ids, step, T, E) @ even_share(plan)[l]
+    if kind == "static":
+        assert home is not None
+        g = static_map(plan, cluster.gpus_per_node)[home[:, None], l, ids] // W
+    elif kind == "lp":
+        holds = plan.copies_on_gpu[l] > 0
+        loads, flow = lp_layer_loads(_step_counts(ids, step, T, E), holds)
+        return _assign_by_quota(ids, step, E, _integer_quota(flow)), loads
+    else:  # locality
+        g = guard_layer(ids, step, plan.copies(l), G, plan.dispatch, home)
+    return g, np.bincount((step[:, None] * G + g).ravel(), minlength=T * G).reshape(T, G).astype(np.float64)
+
+
+def _route_previous_layer(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
+    """Routing with each token's home at layer l the GPU that served its top-1 expert at l - 1."""
+    L, G, _ = plan.slots.shape
+    N, k = trace.tokens, trace.top_k
+    step = trace.step.astype(np.int64)
+    T = int(step.max()) + 1 if N else 1
+    row = _rank_in_group(step)[1]
+    home = trace.home
+    if home is None and plan.dispatch.kind == "static":  # the copy a token uses depends on its home
+        home = np.random.default_rng(HOME_SEED).integers(0, G, size=N)
+    gpu = np.empty((N, L, k), dtype=np.int64)
+    step_loads = np.zeros((L, T, G))
+    comm = [np.zeros((N, L)) for _ in range(3)]
+    for l in range(L):
+        gpu[:, l, :], step_loads[l] = _route_layer(plan, l, trace, cluster, step, row, T, home)
+        parts = communication_of(gpu[:, l : l + 1, :], cluster, home)
+        for out, part in zip(comm, parts, strict=True):
+            out[:, l] = part[:, 0]
+        home = gpu[:, l, 0]  # the token now lives where its top-1 expert ran
+    return Routing(step_loads, gpu, (comm[0], comm[1], comm[2]))
+
+
+def communication_of(
+    gpu: np.ndarray, cluster: Cluster, token_home: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per token and layer: distinct GPUs, remote GPUs, topology-weighted remote cost.
+
+    With unknown token homes (drawn uniformly) the remote values are expectations:
+    ``|GPUs(topk)| (1 - 1/G)`` and, per distinct GPU, ``((gpn - 1) + (G - gpn) w) / G``.
+    """
+    G, gpn, w = cluster.gpus, cluster.gpus_per_node, cluster.inter_node_weight
+    s = np.sort(gpu, axis=-1)
+    first = np.ones(s.shape, dtype=bool)
+    first[..., 1:] = s[..., 1:] != s[..., :-1]
+    distinct = first.sum(axis=-1)
+    if token_home is None:
+        remote = distinct * (1.0 - 1.0 / G)
+        weighted = distinct * ((gpn - 1) + (G - gpn) * w) / G
+    else:
+        h = token_home[:, None, None]
+        on_home = s == h
+        remote = distinct - (first & on_home).sum(axis=-1)
+        cost = np.where(on_home, 0.0, np.where(s // gpn == h // gpn, 1.0, w))
+        weighted = (cost * first).sum(axis=-1)
+    return distinct, remote.astype(np.float64), weighted.astype(np.float64)
 
 
 def _expected_comm_static(ids: np.ndarray, dest: np.ndarray, cluster: Cluster, chunk: int = 4096):

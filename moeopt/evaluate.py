@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moeopt.dispatch import count_loads, route_trace
+from moeopt.dispatch import communication_of, count_loads, route_trace
 from moeopt.instance import Cluster
 from moeopt.plan import Dispatch, Plan
 from moeopt.profile import Profile
@@ -41,29 +41,7 @@ def maxvio(loads: np.ndarray) -> np.ndarray:
         return np.where(mean > 0, loads.max(axis=-1) / np.where(mean > 0, mean, 1) - 1.0, 0.0)
 
 
-def communication(
-    gpu: np.ndarray, cluster: Cluster, token_home: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per token and layer: distinct GPUs, remote GPUs, topology-weighted remote cost.
-
-    With unknown token homes (drawn uniformly) the remote values are expectations:
-    ``|GPUs(topk)| (1 - 1/G)`` and, per distinct GPU, ``((gpn - 1) + (G - gpn) w) / G``.
-    """
-    G, gpn, w = cluster.gpus, cluster.gpus_per_node, cluster.inter_node_weight
-    s = np.sort(gpu, axis=-1)
-    first = np.ones(s.shape, dtype=bool)
-    first[..., 1:] = s[..., 1:] != s[..., :-1]
-    distinct = first.sum(axis=-1)
-    if token_home is None:
-        remote = distinct * (1.0 - 1.0 / G)
-        weighted = distinct * ((gpn - 1) + (G - gpn) * w) / G
-    else:
-        h = token_home[:, None, None]
-        on_home = s == h
-        remote = distinct - (first & on_home).sum(axis=-1)
-        cost = np.where(on_home, 0.0, np.where(s // gpn == h // gpn, 1.0, w))
-        weighted = (cost * first).sum(axis=-1)
-    return distinct, remote.astype(np.float64), weighted.astype(np.float64)
+communication = communication_of  # the metric, defined beside the dispatch that feeds it
 
 
 def step_loads_from_dispatch(gpu: np.ndarray, step: np.ndarray, gpus: int) -> np.ndarray:

@@ -22,6 +22,9 @@ class Model:
     dtype: str = "bf16"
 
 
+TOKEN_HOMES = ("uniform", "trace", "previous-layer")
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Expert-parallel GPUs (G), grouped into nodes, each with ``slots_per_gpu`` expert slots.
@@ -39,6 +42,10 @@ class Cluster:
     replica_slots_per_gpu: int = 0
     inter_node_weight: float = 4.0
     allow_colocated_copies: bool = False
+    #: where a token lives when it is dispatched: ``uniform`` (the trace's ``home`` when it
+    #: records one, else uniform), ``trace`` (the trace's ``home``) or ``previous-layer`` (the
+    #: GPU that ran its top-1 expert at the previous MoE layer)
+    token_home: str = "uniform"
 
     @property
     def width(self) -> int:
@@ -83,6 +90,15 @@ class MethodSpec:
 
 
 @dataclass(frozen=True)
+class ExecutorSpec:
+    """Where the layers are solved (YAML ``executor:``): ``workers`` local processes, or a Ray
+    cluster at ``ray`` (an address, or ``"local"`` for a local Ray started for the run)."""
+
+    workers: int = 1
+    ray: str | None = None
+
+
+@dataclass(frozen=True)
 class Instance:
     """One placement problem: model, cluster, workload, method, optional latency profile."""
 
@@ -93,6 +109,7 @@ class Instance:
     method: MethodSpec = field(default_factory=MethodSpec)
     profile: Any = None  # ProfileSpec (synthetic dict) or Path to a profile YAML, or None
     source: Path | None = None  # the YAML file it was read from
+    executor: ExecutorSpec | None = None  # YAML ``executor:``; None: serial
 
     def replace(self, **changes: Any) -> Instance:
         return replace(self, **changes)

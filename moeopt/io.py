@@ -26,7 +26,9 @@ import yaml
 from moeopt import interop
 from moeopt.errors import InputError, PlanError
 from moeopt.instance import (
+    TOKEN_HOMES,
     Cluster,
+    ExecutorSpec,
     Instance,
     MethodSpec,
     Model,
@@ -130,6 +132,13 @@ def _int(data: dict, key: str, src: str, field: str, default: Any = ..., minimum
     return v
 
 
+def _choice(data: dict, key: str, src: str, field: str, choices: tuple[str, ...], default: str) -> str:
+    value = data.get(key, default)
+    if value not in choices:
+        raise InputError(src, f"{field}.{key}", f"expected one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 def _bool(data: dict, key: str, src: str, field: str, default: bool) -> bool:
     value = data.get(key, default)
     if not isinstance(value, bool):
@@ -145,7 +154,7 @@ def _float(data: dict, key: str, src: str, field: str, default: float, minimum: 
 
 
 # ----------------------------------------------------------------------------- instances
-_TOP = {"name", "model", "cluster", "workload", "method", "profile", "description"}
+_TOP = {"name", "model", "cluster", "workload", "method", "profile", "description", "executor"}
 
 
 def load_instance(path: str | Path) -> Instance:
@@ -177,6 +186,7 @@ def load_instance(path: str | Path) -> Instance:
             "replica_slots_per_gpu",
             "inter_node_weight",
             "allow_colocated_copies",
+            "token_home",
         },
     )
     if not c:
@@ -192,6 +202,7 @@ def load_instance(path: str | Path) -> Instance:
         replica_slots_per_gpu=_int(c, "replica_slots_per_gpu", src, "cluster", 0, minimum=0),
         inter_node_weight=_float(c, "inter_node_weight", src, "cluster", 4.0),
         allow_colocated_copies=_bool(c, "allow_colocated_copies", src, "cluster", False),
+        token_home=_choice(c, "token_home", src, "cluster", TOKEN_HOMES, "uniform"),
     )
     w = _mapping(data.get("workload"), src, "workload", {"calibration", "evaluation", "synthetic"})
     if "calibration" not in w and "synthetic" not in w:
@@ -228,7 +239,24 @@ def load_instance(path: str | Path) -> Instance:
         method=method,
         profile=profile,
         source=path,
+        executor=_executor(data.get("executor"), src),
     )
+
+
+def _executor(value: Any, src: str) -> ExecutorSpec | None:
+    """``executor: {workers: N}`` or ``{ray: ADDRESS}`` (``ray: local`` or ``true``: a local Ray)."""
+    if value is None:
+        return None
+    e = _mapping(value, src, "executor", {"workers", "ray"})
+    workers = _int(e, "workers", src, "executor", 1)
+    ray = e.get("ray")
+    if ray is True:
+        ray = "local"
+    elif ray is False:
+        ray = None
+    elif ray is not None and not (isinstance(ray, str) and ray.strip()):
+        raise InputError(src, "executor.ray", f"expected a cluster address, 'local' or true, got {ray!r}")
+    return ExecutorSpec(workers=workers, ray=ray.strip() if isinstance(ray, str) else None)
 
 
 def _source(value: Any, base: Path, field: str) -> WorkloadSource:

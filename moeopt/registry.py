@@ -59,6 +59,9 @@ class Context:
     current: Plan | None = None
     quiet: bool = True
     log: Callable[[str], None] | None = None
+    #: layers of the whole model when this problem is one layer of it (``moeopt.execute``);
+    #: None: the problem is the whole model
+    model_layers: int | None = None
 
     def say(self, line: str) -> None:
         """A progress line (incumbent/bound) unless quiet."""
@@ -81,6 +84,13 @@ class Method(Protocol):
     #: Metrics the method adds to every score of its plans (bounds, certificates), each called
     #: as ``hook(plan, instance, workloads, metrics, params)``; see :func:`moeopt.scoring.score`.
     metric_hooks: ClassVar[tuple]
+    #: How per-layer objectives and bounds add up to the model's: "sum" or "mean". A method
+    #: that declares it is solved one layer at a time by :mod:`moeopt.execute` (serially, in
+    #: a process pool or on Ray), unless it sets ``layerwise = False``. Optional companions:
+    #: ``uses_trace`` (ship each layer's trace slice; default true), ``stats_rules`` (how a
+    #: statistic combines, see :func:`moeopt.execute.combine_stats`) or a ``combine_stats``
+    #: method.
+    combine: ClassVar[str]
 
     def available(self) -> bool: ...
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
+from moeopt import execute
 from moeopt.errors import InputError, PlanError
 from moeopt.instance import Instance
 from moeopt.io import load_workload, resolve_profile
 from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, get_method, parse_params
+from moeopt.relabel import relabel_gpus
 from moeopt.result import Result
 from moeopt.scoring import Workloads, add_relative_metrics, score
 from moeopt.trace import Trace
@@ -60,18 +63,32 @@ def solve(
     workloads: Workloads | None = None,
     dispatch: Dispatch | None = None,
     current: Plan | None = None,
+    workers: int | None = None,
+    ray: str | bool | None = None,
+    relabel: bool = True,
 ) -> Result:
     """Solve ``instance`` with its method (or ``method``), check the plan, score it.
+
+    Layers are solved one at a time (:mod:`moeopt.execute`), each seeded from ``seed`` and
+    its index: in this process (``workers=1``), in ``workers`` local processes, or as Ray
+    tasks (``ray``: a cluster address, or ``"local"`` / True for a local Ray started for the
+    run), with the same plans in every case. None: the instance's ``executor:`` mapping,
+    else serial. ``time_limit`` is per layer.
 
     ``params`` default to the instance's ``method:`` mapping; when ``method`` names another
     method, only the parameters that method accepts are kept. ``dispatch`` replaces the
     dispatch rule of the returned plan (default: the one the method chose). ``current`` is
-    the plan running now, for migration-aware methods (``balance``). The metrics come
+    the plan running now, for migration-aware methods (``balance``). Under ``token_home:
+    previous-layer`` every plan gets the free GPU relabeling of :mod:`moeopt.relabel`
+    (``relabel=False`` skips it). The metrics come
     from :func:`moeopt.scoring.score`, the same function ``evaluate`` uses on the plan file.
     """
     src = str(instance.source) if instance.source else None
     name = method or instance.method.name
     impl = get_method(name, source=src)
+    executor = execute.resolve(instance, workers, ray)
+    if executor.kind == "ray":
+        execute.import_ray()  # fail before loading anything
     if params is None:
         strict = name == instance.method.name
         params_obj = parse_params(impl, instance.method.params, source=src, strict=strict)
@@ -95,7 +112,8 @@ def solve(
         current = current.padded(instance.cluster.width)
     ctx = Context(time_limit=time_limit, seed=seed, hint=hint, quiet=quiet, current=current)
     t0 = time.perf_counter()
-    result = impl.solve(problem, params_obj, ctx)
+    note = None if quiet else (lambda line: print(line, file=sys.stderr))
+    result = execute.run(impl, problem, params_obj, ctx, executor, note=note)
     wall = time.perf_counter() - t0
     if result.plan is None:
         return result.replace(wall_time=wall)
@@ -105,5 +123,10 @@ def solve(
         plan.check(instance.cluster, layers=instance.model.layers, experts=instance.model.experts, own=own)
     except PlanError as exc:  # a method returning an infeasible plan is a bug, not bad input
         raise RuntimeError(f"method {name!r} returned an infeasible plan: {exc}") from exc
+    stats = result.stats
+    if relabel and instance.cluster.token_home == "previous-layer" and isinstance(wl.calibration, Trace):
+        # tokens stay where their last expert ran: renumbering each layer's GPUs is free
+        plan, info = relabel_gpus(plan, wl.calibration, instance.cluster, wl.profile)
+        stats = {**stats, "relabel": info}
     metrics = score(plan, instance, wl, hooks=getattr(impl, "metric_hooks", ()), params=result.params)
-    return result.replace(plan=plan, metrics=metrics, wall_time=wall)
+    return result.replace(plan=plan, metrics=metrics, wall_time=wall, stats=stats)

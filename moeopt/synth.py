@@ -42,6 +42,7 @@ class SynthSpec:
     skew: float = 0.8  # Zipf exponent of expert popularity
     burst: float = 2.0  # multiplicative boost of bursting experts
     burst_fraction: float = 0.1  # share of experts bursting in a given step
+    layer_dependency: float = 0.0  # chance a token's community follows its previous top-1's
     structure_seed: int = 0
     seed: int = 0
 
@@ -80,6 +81,9 @@ class SynthSpec:
             )
         if self.family_share is not None and len(self.family_share) != len(self.families):
             raise InputError(source, f"{prefix}.family_share", "needs one share per family")
+        dep = self.layer_dependency
+        if isinstance(dep, bool) or not isinstance(dep, (int, float)) or not 0.0 <= dep <= 1.0:
+            raise InputError(source, f"{prefix}.layer_dependency", f"expected a number in [0, 1], got {dep!r}")
 
 
 @dataclass
@@ -88,6 +92,7 @@ class _LayerStructure:
     community: np.ndarray  # [F, E] community id per family, -1 for generic
     preference: np.ndarray  # [F, C] family -> community probabilities
     bursts: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [T, E] multipliers
+    link: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [C] prev -> this community
 
 
 def _structure(spec: SynthSpec, rng: np.random.Generator) -> list[_LayerStructure]:
@@ -95,7 +100,7 @@ def _structure(spec: SynthSpec, rng: np.random.Generator) -> list[_LayerStructur
     C = spec.communities or max(2, E // (2 * spec.top_k))
     n_gen = spec.generic if spec.generic is not None else max(1, E // 16)
     out = []
-    for _ in range(spec.layers):
+    for l in range(spec.layers):
         perm = rng.permutation(E)
         community = np.full(E, -1)
         rest = perm[n_gen:]
@@ -110,7 +115,10 @@ def _structure(spec: SynthSpec, rng: np.random.Generator) -> list[_LayerStructur
             # first draws its own partition of the non-generic experts
             for f in range(1, F):
                 community[f, rng.permutation(rest)] = np.arange(len(rest)) % C
-        out.append(_LayerStructure(base, community, preference, bursts))
+        # community c of the previous layer leads to community link[c] (its own stream, so the
+        # rest of the structure does not depend on it)
+        link = np.random.default_rng([spec.structure_seed, 1, l]).permutation(C)
+        out.append(_LayerStructure(base, community, preference, bursts, link))
     return out
 
 
@@ -135,11 +143,19 @@ def synthesize(spec: SynthSpec) -> Trace:
         C = s.preference.shape[1]
         cum = s.preference.cumsum(axis=1)
         comm = (rng.random(N)[:, None] > cum[family]).sum(axis=1).clip(max=C - 1)
+        if l > 0 and spec.layer_dependency > 0:
+            # the token follows its previous top-1 expert's community into this layer's linked one
+            prev_comm = structure[l - 1].community[family, topk[:, l - 1, 0]]
+            follow = (rng.random(N) < spec.layer_dependency) & (prev_comm >= 0)
+            comm = np.where(follow, s.link[np.maximum(prev_comm, 0) % C], comm)
         member = s.community[:, None, :] == np.arange(C)[None, :, None]  # [F, C, E]
         logboost = np.where(member, np.log(spec.community_boost), 0.0)
         logw = np.log(s.base)[None, :] + logboost[family, comm] + np.log(s.bursts)[step]
         scores = logw + rng.gumbel(size=(N, E))
-        topk[:, l, :] = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        # ordered by router score, as engines record them: position 0 is the top-1 expert
+        order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
+        topk[:, l, :] = np.take_along_axis(part, order, axis=1)
     return Trace(
         topk=topk,
         family=family,

@@ -49,6 +49,9 @@ class Baseline:
 
     requires: ClassVar[frozenset[str]] = frozenset()
     Params: ClassVar[type] = NoParams
+    #: solved layer by layer (moeopt.execute); the objective is a mean over layers
+    combine: ClassVar[str] = "mean"
+    uses_trace: ClassVar[bool] = True  # calibration_maxvio reads the trace when there is one
     #: the instance's straggler lower bound (when it has a profile), to compare with GEM's
     metric_hooks: ClassVar[tuple] = (straggler_bound_hook,)
 

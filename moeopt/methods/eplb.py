@@ -117,6 +117,13 @@ class Eplb:
     #: EPLB may place two copies of one expert on one GPU; they are kept (solve reads this).
     emits_colocated: ClassVar[bool] = True
     install_hint: ClassVar[str] = INSTALL_HINT
+    #: EPLB balances each layer on its own: solved layer by layer, MaxVio averaged
+    combine: ClassVar[str] = "mean"
+    uses_trace: ClassVar[bool] = True
+    stats_rules: ClassVar[dict] = {
+        "eplb_wall_time": "sum", "num_groups": "same", "num_nodes": "same", "num_replicas": "same",
+        "max_copies": "max",
+    }
 
     @dataclass
     class Params:

@@ -366,9 +366,26 @@ class _Replication:
     requires: ClassVar[frozenset[str]] = frozenset()
     Params: ClassVar[type] = ReplicationParams
     metric_hooks: ClassVar[tuple] = (certificate_hook,)
+    #: solved layer by layer (moeopt.execute): base plan, replicas and certificate of each
+    #: layer; calibration MaxVio and its bound average over layers
+    combine: ClassVar[str] = "mean"
+    uses_trace: ClassVar[bool] = True  # the calibration MaxVio runs the guard on the trace
+    stats_rules: ClassVar[dict] = {
+        "base_status": "status",
+        "calibration_replication_bound_status": "status",
+        "base_wall_time": "sum",
+        "calibration_replication_bound_time": "sum",
+    }
 
     def available(self) -> bool:
         return True
+
+    def combine_stats(self, per_layer: list[dict], params: Any) -> dict:
+        """The layers' statistics; the base objective combines as the base method's does."""
+        from moeopt.execute import combine_stats
+
+        base_rule = getattr(get_method(params.base), "combine", "list")
+        return combine_stats(per_layer, self.combine, {**self.stats_rules, "base_objective": base_rule})
 
     def layer_replicas(
         self, problem: Problem, params: Any, l: int, home: np.ndarray, budget: int, ctx: Context
@@ -413,10 +430,11 @@ class _Replication:
         if params.certificate and S > 0:
             limit = params.certificate_time_limit
             if limit is None:
+                model_layers = ctx.model_layers or problem.layers  # the whole model's, when solved per layer
                 limit = (
-                    certificate_time(problem.layers)
+                    certificate_time(model_layers)
                     if ctx.time_limit is None
-                    else ctx.time_limit / max(problem.layers, 1)
+                    else ctx.time_limit / max(model_layers, 1)
                 )
             bounds = replication_certificate(
                 home, problem.stats.expert_load, G, S, time_limit=limit, hints=plan.replicas

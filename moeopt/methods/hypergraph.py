@@ -756,6 +756,9 @@ class Hypergraph:
     name: ClassVar[str] = "hypergraph"
     summary: ClassVar[str] = "Mt-KaHyPar (lambda-1) partition of token top-k sets, slot/load repair, swap refinement"
     requires: ClassVar[frozenset[str]] = frozenset({"coactivation"})
+    #: solved layer by layer (moeopt.execute) on each layer's trace slice; GPUs per token average
+    combine: ClassVar[str] = "mean"
+    uses_trace: ClassVar[bool] = True
 
     @dataclass
     class Params:
@@ -864,6 +867,8 @@ class Metis:
     name: ClassVar[str] = "metis"
     summary: ClassVar[str] = "METIS (pymetis) balanced partition of coactivation graph A, slot repair"
     requires: ClassVar[frozenset[str]] = frozenset({"coactivation"})
+    combine: ClassVar[str] = "sum"  # solved layer by layer; intra-GPU affinity adds up
+    uses_trace: ClassVar[bool] = False
 
     @dataclass
     class Params:

@@ -261,6 +261,9 @@ def _finish(home: np.ndarray, g: Grouping, gpn: int, rng: np.random.Generator) -
 class TacgBase:
     requires: ClassVar[frozenset[str]] = frozenset({"coactivation"})
     name: ClassVar[str]
+    #: solved layer by layer (moeopt.execute); affinity and its bound add up over layers
+    combine: ClassVar[str] = "sum"
+    uses_trace: ClassVar[bool] = False
 
     def available(self) -> bool:
         return True

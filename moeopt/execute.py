@@ -1,0 +1,523 @@
+"""Run a method layer by layer: serially, in a local process pool, or as Ray tasks.
+
+Layers are independent placement problems. :func:`run` splits a :class:`~moeopt.registry.Problem`
+into single-layer sub-problems (the instance with ``layers = 1``, the layer's slice of the
+calibration statistics, of the trace when the method reads it, the hint and the current plan;
+the profile unchanged), runs the method on each with the seed :func:`layer_seed` ``(seed, l)``
+and stitches the answers: plans concatenated along the layer axis (dispatch of the first),
+statuses by :func:`~moeopt.result.combine_status`, objectives and bounds by the method's
+``combine`` rule (``"sum"`` or ``"mean"``), statistics by :func:`combine_stats`.
+
+The serial run uses the same decomposition, so ``workers=1``, ``workers=N`` and Ray give the
+same plans byte for byte for one seed (as long as no time limit cuts a search short: a
+search stopped by the clock depends on the machine's speed, in any executor).
+
+Backends, all running :func:`run_layer` on the same :class:`LayerTask` objects:
+
+* serial: in this process;
+* ``workers=N``: a :class:`concurrent.futures.ProcessPoolExecutor` (``forkserver`` start
+  method on POSIX, with moeopt preloaded, ``spawn`` elsewhere);
+* ``ray``: ``ray.remote`` tasks on an existing cluster (``ray.init(address=...)``), or on a
+  local Ray started for the run (``"local"``); a Ray session already initialized in this
+  process (a notebook, the tests) is used as it is.
+
+A method is split per layer when it declares ``combine`` and does not set
+``layerwise = False``; other methods see the whole problem in this process.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from moeopt.errors import InputError, MoeoptError
+from moeopt.instance import Instance
+from moeopt.plan import Plan
+from moeopt.profile import Profile
+from moeopt.registry import Context, Problem
+from moeopt.result import Result, Status, combine_status
+from moeopt.trace import Stats, Trace
+
+__all__ = [
+    "RAY_INSTALL_HINT",
+    "Executor",
+    "LayerTask",
+    "combine_stats",
+    "is_layerwise",
+    "layer_problem",
+    "layer_seed",
+    "run",
+    "run_layer",
+]
+
+#: The one line shown when ``--ray`` is asked for and Ray is not installed.
+RAY_INSTALL_HINT = 'Ray is not installed: pip install -e ".[ray]" (or pip install "ray>=2.9")'
+
+_COMBINE = ("sum", "mean")
+
+
+# ----------------------------------------------------------------------------- executor
+@dataclass(frozen=True)
+class Executor:
+    """Where the layers run.
+
+    Attributes
+    ----------
+    workers
+        Local worker processes (1: this process). With ``ray``: the CPUs of a local Ray
+        (default: every CPU of this machine); ignored on an existing cluster.
+    ray
+        None: no Ray; ``"local"``: a local Ray started for the run; anything else: the
+        address of an existing cluster (``ray.init(address=...)``, e.g. ``"auto"`` or
+        ``"ray://head:10001"``).
+    """
+
+    workers: int = 1
+    ray: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise InputError(None, "--workers", f"expected an integer >= 1, got {self.workers!r}")
+
+    @property
+    def kind(self) -> str:
+        """``serial``, ``pool`` or ``ray``."""
+        if self.ray is not None:
+            return "ray"
+        return "pool" if self.workers > 1 else "serial"
+
+    def describe(self) -> str:
+        if self.kind == "ray":
+            return "ray (local)" if self.ray == "local" else f"ray ({self.ray})"
+        return f"{self.workers} workers" if self.kind == "pool" else "serial"
+
+
+def resolve(instance: Instance, workers: int | None, ray: str | bool | None) -> Executor:
+    """The executor of a run: ``workers`` / ``ray`` when given, else the instance's
+    ``executor:`` mapping, else serial. ``ray=True`` or ``""`` means a local Ray."""
+    spec = getattr(instance, "executor", None)
+    if ray is None and spec is not None:
+        ray = spec.ray
+    if workers is None:
+        workers = spec.workers if spec is not None else 1
+    if ray is True or ray == "":
+        ray = "local"
+    if ray is False:
+        ray = None
+    return Executor(workers=workers, ray=ray)
+
+
+def is_layerwise(method: Any) -> bool:
+    """Whether ``method`` is solved one layer at a time (it declares how to combine layers)."""
+    return getattr(method, "combine", None) in _COMBINE and getattr(method, "layerwise", True)
+
+
+def layer_seed(seed: int, layer: int) -> int:
+    """The seed of layer ``layer`` of a run seeded ``seed`` (31 bits: every backend takes it)."""
+    return int(np.random.SeedSequence([int(seed) % 2**64, int(layer)]).generate_state(1)[0] >> 1)
+
+
+# ----------------------------------------------------------------------------- tasks
+@dataclass(frozen=True, eq=False)
+class LayerTask:
+    """One layer's work: everything a worker needs, and nothing of the other layers."""
+
+    method: type
+    params: Any
+    instance: Instance
+    stats: Stats
+    trace: Trace | None
+    profile: Profile | None
+    layer: int
+    model_layers: int
+    seed: int
+    time_limit: float | None = None
+    hint: Plan | None = None
+    current: Plan | None = None
+    quiet: bool = True
+
+
+@dataclass(frozen=True, eq=False)
+class LayerOutcome:
+    """What a worker sends back: the layer's result, its progress lines, or its error."""
+
+    layer: int
+    result: Result | None
+    lines: list[str] = field(default_factory=list)
+    wall_time: float = 0.0
+    error: tuple | None = None  # (class, message, attributes, traceback text)
+
+
+def _layer_stats(stats: Stats, l: int) -> Stats:
+    """Layer ``l`` of ``stats`` as one-layer statistics (family token totals unchanged)."""
+    return Stats(
+        family_names=stats.family_names,
+        counts=np.ascontiguousarray(stats.counts[:, l : l + 1]),
+        family_tokens=stats.family_tokens,
+        top_k=stats.top_k,
+        step_counts=None if stats.step_counts is None else np.ascontiguousarray(stats.step_counts[l : l + 1]),
+        coactivation=None
+        if stats.coactivation is None
+        else np.ascontiguousarray(stats.coactivation[:, l : l + 1]),
+    )
+
+
+def _layer_trace(trace: Trace, l: int) -> Trace:
+    return Trace(
+        topk=np.ascontiguousarray(trace.topk[:, l : l + 1]),
+        family=trace.family,
+        step=trace.step,
+        family_names=trace.family_names,
+        num_experts=trace.num_experts,
+        weights=None if trace.weights is None else np.ascontiguousarray(trace.weights[:, l : l + 1]),
+        home=trace.home,
+    )
+
+
+def _layer_plan(plan: Plan | None, l: int) -> Plan | None:
+    return None if plan is None else Plan(slots=plan.slots[l : l + 1], experts=plan.experts, dispatch=plan.dispatch)
+
+
+def layer_problem(problem: Problem, l: int, *, with_trace: bool = True) -> Problem:
+    """Layer ``l`` of ``problem`` as a one-layer problem."""
+    inst = problem.instance
+    sub = inst.replace(model=replace(inst.model, layers=1))
+    trace = _layer_trace(problem.trace, l) if (with_trace and problem.trace is not None) else None
+    return Problem(sub, _layer_stats(problem.stats, l), trace, problem.profile)
+
+
+def layer_tasks(method: Any, problem: Problem, params: Any, ctx: Context) -> list[LayerTask]:
+    """One task per layer of ``problem``."""
+    with_trace = bool(getattr(method, "uses_trace", True))
+    tasks = []
+    for l in range(problem.layers):
+        sub = layer_problem(problem, l, with_trace=with_trace)
+        tasks.append(
+            LayerTask(
+                method=type(method),
+                params=params,
+                instance=sub.instance,
+                stats=sub.stats,
+                trace=sub.trace,
+                profile=sub.profile,
+                layer=l,
+                model_layers=problem.layers,
+                seed=layer_seed(ctx.seed, l),
+                time_limit=ctx.time_limit,
+                hint=_layer_plan(ctx.hint, l),
+                current=_layer_plan(ctx.current, l),
+                quiet=ctx.quiet,
+            )
+        )
+    return tasks
+
+
+_LAYER0 = re.compile(r"\blayer 0\b")
+
+
+def _relabel(text: str, layer: int) -> str:
+    """A one-layer run's messages name its layer 0: give them the model's layer index."""
+    return _LAYER0.sub(f"layer {layer}", text) if layer else text
+
+
+def run_layer(task: LayerTask) -> LayerOutcome:
+    """Solve one layer (in a worker or in this process); errors come back as values."""
+    lines: list[str] = []
+    ctx = Context(
+        time_limit=task.time_limit,
+        seed=task.seed,
+        hint=task.hint,
+        current=task.current,
+        quiet=task.quiet,
+        log=lines.append,
+        model_layers=task.model_layers,
+    )
+    problem = Problem(task.instance, task.stats, task.trace, task.profile)
+    t0 = time.perf_counter()
+    try:
+        result = task.method().solve(problem, task.params, ctx)
+    except Exception as exc:  # noqa: BLE001  (sent back and raised again by the caller)
+        msg = _relabel(str(exc), task.layer)
+        attrs = {k: (_relabel(v, task.layer) if isinstance(v, str) else v) for k, v in vars(exc).items()}
+        return LayerOutcome(task.layer, None, [_relabel(x, task.layer) for x in lines],
+                            time.perf_counter() - t0, (type(exc), msg, attrs, traceback.format_exc()))
+    if "reason" in result.stats and isinstance(result.stats["reason"], str):
+        result = result.replace(stats={**result.stats, "reason": _relabel(result.stats["reason"], task.layer)})
+    return LayerOutcome(task.layer, result, [_relabel(x, task.layer) for x in lines], time.perf_counter() - t0)
+
+
+def _raise(outcome: LayerOutcome) -> None:
+    """Raise a layer's error again in this process, as the class it was raised as."""
+    cls, msg, attrs, tb = outcome.error
+    try:
+        exc = cls.__new__(cls)
+        exc.args = (msg,)
+        exc.__dict__.update(attrs)
+    except Exception:  # noqa: BLE001
+        exc = None
+    if not isinstance(exc, BaseException):
+        raise RuntimeError(f"layer {outcome.layer}: {cls.__name__}: {msg}")
+    if isinstance(exc, MoeoptError):
+        raise exc
+    raise exc from RuntimeError(f"in the worker of layer {outcome.layer}:\n{tb}")
+
+
+# ----------------------------------------------------------------------------- backends
+def _worker_init() -> None:
+    """Workers leave SIGINT to the parent, which stops them all; their progress bars (disabled)
+    lock with a thread lock, not a named semaphore a terminated worker would leave behind."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tqdm.set_lock(threading.RLock())
+
+
+def _mp_context() -> Any:
+    if sys.platform != "win32" and "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["moeopt.execute", "moeopt.methods"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and end the workers now (not after their current layer)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+    if manager is not None:
+        manager.join(timeout=5)  # the workers are gone: it notices and ends
+
+
+def _run_serial(tasks: list[LayerTask], done: Callable[[LayerOutcome], None]) -> None:
+    for task in tasks:
+        done(run_layer(task))
+
+
+def _run_pool(tasks: list[LayerTask], workers: int, done: Callable[[LayerOutcome], None]) -> None:
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=_mp_context(),
+                               initializer=_worker_init)
+    try:
+        pending = {pool.submit(run_layer, t) for t in tasks}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in sorted(finished, key=id):
+                done(fut.result())
+    except BaseException:  # SIGINT, a layer's error: stop every worker
+        _stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def import_ray() -> Any:
+    """The ray module, or a one-line error naming the extra to install."""
+    try:
+        import ray
+    except ImportError:
+        raise MoeoptError(RAY_INSTALL_HINT) from None
+    return ray
+
+
+def _run_ray(tasks: list[LayerTask], executor: Executor, done: Callable[[LayerOutcome], None]) -> None:
+    ray = import_ray()
+    started = False
+    if not ray.is_initialized():
+        opts: dict[str, Any] = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        if executor.ray == "local":
+            cpus = executor.workers if executor.workers > 1 else (os.cpu_count() or 2)
+            ray.init(num_cpus=cpus, **opts)
+        else:
+            try:
+                ray.init(address=executor.ray, **opts)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise MoeoptError(f"--ray {executor.ray}: cannot connect to a Ray cluster: {exc}") from None
+        started = True
+    remote = ray.remote(num_cpus=1, max_retries=0)(run_layer)
+    pending: list = []
+    try:
+        pending = [remote.remote(t) for t in tasks]
+        while pending:
+            finished, pending = ray.wait(pending, num_returns=1)
+            for ref in finished:
+                done(ray.get(ref))
+    except BaseException:
+        for ref in pending:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001  (already finished or gone)
+                pass
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# ----------------------------------------------------------------------------- combine
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _combine_values(values: list, rule: str) -> Any:
+    if rule in ("sum", "mean", "max", "min"):
+        if any(v is None for v in values):
+            return None
+        if rule == "sum":
+            total = sum(values)
+            return int(total) if all(isinstance(v, (int, np.integer)) for v in values) else float(total)
+        if rule == "mean":
+            return float(np.mean(values))
+        return max(values) if rule == "max" else min(values)
+    if rule == "concat":
+        return [x for v in values for x in v]
+    if rule == "status":
+        return combine_status([Status(v) for v in values]).value
+    if rule == "same":
+        return values[0] if all(v == values[0] for v in values) else list(values)
+    if rule == "first":
+        return values[0]
+    if rule == "list":
+        return list(values)
+    raise ValueError(f"unknown stats rule {rule!r}")
+
+
+def combine_stats(per_layer: list[dict], combine: str, rules: dict[str, str] | None = None) -> dict:
+    """Statistics of a whole model from its layers' statistics.
+
+    Each key follows ``rules[key]`` when given (``sum``, ``mean``, ``max``, ``min``,
+    ``concat``, ``list``, ``same``, ``first``, ``status``), else: lists of one item per layer
+    are concatenated (per-layer lists), integers are summed (counts: moves, rounds), other
+    numbers follow the method's ``combine`` rule (None when a layer has None), and other
+    values are kept when every layer agrees, else listed per layer.
+    """
+    rules = rules or {}
+    keys: list[str] = []
+    for s in per_layer:
+        keys += [k for k in s if k not in keys]
+    out: dict[str, Any] = {}
+    for k in keys:
+        values = [s[k] for s in per_layer if k in s]
+        rule = rules.get(k)
+        if rule is None:
+            if all(isinstance(v, list) and len(v) == 1 for v in values):
+                rule = "concat"
+            elif all(v is None or _number(v) for v in values) and any(v is not None for v in values):
+                ints = all(isinstance(v, (int, np.integer)) for v in values if v is not None)
+                rule = "sum" if ints else combine
+            else:
+                rule = "same"
+        out[k] = _combine_values(values, rule)
+    return out
+
+
+def _combine_number(values: list[float | None], rule: str) -> float | None:
+    if not values or any(v is None for v in values):
+        return None
+    return float(sum(values)) if rule == "sum" else float(np.mean(values))
+
+
+def combine(method: Any, outcomes: list[LayerOutcome], params: Any) -> Result:
+    """One result for the whole model from the layers' results (in layer order)."""
+    results = [o.result for o in outcomes]
+    rule = method.combine
+    first = results[0]
+    plans = [r.plan for r in results]
+    plan = None
+    if all(p is not None for p in plans):
+        plan = Plan(
+            slots=np.concatenate([p.slots for p in plans], axis=0), experts=plans[0].experts, dispatch=plans[0].dispatch
+        )
+    status = combine_status([r.status for r in results])
+    if plan is None and status.has_plan:
+        status = Status.NO_SOLUTION
+    own = getattr(method, "combine_stats", None)
+    per_layer = [r.stats for r in results]
+    if callable(own):
+        stats = own(per_layer, params)
+    else:
+        stats = combine_stats(per_layer, rule, getattr(method, "stats_rules", None))
+    return Result(
+        method=first.method,
+        status=status,
+        plan=plan,
+        objective=_combine_number([r.objective for r in results], rule) if plan is not None else None,
+        bound=_combine_number([r.bound for r in results], rule),
+        sense=first.sense,
+        objective_name=first.objective_name,
+        params=first.params,
+        stats=stats,
+    )
+
+
+# ----------------------------------------------------------------------------- run
+def run(
+    method: Any,
+    problem: Problem,
+    params: Any,
+    ctx: Context,
+    executor: Executor | None = None,
+    *,
+    note: Callable[[str], None] | None = None,
+) -> Result:
+    """Solve ``problem`` with ``method`` layer by layer on ``executor`` (default: serial).
+
+    Methods that are not layerwise (:func:`is_layerwise`) are solved whole in this process;
+    ``note`` then gets a one-line remark when a parallel executor was asked for.
+    """
+    executor = executor or Executor()
+    if not is_layerwise(method):
+        if executor.kind != "serial" and note is not None:
+            note(f"note: method {method.name!r} solves all layers together; running it serially here")
+        result = method.solve(problem, params, ctx)
+        return result.replace(stats={**result.stats, "executor": "serial (whole model)"})
+    tasks = layer_tasks(method, problem, params, ctx)
+    outcomes: list[LayerOutcome | None] = [None] * len(tasks)
+    say = ctx.log or tqdm.write
+    bar = tqdm(total=len(tasks), desc=method.name, unit="layer", disable=ctx.quiet or len(tasks) <= 1, leave=False)
+
+    def done(outcome: LayerOutcome) -> None:
+        if not ctx.quiet:
+            for line in outcome.lines:
+                say(line)
+        if outcome.error is not None:
+            _raise(outcome)
+        outcomes[outcome.layer] = outcome
+        bar.update(1)
+
+    try:
+        if executor.kind == "ray":
+            _run_ray(tasks, executor, done)
+        elif executor.kind == "pool" and len(tasks) > 1:
+            _run_pool(tasks, executor.workers, done)
+        else:
+            _run_serial(tasks, done)
+    finally:
+        bar.close()
+    finished = [o for o in outcomes if o is not None]
+    result = combine(method, finished, params)
+    walls = [round(o.wall_time, 4) for o in finished]
+    return result.replace(stats={**result.stats, "executor": executor.describe(), "layer_wall_times": walls})
+
+
+def cpu_seconds(result: Result) -> float:
+    """Sum of the layers' wall times of a layerwise result (0 when unknown)."""
+    return float(math.fsum(result.stats.get("layer_wall_times", []) or []))

@@ -1,0 +1,374 @@
+"""``joint`` and ``joint-exact``: slot contents and dispatch chosen for communication and balance.
+
+The joint planner of SPEC section 11 (the model and the search are in :mod:`moeopt.joint`).
+Per layer, on a sample of the calibration tokens, it minimizes the distinct GPUs per token
+of the ideal dispatch subject to every GPU's load within ``(1 + eps)`` times the mean, on the
+calibration workload and (weight ``robust``) on every family's own workload, by local search
+over slot contents (swap two slots, replace a copy, move a copy) from two starts:
+task-agnostic grouping plus hottest-first copies, and the balance planner's plan.
+
+The plan's dispatch is then chosen on the whole calibration trace by the one scorer
+(:func:`moeopt.evaluate.evaluate`, what ``solve`` and ``evaluate`` report): the online guard
+(``locality``) with the smallest λ whose calibration MaxVio is within ``eps`` (fewest remote
+GPUs), else the most balanced of the guard and ``lp``. ``joint-exact`` solves the same model
+exactly (a MILP over slot contents with the dispatch as continuous flow) on small layers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import numpy as np
+
+from moeopt import balance as core
+from moeopt import joint as jm
+from moeopt.errors import InputError
+from moeopt.evaluate import evaluate
+from moeopt.methods.baselines import hottest_replicas
+from moeopt.plan import Dispatch, Plan
+from moeopt.registry import Context, Problem, get_method, parse_params, register
+from moeopt.result import Result, Status, combine_status
+from moeopt.trace import Trace
+
+#: seconds of search per layer when the caller gives no time limit
+DEFAULT_TIME_PER_LAYER = 4.0
+#: λ values of the guard tried when ``lam`` is not fixed (ascending)
+LAM_GRID = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+
+
+@dataclass
+class JointParams:
+    """Parameters of ``joint`` (YAML ``method:`` mapping).
+
+    Attributes
+    ----------
+    eps
+        Load limit: largest GPU load <= ``(1 + eps)`` times the mean, on the calibration
+        workload (the search's target, and the dispatch choice's constraint).
+    family_eps
+        The limit on each family's own workload in the search (None: ``2 * eps``; single-family
+        workloads are far more skewed than their mixture).
+    robust
+        Weight of the family workloads in the search objective, in [0, 1].
+    penalty
+        Price, in GPUs per token, of a (token, expert) pair over a limit that no copy can take.
+    sample_tokens
+        Calibration tokens per layer the search prices moves on (None: all).
+    starts
+        Comma-separated starts: ``grouping`` (agnostic grouping + hottest-first copies),
+        ``balance`` (the balance planner's plan).
+    time_per_layer
+        Seconds of search per layer, shared by the starts (``--time-limit`` caps it).
+    candidates, kicks
+        Moves screened per round; random-swap kicks of the iterated search.
+    dispatch
+        ``auto`` (the guard with the best λ, or ``lp`` when no λ meets ``eps``),
+        ``locality`` (the guard, λ chosen the same way) or ``lp``.
+    lam
+        Fix the guard's λ (None: chosen on the calibration trace from ``1, 2, 4, ..., 128``).
+    decay, guard_batch_tokens
+        The guard's δ (0.99: the decayed load remembers about 100 batches, so the guard
+        balances the load of the whole workload, not only the last few batches) and batch.
+    """
+
+    eps: float = 0.05
+    family_eps: float | None = None
+    robust: float = 0.25
+    penalty: float = 4.0
+    sample_tokens: int | None = 4096
+    starts: str = "grouping,balance"
+    time_per_layer: float = DEFAULT_TIME_PER_LAYER
+    candidates: int = 96
+    kicks: int = 8
+    dispatch: str = "auto"
+    lam: float | None = None
+    decay: float = 0.99
+    guard_batch_tokens: int | None = 32
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.eps) and self.eps >= 0):
+            raise ValueError(f"eps must be a finite number >= 0, got {self.eps}")
+        if self.family_eps is not None and not self.family_eps >= 0:
+            raise ValueError(f"family_eps must be >= 0, got {self.family_eps}")
+        if not 0.0 <= self.robust <= 1.0:
+            raise ValueError(f"robust must lie in [0, 1], got {self.robust}")
+        if self.penalty < 0:
+            raise ValueError(f"penalty must be >= 0, got {self.penalty}")
+        if self.sample_tokens is not None and self.sample_tokens < 1:
+            raise ValueError(f"sample_tokens must be >= 1, got {self.sample_tokens}")
+        unknown = set(self.start_list) - {"grouping", "balance"}
+        if unknown or not self.start_list:
+            raise ValueError(f"starts: expected a comma-separated subset of grouping,balance, got {self.starts!r}")
+        if not self.time_per_layer > 0:
+            raise ValueError(f"time_per_layer must be > 0, got {self.time_per_layer}")
+        if self.candidates < 1 or self.kicks < 0:
+            raise ValueError("candidates must be >= 1 and kicks >= 0")
+        if self.dispatch not in ("auto", "locality", "lp"):
+            raise ValueError(f"dispatch must be auto, locality or lp, got {self.dispatch!r}")
+        if self.lam is not None and not self.lam >= 0:
+            raise ValueError(f"lam must be >= 0, got {self.lam}")
+        if not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"decay must lie in [0, 1), got {self.decay}")
+        if self.guard_batch_tokens is not None and self.guard_batch_tokens < 1:
+            raise ValueError(f"guard_batch_tokens must be >= 1, got {self.guard_batch_tokens}")
+
+    @property
+    def start_list(self) -> list[str]:
+        return [s.strip() for s in self.starts.split(",") if s.strip()]
+
+    def guard(self, lam: float) -> Dispatch:
+        return Dispatch(kind="locality", lam=lam, decay=self.decay, batch_tokens=self.guard_batch_tokens)
+
+
+# ----------------------------------------------------------------------------- pieces
+def layer_problems(problem: Problem, params: JointParams, seed: int) -> list[jm.JointLayer]:
+    """One :class:`~moeopt.joint.JointLayer` per layer on a sample of the calibration trace."""
+    trace = problem.trace
+    assert trace is not None
+    c = problem.instance.cluster
+    fam_eps = 2.0 * params.eps if params.family_eps is None else params.family_eps
+    return [
+        jm.layer_from_trace(
+            trace.topk[:, l], trace.family, len(trace.family_names), experts=problem.experts, gpus=c.gpus,
+            width=c.width, sample_tokens=params.sample_tokens, rng=np.random.default_rng([seed, l]),
+            eps=params.eps, family_eps=fam_eps, robust=params.robust, penalty=params.penalty,
+        )
+        for l in range(problem.layers)
+    ]
+
+
+def grouping_starts(problem: Problem, ctx: Context) -> np.ndarray:
+    """int ``[L, G, W]``: task-agnostic grouping (TACG, beta = 0) plus hottest-first copies in
+    the replica slots (the two-phase plan the joint search starts from)."""
+    impl = get_method("agnostic")
+    sub = Context(time_limit=ctx.time_limit, seed=ctx.seed)
+    home = impl.solve(problem, parse_params(impl, {}), sub).plan.home
+    c = problem.instance.cluster
+    load = problem.stats.expert_load
+    reps = [
+        hottest_replicas(load[l], home[l], c.gpus, c.replica_slots_per_gpu, c.gpus * c.replica_slots_per_gpu)
+        if c.replica_slots_per_gpu > 0 else np.zeros((0, 2), dtype=np.int64)
+        for l in range(problem.layers)
+    ]
+    return problem.plan(home, reps).slots
+
+
+def balance_starts(problem: Problem, seed: int) -> np.ndarray:
+    """int ``[L, G, W]``: the balance planner's plan on the calibration loads."""
+    c = problem.instance.cluster
+    load = problem.stats.expert_load
+    return np.stack([core.plan_layer(load[l], c.gpus, c.width, seed=seed + l) for l in range(problem.layers)])
+
+
+def _fill(slots: np.ndarray, load: np.ndarray) -> np.ndarray:
+    """Empty slots of a start get copies of the heaviest experts their GPU lacks."""
+    if (slots >= 0).all():
+        return slots
+    holds = np.zeros((len(load), slots.shape[0]), dtype=bool)
+    g, w = np.nonzero(slots >= 0)
+    holds[slots[g, w], g] = True
+    return jm.fill_slots(holds, slots.shape[1], load)
+
+
+@dataclass
+class DispatchChoice:
+    """The dispatch picked for a plan and what each rule tried scored on calibration."""
+
+    dispatch: Dispatch
+    comm: float
+    maxvio: float
+    met: bool
+    tried: list[dict]
+
+
+def choose_dispatch(plan: Plan, trace: Trace, problem: Problem, params: JointParams) -> DispatchChoice:
+    """The plan's dispatch: fewest remote GPUs per token on the calibration trace subject to
+    calibration MaxVio <= ``eps``, both scored by :func:`~moeopt.evaluate.evaluate`.
+
+    The guard's MaxVio falls and its communication rises with λ, so the smallest feasible λ
+    of the grid is found by bisection; without a feasible one, the most balanced of the
+    largest λ and ``lp`` is kept.
+    """
+    cluster = problem.instance.cluster
+    tried: list[dict] = []
+    cache: dict[tuple, dict] = {}
+
+    def score(d: Dispatch) -> dict:
+        key = (d.kind, d.lam)
+        if key not in cache:
+            m = evaluate(plan.with_dispatch(d), trace, cluster)
+            cache[key] = {"kind": d.kind, "lam": d.lam if d.kind == "locality" else None,
+                          "comm_per_token": m["comm_per_token"], "maxvio": m["maxvio"], "dispatch": d}
+            tried.append({k: v for k, v in cache[key].items() if k != "dispatch"})
+        return cache[key]
+
+    tol = 1e-9
+    if params.dispatch == "lp":
+        r = score(Dispatch(kind="lp"))
+        return DispatchChoice(r["dispatch"], r["comm_per_token"], r["maxvio"], r["maxvio"] <= params.eps + tol, tried)
+    if params.lam is not None:
+        r = score(params.guard(params.lam))
+        return DispatchChoice(r["dispatch"], r["comm_per_token"], r["maxvio"], r["maxvio"] <= params.eps + tol, tried)
+    lo, hi = 0, len(LAM_GRID) - 1
+    if score(params.guard(LAM_GRID[hi]))["maxvio"] <= params.eps + tol:
+        while lo < hi:  # smallest feasible index
+            mid = (lo + hi) // 2
+            if score(params.guard(LAM_GRID[mid]))["maxvio"] <= params.eps + tol:
+                hi = mid
+            else:
+                lo = mid + 1
+        if hi > 0:  # one geometric midpoint between the last infeasible and the first feasible λ
+            score(params.guard(math.sqrt(LAM_GRID[hi - 1] * LAM_GRID[hi])))
+    elif params.dispatch == "auto":
+        score(Dispatch(kind="lp"))
+    feasible = [r for r in cache.values() if r["maxvio"] <= params.eps + tol]
+    if feasible:
+        best = min(feasible, key=lambda r: (r["comm_per_token"], r["maxvio"]))
+    else:
+        best = min(cache.values(), key=lambda r: (r["maxvio"], r["comm_per_token"]))
+    return DispatchChoice(best["dispatch"], best["comm_per_token"], best["maxvio"], bool(feasible), tried)
+
+
+def _need_trace(problem: Problem, name: str) -> None:
+    if problem.trace is None:
+        src = str(problem.instance.source) if problem.instance.source else None
+        raise InputError(src, "workload.calibration", f"method {name!r} needs a token trace; this workload is count-only")
+
+
+def finish(
+    name: str, problem: Problem, params: Any, slots: np.ndarray, t0: float, stats: dict, statuses: list[Status],
+    bound: float | None = None,
+) -> Result:
+    """Pick the dispatch, score on calibration, build the result."""
+    plan = Plan(slots=slots, experts=problem.experts)
+    choice = choose_dispatch(plan, problem.trace, problem, params)
+    plan = plan.with_dispatch(choice.dispatch)
+    stats = {
+        **stats,
+        "dispatch_choice": choice.tried,
+        "calibration_maxvio": choice.maxvio,
+        "constraint_met": choice.met,
+        "copies_per_layer": [int((plan.copy_counts[l] > 1).sum()) for l in range(plan.layers)],
+    }
+    return Result(
+        method=name, status=combine_status(statuses), plan=plan, objective=choice.comm, bound=bound, sense="min",
+        objective_name="calibration_comm_per_token", wall_time=time.perf_counter() - t0,
+        params=dict(vars(params)), stats=stats,
+    )
+
+
+# ----------------------------------------------------------------------------- methods
+@register
+class Joint:
+    """Joint planner: local search over slot contents for communication at a balanced load."""
+
+    name: ClassVar[str] = "joint"
+    summary: ClassVar[str] = (
+        "communication at a load limit, robust to single-family workloads: local search over slots "
+        "(swap / replace / move a copy) + the guard's λ chosen on calibration"
+    )
+    requires: ClassVar[frozenset[str]] = frozenset({"coactivation"})
+    Params: ClassVar[type] = JointParams
+    metric_hooks: ClassVar[tuple] = ()
+
+    def available(self) -> bool:
+        return True
+
+    def solve(self, problem: Problem, params: JointParams, ctx: Context) -> Result:
+        t0 = time.perf_counter()
+        _need_trace(problem, self.name)
+        layers = layer_problems(problem, params, ctx.seed)
+        load = problem.stats.expert_load
+        per_layer = params.time_per_layer if ctx.time_limit is None else min(params.time_per_layer, ctx.time_limit)
+        starts: dict[str, np.ndarray] = {}
+        if "grouping" in params.start_list:
+            starts["grouping"] = grouping_starts(problem, ctx)
+        if "balance" in params.start_list:
+            starts["balance"] = balance_starts(problem, ctx.seed)
+        if ctx.hint is not None:
+            starts["hint"] = ctx.hint.padded(problem.instance.cluster.width).slots
+        slots = np.empty((problem.layers,) + next(iter(starts.values())).shape[1:], dtype=np.int64)
+        layer_stats = []
+        for l in ctx.layers(problem.layers, self.name):
+            layer = layers[l]
+            runs = {}
+            share = per_layer / len(starts)
+            for label, s in starts.items():
+                try:
+                    state = jm.SlotState(_fill(s[l], load[l]), problem.experts)
+                except ValueError:  # e.g. a hint with colocated copies: not a joint start
+                    continue
+                rng = np.random.default_rng([ctx.seed, l, len(runs)])
+                best, value, st = jm.local_search(
+                    state, jm.SampleCost(layer), rng, candidates=params.candidates, kicks=params.kicks,
+                    deadline=time.perf_counter() + share,
+                )
+                runs[label] = (value, best, st)
+            label, (value, best, st) = min(runs.items(), key=lambda kv: kv[1][0])
+            slots[l] = best.slots
+            layer_stats.append({
+                "start": label, "value": value,
+                "starts": {k: {"start_value": v[2].start_value, "value": v[0], "moves": v[2].moves,
+                               "rounds": v[2].rounds, "kicks": v[2].kicks, "evaluated": v[2].evaluated}
+                           for k, v in runs.items()},
+            })
+            ctx.say(f"{self.name} layer {l}: objective {value:.4f} from {label}")
+        stats = {"search": layer_stats, "search_objective": float(np.mean([s["value"] for s in layer_stats]))}
+        return finish(self.name, problem, params, slots, t0, stats, [Status.FEASIBLE])
+
+
+@dataclass
+class JointExactParams(JointParams):
+    """``joint`` parameters plus the exact model's time limit per layer (None: ``--time-limit``
+    or 60 s) and its size limit (columns of the MILP)."""
+
+    exact_time_limit: float | None = None
+    max_columns: int = 60_000
+
+
+@register
+class JointExact(Joint):
+    """The joint model solved exactly per layer (MILP, scipy's HiGHS): small layers only."""
+
+    name: ClassVar[str] = "joint-exact"
+    summary: ClassVar[str] = (
+        "the joint model exactly: MILP over slot contents with the dispatch as continuous flow (small layers)"
+    )
+    Params: ClassVar[type] = JointExactParams
+
+    def solve(self, problem: Problem, params: JointExactParams, ctx: Context) -> Result:
+        t0 = time.perf_counter()
+        _need_trace(problem, self.name)
+        src = str(problem.instance.source) if problem.instance.source else None
+        exact_params = replace(params, sample_tokens=params.sample_tokens)
+        layers = layer_problems(problem, exact_params, ctx.seed)
+        for l, layer in enumerate(layers):
+            try:
+                jm.check_exact_size(layer, params.max_columns)
+            except ValueError as exc:
+                raise InputError(src, "method", f"layer {l}: {exc}") from None
+        limit = params.exact_time_limit or (ctx.time_limit if ctx.time_limit is not None else 60.0)
+        load = problem.stats.expert_load
+        slots, statuses, bounds, values, fallback = [], [], [], [], None
+        for l in ctx.layers(problem.layers, self.name):
+            res = jm.solve_exact(layers[l], time_limit=limit)
+            if res.slots is None:  # no incumbent in time: the local search's plan for this layer
+                if fallback is None:
+                    fallback = Joint().solve(problem, params, ctx).plan.slots
+                slots.append(fallback[l])
+                statuses.append(Status.TIME_LIMIT)
+                values.append(None)
+            else:
+                holds = np.zeros((problem.experts, problem.gpus), dtype=bool)
+                g, w = np.nonzero(res.slots >= 0)
+                holds[res.slots[g, w], g] = True
+                slots.append(jm.fill_slots(holds, res.slots.shape[1], load[l]))
+                statuses.append(Status.OPTIMAL if res.status == "optimal" else Status.TIME_LIMIT)
+                values.append(res.value)
+            bounds.append(res.bound)
+            ctx.say(f"{self.name} layer {l}: {res.status}, objective {res.value}, bound {res.bound}")
+        stats = {"model_objective_per_layer": values, "model_bound_per_layer": bounds}
+        return finish(self.name, problem, params, np.stack(slots), t0, stats, statuses)
