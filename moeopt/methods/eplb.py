@@ -119,6 +119,8 @@ class Eplb:
     install_hint: ClassVar[str] = INSTALL_HINT
     #: EPLB balances each layer on its own: solved layer by layer, MaxVio averaged
     combine: ClassVar[str] = "mean"
+    #: EPLB balances every layer in one batched torch call
+    layerwise: ClassVar[bool] = False
     uses_trace: ClassVar[bool] = True
     stats_rules: ClassVar[dict] = {
         "eplb_wall_time": "sum", "num_groups": "same", "num_nodes": "same", "num_replicas": "same",
