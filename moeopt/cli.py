@@ -58,6 +58,8 @@ def report_dict(result: Result, instance_name: str) -> dict:
         "method": result.method,
         "params": result.params,
         "status": result.status.value,
+        "termination": result.termination.value,
+        "solution": result.status.solution,
         "objective_name": result.objective_name,
         "sense": result.sense,
         "objective": result.objective,
@@ -97,7 +99,8 @@ def metrics_report(name: str, metrics: dict) -> str:
 
 def _solve_table(result: Result) -> str:
     head = (
-        f"{result.method}: {result.status.value}; objective {result.objective_name} = {_fmt(result.objective)}"
+        f"{result.method}: {result.termination.value}, {result.status.solution} plan"
+        f"; objective {result.objective_name} = {_fmt(result.objective)}"
         f"; bound {_fmt(result.bound)}; gap {_fmt(None if result.gap is None else 100 * result.gap)} %"
         f"; {result.wall_time:.2f} s"
     )

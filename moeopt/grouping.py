@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from moeopt.errors import InfeasibleError
-from moeopt.result import Status, relative_gap
+from moeopt.result import Status, Termination, relative_gap
 
 #: Absolute slack on the load limit (loads sum to 1): exact backends work with rounded
 #: (CP-SAT) or tolerance-checked (HiGHS, 1e-7) loads; every plan is checked against it.
@@ -186,6 +186,7 @@ class ExactOutcome:
     wall_time: float
     build_time: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    termination: Termination = Termination.COMPLETED  # why the backend stopped (one word for all)
 
     @property
     def gap(self) -> float | None:

@@ -11,8 +11,121 @@ from tabulate import tabulate
 from moeopt.plan import Plan
 
 
+class Termination(str, Enum):
+    """Why a solve stopped (apart from what it holds: :class:`Status`)."""
+
+    OPTIMAL = "optimal"  # the backend proved optimality
+    COMPLETED = "completed"  # a heuristic ran its search to its end (no optimality claim)
+    TIME_LIMIT = "time_limit"
+    ITERATION_LIMIT = "iteration_limit"  # node, iteration, solution or objective limit
+    INTERRUPTED = "interrupted"  # Ctrl-C or a callback
+    INFEASIBLE = "infeasible"  # proved that no plan exists
+    ERROR = "error"  # the backend failed, or reported a state we cannot trust
+
+
+#: HiGHS model status names (``highspy.HighsModelStatus``) -> termination.
+HIGHS_TERMINATION: dict[str, Termination] = {
+    "kOptimal": Termination.OPTIMAL,
+    "kTimeLimit": Termination.TIME_LIMIT,
+    "kIterationLimit": Termination.ITERATION_LIMIT,
+    "kSolutionLimit": Termination.ITERATION_LIMIT,
+    "kObjectiveBound": Termination.ITERATION_LIMIT,
+    "kObjectiveTarget": Termination.ITERATION_LIMIT,
+    "kInterrupt": Termination.INTERRUPTED,
+    "kHighsInterrupt": Termination.INTERRUPTED,
+    "kInfeasible": Termination.INFEASIBLE,
+    "kUnboundedOrInfeasible": Termination.INFEASIBLE,
+    "kUnbounded": Termination.ERROR,
+    "kNotset": Termination.ERROR,
+    "kLoadError": Termination.ERROR,
+    "kModelError": Termination.ERROR,
+    "kPresolveError": Termination.ERROR,
+    "kSolveError": Termination.ERROR,
+    "kPostsolveError": Termination.ERROR,
+    "kModelEmpty": Termination.ERROR,
+    "kMemoryLimit": Termination.ERROR,
+    "kUnknown": Termination.ERROR,
+}
+
+#: Pyomo solver API v2 ``TerminationCondition`` names -> termination.
+PYOMO_TERMINATION: dict[str, Termination] = {
+    "convergenceCriteriaSatisfied": Termination.OPTIMAL,
+    "maxTimeLimit": Termination.TIME_LIMIT,
+    "iterationLimit": Termination.ITERATION_LIMIT,
+    "objectiveLimit": Termination.ITERATION_LIMIT,
+    "minStepLength": Termination.ITERATION_LIMIT,
+    "interrupted": Termination.INTERRUPTED,
+    "provenInfeasible": Termination.INFEASIBLE,
+    "locallyInfeasible": Termination.INFEASIBLE,
+    "infeasibleOrUnbounded": Termination.INFEASIBLE,
+    "unbounded": Termination.ERROR,
+    "error": Termination.ERROR,
+    "licensingProblems": Termination.ERROR,
+    "emptyModel": Termination.ERROR,
+    "unknown": Termination.ERROR,
+}
+
+#: CP-SAT status names -> termination. ``FEASIBLE`` and ``UNKNOWN`` say only that the search
+#: stopped early: :func:`cpsat_termination` tells a time limit from an interrupt.
+CPSAT_TERMINATION: dict[str, Termination] = {
+    "OPTIMAL": Termination.OPTIMAL,
+    "INFEASIBLE": Termination.INFEASIBLE,
+    "MODEL_INVALID": Termination.ERROR,
+    "FEASIBLE": Termination.TIME_LIMIT,
+    "UNKNOWN": Termination.TIME_LIMIT,
+}
+
+
+def highs_termination(name: str) -> Termination:
+    """Termination of a HiGHS model status name (unknown names are errors)."""
+    return HIGHS_TERMINATION.get(name, Termination.ERROR)
+
+
+def pyomo_termination(name: str) -> Termination:
+    """Termination of a Pyomo v2 termination-condition name (unknown names are errors)."""
+    return PYOMO_TERMINATION.get(name, Termination.ERROR)
+
+
+def cpsat_termination(name: str, wall_time: float, time_limit: float) -> Termination:
+    """Termination of a CP-SAT status name: an early stop before the time limit was an interrupt."""
+    out = CPSAT_TERMINATION.get(name, Termination.ERROR)
+    if out is Termination.TIME_LIMIT and wall_time < 0.95 * time_limit:
+        return Termination.INTERRUPTED
+    return out
+
+
+_TERMINATION_SEVERITY = [
+    Termination.ERROR,
+    Termination.INFEASIBLE,
+    Termination.INTERRUPTED,
+    Termination.ITERATION_LIMIT,
+    Termination.TIME_LIMIT,
+    Termination.COMPLETED,
+    Termination.OPTIMAL,
+]
+
+
+#: Relative gap under which a plan counts as optimal: the exact models' own precision (CP-SAT
+#: works on latencies and affinities rounded to about 7 significant digits).
+OPTIMALITY_TOLERANCE = 1e-5
+
+
+def bound_closes(objective: float, bound: float) -> bool:
+    """Whether ``bound`` proves ``objective`` optimal, to :data:`OPTIMALITY_TOLERANCE`."""
+    return abs(bound - objective) <= OPTIMALITY_TOLERANCE * max(abs(bound), abs(objective), 1e-12)
+
+
+def combine_termination(values: list[Termination]) -> Termination:
+    """The termination of a multi-layer solve: the worst of its layers."""
+    return min(values, key=_TERMINATION_SEVERITY.index) if values else Termination.COMPLETED
+
+
 class Status(str, Enum):
-    """What a result holds: a proved optimum, a feasible plan, or nothing usable."""
+    """What a result holds: a proved optimum, a feasible plan, or nothing usable.
+
+    ``TIME_LIMIT`` is a feasible plan from an exact solve that stopped early, for whatever
+    reason; :attr:`Result.termination` says which (time limit, interrupt, iteration limit).
+    """
 
     OPTIMAL = "optimal"  # proved optimal (bound closes the gap)
     FEASIBLE = "feasible"  # a plan, no optimality claim (heuristics, early stops)
@@ -24,6 +137,22 @@ class Status(str, Enum):
     @property
     def has_plan(self) -> bool:
         return self in (Status.OPTIMAL, Status.FEASIBLE, Status.TIME_LIMIT)
+
+    @property
+    def solution(self) -> str:
+        """What the result holds, in one word: ``optimal``, ``feasible`` or ``none``."""
+        return "optimal" if self is Status.OPTIMAL else "feasible" if self.has_plan else "none"
+
+
+#: The termination a status implies when a method does not say (heuristics complete).
+_DEFAULT_TERMINATION = {
+    "optimal": Termination.OPTIMAL,
+    "feasible": Termination.COMPLETED,
+    "time_limit": Termination.TIME_LIMIT,
+    "infeasible": Termination.INFEASIBLE,
+    "no_solution": Termination.TIME_LIMIT,
+    "error": Termination.ERROR,
+}
 
 
 #: Worst-first order used when combining per-layer statuses.
@@ -66,12 +195,24 @@ class Result:
     params: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
+    termination: Termination | None = None  # why it stopped; default: implied by ``status``
 
     def __post_init__(self) -> None:
         if self.sense not in ("min", "max"):
             raise ValueError(f"sense must be 'min' or 'max', got {self.sense!r}")
         if self.status.has_plan and self.plan is None:
             raise ValueError(f"status {self.status.value} needs a plan")
+        if self.termination is None:
+            object.__setattr__(self, "termination", _DEFAULT_TERMINATION[self.status.value])
+        if self.objective is not None and self.bound is not None:
+            tol = 1e-6 * max(1.0, abs(self.objective))
+            wrong = self.bound > self.objective + tol if self.sense == "min" else self.bound < self.objective - tol
+            if wrong:
+                side = "above" if self.sense == "min" else "below"
+                raise ValueError(
+                    f"{self.method}: bound {self.bound} is {side} the objective {self.objective} "
+                    f"of a {'minimization' if self.sense == 'min' else 'maximization'}: not a valid bound"
+                )
 
     @property
     def gap(self) -> float | None:

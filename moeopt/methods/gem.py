@@ -26,7 +26,7 @@ from moeopt.errors import InputError
 from moeopt.evaluate import layer_straggler
 from moeopt.heuristics.gem_search import SearchSettings, search_layer, speed_greedy_homes
 from moeopt.registry import Context, Problem, register
-from moeopt.result import Result, Status, combine_status
+from moeopt.result import Result, Status, Termination, bound_closes, combine_status, combine_termination
 from moeopt.utilization import (
     DEFAULT_STEPS,
     Utilization,
@@ -255,11 +255,13 @@ class _GemExact:
             hints = ctx.hint.home
         hint_objective = None if hints is None else plan_straggler(hints, util, problem)
         homes, statuses, bounds, layer_stats = [], [], [], []
+        terminations: list[Termination] = []
         for l in ctx.layers(problem.layers, self.name):
             left = total - (time.perf_counter() - t0)
             limit = max(left / (problem.layers - l), 0.5)
             hint = None if hints is None else hints[l]
             out = self.run_layer(models[l], limit, hint, params, ctx, util)
+            terminations.append(out.termination)
             candidates = [h for h in (out.home, hint) if h is not None]
             if not candidates:
                 statuses.append(Status.NO_SOLUTION)
@@ -270,7 +272,9 @@ class _GemExact:
             homes.append(candidates[best])
             bound = max(float(models[l].step_bound.sum()), out.bound if out.bound is not None else -np.inf)
             bounds.append(bound)
-            statuses.append(Status.OPTIMAL if out.optimal else Status.TIME_LIMIT)
+            # optimal whenever the bound closes on the plan kept, whoever found it
+            closed = bound_closes(min(scores), bound)
+            statuses.append(Status.OPTIMAL if closed else Status.TIME_LIMIT)
             layer_stats.append(
                 {
                     "status": out.status,
@@ -284,10 +288,14 @@ class _GemExact:
                     else ("level binaries" if self.backend == "milp" else "element"),
                 }
             )
-            ctx.say(f"{self.name}: layer {l}: {out.status}, S {min(scores):.4f}, bound {bound:.4f}")
+            ctx.say(
+                f"{self.name} layer {l}: {out.termination.value}, {statuses[-1].solution} plan, "
+                f"S {min(scores):.4f}, bound {bound:.4f}"
+            )
         status = combine_status(statuses)
         stats = {
             "layers": layer_stats,
+            "layer_termination": [t.value for t in terminations],
             "solver_objective": float(sum(s["solver_objective"] or 0.0 for s in layer_stats)),
             "steps": util.steps,
             "hint_objective": hint_objective,
@@ -296,6 +304,7 @@ class _GemExact:
             return Result(
                 method=self.name,
                 status=status,
+                termination=combine_termination(terminations),
                 plan=None,
                 sense="min",
                 objective_name=OBJECTIVE,
@@ -309,6 +318,7 @@ class _GemExact:
         return Result(
             method=self.name,
             status=status,
+            termination=combine_termination(terminations),
             plan=problem.plan(home),
             objective=objective,
             bound=bound,

@@ -30,7 +30,7 @@ from moeopt.grouping import AUTO_LOAD_SLACK, Grouping
 from moeopt.heuristics.spectral import capacity_repair, first_fit, spectral_labels
 from moeopt.heuristics.swap import arrange_nodes, iterated_local_search, node_affinity
 from moeopt.registry import Context, Problem, register
-from moeopt.result import Result, Status, combine_status
+from moeopt.result import Result, Status, Termination, bound_closes, combine_status, combine_termination
 from moeopt.trace import LIFT_EPS, Stats, log_lift
 
 #: epsilon of the log-lift preference score (SPEC 3.1)
@@ -271,6 +271,7 @@ class TacgBase:
     def _result(
         self, problem: Problem, params: TacgParams, graph: np.ndarray, groupings: list[Grouping],
         homes: list[np.ndarray], statuses: list[Status], bounds: list[float], stats: dict, eps: list[float],
+        termination: Termination | None = None,
     ) -> Result:
         home = np.stack(homes)
         c = problem.instance.cluster
@@ -287,7 +288,7 @@ class TacgBase:
         return Result(
             method=self.name, status=combine_status(statuses), plan=problem.plan(home), objective=objective,
             bound=float(sum(bounds)), sense="max", objective_name="affinity", params=vars(params).copy(),
-            stats=stats,
+            stats=stats, termination=termination,
         )
 
 
@@ -325,7 +326,7 @@ class Tacg(TacgBase):
             bounds.append(b)
             kinds.append(kind)
             # a cheap bound that meets the plan's value certifies it
-            closed = b <= g.objective(home) + 1e-9 * max(abs(b), 1e-12)
+            closed = bound_closes(g.objective(home), b)
             statuses.append(Status.OPTIMAL if closed else Status.FEASIBLE)
             spectral.append(info["spectral"])
             rounds.append(info.get("rounds", 0))
@@ -369,6 +370,7 @@ class TacgExact(TacgBase):
         gpn = problem.instance.cluster.gpus_per_node
         homes: list[np.ndarray] = []
         statuses, bounds, kinds, incumbents, starts, gaps, walls = [], [], [], [], [], [], []
+        terminations: list[Termination] = []
         discarded = 0
         for l in ctx.layers(problem.layers, self.name):
             g = groupings[l]
@@ -399,15 +401,16 @@ class TacgExact(TacgBase):
                     f"layer {l}: {self.name} proved that no plan meets the load limit "
                     f"(eps_load = {eps[l]:.4g}) with {g.cap} slots per GPU"
                 )
-            home, status = out.home, out.status
+            home = out.home
             if home is not None and not g.feasible(home):
                 home = None  # outside the load tolerance after the backend's rounding
             if start is not None and (home is None or g.objective(start) > g.objective(home)):
                 home = start
-                if out.status == Status.OPTIMAL:
-                    status = Status.OPTIMAL if bound <= g.objective(start) + 1e-9 * max(bound, 1.0) else Status.FEASIBLE
-                else:
-                    status = Status.TIME_LIMIT
+            status = Status.NO_SOLUTION
+            if home is not None:  # optimal whenever the bound closes, whoever found the plan
+                closed = bound_closes(g.objective(home), bound)
+                status = Status.OPTIMAL if closed else Status.TIME_LIMIT
+            terminations.append(out.termination)
             if home is None:
                 statuses.append(Status.NO_SOLUTION)
                 homes.append(np.zeros(g.experts, dtype=np.int64))
@@ -420,24 +423,26 @@ class TacgExact(TacgBase):
             gaps.append(out.gap)
             walls.append(out.wall_time)
             ctx.say(
-                f"{self.name} layer {l}: {out.status.value}, incumbent {out.incumbent}, "
-                f"bound {bound:.6g}, {out.wall_time:.2f} s"
+                f"{self.name} layer {l}: {out.termination.value}, {statuses[-1].solution} plan, "
+                f"incumbent {out.incumbent}, bound {bound:.6g}, {out.wall_time:.2f} s"
             )
         stats = {
             "solver_objective": float(sum(v for v in incumbents if v is not None)),
             "layer_status": [s.value for s in statuses],
+            "layer_termination": [t.value for t in terminations],
             "layer_solver_gap": gaps,
             "layer_wall_time": walls,
             "warm_start_objective": starts,
             "bound_kind": kinds,
             "solver_bounds_discarded": discarded,
         }
+        termination = combine_termination(terminations)
         if Status.NO_SOLUTION in statuses:
             return Result(
                 method=self.name, status=Status.NO_SOLUTION, plan=None, bound=float(sum(bounds)), sense="max",
-                objective_name="affinity", params=vars(params).copy(), stats=stats,
+                objective_name="affinity", params=vars(params).copy(), stats=stats, termination=termination,
             )
-        return self._result(problem, params, graph, groupings, homes, statuses, bounds, stats, eps)
+        return self._result(problem, params, graph, groupings, homes, statuses, bounds, stats, eps, termination)
 
 
 @register

@@ -25,6 +25,7 @@ import numpy as np
 
 from moeopt.errors import InputError
 from moeopt.profile import Profile
+from moeopt.result import Termination, cpsat_termination, pyomo_termination
 from moeopt.solvers.highs_common import highs_threads
 from moeopt.utilization import step_lower_bound
 
@@ -170,10 +171,11 @@ class ExactOutcome:
     objective: float | None  # the backend's own number
     bound: float | None
     optimal: bool
-    status: str
+    status: str  # the backend's own word (kept in the report's stats)
     time: float
     warm_start: bool = False
     info: dict = field(default_factory=dict)
+    termination: Termination = Termination.COMPLETED  # why it stopped, in moeopt's words
 
 
 # ----------------------------------------------------------------------------- MILP (Pyomo)
@@ -337,6 +339,7 @@ def solve_milp(
         status=res.termination_condition.name,
         time=time.perf_counter() - t0,
         warm_start=warm,
+        termination=pyomo_termination(res.termination_condition.name),
     )
 
 
@@ -487,6 +490,7 @@ def solve_cpsat(
         bound=bound,
         optimal=status == cp_model.OPTIMAL,
         status=solver.status_name(status),
+        termination=cpsat_termination(solver.status_name(status), time.perf_counter() - t0, time_limit),
         time=time.perf_counter() - t0,
         warm_start=hint is not None,
     )

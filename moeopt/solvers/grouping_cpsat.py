@@ -22,7 +22,7 @@ import numpy as np
 
 from moeopt.errors import InputError
 from moeopt.grouping import ExactOutcome, Grouping, pairs
-from moeopt.result import Status
+from moeopt.result import Status, Termination, cpsat_termination
 
 #: integer scale of the largest affinity in the objective
 WEIGHT_SCALE = 1_000_000
@@ -199,12 +199,14 @@ def solve(
     code = solver.solve(m)
     wall = time.perf_counter() - t0
     info = {"pairs": len(cm.z), "cpsat_status": solver.status_name(code)}
+    term = cpsat_termination(solver.status_name(code), wall, time_limit)
     if code == cp_model.INFEASIBLE:
-        return ExactOutcome(Status.INFEASIBLE, None, None, None, wall, cm.build_time, info)
+        return ExactOutcome(Status.INFEASIBLE, None, None, None, wall, cm.build_time, info, term)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         # without a solution CP-SAT's bound field is not a proved bound (it reads 0)
-        return ExactOutcome(Status.NO_SOLUTION, None, None, None, wall, cm.build_time, info)
+        status = Status.ERROR if term is Termination.ERROR else Status.NO_SOLUTION
+        return ExactOutcome(status, None, None, None, wall, cm.build_time, info, term)
     bound = solver.best_objective_bound / cm.scale + cm.rounding
     home = np.array([int(solver.value(v)) for v in cm.h], dtype=np.int64)
     status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.TIME_LIMIT
-    return ExactOutcome(status, home, solver.objective_value / cm.scale, bound, wall, cm.build_time, info)
+    return ExactOutcome(status, home, solver.objective_value / cm.scale, bound, wall, cm.build_time, info, term)

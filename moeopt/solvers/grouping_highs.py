@@ -19,7 +19,7 @@ import scipy.sparse as sp
 
 from moeopt.errors import InputError
 from moeopt.grouping import ExactOutcome, Grouping, pairs
-from moeopt.result import Status
+from moeopt.result import Status, Termination, highs_termination
 from moeopt.solvers.highs_common import GROUPING_OPTIONS, highs_threads, new_highs
 
 #: matrix nonzeros per second of time limit before refusing: the array build runs at about
@@ -233,14 +233,16 @@ def solve(
     info = h.getInfo()
     MS = highspy.HighsModelStatus
     extra = {"nonzeros": arrays.nonzeros, "highs_status": h.modelStatusToString(model_status)}
+    term = highs_termination(model_status.name)
     if model_status == MS.kInfeasible:
-        return ExactOutcome(Status.INFEASIBLE, None, None, None, wall, build, extra)
+        return ExactOutcome(Status.INFEASIBLE, None, None, None, wall, build, extra, term)
     bound = float(info.mip_dual_bound)
     bound = bound if np.isfinite(bound) else None
     has = info.primal_solution_status == 2  # kSolutionStatusFeasible
     if not has:
-        return ExactOutcome(Status.NO_SOLUTION, None, None, bound, wall, build, extra)
+        status = Status.ERROR if term is Termination.ERROR else Status.NO_SOLUTION
+        return ExactOutcome(status, None, None, bound, wall, build, extra, term)
     x = np.asarray(h.getSolution().col_value[: g.experts * g.groups]).reshape(g.experts, g.groups)
     home = x.argmax(axis=1).astype(np.int64)
     status = Status.OPTIMAL if model_status == MS.kOptimal else Status.TIME_LIMIT
-    return ExactOutcome(status, home, float(info.objective_function_value), bound, wall, build, extra)
+    return ExactOutcome(status, home, float(info.objective_function_value), bound, wall, build, extra, term)

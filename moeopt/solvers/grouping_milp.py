@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from moeopt.grouping import ExactOutcome, Grouping, pairs
-from moeopt.result import Status
+from moeopt.result import Status, Termination, pyomo_termination
 from moeopt.solvers.grouping_highs import refuse_large
 from moeopt.solvers.highs_common import GROUPING_OPTIONS, highs_threads
 
@@ -161,12 +161,14 @@ def solve(
     )
     wall = time.perf_counter() - t0
     info = {"termination": res.termination_condition.name, "warm_start": warm}
+    term = pyomo_termination(res.termination_condition.name)
     if res.termination_condition in (TerminationCondition.provenInfeasible, TerminationCondition.infeasibleOrUnbounded):
-        return ExactOutcome(Status.INFEASIBLE, None, None, None, wall, build, info)
+        return ExactOutcome(Status.INFEASIBLE, None, None, None, wall, build, info, term)
     bound = res.objective_bound
     bound = float(bound) if bound is not None and np.isfinite(bound) else None
     if res.solution_status not in (SolutionStatus.feasible, SolutionStatus.optimal):
-        return ExactOutcome(Status.NO_SOLUTION, None, None, bound, wall, build, info)
+        status = Status.ERROR if term is Termination.ERROR else Status.NO_SOLUTION
+        return ExactOutcome(status, None, None, bound, wall, build, info, term)
     res.solution_loader.load_vars()
     x = np.zeros((g.experts, g.groups))
     for (e, k), var in m.x.items():
@@ -174,4 +176,4 @@ def solve(
     home = x.argmax(axis=1).astype(np.int64)
     optimal = res.termination_condition == TerminationCondition.convergenceCriteriaSatisfied
     status = Status.OPTIMAL if optimal else Status.TIME_LIMIT
-    return ExactOutcome(status, home, float(res.incumbent_objective), bound, wall, build, info)
+    return ExactOutcome(status, home, float(res.incumbent_objective), bound, wall, build, info, term)

@@ -25,17 +25,19 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from moeopt.result import Status
+from moeopt.result import Status, Termination, highs_termination
 from moeopt.solvers.highs_common import highs_threads, new_highs
 
 #: share of the time limit spent looking for a plan that reaches the count bound exactly
 FEASIBILITY_SHARE = 0.5
 
-_STATUS = {
-    "kOptimal": Status.OPTIMAL,
-    "kTimeLimit": Status.TIME_LIMIT,
-    "kInfeasible": Status.INFEASIBLE,
-    "kInterrupt": Status.TIME_LIMIT,
+#: what a HiGHS ending holds: optimal, a plan stopped early, proved infeasible, else an error
+_STATUS_OF = {
+    Termination.OPTIMAL: Status.OPTIMAL,
+    Termination.TIME_LIMIT: Status.TIME_LIMIT,
+    Termination.ITERATION_LIMIT: Status.TIME_LIMIT,
+    Termination.INTERRUPTED: Status.TIME_LIMIT,
+    Termination.INFEASIBLE: Status.INFEASIBLE,
 }
 
 
@@ -250,7 +252,7 @@ def _run_highs(
         sol.value_valid = True
         h.setSolution(sol)
     h.run()
-    status = _STATUS.get(h.getModelStatus().name, Status.ERROR)
+    status = _STATUS_OF.get(highs_termination(h.getModelStatus().name), Status.ERROR)
     info = h.getInfo()
     col = None
     if info.primal_solution_status >= 2 or status is Status.OPTIMAL:
