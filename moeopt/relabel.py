@@ -13,6 +13,12 @@ Heterogeneous GPUs (a latency profile whose rows differ) may only trade ids with
 identical rows: moving a group to a slower GPU would change its latency, so pairs across
 classes are forbidden in the assignment. The relabeled plan is kept only when the scorer
 says it does not raise communication under ``previous-layer`` (so it never does).
+
+Only layers where every expert has one copy are renumbered. With replicas every dispatch
+rule picks among an expert's copies by GPU or physical-slot order (``even``: copy ``row mod
+c`` in slot order; ``static``: the engine's per-rank deal; ``lp``: quotas filled in GPU
+order; ``locality``: ties), so renumbering such a layer would change which copy tokens use,
+hence communication and, for ``static`` / ``lp`` / ``locality``, loads: not free.
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ def relabel_gpus(
     Parameters
     ----------
     plan
-        Any plan; its per-layer loads and groups are kept.
+        Any plan; its per-layer loads and groups are kept (layers with replicas are left
+        as they are, see the module docstring).
     trace
         The calibration trace (top-1 expert first in each token's top-k).
     cluster
@@ -80,10 +87,11 @@ def relabel_gpus(
     if home is None and plan.dispatch.kind == "static":
         home = np.random.default_rng(HOME_SEED).integers(0, G, size=trace.tokens)
     slots = plan.slots.copy()
+    single = (plan.copy_counts == 1).all(axis=1)  # [L]: layers a renumbering leaves unchanged
     moved = 0
     for l in range(L):
         current = replace(plan, slots=slots)
-        if l > 0 and home is not None:
+        if l > 0 and home is not None and single[l]:
             gpu, _ = _route_layer(current, l, trace, prev, step, row, T, home)
             M = stay_counts(home, gpu, G).astype(np.float64)
             M[forbid] = -1e18

@@ -1,20 +1,36 @@
 """``crosslayer``: plan the layers together when tokens stay on the GPU of their last expert.
 
 Under ``cluster.token_home: previous-layer`` (ExFlow, MoETuner) a token's hidden state lives,
-at layer l, on the GPU that ran its top-1 expert at layer l - 1, so its dispatch costs the
-distinct GPUs of its top-k experts *other than that GPU*. Adding the home GPU to each token's
-hyperedge as a pin fixed to that GPU makes this exact: with homes ``h``, the (λ − 1)
-connectivity of the net ``topk ∪ {home}`` is the token's remote GPUs. The planner goes
-forward layer by layer:
+at layer l, on the GPU that ran its top-1 expert at layer l - 1, so its dispatch at layer l
+costs the distinct GPUs of its top-k experts *other than that GPU*. The objective (remote
+GPUs per token, summed over layers) couples each layer only to its neighbours, and for a
+layer l with both neighbours' plans fixed it is exact and simple:
 
-1. homes of layer l's tokens from the layer l - 1 plan (layer 0: uniform, so plain (λ − 1)
-   on the top-k sets, as ``hypergraph``);
-2. Mt-KaHyPar partitions the experts plus G *fixed* home vertices (one per GPU, each fixed to
-   its GPU, block weight ``slots + 1``);
-3. capacity and load repair and (λ − 1) refinement with the home pins held fixed
-   (:class:`StayGain`), under the same automatic load limit as ``tacg`` / ``hypergraph``;
-4. the plan that also starts from the stay-unaware ``hypergraph`` partition, relabeled to the
-   homes (a free permutation of GPU ids), competes, and the better one is kept.
+* layer l's own remote GPUs: the (λ − 1) connectivity of the net ``topk ∪ {home}`` with the
+  token's home as a pin fixed to its GPU (:func:`stay_edges`, :class:`StayGain`); tokens
+  with the same (top-k set, home) share one net;
+* layer l + 1's: a token lives on the GPU of its layer-l top-1 expert e, so placing e on g
+  saves ``B[e, g]`` remote GPUs there, the tokens with top-1 e that find one of their
+  layer l + 1 experts on g (:func:`next_layer_benefit`): a linear term.
+
+The planner:
+
+1. **starts**: ``agnostic``'s plan (and optionally ``hypergraph``'s, or a forward pass of
+   Mt-KaHyPar with the home pins fixed, or the caller's hint), each with the free GPU
+   relabeling every method gets (:func:`moeopt.relabel.relabel_gpus`);
+2. **sweeps**: forward, then backward, and so on, each layer is re-planned knowing both
+   neighbours: the best renumbering of its GPU ids against both (one linear assignment,
+   :func:`permute_layer`; GPUs of different speed classes never trade ids), then
+   best-improvement swaps and moves on the exact gains (:class:`CrossGain`) within the slot
+   counts and the same automatic load limit as ``agnostic`` / ``tacg`` / ``hypergraph``;
+   until a pass saves less than ``tolerance``;
+3. optional **kicks** (iterated local search: random feasible swaps in one layer, then the
+   layer and its neighbours re-planned, kept when not worse);
+4. the best plan over the starts on the calibration trace.
+
+Every step is a descent on the calibration objective, so the result is never worse than its
+relabeled starts. :func:`exact_crosslayer` computes the optimum of tiny instances (dynamic
+programming over all placements of each layer) to check the planner.
 """
 
 from __future__ import annotations
@@ -26,18 +42,24 @@ from typing import ClassVar
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from moeopt.errors import InfeasibleError, InputError
 from moeopt.methods.hypergraph import (
+    _TOL,
+    AUTO_RELAX_STEP,
+    AUTO_RELAX_TRIES,
     ConnectivityGain,
     Hyperedges,
     _available,
     _mtkahypar,
     limited_search,
+    load_limit,
+    local_search,
     mtkahypar_partition,
     resolve_eps_load,
     token_hyperedges,
 )
 from moeopt.registry import Context, Problem, register
-from moeopt.relabel import stay_counts
+from moeopt.relabel import relabel_gpus, speed_classes, stay_counts
 from moeopt.result import Result, Status
 
 
@@ -78,45 +100,194 @@ def fixed_home_partition(
     ctx.logging = False
     mtk.set_seed(int(seed))
     n = experts + gpus
-    hg = init.create_hypergraph(ctx, n, len(edges.pins), edges.pins, [1] * n, np.rint(edges.weight).astype(np.int64).tolist())
+    hg = init.create_hypergraph(
+        ctx, n, len(edges.pins), edges.pins, [1] * n, np.rint(edges.weight).astype(np.int64).tolist()
+    )
     hg.add_fixed_vertices([-1] * experts + list(range(gpus)), gpus)
     part = np.asarray(hg.partition(ctx).get_partition(), dtype=np.int64)
     return part[:experts]
 
 
-def relabel_to_homes(home: np.ndarray, topk_layer: np.ndarray, token_home: np.ndarray, gpus: int) -> np.ndarray:
-    """Expert homes with GPU ids permuted so that the most tokens find an expert at home."""
-    M = stay_counts(token_home, home[np.asarray(topk_layer, dtype=np.int64)], gpus).astype(np.float64)
-    g_new, h_old = linear_sum_assignment(M, maximize=True)
+# ============================================================================ the cross-layer objective
+def token_homes(homes: np.ndarray, topk: np.ndarray, first: np.ndarray | None) -> list[np.ndarray | None]:
+    """Per layer, the GPU every token lives on: ``first`` (trace homes, or None: uniform) at
+    layer 0, then the GPU of its previous-layer top-1 expert (position 0 of its top-k)."""
+    out: list[np.ndarray | None] = [first]
+    for l in range(1, homes.shape[0]):
+        out.append(homes[l - 1][topk[:, l - 1, 0]])
+    return out
+
+
+def layer_remote(home_l: np.ndarray, topk_l: np.ndarray, token_home: np.ndarray | None, gpus: int) -> float:
+    """Remote GPUs summed over tokens at one layer (uniform homes: ``λ (1 - 1/G)``)."""
+    g = np.sort(home_l[topk_l], axis=1)
+    first = np.ones(g.shape, dtype=bool)
+    first[:, 1:] = g[:, 1:] != g[:, :-1]
+    distinct = float(first.sum())
+    if token_home is None:
+        return distinct * (1.0 - 1.0 / gpus)
+    return distinct - float((first & (g == token_home[:, None])).sum())
+
+
+def plan_remote(homes: np.ndarray, topk: np.ndarray, first: np.ndarray | None, gpus: int) -> np.ndarray:
+    """float ``[L]``: remote GPUs summed over tokens per layer under ``previous-layer`` homes
+    (the evaluator's figure times the tokens, for single-copy plans)."""
+    th = token_homes(homes, topk, first)
+    return np.array([layer_remote(homes[l], topk[:, l, :], th[l], gpus) for l in range(homes.shape[0])])
+
+
+def next_layer_benefit(
+    home_next: np.ndarray, top1: np.ndarray, topk_next: np.ndarray, experts: int, gpus: int
+) -> np.ndarray:
+    """float ``[E, G]``: ``B[e, g]`` = tokens whose top-1 expert is e at layer l and that find
+    one of their layer l + 1 experts on g. Placing e on g saves them ``B[e, g]`` remote GPUs
+    at layer l + 1: the next layer's dependence on layer l's plan is linear in it."""
+    s = np.sort(home_next[np.asarray(topk_next, dtype=np.int64)], axis=1)
+    first = np.ones(s.shape, dtype=bool)
+    first[:, 1:] = s[:, 1:] != s[:, :-1]
+    rows = np.repeat(np.asarray(top1, dtype=np.int64), s.shape[1])[first.ravel()]
+    cols = s.ravel()[first.ravel()]
+    return np.bincount(rows * gpus + cols, minlength=experts * gpus).reshape(experts, gpus).astype(np.float64)
+
+
+class CrossGain:
+    """Move and swap gains of one layer's share of the cross-layer objective.
+
+    With the previous layer's plan and the next layer's plan fixed, the remote GPUs that
+    depend on layer l's plan are (a) layer l's own: the (λ − 1) connectivity of each net
+    ``topk ∪ {home}`` with the home as a fixed pin (:class:`StayGain`; at layer 0 with
+    uniform homes, ``λ (1 - 1/G)`` of the plain top-k sets), and (b) layer l + 1's, where a
+    token lives on the GPU of its layer-l top-1 expert: a linear term, ``-B[e, P(e)]`` of
+    :func:`next_layer_benefit`. Gains of (b) add to the move gains and leave the swap
+    correction alone, so :func:`~moeopt.methods.hypergraph.local_search` runs unchanged.
+    """
+
+    def __init__(self, edges: Hyperedges, experts: int, gpus: int, *, fixed: bool, benefit: np.ndarray | None) -> None:
+        self.E, self.G, self.fixed = experts, gpus, fixed
+        self.inner = StayGain(edges, experts, gpus) if fixed else ConnectivityGain(edges)
+        self.scale = 1.0 if fixed else 1.0 - 1.0 / gpus
+        self.benefit = benefit
+
+    def gains(self, home: np.ndarray, gpus: int) -> tuple[np.ndarray, np.ndarray]:
+        move, pair = self.inner.gains(home, gpus)
+        if self.scale != 1.0:
+            move, pair = move * self.scale, pair * self.scale
+        if self.benefit is not None:
+            move = move + self.benefit - self.benefit[np.arange(self.E), home][:, None]
+        return move, pair
+
+
+def permute_layer(
+    home_l: np.ndarray,
+    topk: np.ndarray,
+    l: int,
+    token_home: np.ndarray | None,
+    home_next: np.ndarray | None,
+    gpus: int,
+    classes: np.ndarray,
+) -> np.ndarray:
+    """Layer l's homes with GPU ids permuted to the best of both neighbours (free: no load changes).
+
+    Renaming GPU h to g keeps ``M[g, h]`` stays at layer l (tokens living on g with an
+    expert on h) and gains ``N[h, g]`` at layer l + 1 (tokens whose top-1 runs on h and
+    that find a layer l + 1 expert on g): one linear assignment. GPUs of different speed
+    classes never trade ids.
+    """
+    ids = topk[:, l, :].astype(np.int64)
+    value = np.zeros((gpus, gpus))
+    if token_home is not None:
+        value += stay_counts(token_home, home_l[ids], gpus)
+    if home_next is not None:
+        value += stay_counts(home_l[ids[:, 0]], home_next[topk[:, l + 1, :].astype(np.int64)], gpus).T
+    value[classes[:, None] != classes[None, :]] = -1e18
+    if (value[np.arange(gpus), np.arange(gpus)] >= value.max(axis=1) - _TOL).all() and np.all(
+        value[np.arange(gpus), np.arange(gpus)] >= value.max(axis=0) - _TOL
+    ):
+        return home_l
+    g_new, h_old = linear_sum_assignment(value, maximize=True)
+    if value[g_new, h_old].sum() <= value[np.arange(gpus), np.arange(gpus)].sum() + _TOL:
+        return home_l
     new_of_old = np.empty(gpus, dtype=np.int64)
     new_of_old[h_old] = g_new
-    return new_of_old[home]
+    return new_of_old[home_l]
 
 
 @dataclass
 class CrossLayerParams:
-    """Parameters of ``crosslayer``."""
+    """Parameters of ``crosslayer``.
 
-    eps_load: float | None = None  # load limit (None: the automatic limit of tacg; .inf: none)
+    Attributes
+    ----------
+    eps_load
+        Load limit per layer, as ``agnostic``'s: each GPU's share of the layer's load at most
+        ``(1 + eps_load) / G``; None (default): the automatic limit of ``tacg`` / ``agnostic``;
+        ``.inf``: none.
+    starts
+        Comma-separated starting plans: ``agnostic`` (the ``agnostic`` method's plan),
+        ``hypergraph`` (the ``hypergraph`` method's plan), ``forward`` (layer by layer,
+        Mt-KaHyPar with each token's home GPU as a fixed pin). Each is improved by the sweeps;
+        the best on the calibration trace is returned.
+    sweeps
+        Most passes over the layers (alternating forward and backward); a pass re-plans each
+        layer knowing the previous layer's plan (where its tokens live) and the next layer's
+        plan (where the tokens its top-1 experts send on find their experts): a free GPU
+        renumbering, then swap/move search under the load limit. Stops early when a pass
+        saves less than ``tolerance`` of the remote GPUs.
+    tolerance
+        Relative improvement below which the sweeps stop.
+    kicks, patience, kick_swaps
+        Iterated local search after the sweeps: at most ``kicks`` rounds (0: none), each 1 to
+        ``kick_swaps`` random feasible swaps in one random layer followed by re-planning that
+        layer and its neighbours, kept when not worse; stops after ``patience`` rounds without
+        a new best, or at the time limit (per layer times the layers).
+    seed, preset
+        Mt-KaHyPar seed offset and preset (starts ``hypergraph`` and ``forward``).
+    """
+
+    eps_load: float | None = None
+    starts: str = "agnostic,hypergraph"
+    sweeps: int = 6
+    tolerance: float = 1e-4
+    kicks: int = 0
+    patience: int = 20
+    kick_swaps: int = 3
     seed: int = 0
-    preset: str = "default"  # Mt-KaHyPar preset
-    refine: bool = True
+    preset: str = "default"
 
     def __post_init__(self) -> None:
         if self.eps_load is not None and not self.eps_load >= 0:
             raise ValueError(f"eps_load must be >= 0, got {self.eps_load}")
+        names = [s.strip() for s in self.starts.split(",") if s.strip()]
+        bad = [s for s in names if s not in START_KINDS]
+        if not names or bad:
+            raise ValueError(
+                f"starts: expected a comma-separated subset of {', '.join(START_KINDS)}, got {self.starts!r}"
+            )
+        if self.sweeps < 0:
+            raise ValueError(f"sweeps must be >= 0, got {self.sweeps}")
+        if not self.tolerance >= 0:
+            raise ValueError(f"tolerance must be >= 0, got {self.tolerance}")
+        if self.kicks < 0 or self.patience < 1 or self.kick_swaps < 1:
+            raise ValueError("kicks must be >= 0, patience and kick_swaps >= 1")
+
+    @property
+    def start_names(self) -> list[str]:
+        return [s.strip() for s in self.starts.split(",") if s.strip()]
+
+
+START_KINDS = ("agnostic", "hypergraph", "forward")
 
 
 @register
 class CrossLayer:
-    """Forward layer-by-layer (λ − 1) planning with the previous layer's GPU as a fixed pin."""
+    """Plans all layers together for ``token_home: previous-layer`` (sweeps over the layers)."""
 
     name: ClassVar[str] = "crosslayer"
-    summary: ClassVar[str] = "plans layers in sequence for token_home: previous-layer (home GPU as a fixed pin)"
+    summary: ClassVar[str] = "plans layers together for token_home: previous-layer (relabel + swap sweeps)"
     requires: ClassVar[frozenset[str]] = frozenset({"coactivation"})
     Params: ClassVar[type] = CrossLayerParams
     metric_hooks: ClassVar[tuple] = ()
-    #: each layer's plan depends on the previous one: never split into independent layers
+    #: each layer's plan depends on its neighbours': never split into independent layers
     layerwise: ClassVar[bool] = False
 
     def available(self) -> bool:
@@ -128,57 +299,296 @@ class CrossLayer:
         assert trace is not None
         c = problem.instance.cluster
         G, S, E, L = c.gpus, c.slots_per_gpu, problem.experts, problem.layers
-        loads = problem.stats.global_usage  # [L, E] shares
-        seed = ctx.seed + params.seed
-        homes, used_eps, limits_met = [], [], []
-        token_home = trace.home
-        for l in ctx.layers(L, self.name):
-            topk = trace.topk[:, l, :].astype(np.int64)
-            load = loads[l] / loads[l].sum() if loads[l].sum() > 0 else np.full(E, 1.0 / E)
-            eps, automatic = resolve_eps_load(params.eps_load, load, G, S)
-            plain = token_hyperedges(topk, E)
-            base, _ = mtkahypar_partition(plain, G, S, seed=seed + l, preset=params.preset)
-            if token_home is None:
-                gain, edges, starts = ConnectivityGain(plain), plain, [base]
-                cost = plain.cost
-            else:
-                edges = stay_edges(topk, token_home, E, G)
-                gain = StayGain(edges, E, G)
-                starts = [
-                    fixed_home_partition(edges, E, G, S, seed=seed + l, preset=params.preset),
-                    relabel_to_homes(base, topk, token_home, G),
-                ]
-
-                def cost(h: np.ndarray, edges: Hyperedges = edges) -> float:
-                    return edges.cost(np.concatenate([h, np.arange(G)]))
-
-            home, log, used = limited_search(
-                starts, gain, G, S, load=load, eps_load=eps, automatic=automatic, refine=params.refine,
-                score=lambda h, cost=cost: -cost(h), balanced=True,
-            )
-            homes.append(home)
-            used_eps.append(used)
-            limits_met.append(log.limit_met)
-            token_home = home[topk[:, 0]]  # tokens now live where their top-1 expert ran
-        plan = problem.plan(np.stack(homes))
-        prev = _previous_layer_cluster(c)
-        from moeopt.evaluate import evaluate
-
-        objective = float(evaluate(plan, trace, prev)["comm_per_token"])
+        topk = trace.topk.astype(np.int64)
+        first = trace.home
+        classes = speed_classes(G, problem.profile)
+        loads, limits, automatic = [], [], []
+        for l in range(L):
+            u = problem.stats.global_usage[l]
+            load = u / u.sum() if u.sum() > 0 else np.full(E, 1.0 / E)
+            eps, auto = resolve_eps_load(params.eps_load, load, G, S)
+            loads.append(load)
+            limits.append(load_limit(eps, G, load))
+            automatic.append(auto)
+        starts: dict[str, np.ndarray] = {}
+        if ctx.hint is not None:
+            starts["hint"] = ctx.hint.home
+        for kind in params.start_names:
+            starts[kind] = self._start(kind, problem, params, ctx, loads, limits, automatic)
+        for kind, homes in starts.items():
+            # the free relabeling every method gets in solve(): the sweeps only improve on it
+            relabeled, _ = relabel_gpus(problem.plan(homes), trace, c, problem.profile)
+            starts[kind] = relabeled.home
+        best_kind, best, best_cost, report = None, None, np.inf, {}
+        for kind, homes in starts.items():
+            before = float(plan_remote(homes, topk, first, G).sum())
+            rng = np.random.default_rng([ctx.seed + params.seed, len(report)])
+            deadline = None if ctx.time_limit is None else t0 + ctx.time_limit * L
+            homes, info = self.sweep(homes, topk, first, G, S, loads, limits, automatic, classes, params, rng, deadline)
+            cost = float(plan_remote(homes, topk, first, G).sum())
+            report[kind] = {"start": before / trace.tokens / L, "final": cost / trace.tokens / L, **info}
+            ctx.say(f"crosslayer start {kind}: {before / trace.tokens / L:.4f} -> {cost / trace.tokens / L:.4f}")
+            if cost < best_cost - _TOL:
+                best_kind, best, best_cost = kind, homes, cost
+        assert best is not None
+        plan = problem.plan(best)
+        used = [None if lim is None else lim * G - 1.0 for lim in limits]
+        maxload = [float(np.bincount(best[l], weights=loads[l], minlength=G).max() * G - 1.0) for l in range(L)]
         return Result(
             method=self.name,
             status=Status.FEASIBLE,
             plan=plan,
-            objective=objective,
+            objective=best_cost / max(trace.tokens, 1) / L,
             objective_name="remote GPUs per token (previous-layer homes, calibration)",
             sense="min",
             wall_time=time.perf_counter() - t0,
             params=vars(params),
-            stats={"eps_load_used": used_eps, "load_limit_met": limits_met},
+            stats={
+                "best_start": best_kind,
+                "starts": report,
+                "eps_load_used": used,
+                "calibration_maxvio_pooled": maxload,
+            },
         )
 
+    # ---------------------------------------------------------------- starts
+    def _start(self, kind, problem, params, ctx, loads, limits, automatic) -> np.ndarray:
+        from moeopt import execute
+        from moeopt.registry import get_method, parse_params
 
-def _previous_layer_cluster(cluster):
-    from dataclasses import replace
+        c = problem.instance.cluster
+        if kind in ("agnostic", "hypergraph"):
+            impl = get_method(kind)
+            given = {} if params.eps_load is None else {"eps_load": params.eps_load}
+            if kind == "hypergraph":
+                given["preset"] = params.preset
+            sub = Context(time_limit=ctx.time_limit, seed=ctx.seed + params.seed, quiet=True)
+            res = execute.run(impl, problem, parse_params(impl, given), sub)
+            if res.plan is None:
+                raise InfeasibleError(
+                    f"crosslayer: start {kind!r} found no plan ({res.stats.get('reason', res.status)})"
+                )
+            return res.plan.home
+        # forward: Mt-KaHyPar with home pins, layer by layer, repaired to the load limit
+        trace = problem.trace
+        G, S, E = c.gpus, c.slots_per_gpu, problem.experts
+        token_home = trace.home
+        homes = []
+        for l in range(problem.layers):
+            ids = trace.topk[:, l, :].astype(np.int64)
+            if token_home is None:
+                edges = token_hyperedges(ids, E)
+                h, _ = mtkahypar_partition(edges, G, S, seed=ctx.seed + params.seed + l, preset=params.preset)
+                gain = ConnectivityGain(edges)
+            else:
+                edges = stay_edges(ids, token_home, E, G)
+                h = fixed_home_partition(edges, E, G, S, seed=ctx.seed + params.seed + l, preset=params.preset)
+                gain = StayGain(edges, E, G)
+            eps = None if limits[l] is None else limits[l] * G - 1.0
+            h, _, _ = limited_search(
+                [h],
+                gain,
+                G,
+                S,
+                load=loads[l],
+                eps_load=eps,
+                automatic=automatic[l],
+                refine=False,
+                score=lambda x: 0.0,
+                balanced=True,
+            )
+            homes.append(h)
+            token_home = h[ids[:, 0]]
+        return np.stack(homes)
 
-    return replace(cluster, token_home="previous-layer")
+    # ---------------------------------------------------------------- sweeps
+    @staticmethod
+    def sweep(homes, topk, first, G, S, loads, limits, automatic, classes, params, rng=None, deadline=None):
+        """Alternating forward/backward passes of :func:`improve_layer` until a pass saves
+        less than ``tolerance``, then ``kicks`` rounds of iterated local search."""
+        homes = np.array(homes, dtype=np.int64, copy=True)
+        L, E = homes.shape
+        total = float(plan_remote(homes, topk, first, G).sum())
+        start_total = total
+        passes = 0
+        limits = list(limits)
+        for p in range(params.sweeps):
+            order = range(L) if p % 2 == 0 else range(L - 1, -1, -1)
+            for l in order:
+                improve_layer(homes, l, topk, first, G, S, loads, limits, automatic, classes)
+            passes += 1
+            new_total = float(plan_remote(homes, topk, first, G).sum())
+            if total - new_total <= params.tolerance * max(total, 1.0):
+                total = new_total
+                break
+            total = new_total
+        kicks = improvements = 0
+        if rng is not None and params.kicks > 0:
+            cur, cur_total = homes.copy(), total
+            since = 0
+            for _ in range(params.kicks):
+                if deadline is not None and time.perf_counter() > deadline:
+                    break
+                if since >= params.patience:
+                    break
+                kicks += 1
+                cand = cur.copy()
+                l = int(rng.integers(L))
+                cand[l] = kick_layer(
+                    cand[l], loads[l], limits[l], classes, rng, int(rng.integers(1, params.kick_swaps + 1))
+                )
+                for m in (l, l - 1, l + 1, l):
+                    if 0 <= m < L:
+                        improve_layer(cand, m, topk, first, G, S, loads, limits, automatic, classes)
+                val = float(plan_remote(cand, topk, first, G).sum())
+                if val <= cur_total + _TOL:
+                    cur, cur_total = cand, val
+                if val < total - _TOL:
+                    homes, total = cand.copy(), val
+                    improvements += 1
+                    since = 0
+                else:
+                    since += 1
+        return homes, {
+            "passes": passes,
+            "kicks": kicks,
+            "kick_improvements": improvements,
+            "saved": (start_total - total),
+        }
+
+
+def improve_layer(homes, l, topk, first, G, S, loads, limits, automatic, classes) -> None:
+    """Re-plan layer l in place knowing its neighbours: the best free GPU renumbering
+    (:func:`permute_layer`), then swap/move search on the layer's share of the objective
+    (:class:`CrossGain`) within the slot and load limits."""
+    L, E = homes.shape
+    th = first if l == 0 else homes[l - 1][topk[:, l - 1, 0]]
+    nxt = homes[l + 1] if l + 1 < L else None
+    homes[l] = permute_layer(homes[l], topk, l, th, nxt, G, classes)
+    ids = topk[:, l, :]
+    if th is None:
+        edges, fixed = token_hyperedges(ids, E), False
+    else:
+        edges, fixed = stay_edges(ids, th, E, G), True
+    benefit = None if nxt is None else next_layer_benefit(nxt, ids[:, 0], topk[:, l + 1, :], E, G)
+    gain = CrossGain(edges, E, G, fixed=fixed, benefit=benefit)
+    h, log = local_search(homes[l], gain, G, S, load=loads[l], limit=limits[l], refine=True)
+    tries = 0
+    while not log.limit_met and automatic[l] and limits[l] is not None and tries < AUTO_RELAX_TRIES:
+        limits[l] *= AUTO_RELAX_STEP  # the start itself breaks the automatic limit
+        tries += 1
+        h, log = local_search(homes[l], gain, G, S, load=loads[l], limit=limits[l], refine=True)
+    if log.limit_met:
+        homes[l] = h
+
+
+def kick_layer(
+    home: np.ndarray, load: np.ndarray, limit: float | None, classes: np.ndarray, rng: np.random.Generator, swaps: int
+) -> np.ndarray:
+    """``swaps`` random swaps of experts on different GPUs that keep the load limit."""
+    home = home.copy()
+    G = int(home.max()) + 1
+    gl = np.bincount(home, weights=load, minlength=G)
+    lim = np.inf if limit is None else limit + _TOL
+    E = len(home)
+    for _ in range(swaps):
+        for _try in range(20):
+            e, f = rng.integers(E, size=2)
+            a, b = home[e], home[f]
+            if a == b:
+                continue
+            d = load[e] - load[f]
+            if gl[a] - d <= lim and gl[b] + d <= lim:
+                home[e], home[f] = b, a
+                gl[a] -= d
+                gl[b] += d
+                break
+    return home
+
+
+# ============================================================================ exact (tiny instances)
+#: Largest number of joint placements :func:`exact_crosslayer` enumerates.
+EXACT_MAX_PLANS = 2_000_000
+
+
+def layer_placements(
+    experts: int, gpus: int, slots: int, load: np.ndarray | None = None, limit: float | None = None
+) -> np.ndarray:
+    """int ``[P, E]``: every assignment of E experts to G GPUs with at most ``slots`` each
+    (and GPU loads within ``limit`` when given)."""
+    grids = np.stack(np.meshgrid(*[np.arange(gpus)] * experts, indexing="ij"), axis=-1).reshape(-1, experts)
+    counts = np.stack([(grids == g).sum(axis=1) for g in range(gpus)], axis=1)
+    ok = (counts <= slots).all(axis=1)
+    if limit is not None and load is not None:
+        gl = np.stack([((grids == g) * load[None, :]).sum(axis=1) for g in range(gpus)], axis=1)
+        ok &= (gl <= limit + _TOL).all(axis=1)
+    return grids[ok]
+
+
+def exact_crosslayer(
+    topk: np.ndarray,
+    gpus: int,
+    slots: int,
+    *,
+    first: np.ndarray | None = None,
+    loads: list[np.ndarray] | None = None,
+    limits: list[float | None] | None = None,
+    experts: int | None = None,
+) -> tuple[np.ndarray, float]:
+    """The optimal single-copy plan under ``previous-layer`` homes, by exhaustive search.
+
+    Dynamic programming over the layers: the remote GPUs of layer l depend only on the
+    plans of layers l - 1 and l, so ``best[l][p]`` (least remote GPUs of layers 0..l with
+    layer l placed as p) is a min over the previous layer's placements. Exact, and tractable
+    for tiny instances only (placements per layer squared times layers).
+
+    Parameters
+    ----------
+    topk
+        int ``[tokens, L, k]`` (top-1 first).
+    gpus, slots
+        G and slots per GPU.
+    first
+        Layer-0 token homes (None: uniform, expected ``λ (1 - 1/G)``).
+    loads, limits
+        Per layer, expert loads and the largest GPU load allowed (None: no limit).
+    experts
+        E (default: the largest id in ``topk`` plus one).
+
+    Returns
+    -------
+    homes, remote
+        The optimal homes ``[L, E]`` and its remote GPUs summed over tokens and layers.
+    """
+    topk = np.asarray(topk, dtype=np.int64)
+    L = topk.shape[1]
+    E = experts if experts is not None else int(topk.max()) + 1
+    per = [
+        layer_placements(E, gpus, slots, None if loads is None else loads[l], None if limits is None else limits[l])
+        for l in range(L)
+    ]
+    if sum(len(per[l - 1]) * len(per[l]) for l in range(1, L)) + len(per[0]) > EXACT_MAX_PLANS:
+        raise InputError(None, "exact_crosslayer", "instance too large for exhaustive search")
+    if any(len(p) == 0 for p in per):
+        raise InfeasibleError("no placement meets the slot and load limits")
+    cost0 = np.array([layer_remote(p, topk[:, 0, :], first, gpus) for p in per[0]])
+    best = [cost0]
+    back: list[np.ndarray] = []
+    for l in range(1, L):
+        prev, cur = per[l - 1], per[l]
+        # pair cost [P_prev, P_cur]: layer l's remote GPUs with homes from the previous placement
+        pair = np.empty((len(prev), len(cur)))
+        for i, p in enumerate(prev):
+            th = p[topk[:, l - 1, 0]]
+            pair[i] = [layer_remote(q, topk[:, l, :], th, gpus) for q in cur]
+        total = best[-1][:, None] + pair
+        back.append(np.argmin(total, axis=0))
+        best.append(total.min(axis=0))
+    j = int(np.argmin(best[-1]))
+    value = float(best[-1][j])
+    idx = [j]
+    for l in range(L - 1, 0, -1):
+        j = int(back[l - 1][j])
+        idx.append(j)
+    idx.reverse()
+    return np.stack([per[l][idx[l]] for l in range(L)]), value

@@ -1,0 +1,312 @@
+"""token_home: previous-layer, the free GPU relabeling and the cross-layer planner (issue 17)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moeopt.cli import main
+from moeopt.errors import InputError
+from moeopt.evaluate import evaluate
+from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
+from moeopt.io import load_instance
+from moeopt.methods.crosslayer import (
+    CrossGain,
+    exact_crosslayer,
+    layer_placements,
+    next_layer_benefit,
+    permute_layer,
+    plan_remote,
+    stay_edges,
+)
+from moeopt.methods.hypergraph import load_limit, resolve_eps_load, token_hyperedges
+from moeopt.plan import Plan
+from moeopt.profile import Profile
+from moeopt.relabel import relabel_gpus, speed_classes
+from moeopt.solve import load_workloads, solve
+from moeopt.synth import SynthSpec, _structure, synthesize
+from moeopt.trace import Trace
+from tests.strategies import small_case
+
+PREV = "previous-layer"
+
+
+def synth_instance(L=3, E=16, k=2, G=4, dep=0.8, tokens=2048, home=PREV, **synthetic) -> Instance:
+    syn = {"tokens": tokens, "steps": 8, "layer_dependency": dep, "structure_seed": 1, "seed": 0, **synthetic}
+    return Instance(
+        name="cl",
+        model=Model(L, E, k),
+        cluster=Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=-(-E // G), token_home=home),
+        workload=Workload(WorkloadSource(synthetic=syn)),
+    )
+
+
+def layer_limits(wl, G: int, S: int) -> tuple[list[np.ndarray], list[float | None]]:
+    loads, limits = [], []
+    for u in wl.calibration_stats.global_usage:
+        u = u / u.sum()
+        eps, _ = resolve_eps_load(None, u, G, S)
+        loads.append(u)
+        limits.append(load_limit(eps, G, u))
+    return loads, limits
+
+
+# ----------------------------------------------------------------------------- relabeling
+SCALARS = ("comm_per_token", "comm_weighted_per_token", "gpus_per_token", "maxvio", "jain", "maxvio_per_step")
+
+
+@given(small_case(max_layers=3, replicas=True, dispatch=None))
+def test_relabel_changes_no_metric_under_uniform(case):
+    """Under uniform homes a relabeled plan has the same metrics, layer by layer, for every
+    dispatch rule (loads as a multiset per layer; layers with replicas are left alone)."""
+    cluster, trace, plan = case
+    new, _ = relabel_gpus(plan, trace, cluster)
+    a, b = evaluate(plan, trace, cluster), evaluate(new, trace, cluster)
+    for key in SCALARS:
+        assert b[key] == pytest.approx(a[key], abs=1e-9), key
+    for key in ("comm_per_layer", "maxvio_per_layer", "jain_per_layer"):
+        assert np.allclose(a[key], b[key]), key
+    assert np.allclose(np.sort(a["loads"], axis=1), np.sort(b["loads"], axis=1))
+    # only whole GPUs move: every GPU's slots are some GPU's slots of the original layer
+    for l in range(plan.layers):
+        rows = {tuple(r) for r in plan.slots[l].tolist()}
+        assert {tuple(r) for r in new.slots[l].tolist()} == rows
+
+
+@given(small_case(max_layers=3, replicas=True, dispatch=None))
+def test_relabel_never_raises_previous_layer_communication(case):
+    cluster, trace, plan = case
+    prev = replace(cluster, token_home=PREV)
+    new, info = relabel_gpus(plan, trace, prev)
+    before = evaluate(plan, trace, prev)["comm_per_token"]
+    after = evaluate(new, trace, prev)["comm_per_token"]
+    assert after <= before + 1e-12
+    assert info["comm_after"] == pytest.approx(after)
+
+
+def test_relabel_respects_speed_classes():
+    """With a heterogeneous profile GPUs trade ids only within a class of identical rows,
+    even when a cross-class renumbering would keep more tokens at home."""
+    rng = np.random.default_rng(0)
+    G, E, L, N = 4, 8, 3, 600
+    lat = np.array([[0.1, 1.0], [0.1, 1.0], [0.1, 2.0], [0.1, 2.0]])  # GPUs 0, 1 fast; 2, 3 slow
+    profile = Profile(tile=64, latency=lat)
+    assert speed_classes(G, profile).tolist() == [0, 0, 1, 1]
+    # layer l + 1 puts on GPU (g + 2) % 4 what follows GPU g: the best renumbering crosses classes
+    home = np.array([[0, 0, 1, 1, 2, 2, 3, 3], [2, 2, 3, 3, 0, 0, 1, 1], [0, 0, 1, 1, 2, 2, 3, 3]])
+    plan = Plan.from_homes(home, gpus=G)
+    group = rng.integers(0, 4, size=N)
+    topk = np.stack([2 * group + rng.integers(0, 2, size=N)] * L, axis=1)[:, :, None]
+    topk = np.concatenate([topk, topk ^ 1], axis=2).astype(np.int16)
+    trace = Trace(
+        topk=topk, family=np.zeros(N, np.int32), step=np.zeros(N, np.int32), family_names=("a",), num_experts=E
+    )
+    cluster = Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=2, token_home=PREV)
+    free, _ = relabel_gpus(plan, trace, cluster)
+    assert evaluate(free, trace, cluster)["comm_per_token"] < evaluate(plan, trace, cluster)["comm_per_token"]
+    assert not np.array_equal(free.slots, plan.slots)
+    kept, _ = relabel_gpus(plan, trace, cluster, profile)
+    cls = speed_classes(G, profile)
+    for l in range(L):
+        for g in range(G):
+            (src,) = [h for h in range(G) if np.array_equal(plan.slots[l, h], kept.slots[l, g])]
+            assert cls[src] == cls[g]
+    # the planner's renumbering obeys the same rule
+    t = topk.astype(np.int64)
+    th = home[0][t[:, 0, 0]]
+    out = permute_layer(home[1], t, 1, th, home[2], G, cls)
+    for e in range(E):
+        assert cls[out[e]] == cls[home[1][e]]
+
+
+# ----------------------------------------------------------------------------- scorer
+def test_previous_layer_scorer_hand_toy():
+    """2 layers, 4 GPUs in 2 nodes (inter-node weight 4), known homes: known remote counts."""
+    G, E = 4, 4
+    plan = Plan.from_homes(np.array([[0, 1, 2, 3], [3, 2, 1, 0]]), gpus=G)
+    topk = np.array([[[0, 1], [3, 2]], [[1, 3], [2, 0]], [[2, 0], [0, 1]]], dtype=np.int16)
+    trace = Trace(
+        topk=topk,
+        family=np.zeros(3, np.int32),
+        step=np.zeros(3, np.int32),
+        family_names=("a",),
+        num_experts=E,
+        home=np.array([0, 2, 1]),
+    )
+    cluster = Cluster(gpus=G, gpus_per_node=2, slots_per_gpu=1, inter_node_weight=4.0, token_home=PREV)
+    m = evaluate(plan, trace, cluster)
+    # layer 0, homes from the trace: token 0 on GPU 0 uses {0, 1}: 1 remote (same node);
+    # token 1 on 2 uses {1, 3}: 2 remote (1 across nodes); token 2 on 1 uses {2, 0}: 2 (1 across)
+    # layer 1, homes = GPU of the layer-0 top-1 (0, 1, 2): {0, 1} from 0, {1, 3} from 1 (3 across),
+    # {3, 2} from 2: one remote each
+    assert m["comm_per_layer"] == pytest.approx([5 / 3, 1.0])
+    assert m["comm_per_token"] == pytest.approx(4 / 3)
+    assert m["comm_weighted_per_token"] == pytest.approx(((1 + 5 + 5) / 3 + (1 + 4 + 1) / 3) / 2)
+    # the same plan under uniform homes counts the trace's homes at every layer
+    uni = evaluate(plan, trace, replace(cluster, token_home="uniform"))
+    assert uni["comm_per_layer"][1] == pytest.approx((2 + 1 + 2) / 3)
+    # the planner's own objective is the scorer's
+    assert plan_remote(plan.home, topk.astype(np.int64), trace.home, G).sum() / 6 == pytest.approx(4 / 3)
+
+
+def test_bad_token_home_is_one_line(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "name: bad\nmodel: {layers: 2, experts: 8, top_k: 2}\n"
+        "cluster: {gpus: 2, token_home: nowhere}\nworkload: {synthetic: {tokens: 64}}\n"
+    )
+    with pytest.raises(InputError) as info:
+        load_instance(path)
+    assert "\n" not in str(info.value) and "cluster.token_home" in str(info.value)
+    assert main(["solve", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "token_home" in err and "previous-layer" in err
+
+
+# ----------------------------------------------------------------------------- synthetic dependency
+def follow_share(dep: float, layers: int = 3) -> float:
+    """Share of tokens (top-1 not generic) whose layer-l top-1 lies in the community linked to
+    their layer l - 1 top-1's community."""
+    spec = SynthSpec(layers=layers, experts=32, top_k=4, tokens=4096, layer_dependency=dep, structure_seed=2)
+    trace = synthesize(spec)
+    structure = _structure(spec, np.random.default_rng(spec.structure_seed))
+    hits = total = 0
+    for l in range(1, layers):
+        prev = structure[l - 1].community[trace.family, trace.topk[:, l - 1, 0]]
+        now = structure[l].community[trace.family, trace.topk[:, l, 0]]
+        ok = prev >= 0
+        C = structure[l].preference.shape[1]
+        hits += int((now[ok] == structure[l].link[prev[ok] % C]).sum())
+        total += int(ok.sum())
+    return hits / total
+
+
+def test_layer_dependency_makes_tokens_follow_the_link():
+    shares = [follow_share(d) for d in (0.0, 0.5, 0.9)]
+    assert shares[0] < shares[1] < shares[2]
+    assert shares[2] - shares[0] > 0.3
+
+
+def test_layer_dependency_validated():
+    with pytest.raises(InputError, match="layer_dependency"):
+        SynthSpec.from_mapping({"layer_dependency": 1.5})
+
+
+# ----------------------------------------------------------------------------- gains
+@settings(max_examples=30)
+@given(st.integers(0, 2**31 - 1), st.booleans())
+def test_cross_gain_is_exact(seed, with_homes):
+    """Move and swap gains of a layer equal the change of the whole plan's remote GPUs."""
+    rng = np.random.default_rng(seed)
+    L, E, G, k, N = 3, int(rng.integers(3, 9)), int(rng.integers(2, 4)), 2, 40
+    topk = np.stack([np.argsort(rng.random((N, E)), axis=1)[:, :k] for _ in range(L)], axis=1).astype(np.int64)
+    first = rng.integers(0, G, size=N) if with_homes else None
+    homes = rng.integers(0, G, size=(L, E))
+    l = int(rng.integers(L))
+    th = first if l == 0 else homes[l - 1][topk[:, l - 1, 0]]
+    edges = token_hyperedges(topk[:, l], E) if th is None else stay_edges(topk[:, l], th, E, G)
+    nxt = None if l + 1 == L else next_layer_benefit(homes[l + 1], topk[:, l, 0], topk[:, l + 1], E, G)
+    move, pair = CrossGain(edges, E, G, fixed=th is not None, benefit=nxt).gains(homes[l], G)
+    base = plan_remote(homes, topk, first, G).sum()
+    e, g = int(rng.integers(E)), int(rng.integers(G))
+    moved = homes.copy()
+    moved[l, e] = g
+    assert move[e, g] == pytest.approx(base - plan_remote(moved, topk, first, G).sum())
+    f = int(rng.integers(E))
+    if homes[l, e] != homes[l, f]:
+        swapped = homes.copy()
+        swapped[l, e], swapped[l, f] = homes[l, f], homes[l, e]
+        gain = move[e, homes[l, f]] + move[f, homes[l, e]] - pair[e, f]
+        assert gain == pytest.approx(base - plan_remote(swapped, topk, first, G).sum())
+
+
+# ----------------------------------------------------------------------------- planner
+@pytest.fixture(scope="module")
+def planned():
+    inst = synth_instance()
+    wl = load_workloads(inst)
+    res = {
+        "crosslayer": solve(inst, method="crosslayer", workloads=wl, relabel=False),
+        "agnostic": solve(inst, method="agnostic", workloads=wl, relabel=False),
+        "agnostic+relabel": solve(inst, method="agnostic", workloads=wl),
+        "hypergraph+relabel": solve(inst, method="hypergraph", workloads=wl),
+    }
+    return inst, wl, res
+
+
+def test_crosslayer_never_worse_than_its_starts(planned):
+    inst, wl, res = planned
+    calib = {k: evaluate(r.plan, wl.calibration, inst.cluster)["comm_per_token"] for k, r in res.items()}
+    assert calib["crosslayer"] <= calib["agnostic+relabel"] + 1e-12
+    assert calib["crosslayer"] <= calib["hypergraph+relabel"] + 1e-12
+    assert calib["crosslayer"] < calib["agnostic"]
+    cl = res["crosslayer"]
+    assert cl.objective == pytest.approx(calib["crosslayer"])
+    for start in cl.stats["starts"].values():
+        assert start["final"] <= start["start"] + 1e-12
+
+
+def test_crosslayer_keeps_the_automatic_load_limit(planned):
+    inst, wl, res = planned
+    c = inst.cluster
+    loads, limits = layer_limits(wl, c.gpus, c.slots_per_gpu)
+    for name in ("crosslayer", "agnostic"):
+        home = res[name].plan.home
+        for l in range(inst.model.layers):
+            assert np.bincount(home[l], weights=loads[l], minlength=c.gpus).max() <= limits[l] + 1e-9
+            assert np.bincount(home[l], minlength=c.gpus).max() <= c.slots_per_gpu
+
+
+def test_crosslayer_params_validated():
+    inst = synth_instance(L=2, E=8, tokens=256)
+    with pytest.raises(InputError, match="starts"):
+        solve(inst, method="crosslayer", params={"starts": "agnostic,magic"})
+
+
+# ----------------------------------------------------------------------------- exact model
+def naive_optimum(topk, G, S, E, loads, limits, first=None):
+    per = [layer_placements(E, G, S, loads[l], limits[l]) for l in range(topk.shape[1])]
+    best = np.inf
+    for combo in itertools.product(*per):
+        best = min(best, plan_remote(np.stack(combo), topk, first, G).sum())
+    return best
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_exact_dynamic_program_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    L, E, G, k, N = 3, 4, 2, 2, 30
+    topk = np.stack([np.argsort(rng.random((N, E)), axis=1)[:, :k] for _ in range(L)], axis=1)
+    loads = [np.bincount(topk[:, l].ravel(), minlength=E) / (N * k) for l in range(L)]
+    limits = [0.7] * L
+    first = rng.integers(0, G, size=N) if seed % 2 else None
+    homes, value = exact_crosslayer(topk, G, 2, first=first, loads=loads, limits=limits, experts=E)
+    assert value == pytest.approx(naive_optimum(topk, G, 2, E, loads, limits, first))
+    assert value == pytest.approx(plan_remote(homes, topk, first, G).sum())
+
+
+@pytest.mark.parametrize(("seed", "G", "dep"), [(0, 2, 0.9), (1, 3, 0.5), (2, 2, 0.0), (3, 3, 0.9), (4, 2, 0.5)])
+def test_crosslayer_reaches_the_optimum_on_tiny_instances(seed, G, dep):
+    """2-3 layers, 6 experts on 2-3 GPUs under a load limit 10 % above the least reachable
+    largest load (found by enumeration): the planner's plan is optimal (dynamic programming
+    over all placements), and no method beats the optimum."""
+    inst = synth_instance(
+        L=2 + seed % 2, E=6, k=2, G=G, dep=dep, tokens=256, communities=2, generic=0, structure_seed=seed
+    )
+    wl = load_workloads(inst)
+    c, topk = inst.cluster, wl.calibration.topk.astype(np.int64)
+    S = c.slots_per_gpu
+    loads = [u / u.sum() for u in wl.calibration_stats.global_usage]
+    least = max(min(np.bincount(p, weights=u, minlength=G).max() for p in layer_placements(6, G, S)) for u in loads)
+    eps = 1.1 * least * G - 1.0
+    limits = [(1.0 + eps) / G] * len(loads)
+    _, opt = exact_crosslayer(topk, G, S, loads=loads, limits=limits, experts=6)
+    cl = solve(inst, method="crosslayer", workloads=wl, relabel=False, params={"eps_load": eps})
+    ag = solve(inst, method="agnostic", workloads=wl, params={"eps_load": eps})
+    assert plan_remote(cl.plan.home, topk, None, G).sum() == pytest.approx(opt)
+    assert plan_remote(ag.plan.home, topk, None, G).sum() >= opt - 1e-9
