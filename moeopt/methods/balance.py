@@ -31,7 +31,7 @@ from moeopt.evaluate import maxvio
 from moeopt.instance import Instance
 from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, register
-from moeopt.result import Result, Status
+from moeopt.result import Result, Status, bound_closes
 
 #: Budgets (moved slots per layer) of the migration frontier reported with ``--from``.
 FRONTIER_BUDGETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
@@ -233,7 +233,7 @@ class Balance:
         # to the bound means something even when MaxVio itself is near 0
         objective = 1.0 + float(per_layer.mean())
         bound = 1.0 + float(bounds.mean())
-        status = Status.OPTIMAL if objective - bound <= 1e-9 else Status.FEASIBLE
+        status = Status.OPTIMAL if bound_closes(objective, bound) else Status.FEASIBLE
         return Result(
             method=self.name,
             status=status,
