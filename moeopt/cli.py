@@ -257,6 +257,35 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_frontier(args: argparse.Namespace) -> int:
+    """Sweep the load limit of several methods; write the Pareto set as table, JSON and plot."""
+    from moeopt import frontier as fr
+    from moeopt.io import write_text
+
+    inst = load_instance(args.instance)
+    try:
+        eps = [float(x) for x in args.eps.split(",") if x.strip()]
+    except ValueError:
+        raise MoeoptError(f"--eps: expected comma-separated numbers, got {args.eps!r}") from None
+    if any(not (e >= 0) for e in eps):
+        raise MoeoptError(f"--eps: every value must be >= 0, got {args.eps!r}")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    points = fr.frontier(inst, methods=methods, eps=eps, time_limit=args.time_limit, seed=args.seed, log=log)
+    out = Path(args.output_dir) if args.output_dir else None
+    stem = args.name or inst.name
+    md = f"# Frontier: {inst.name}\n\n" + fr.table(points) + "\n"
+    if out is not None:
+        write_json(out / f"{stem}.json", {"instance": inst.name, "eps": eps, "methods": methods,
+                                          "points": [p.to_json() for p in points]})
+        write_text(out / f"{stem}.md", md)
+        fr.plot(points, out / f"{stem}.png", title=inst.name)
+    print(fr.table(points))
+    if out is not None and not args.quiet:
+        print(f"wrote {out / (stem + '.json')}, {stem}.md and {stem}.png")
+    return 0
+
+
 def cmd_methods(args: argparse.Namespace) -> int:
     from moeopt.registry import get_method, method_names, param_fields
 
@@ -547,6 +576,21 @@ def build_parser() -> argparse.ArgumentParser:
     dispatch_arg(c)
     common(c)
     c.set_defaults(func=cmd_compare)
+
+    fr_ = sub.add_parser(
+        "frontier", help="communication vs held-out MaxVio of several methods over a load-limit sweep (Pareto set)"
+    )
+    fr_.add_argument("instance")
+    fr_.add_argument("--eps", default="0.02,0.05,0.1,0.2", help="load limits to sweep (comma-separated)")
+    fr_.add_argument(
+        "--methods",
+        default="joint,agnostic,tacg,hypergraph,hottest-replication,gesr,greedy,balance",
+        help="comma-separated methods (grouping: eps_load; replication: the base's eps_load; joint: eps)",
+    )
+    fr_.add_argument("--output-dir", help="write NAME.json, NAME.md and NAME.png here")
+    fr_.add_argument("--name", help="file stem (default: the instance name)")
+    common(fr_)
+    fr_.set_defaults(func=cmd_frontier)
 
     m = sub.add_parser("methods", help="list registered methods and whether they are available")
     m.set_defaults(func=cmd_methods)

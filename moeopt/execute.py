@@ -27,7 +27,6 @@ A method is split per layer when it declares ``combine`` and does not set
 
 from __future__ import annotations
 
-import math
 import multiprocessing
 import os
 import re
@@ -49,7 +48,7 @@ from moeopt.instance import Instance
 from moeopt.plan import Plan
 from moeopt.profile import Profile
 from moeopt.registry import Context, Problem
-from moeopt.result import Result, Status, combine_status
+from moeopt.result import Result, Status, combine_status, combine_termination
 from moeopt.trace import Stats, Trace
 
 __all__ = [
@@ -159,11 +158,14 @@ class LayerOutcome:
     result: Result | None
     lines: list[str] = field(default_factory=list)
     wall_time: float = 0.0
+    cpu_time: float = 0.0  # CPU seconds of the process that solved it
     error: tuple | None = None  # (class, message, attributes, traceback text)
 
 
-def _layer_stats(stats: Stats, l: int) -> Stats:
+def _layer_stats(stats: Stats, l: int, coactivation: bool = True) -> Stats:
     """Layer ``l`` of ``stats`` as one-layer statistics (family token totals unchanged)."""
+    if not coactivation:
+        stats = replace(stats, coactivation=None)
     return Stats(
         family_names=stats.family_names,
         counts=np.ascontiguousarray(stats.counts[:, l : l + 1]),
@@ -192,20 +194,22 @@ def _layer_plan(plan: Plan | None, l: int) -> Plan | None:
     return None if plan is None else Plan(slots=plan.slots[l : l + 1], experts=plan.experts, dispatch=plan.dispatch)
 
 
-def layer_problem(problem: Problem, l: int, *, with_trace: bool = True) -> Problem:
-    """Layer ``l`` of ``problem`` as a one-layer problem."""
+def layer_problem(problem: Problem, l: int, *, with_trace: bool = True, with_coactivation: bool = True) -> Problem:
+    """Layer ``l`` of ``problem`` as a one-layer problem (without the trace or the coactivation
+    when the method does not read them: less to ship)."""
     inst = problem.instance
     sub = inst.replace(model=replace(inst.model, layers=1))
     trace = _layer_trace(problem.trace, l) if (with_trace and problem.trace is not None) else None
-    return Problem(sub, _layer_stats(problem.stats, l), trace, problem.profile)
+    return Problem(sub, _layer_stats(problem.stats, l, with_coactivation), trace, problem.profile)
 
 
 def layer_tasks(method: Any, problem: Problem, params: Any, ctx: Context) -> list[LayerTask]:
     """One task per layer of ``problem``."""
     with_trace = bool(getattr(method, "uses_trace", True))
+    with_coactivation = bool(getattr(method, "uses_coactivation", True))
     tasks = []
     for l in range(problem.layers):
-        sub = layer_problem(problem, l, with_trace=with_trace)
+        sub = layer_problem(problem, l, with_trace=with_trace, with_coactivation=with_coactivation)
         tasks.append(
             LayerTask(
                 method=type(method),
@@ -247,17 +251,19 @@ def run_layer(task: LayerTask) -> LayerOutcome:
         model_layers=task.model_layers,
     )
     problem = Problem(task.instance, task.stats, task.trace, task.profile)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         result = task.method().solve(problem, task.params, ctx)
     except Exception as exc:  # noqa: BLE001  (sent back and raised again by the caller)
         msg = _relabel(str(exc), task.layer)
         attrs = {k: (_relabel(v, task.layer) if isinstance(v, str) else v) for k, v in vars(exc).items()}
         return LayerOutcome(task.layer, None, [_relabel(x, task.layer) for x in lines],
-                            time.perf_counter() - t0, (type(exc), msg, attrs, traceback.format_exc()))
+                            time.perf_counter() - t0, time.process_time() - c0,
+                            (type(exc), msg, attrs, traceback.format_exc()))
     if "reason" in result.stats and isinstance(result.stats["reason"], str):
         result = result.replace(stats={**result.stats, "reason": _relabel(result.stats["reason"], task.layer)})
-    return LayerOutcome(task.layer, result, [_relabel(x, task.layer) for x in lines], time.perf_counter() - t0)
+    return LayerOutcome(task.layer, result, [_relabel(x, task.layer) for x in lines],
+                        time.perf_counter() - t0, time.process_time() - c0)
 
 
 def _raise(outcome: LayerOutcome) -> None:
@@ -284,10 +290,29 @@ def _worker_init() -> None:
     tqdm.set_lock(threading.RLock())
 
 
+#: One BLAS / OpenMP thread per worker (as Ray does for its tasks): N workers on N cores, not
+#: N x cores threads spinning against each other. Set only where the user has not.
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def _mp_context() -> Any:
+    """The fork server (moeopt preloaded, one BLAS thread) on POSIX; ``spawn`` elsewhere."""
     if sys.platform != "win32" and "forkserver" in multiprocessing.get_all_start_methods():
+        from multiprocessing import forkserver
+
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["moeopt.execute", "moeopt.methods"])
+        saved = {k: os.environ.get(k) for k in _THREAD_VARS}
+        try:  # the server inherits the environment when it starts (once per process)
+            for k in _THREAD_VARS:
+                os.environ.setdefault(k, "1")
+            forkserver.ensure_running()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -465,6 +490,7 @@ def combine(method: Any, outcomes: list[LayerOutcome], params: Any) -> Result:
         objective_name=first.objective_name,
         params=first.params,
         stats=stats,
+        termination=combine_termination([r.termination for r in results]),
     )
 
 
@@ -514,10 +540,9 @@ def run(
         bar.close()
     finished = [o for o in outcomes if o is not None]
     result = combine(method, finished, params)
-    walls = [round(o.wall_time, 4) for o in finished]
-    return result.replace(stats={**result.stats, "executor": executor.describe(), "layer_wall_times": walls})
-
-
-def cpu_seconds(result: Result) -> float:
-    """Sum of the layers' wall times of a layerwise result (0 when unknown)."""
-    return float(math.fsum(result.stats.get("layer_wall_times", []) or []))
+    timing = {
+        "executor": executor.describe(),
+        "layer_wall_times": [round(o.wall_time, 4) for o in finished],
+        "layer_cpu_times": [round(o.cpu_time, 4) for o in finished],
+    }
+    return result.replace(stats={**result.stats, **timing})

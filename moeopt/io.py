@@ -220,7 +220,7 @@ def load_instance(path: str | Path) -> Instance:
         calibration = _source(w["calibration"], path, "workload.calibration")
     evaluation = _source(w["evaluation"], path, "workload.evaluation") if w.get("evaluation") else None
     meth = _mapping(data.get("method"), src, "method")
-    name = meth.get("name", "linear")
+    name = meth.get("name", "auto")  # no method: joint on traces, balance on counts
     if not isinstance(name, str):
         raise InputError(src, "method.name", f"expected a method name, got {name!r}")
     method = MethodSpec(name=name, params={k: v for k, v in meth.items() if k != "name"})

@@ -16,12 +16,14 @@ each family's own workload (single-family workloads are the shift a deployment s
 Two cost objects price a plan and the moves of the local search:
 
 * :class:`SampleCost` (the search's engine): on a token sample, each token's experts go
-  *locality first* (a GPU the token already uses, else the holder shared with most of its
-  pending experts, ties to the lighter GPU: what SGLang-style online guards do), then each
-  GPU over the limit sheds load, cheapest pairs first (pairs whose other holder the token
-  already uses cost nothing, the others one GPU each); load that no holder can take costs
-  ``penalty`` per pair. A move changes the holders of at most two experts, so only the
-  tokens that chose them are routed again (incremental gains).
+  *locality first*, as the online guard of SPEC 4.3 routes at small λ (an expert with one
+  copy runs there; one with several on the holder with most of the token's other experts,
+  ties spread evenly over the tied holders); then each GPU over its limit sheds pairs to
+  their next-best holders, free ones first (a holder the token already uses), then at one
+  GPU each, and load left over a limit (on the source, or pushed over on a receiver) costs
+  ``penalty`` per pair. The sample's pairs are weighted so that each family's expert loads
+  are the whole trace's. A move changes the holders of at most two experts, so only the
+  tokens that chose them are routed again: gains are exact and incremental.
 * :class:`ExactCost`: the ideal dispatch as a linear program over each token pattern's
   routings (every assignment of its experts to holders), for small layers; the exact MILP
   over slot contents (:func:`solve_exact`) uses the same model with binary holders, and
@@ -29,10 +31,12 @@ Two cost objects price a plan and the moves of the local search:
 
 :func:`local_search` is one engine over slot contents with three operators: swap two slots
 (a swap with an empty slot moves a copy), replace a copy (an expert with spare copies gives a
-slot to another expert), and add a copy into an empty slot. Each round scores a screened
-neighbourhood (the whole neighbourhood on small layers) and applies the best improving move;
-when none improves, a kick of random swaps restarts the descent from the best plan (iterated
-local search). Bounded by rounds and an optional deadline; a seed fixes the result.
+slot to another expert), and add a copy into an empty slot. On small layers each round
+prices the whole neighbourhood and applies the best improving move; on larger ones moves are
+screened by first-order gains (:meth:`SampleCost.screen`), ranked on a sub-sample
+(:meth:`SampleCost.prescreen`) and priced a chunk at a time. At a local optimum a kick of
+random swaps restarts the descent from the best plan (iterated local search). Bounded by
+rounds, kicks and an optional deadline; a seed fixes the result when no deadline cuts it.
 """
 
 from __future__ import annotations
@@ -74,6 +78,11 @@ class JointLayer:
     penalty
         Cost, in GPUs per token, of one (token, expert) pair over a load limit that no
         holder can take (the soft constraint's price).
+    pair_weight
+        Optional float ``[N, k]``: the load each sampled pair stands for (default 1). A
+        sample of a larger trace weighs each pair by its expert's count in the trace over
+        its count in the sample (per family), so loads follow the whole trace and only the
+        split over copies and the communication come from the sample.
     """
 
     topk: np.ndarray
@@ -86,6 +95,7 @@ class JointLayer:
     family_eps: float | None = None
     robust: float = 0.5
     penalty: float = 4.0
+    pair_weight: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         topk = np.asarray(self.topk, dtype=np.int64)
@@ -105,6 +115,10 @@ class JointLayer:
             raise ValueError(f"robust must lie in [0, 1], got {self.robust}")
         if not self.penalty >= 0:
             raise ValueError(f"penalty must be >= 0, got {self.penalty}")
+        w = np.ones(topk.shape) if self.pair_weight is None else np.asarray(self.pair_weight, dtype=np.float64)
+        if w.shape != topk.shape or not np.isfinite(w).all() or (w < 0).any():
+            raise ValueError("pair_weight: expected finite weights >= 0, one per (token, expert)")
+        object.__setattr__(self, "pair_weight", w)
 
     @property
     def tokens(self) -> int:
@@ -141,14 +155,13 @@ class JointLayer:
 
     @property
     def expert_load(self) -> np.ndarray:
-        """float ``[E]``: sampled (token, expert) pairs of each expert."""
-        return np.bincount(self.topk.ravel(), minlength=self.experts).astype(np.float64)
+        """float ``[E]``: load of each expert (weighted sampled pairs)."""
+        return np.bincount(self.topk.ravel(), weights=self.pair_weight.ravel(), minlength=self.experts)
 
     def coactivation(self) -> np.ndarray:
         """float ``[E, E]``: tokens choosing both e and e' (zero diagonal)."""
         n, k = self.topk.shape
-        x = sp.csr_matrix((np.ones(n * k), (np.repeat(np.arange(n), k), self.topk.ravel())),
-                          shape=(n, self.experts))
+        x = sp.csr_matrix((np.ones(n * k), (np.repeat(np.arange(n), k), self.topk.ravel())), shape=(n, self.experts))
         a = (x.T @ x).toarray()
         np.fill_diagonal(a, 0.0)
         return a
@@ -166,14 +179,64 @@ def layer_from_trace(
     rng: np.random.Generator | None = None,
     **kwargs,
 ) -> JointLayer:
-    """A :class:`JointLayer` on (a uniform sample of) one layer's tokens ``topk [N, k]``."""
-    n = len(topk)
-    idx = np.arange(n)
-    if sample_tokens is not None and n > sample_tokens:
-        rng = rng or np.random.default_rng(0)
-        idx = np.sort(rng.choice(n, size=sample_tokens, replace=False))
-    return JointLayer(topk=np.asarray(topk)[idx], family=np.asarray(family)[idx], families=families,
-                      experts=experts, gpus=gpus, width=width, **kwargs)
+    """A :class:`JointLayer` on (a uniform sample of) one layer's tokens ``topk [N, k]``; a
+    sample's pairs are weighted so that each family's expert loads are the whole trace's."""
+    topk = np.asarray(topk, dtype=np.int64)
+    family = np.asarray(family, dtype=np.int64)
+    n, k = topk.shape
+    if sample_tokens is None or n <= sample_tokens:
+        return JointLayer(
+            topk=topk, family=family, families=families, experts=experts, gpus=gpus, width=width, **kwargs
+        )
+    rng = rng or np.random.default_rng(0)
+    idx = np.sort(rng.choice(n, size=sample_tokens, replace=False))
+    full = np.bincount((family[:, None] * experts + topk).ravel(), minlength=families * experts)
+    part = np.bincount((family[idx, None] * experts + topk[idx]).ravel(), minlength=families * experts)
+    tok_full = np.bincount(family, minlength=families).astype(np.float64)
+    tok_part = np.bincount(family[idx], minlength=families).astype(np.float64)
+    scale = np.where(tok_full > 0, tok_part / np.maximum(tok_full, 1), 0.0)  # sample scale per family
+    ratio = np.where(part > 0, full * np.repeat(scale, experts) / np.maximum(part, 1), 0.0)
+    weight = ratio[family[idx, None] * experts + topk[idx]]
+    return JointLayer(
+        topk=topk[idx],
+        family=family[idx],
+        families=families,
+        experts=experts,
+        gpus=gpus,
+        width=width,
+        pair_weight=weight,
+        **kwargs,
+    )
+
+
+def subsample(layer: JointLayer, tokens: int, rng: np.random.Generator) -> JointLayer:
+    """A uniform sub-sample of a layer's tokens, its pairs weighted so that each family's
+    expert loads keep the layer's proportions (at the sub-sample's scale)."""
+    n = layer.tokens
+    if tokens >= n:
+        return layer
+    E, F = layer.experts, layer.families
+    idx = np.sort(rng.choice(n, size=tokens, replace=False))
+    key = layer.family[:, None] * E + layer.topk
+    full = np.bincount(key.ravel(), weights=layer.pair_weight.ravel(), minlength=F * E)
+    part = np.bincount(key[idx].ravel(), minlength=F * E).astype(np.float64)
+    tok_full = np.bincount(layer.family, minlength=F).astype(np.float64)
+    tok_part = np.bincount(layer.family[idx], minlength=F).astype(np.float64)
+    scale = np.where(tok_full > 0, tok_part / np.maximum(tok_full, 1), 0.0)
+    ratio = np.where(part > 0, full * np.repeat(scale, E) / np.maximum(part, 1), 0.0)
+    return JointLayer(
+        topk=layer.topk[idx],
+        family=layer.family[idx],
+        families=F,
+        experts=E,
+        gpus=layer.gpus,
+        width=layer.width,
+        eps=layer.eps,
+        family_eps=layer.family_eps,
+        robust=layer.robust,
+        penalty=layer.penalty,
+        pair_weight=ratio[key[idx]],
+    )
 
 
 # ============================================================================ plan state
@@ -291,114 +354,209 @@ def _lowest_bit(x: np.ndarray) -> np.ndarray:
     return _popcount((x & (~x + _ONE)) - _ONE)
 
 
-class Ranking:
-    """GPUs in tie-break order: bit ``r`` of a holder mask is the GPU of rank ``r`` (rank 0
-    preferred), so the lowest set bit of a mask is its preferred GPU."""
-
-    def __init__(self, preference: np.ndarray) -> None:
-        G = len(preference)
-        if G > 64:
-            raise ValueError("the joint planner's routing handles at most 64 GPUs per layer")
-        self.gpu_of = np.argsort(-np.asarray(preference, dtype=np.float64), kind="stable")  # rank -> GPU
-        self.rank = np.empty(G, dtype=np.int64)
-        self.rank[self.gpu_of] = np.arange(G)
-        self.bits = np.left_shift(_ONE, self.rank.astype(np.uint64))  # GPU -> bit
-
-    def masks(self, holds: np.ndarray) -> np.ndarray:
-        """uint64 ``[E]``: holder mask of each expert."""
-        return np.bitwise_or.reduce(np.where(holds, self.bits[None, :], np.uint64(0)), axis=1)
-
-    def mask_of(self, gpus: np.ndarray) -> np.uint64:
-        return np.bitwise_or.reduce(self.bits[np.asarray(gpus, dtype=np.int64)], initial=np.uint64(0))
+def holder_masks(holds: np.ndarray) -> np.ndarray:
+    """uint64 ``[E]``: bit g set when GPU g holds a copy of the expert (``holds [E, G]``)."""
+    G = holds.shape[1]
+    if G > 64:
+        raise ValueError("the joint planner's routing handles at most 64 GPUs per layer")
+    bits = np.left_shift(_ONE, np.arange(G, dtype=np.uint64))
+    return np.bitwise_or.reduce(np.where(holds, bits[None, :], np.uint64(0)), axis=1)
 
 
-def route_masks(tok_masks: np.ndarray, open_mask: np.uint64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Locality-first routing on holder masks ``[n, k]`` (bits = GPU ranks).
+def _pick(mask: np.ndarray, rot: np.ndarray, G: int) -> np.ndarray:
+    """One GPU of each (non-zero) mask: the first set bit at or after ``rot`` (cyclically in
+    ``G`` bits), so that ties spread evenly over the tied GPUs across tokens."""
+    r = rot.astype(np.uint64)
+    full = np.uint64((1 << G) - 1) if G < 64 else np.uint64(0xFFFFFFFFFFFFFFFF)
+    rotated = (np.right_shift(mask, r) | np.left_shift(mask, (np.uint64(G) - r) % np.uint64(64))) & full
+    rotated = np.where(r == 0, mask, rotated)
+    return (_lowest_bit(rotated) + rot) % G
+
+
+def route_masks(
+    tok_masks: np.ndarray, rot: np.ndarray, G: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Locality-first routing on holder masks ``[n, k]``, as the online guard of SPEC 4.3
+    routes at small λ.
 
     An expert with one copy runs there. The others are decided one top-k position after
-    another: a GPU the token already uses, else a holder of one of its still undecided
-    experts, else any holder; the lowest rank (preferred GPU) among those.
+    another, each on the holder with the most of the token's other experts (decided ones
+    where they run, undecided ones on every holder); ties go to the first tied GPU at or
+    after the token's ``rot`` (spreading tied load evenly, as the guard's load pressure does).
 
     Returns
     -------
-    bit
-        int ``[n, k]``: the rank of the GPU of each pair.
+    gpu
+        int ``[n, k]``: the GPU of each pair.
     alt
-        float ``[n, k]``: the cost (0 or 1 distinct GPU for the token) of sending the pair
-        to its cheapest other holder within ``open_mask``; ``inf`` when it has none.
+        float ``[n, k]``: the cost of diverting the pair to its next-best holder: 0 when the
+        holder is as local and the token already uses it (or the pair was alone on its GPU),
+        1 when it is at most one co-located expert less local, inf when it has no other
+        holder or is less local than that (a guard diverts it only at a very large λ).
+    alt_gpu
+        int ``[n, k]``: that holder (-1: none).
     distinct
         int ``[n]``: distinct GPUs each token uses.
     """
+    gpu, used, fixed = _route(tok_masks, rot, G)
+    alt, alt_gpu = _alternatives(tok_masks, gpu, used, fixed, rot, G)
+    return gpu, alt, alt_gpu, _popcount(used)
+
+
+def _planes(k: int) -> int:
+    return max(1, int(math.ceil(math.log2(k + 1))))
+
+
+def _count_planes(contrib: np.ndarray, skip: int, nplanes: int) -> list[np.ndarray]:
+    """Bit-sliced sum over positions ``!= skip`` of masks ``contrib [m, k]``: plane ``i`` holds
+    bit ``i`` of each GPU's count (saturating at ``2**nplanes - 1``)."""
+    m, k = contrib.shape
+    planes = [np.zeros(m, dtype=np.uint64) for _ in range(nplanes)]
+    for j in range(k):
+        if j == skip:
+            continue
+        carry = contrib[:, j]
+        for i in range(nplanes):
+            nxt = planes[i] & carry
+            planes[i] = planes[i] ^ carry
+            carry = nxt
+        for i in range(nplanes):  # saturate: a carry out of the top plane sets every plane
+            planes[i] |= carry
+    return planes
+
+
+def _most(cand: np.ndarray, planes: list[np.ndarray]) -> np.ndarray:
+    """The bits of ``cand`` with the largest count (bit-sliced ``planes``)."""
+    zero = np.uint64(0)
+    best = cand.copy()
+    for plane in reversed(planes):
+        x = best & plane
+        best = np.where(x != zero, x, best)
+    return best
+
+
+def _count_at(planes: list[np.ndarray], b: np.ndarray) -> np.ndarray:
+    """The count of GPU ``b`` in bit-sliced ``planes``."""
+    bb = b.astype(np.uint64)
+    return sum(((np.right_shift(pl, bb) & _ONE).astype(np.int64) << i) for i, pl in enumerate(planes))
+
+
+def _route(tok_masks: np.ndarray, rot: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The routing of :func:`route_masks`: GPUs ``[n, k]``, used-GPU masks ``[n]``, and which
+    pairs have a single holder ``[n, k]``."""
     n, k = tok_masks.shape
     zero = np.uint64(0)
     fixed = _popcount(tok_masks) == 1
-    bit = np.where(fixed, _lowest_bit(tok_masks), -1)
+    gpu = np.where(fixed, _lowest_bit(tok_masks), -1)
     used = np.bitwise_or.reduce(np.where(fixed, tok_masks, zero), axis=1)
-    pending = ~fixed
-    if pending.any():
-        for j in range(k):
-            r = np.nonzero(pending[:, j])[0]
-            if not len(r):
-                continue
-            pending[r, j] = False
-            cand = tok_masks[r, j]
-            inter = cand & used[r]
-            others = np.bitwise_or.reduce(np.where(pending[r], tok_masks[r], zero), axis=1) & cand
-            choice = np.where(inter != zero, inter, np.where(others != zero, others, cand))
-            b = _lowest_bit(choice)
-            bit[r, j] = b
-            used[r] |= np.left_shift(_ONE, b.astype(np.uint64))
-    distinct = _popcount(used)
+    rows = np.nonzero((~fixed).any(axis=1))[0]
+    if not len(rows):
+        return gpu, used, fixed
+    nplanes = _planes(k)
+    contrib = tok_masks[rows].copy()  # decided: the GPU's bit; undecided: every holder
+    for j in range(k):
+        r = np.nonzero(~fixed[rows, j])[0]
+        if not len(r):
+            continue
+        planes = _count_planes(contrib[r], j, nplanes)
+        g = _pick(_most(contrib[r, j], planes), rot[rows[r]], G)
+        gpu[rows[r], j] = g
+        contrib[r, j] = np.left_shift(_ONE, g.astype(np.uint64))
+        used[rows[r]] |= contrib[r, j]
+    return gpu, used, fixed
+
+
+def _alternatives(
+    tok_masks: np.ndarray, gpu: np.ndarray, used: np.ndarray, fixed: np.ndarray, rot: np.ndarray, G: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each routed pair's next-best holder (most co-located experts, ties spread by ``rot``):
+    the cost of diverting it there ``[n, k]`` (see :func:`route_masks`) and the GPU."""
+    n, k = tok_masks.shape
+    zero = np.uint64(0)
     alt = np.full((n, k), np.inf)
-    r, j = np.nonzero(~fixed)
-    if len(r):
-        b = bit[r, j]
-        bm = np.left_shift(_ONE, b.astype(np.uint64))
-        alone = (bit[r] == b[:, None]).sum(axis=1) == 1  # the pair is the token's only one there
-        opts = tok_masks[r, j] & ~bm & open_mask
-        free = ((opts & used[r]) != zero) | alone
-        alt[r, j] = np.where(opts == zero, np.inf, np.where(free, 0.0, 1.0))
-    return bit, alt, distinct
+    alt_gpu = np.full((n, k), -1, dtype=np.int64)
+    rows = np.nonzero((~fixed).any(axis=1))[0]
+    if not len(rows):
+        return alt, alt_gpu
+    nplanes = _planes(k)
+    contrib = np.left_shift(_ONE, gpu[rows].astype(np.uint64))  # where each pair runs
+    for j in range(k):
+        r = np.nonzero(~fixed[rows, j])[0]
+        if not len(r):
+            continue
+        t = rows[r]
+        planes = _count_planes(contrib[r], j, nplanes)
+        b = gpu[t, j]
+        opts = tok_masks[t, j] & ~np.left_shift(_ONE, b.astype(np.uint64))
+        has = opts != zero
+        ab = _pick(np.where(has, _most(opts, planes), _ONE), rot[t], G)
+        drop = _count_at(planes, b) - _count_at(planes, ab)  # co-located experts lost
+        alone = (gpu[t] == b[:, None]).sum(axis=1) == 1
+        on_used = (np.right_shift(used[t], ab.astype(np.uint64)) & _ONE) == _ONE
+        cost = np.where((drop <= 0) & (on_used | alone), 0.0, np.where(drop <= 1, 1.0, np.inf))
+        alt[t, j] = np.where(has, cost, np.inf)
+        alt_gpu[t, j] = np.where(has, ab, -1)
+    return alt, alt_gpu
 
 
 def route_locality_first(
-    topk: np.ndarray, holds: np.ndarray, preference: np.ndarray, open_: np.ndarray
+    topk: np.ndarray, holds: np.ndarray, rot: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`route_masks` on tokens ``topk [n, k]`` and holders ``holds [E, G]``, ties to the
-    GPU of larger ``preference``; returns GPUs (not ranks), alternative costs, distinct GPUs."""
-    rk = Ranking(preference)
-    masks = rk.masks(holds)
-    bit, alt, distinct = route_masks(masks[topk], rk.mask_of(np.nonzero(open_)[0]))
-    return rk.gpu_of[bit], alt, distinct
+    """:func:`route_masks` on tokens ``topk [n, k]`` and holders ``holds [E, G]`` (ties from
+    ``rot``, default: the lowest GPU id); returns GPUs, alternative costs, distinct GPUs."""
+    G = holds.shape[1]
+    rot = np.zeros(len(topk), dtype=np.int64) if rot is None else rot
+    gpu, alt, _, distinct = route_masks(holder_masks(holds)[topk], rot, G)
+    return gpu, alt, distinct
 
 
 def _shed_cost(load: np.ndarray, free: np.ndarray, paid: np.ndarray, eps: np.ndarray, penalty: float) -> np.ndarray:
-    """Per workload (rows): pairs moved at cost 1 plus ``penalty`` per pair nobody can take.
+    """Per workload (rows): pairs moved at cost 1 plus ``penalty`` per pair left over a limit.
 
-    ``load, free, paid`` are ``[Wk, G]``: load, pairs movable at no cost, pairs movable at one
-    GPU each; ``eps`` ``[Wk]``.
+    ``load`` ``[Wk, G]``; ``free, paid`` ``[Wk, G, G]``: pairs on GPU g whose cheapest other
+    holder is g' at no cost / at one GPU; ``eps`` ``[Wk]``. Each GPU over its limit sheds
+    free pairs, then paid ones; the shed pairs land on their other holders, and whatever
+    then exceeds a limit (left on the source, or pushed over on a receiver) costs
+    ``penalty`` per pair.
     """
-    mean = load.sum(axis=1, keepdims=True) / load.shape[1]
-    over = np.maximum(load - (1.0 + eps[:, None]) * mean, 0.0)
-    m0 = np.minimum(over, free)
-    m1 = np.minimum(over - m0, paid)
-    return m1.sum(axis=1) + penalty * (over - m0 - m1).sum(axis=1)
+    G = load.shape[1]
+    lim = (1.0 + eps[:, None]) * load.sum(axis=1, keepdims=True) / G
+    over = np.maximum(load - lim, 0.0)
+    f_out, p_out = free.sum(axis=2), paid.sum(axis=2)
+    m0 = np.minimum(over, f_out)
+    m1 = np.minimum(over - m0, p_out)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r0 = np.where(f_out > 0, m0 / f_out, 0.0)
+        r1 = np.where(p_out > 0, m1 / p_out, 0.0)
+    received = np.einsum("wg,wgh->wh", r0, free) + np.einsum("wg,wgh->wh", r1, paid)
+    after = load - m0 - m1 + received
+    return m1.sum(axis=1) + penalty * np.maximum(after - lim, 0.0).sum(axis=1)
 
 
 class SampleCost:
     """The joint objective on a token sample, with incremental move gains.
 
-    Tokens are routed locality first (:func:`route_locality_first`); per workload
-    (calibration and each family) a GPU over its limit sheds pairs, cheapest first. The tie
-    order and the GPUs allowed to receive shed load are fixed at :meth:`reset` (from the
-    calibration loads then); :meth:`delta` routes again only the tokens that chose an expert
-    whose holders the move changes.
+    Tokens are routed locality first (:func:`route_masks`, ties spread by a fixed per-token
+    rotation); per workload (calibration and each family) a GPU over its limit sheds pairs
+    to their next-best holders, free ones first (:func:`_shed_cost`). :meth:`delta` routes
+    again only the tokens that chose an expert whose holders the move changes, and updates
+    the per-family aggregates by their difference, so it equals the change of :meth:`reset`'s
+    value exactly.
     """
 
-    def __init__(self, layer: JointLayer) -> None:
+    def __init__(self, layer: JointLayer, coarse_tokens: int | None = 2048, seed: int = 0) -> None:
         self.layer = layer
         n, k = layer.topk.shape
         E = layer.experts
+        #: a cheaper cost on a sub-sample that ranks many moves before they are priced here
+        self.coarse = (
+            SampleCost(subsample(layer, coarse_tokens, np.random.default_rng(seed)), None)
+            if coarse_tokens is not None and n >= 3 * coarse_tokens
+            else None
+        )
+        #: each token's tie rotation (fixed: a plan's value does not depend on history)
+        self.rot = np.random.default_rng([seed, 1]).integers(0, layer.gpus, n)
+        self._bits = np.left_shift(_ONE, np.arange(layer.gpus, dtype=np.uint64))
         order = np.argsort(layer.topk.ravel(), kind="stable")
         self._tok = (order // k).astype(np.int64)
         self._start = np.searchsorted(layer.topk.ravel()[order], np.arange(E + 1))
@@ -409,23 +567,38 @@ class SampleCost:
         self.value = math.inf
 
     def tokens_of(self, experts: tuple[int, ...]) -> np.ndarray:
-        """Sample tokens that chose any of ``experts``."""
-        parts = [self._tok[self._start[e]: self._start[e + 1]] for e in experts]
-        if not parts:
-            return np.zeros(0, dtype=np.int64)
-        return np.unique(np.concatenate(parts)) if len(parts) > 1 else parts[0]
+        """Sample tokens that chose any of ``experts`` (ascending)."""
+        parts = [self._tok[self._start[e] : self._start[e + 1]] for e in experts]
+        if len(parts) == 1:
+            return parts[0]
+        mark = np.zeros(self.layer.tokens, dtype=bool)
+        for part in parts:
+            mark[part] = True
+        return np.flatnonzero(mark)
 
-    def _aggregate(self, rows: np.ndarray, gpu: np.ndarray, alt: np.ndarray, distinct: np.ndarray):
-        """Per family ``[F, G]`` load, free and paid movable pairs, ``[F]`` distinct sums."""
+    def _aggregate(self, rows, gpu, alt, alt_gpu, distinct, cand=None, C=None):
+        """Per family: load ``[F, G]``, free and paid movable load by source and target GPU
+        ``[F, G, G]``, distinct GPUs summed over tokens ``[F]``; with candidate ids ``cand``
+        of the rows, the same per candidate (a leading axis of ``C``)."""
         F, G = self.layer.families, self.layer.gpus
         fam = self.layer.family[rows]
+        if cand is not None:
+            fam = cand * F + fam
+            F = F * C
+        w = self.layer.pair_weight[rows].ravel()
         key = (fam[:, None] * G + gpu).ravel()
+        load = np.bincount(key, weights=w, minlength=F * G).reshape(F, G)
         a = alt.ravel()
-        load = np.bincount(key, minlength=F * G).reshape(F, G).astype(np.float64)
-        free = np.bincount(key, weights=(a <= 0.0), minlength=F * G).reshape(F, G)
-        paid = np.bincount(key, weights=(a == 1.0), minlength=F * G).reshape(F, G)
+        movable = np.isfinite(a)
+        key2 = key[movable] * G + alt_gpu.ravel()[movable]
+        a, w = a[movable], w[movable]
+        free = np.bincount(key2, weights=w * (a <= 0.0), minlength=F * G * G).reshape(F, G, G)
+        paid = np.bincount(key2, weights=w * (a == 1.0), minlength=F * G * G).reshape(F, G, G)
         dsum = np.bincount(fam, weights=distinct, minlength=F).astype(np.float64)
-        return load, free, paid, dsum
+        if cand is None:
+            return load, free, paid, dsum
+        Fo = self.layer.families
+        return load.reshape(C, Fo, G), free.reshape(C, Fo, G, G), paid.reshape(C, Fo, G, G), dsum.reshape(C, Fo)
 
     def _value(self, load, free, paid, dsum) -> tuple[float, np.ndarray]:
         """J from per-family aggregates; also the per-workload values ``[1 + F]``."""
@@ -436,74 +609,114 @@ class SampleCost:
         comm = (ds + _shed_cost(wl, wf, wp, self._eps, self.layer.penalty)) / self._ntok
         return float(self._wts @ comm), comm
 
+    def _values(self, load, free, paid, dsum) -> np.ndarray:
+        """J of a batch of aggregates (leading axis C): ``[C]``."""
+        C, F, G = load.shape
+        wl = np.concatenate([load.sum(axis=1, keepdims=True), load], axis=1).reshape(-1, G)
+        wf = np.concatenate([free.sum(axis=1, keepdims=True), free], axis=1).reshape(-1, G, G)
+        wp = np.concatenate([paid.sum(axis=1, keepdims=True), paid], axis=1).reshape(-1, G, G)
+        ds = np.concatenate([dsum.sum(axis=1, keepdims=True), dsum], axis=1)
+        shed = _shed_cost(wl, wf, wp, np.tile(self._eps, C), self.layer.penalty).reshape(C, F + 1)
+        return ((ds + shed) / self._ntok[None, :]) @ self._wts
+
+    def _route_rows(self, masks: np.ndarray, rows: np.ndarray):
+        return route_masks(masks[self.layer.topk[rows]], self.rot[rows], self.layer.gpus)
+
     def reset(self, state: SlotState) -> float:
-        """Route every sampled token on ``state``; fix tie order and receivers; return J."""
+        """Route every sampled token on ``state``; return J."""
         layer = self.layer
-        G = layer.gpus
-        holds = state.holds
-        # tie order and receivers from the calibration loads of a first routing (ties to
-        # the GPU with the least load estimated by an even split over copies)
-        n_copy = holds.sum(axis=1)
-        share = np.where(n_copy > 0, layer.expert_load / np.maximum(n_copy, 1), 0.0)
-        est = (holds * share[:, None]).sum(axis=0)
-        rk = Ranking(-est)
-        bit, _, _ = route_masks(rk.masks(holds)[layer.topk], rk.mask_of(np.arange(G)))
-        load = np.bincount(rk.gpu_of[bit].ravel(), minlength=G).astype(np.float64)
-        self.ranking = Ranking(-load)
-        self.open_mask = self.ranking.mask_of(np.nonzero(load <= (1.0 + layer.eps) * load.mean())[0])
-        self.masks = self.ranking.masks(holds)
-        bit, self.alt, self.distinct = route_masks(self.masks[layer.topk], self.open_mask)
-        self.gpu = self.ranking.gpu_of[bit]
+        self.masks = holder_masks(state.holds)
         rows = np.arange(layer.tokens)
-        self.agg = self._aggregate(rows, self.gpu, self.alt, self.distinct)
+        self.gpu, self.alt, self.alt_gpu, self.distinct = self._route_rows(self.masks, rows)
+        self.agg = self._aggregate(rows, self.gpu, self.alt, self.alt_gpu, self.distinct)
         self.value, self.per_workload = self._value(*self.agg)
+        if self.coarse is not None:
+            self.coarse.reset(state)
         return self.value
 
+    def price(self, state: SlotState) -> float:
+        """J of ``state`` without changing this cost (what :meth:`delta` adds to J)."""
+        rows = np.arange(self.layer.tokens)
+        return self._value(*self._aggregate(rows, *self._route_rows(holder_masks(state.holds), rows)))[0]
+
+    def prescreen(self, state: SlotState, moves: list[Move], chunk: int = 64) -> list[Move]:
+        """``moves`` ordered by their gain on the coarse sub-sample (as given without one)."""
+        if self.coarse is None or len(moves) <= 1:
+            return moves
+        gains = np.concatenate(
+            [self.coarse.delta_many(state, moves[i : i + chunk]) for i in range(0, len(moves), chunk)]
+        )
+        return [moves[int(t)] for t in np.argsort(gains, kind="stable")]
+
     def delta(self, state: SlotState, move: Move) -> float:
-        """J after ``move`` minus J now (``state`` is the plan of the last :meth:`reset`)."""
-        changed = state.changed_experts(move)
-        rows = self.tokens_of(changed)
-        if not len(rows):
-            return 0.0
-        masks = self.masks.copy()
-        bits = self.ranking.bits
+        """J after ``move`` minus J now (``state`` is the plan of the last :meth:`reset`); only
+        the tokens that chose an expert whose holders change are routed again."""
+        return float(self.delta_many(state, [move])[0])
+
+    def _masks_after(self, state: SlotState, move: Move) -> dict[int, np.uint64]:
+        """The holder masks a move changes, ``{expert: new mask}``."""
+        masks, bits = self.masks, self._bits
+        out: dict[int, np.uint64] = {}
         if move.kind == "swap":
             e, f = int(state.slots[move.a, move.i]), int(state.slots[move.b, move.j])
             if e >= 0:
-                masks[e] = (masks[e] & ~bits[move.a]) | bits[move.b]
+                out[e] = (masks[e] & ~bits[move.a]) | bits[move.b]
             if f >= 0:
-                masks[f] = (masks[f] & ~bits[move.b]) | bits[move.a]
+                out[f] = (masks[f] & ~bits[move.b]) | bits[move.a]
         else:
             e, f = int(state.slots[move.a, move.i]), move.expert
             if e >= 0:
-                masks[e] &= ~bits[move.a]
-            masks[f] |= bits[move.a]
-        bit, alt, distinct = route_masks(masks[self.layer.topk[rows]], self.open_mask)
-        gpu = self.ranking.gpu_of[bit]
-        old = self._aggregate(rows, self.gpu[rows], self.alt[rows], self.distinct[rows])
-        new = self._aggregate(rows, gpu, alt, distinct)
-        agg = tuple(a - o + w for a, o, w in zip(self.agg, old, new, strict=True))
-        return self._value(*agg)[0] - self.value
+                out[e] = masks[e] & ~bits[move.a]
+            out[f] = masks[f] | bits[move.a]
+        return out
+
+    def delta_many(self, state: SlotState, moves: list[Move]) -> np.ndarray:
+        """:meth:`delta` of several moves at once: their tokens are routed in one call."""
+        C = len(moves)
+        if not C:
+            return np.zeros(0)
+        topk = self.layer.topk
+        rows_l, cand_l, tok_l = [], [], []
+        for ci, move in enumerate(moves):
+            changed = self._masks_after(state, move)
+            rows = self.tokens_of(tuple(changed))
+            if not len(rows):
+                continue
+            ids = topk[rows]
+            tok = self.masks[ids]
+            for x, mx in changed.items():
+                tok[ids == x] = mx
+            rows_l.append(rows)
+            cand_l.append(np.full(len(rows), ci))
+            tok_l.append(tok)
+        if not rows_l:
+            return np.zeros(C)
+        rows, cand, tok = np.concatenate(rows_l), np.concatenate(cand_l), np.concatenate(tok_l)
+        new = self._aggregate(rows, *route_masks(tok, self.rot[rows], self.layer.gpus), cand, C)
+        old = self._aggregate(rows, self.gpu[rows], self.alt[rows], self.alt_gpu[rows], self.distinct[rows], cand, C)
+        agg = tuple(a[None] - o + w for a, o, w in zip(self.agg, old, new, strict=True))
+        return self._values(*agg) - self.value
 
     # ------------------------------------------------------------------ move screening
     def screen(self, state: SlotState, rng: np.random.Generator, count: int) -> list[Move]:
         """About ``count`` promising moves, by first-order gains of the current routing.
 
-        For every (token, expert) pair routed to the copy in slot ``p`` and every GPU ``b``:
-        the token's change in distinct GPUs if the pair ran on ``b`` (or, for an expert with
-        other copies, on its cheapest other holder when that is cheaper). Summed per slot
-        this prices moving a copy ([P, G]); pairs of an expert that could join a GPU the
-        token already uses price adding a copy ([E, G]). A swap adds two moves, a
-        replacement a removal and an addition; the calibration load each move shifts is
-        priced with the current shed costs. The best swaps and replacements by that sum,
-        plus a few random ones, are returned.
+        Communication: for every (token, expert) pair served by the copy in slot ``p`` and
+        every GPU ``b``, the token's change in distinct GPUs if the pair ran on ``b`` (or on
+        its expert's cheapest other holder, when that is cheaper); summed per slot this
+        prices moving a copy (``[P, G]``), and pairs that could join a GPU their token
+        already uses price adding a copy (``[E, G]``). Load, per workload: a moved or removed
+        copy's pairs go to ``b`` or to their cheapest other holder, an added copy draws the
+        pairs that join it; the new loads are priced with the current shed costs. A swap is
+        two moves, a replacement a removal and an addition. The best swaps and replacements
+        by the weighted sum, plus a few random swaps, are returned (best first).
         """
         layer = self.layer
         N, k = layer.topk.shape
         G, W = state.slots.shape
-        P = G * W
-        E = layer.experts
+        P, E, F = G * W, layer.experts, layer.families
         gpu, topk = self.gpu, layer.topk
+        NK = N * k
         used = np.zeros((N, G), dtype=bool)
         used[np.repeat(np.arange(N), k), gpu.ravel()] = True
         alone = (gpu[:, :, None] == gpu[:, None, :]).sum(axis=2) == 1  # [N, k]
@@ -511,53 +724,81 @@ class SampleCost:
         g_idx, w_idx = np.nonzero(state.slots >= 0)
         slot_of[state.slots[g_idx, w_idx], g_idx] = g_idx * W + w_idx
         p = slot_of[topk, gpu].ravel()  # slot serving each pair
-        # cost of each pair on each GPU b; the other holders' best, for replicated experts
+        fam = np.repeat(layer.family, k)
+        # cost of each pair on each GPU; its cheapest other holder (ties to the preferred GPU)
         c = (~used)[:, None, :].astype(np.float64) - alone[:, :, None]  # [N, k, G]
-        holds = state.holds[topk]  # [N, k, G]
-        other = np.where(holds, c, np.inf)
+        other = np.where(state.holds[topk], c, np.inf)
         other[np.arange(N)[:, None], np.arange(k)[None, :], gpu] = np.inf
-        alt_other = other.min(axis=2)  # [N, k]
-        c = np.minimum(c, alt_other[:, :, None]).reshape(-1, G)
-        to_b = (c <= alt_other.reshape(-1, 1)).astype(np.float64)  # the pair would run on b
-        sel = sp.csr_matrix((np.ones(N * k), (p, np.arange(N * k))), shape=(P, N * k))
-        move = sel @ c  # [P, G]
-        moved_to = sel @ to_b  # [P, G]
-        served = np.asarray(sel.sum(axis=1)).ravel()  # [P] pairs on each slot
-        join = -(alone[:, :, None] & used[:, None, :]).reshape(-1, G).astype(np.float64)
-        by_e = sp.csr_matrix((np.ones(N * k), (topk.ravel(), np.arange(N * k))), shape=(E, N * k))
-        add = by_e @ join  # [E, G]: adding a copy of e on g
+        other = other.reshape(NK, G)
+        alt_gpu = np.argmin(other, axis=1)
+        alt_cost = other[np.arange(NK), alt_gpu]
+        has_alt = np.isfinite(alt_cost)
+        c = np.minimum(c.reshape(NK, G), alt_cost[:, None])
+        to_b = (c <= alt_cost[:, None]).astype(np.float64)  # the pair would run on b
+
+        def by(rows: np.ndarray, nrows: int, vals: np.ndarray | None = None) -> sp.csr_matrix:
+            v = np.ones(NK) if vals is None else vals
+            return sp.csr_matrix((v, (rows, np.arange(NK))), shape=(nrows, NK))
+
+        sel = by(p, P)
+        move = sel @ c  # [P, G] communication of moving slot p's copy to GPU b
+        join = -(alone[:, :, None] & used[:, None, :]).reshape(NK, G).astype(np.float64)
+        add = by(topk.ravel(), E) @ join  # [E, G]: adding a copy of e on g
         add_slot = sel @ join  # [P, G]: the part of it from pairs on slot p
-        remove = np.where(np.isfinite(alt_other), alt_other, self.layer.penalty * G).reshape(-1)
+        remove = np.where(has_alt, alt_cost, layer.penalty * G)
         remove = np.bincount(p, weights=remove, minlength=P)  # [P]
+        # per workload (calibration, then families): pairs served, moving to b, redirected
+        pw = layer.pair_weight.ravel()
+        selw = by(fam * P + p, F * P, pw)
+        served = np.asarray(selw.sum(axis=1)).reshape(F, P)
+        moved_to = (selw @ to_b).reshape(F, P, G)
+        redirect = (
+            (selw @ sp.csr_matrix((has_alt.astype(np.float64), (np.arange(NK), alt_gpu)), shape=(NK, G)))
+            .toarray()
+            .reshape(F, P, G)
+        )
+        joins = (by(fam * E + topk.ravel(), F * E, pw) @ -join).reshape(F, E, G)  # load of e joining g
+        agg = (self.agg[0], self.agg[1].sum(axis=2), self.agg[2].sum(axis=2))
+        load, free, paid = (np.concatenate([a.sum(axis=0, keepdims=True), a]) for a in agg)
+        served, moved_to, redirect, joins = (
+            np.concatenate([a.sum(axis=0, keepdims=True), a]) for a in (served, moved_to, redirect, joins)
+        )
+        scale = self._wts / self._ntok  # weight of one GPU (or pair) per workload
+        live = np.nonzero(scale > 0)[0]
+        lim = (1.0 + self._eps) * load.sum(axis=1) / G  # [Wk]
+        pen = layer.penalty
+
+        def shed(x: np.ndarray, w: int) -> np.ndarray:  # x [..., G] loads of workload w
+            over = np.maximum(x - lim[w], 0.0)
+            m0 = np.minimum(over, free[w])
+            m1 = np.minimum(over - m0, paid[w])
+            return (m1 + pen * (over - m0 - m1)).sum(axis=-1)
+
         flat = state.slots.reshape(-1)
         gpu_of = np.repeat(np.arange(G), W)
         e_of = np.maximum(flat, 0)
         filled = flat >= 0
         multi = filled & (state.copies[e_of] >= 2)
-        # load pricing on the calibration workload (free and paid movable pairs held fixed)
-        load = self.agg[0].sum(axis=0)
-        free, paid = self.agg[1].sum(axis=0), self.agg[2].sum(axis=0)
-        lim = (1.0 + layer.eps) * load.sum() / G
-
-        def shed(g: np.ndarray, x: np.ndarray) -> np.ndarray:
-            over = np.maximum(x - lim, 0.0)
-            m0 = np.minimum(over, free[g])
-            m1 = np.minimum(over - m0, paid[g])
-            return m1 + layer.penalty * (over - m0 - m1)
-
-        base = shed(np.arange(G), load)
-        # swaps p <-> q (p < q on different GPUs)
-        a, b = gpu_of[:, None], gpu_of[None, :]
-        comm = move[:, gpu_of] + move[:, gpu_of].T  # [P, Q]: p's copy to q's GPU and back
+        onehot = np.eye(G)[gpu_of]  # [P, G]
+        # swaps p <-> q: p's copy to GPU b = gpu(q), q's copy to GPU a = gpu(p)
+        comm = move[:, gpu_of] + move[:, gpu_of].T
         extra = np.where(multi[:, None], add[e_of][:, gpu_of] - add_slot[:, gpu_of], 0.0)
-        comm = comm + extra + extra.T
-        la = load[gpu_of][:, None] - served[:, None] + moved_to[:, gpu_of].T  # new load of p's GPU
-        lb = load[gpu_of][None, :] - served[None, :] + moved_to[:, gpu_of]  # new load of q's GPU
-        dload = shed(np.broadcast_to(a, (P, P)), la) + shed(np.broadcast_to(b, (P, P)), lb)
-        dload -= base[gpu_of][:, None] + base[gpu_of][None, :]
-        swap = comm + dload
+        swap = scale[0] * 0 + (comm + extra + extra.T) * self._wts[0] / self._ntok[0]
+        for w in live:
+            # leaving pairs of p: to b (moved_to) or to their other holder (redirect, scaled)
+            srv = np.maximum(served[w], 1e-12)
+            mv = moved_to[w][:, gpu_of]  # [P, Q]: pairs of p that run on q's GPU
+            keep = (served[w][:, None] - mv) / srv[:, None]  # share redirected elsewhere
+            delta = (-served[w][:, None] * onehot)[:, None, :] + (mv[:, :, None] * onehot[None, :, :])
+            delta = delta + keep[:, :, None] * redirect[w][:, None, :]
+            # ... and the same for q's copy moving to p's GPU (transpose)
+            delta = delta + np.transpose(delta, (1, 0, 2))
+            base = shed(load[w], w)
+            swap = swap + scale[w] * (shed(load[w][None, None, :] + delta, w) - base)
+            if w > 0:
+                continue
         holds_pq = state.holds[e_of][:, gpu_of] & filled[:, None]  # p's expert already on q's GPU
-        bad = (a == b) | (flat[:, None] == flat[None, :]) | holds_pq | holds_pq.T
+        bad = (gpu_of[:, None] == gpu_of[None, :]) | (flat[:, None] == flat[None, :]) | holds_pq | holds_pq.T
         bad |= ~filled[:, None] & ~filled[None, :]
         swap = np.where(bad, np.inf, swap)
         iu = np.triu_indices(P, 1)
@@ -569,15 +810,16 @@ class SampleCost:
             if np.isfinite(sv[t]):
                 pp, qq = int(iu[0][t]), int(iu[1][t])
                 moves.append((float(sv[t]), Move("swap", pp // W, pp % W, qq // W, qq % W)))
-        # replacements: slot p (a spare copy or empty) := f
+        # replacements: slot p (a spare copy or an empty slot) := f
         spare = np.nonzero(multi | ~filled)[0]
         if len(spare):
             ga = gpu_of[spare]
-            rep = remove[spare][:, None] + add[:, ga].T  # [s, E]
-            # load: slot p's pairs leave (to other holders), f's pairs that join come in
-            gain_in = -add[:, ga].T  # pairs of f that would run on a (approximately)
-            la = load[ga][:, None] - served[spare][:, None] + gain_in
-            rep = rep + shed(np.broadcast_to(ga[:, None], la.shape), la) - base[ga][:, None]
+            rep = (remove[spare][:, None] + add[:, ga].T) * self._wts[0] / self._ntok[0]  # [s, E]
+            for w in live:
+                delta = np.zeros((len(spare), E, G))
+                delta[np.arange(len(spare)), :, ga] += joins[w][:, ga].T - served[w][spare][:, None]
+                delta += redirect[w][spare][:, None, :]
+                rep = rep + scale[w] * (shed(load[w][None, None, :] + delta, w) - shed(load[w], w))
             rep = np.where(state.holds[:, ga].T, np.inf, rep)
             n_rep = max(count // 3, 1)
             rv = rep.ravel()
@@ -588,10 +830,12 @@ class SampleCost:
                     pp = int(spare[i])
                     moves.append((float(rv[t]), Move("replace", pp // W, pp % W, expert=f)))
         for _ in range(max(count // 12, 1)):
-            x, y = (rng.choice(G, size=2, replace=False) if G > 1 else (0, 0))
+            x, y = rng.choice(G, size=2, replace=False) if G > 1 else (0, 0)
             moves.append((np.inf, Move("swap", int(x), int(rng.integers(W)), int(y), int(rng.integers(W)))))
         moves.sort(key=lambda t: t[0])
-        return [m for _, m in moves if state.valid(m)]
+        moves = [(v, m) for v, m in moves if state.valid(m)]
+        self.last_proxy = np.array([v for v, _ in moves])
+        return [m for _, m in moves]
 
     def loads(self) -> np.ndarray:
         """float ``[1 + F, G]``: locality-first loads of the calibration and family workloads."""
@@ -666,8 +910,9 @@ def ideal_dispatch(layer: JointLayer, holds: np.ndarray) -> tuple[float, np.ndar
             A_ub[g, nv + g] = -1.0
         limit = (1.0 + eps[c]) * ntok * k / G
         cost = np.concatenate([d, np.full(G, layer.penalty)])
-        res = linprog(cost, A_ub=A_ub.tocsr(), b_ub=np.full(G, limit), A_eq=A_eq, b_eq=b_eq,
-                      bounds=(0, None), method="highs")
+        res = linprog(
+            cost, A_ub=A_ub.tocsr(), b_ub=np.full(G, limit), A_eq=A_eq, b_eq=b_eq, bounds=(0, None), method="highs"
+        )
         if res.status != 0:  # pragma: no cover - feasible by construction (excess is free)
             raise RuntimeError(f"ideal dispatch LP: {res.message}")
         per[c] = res.fun / ntok
@@ -675,7 +920,10 @@ def ideal_dispatch(layer: JointLayer, holds: np.ndarray) -> tuple[float, np.ndar
 
 
 class ExactCost:
-    """The joint objective under the ideal dispatch (an LP per workload): small layers only."""
+    """The joint objective under the ideal dispatch (an LP per workload): small layers only.
+
+    Prices the layer's tokens as they are (``pair_weight`` is not used: give it the whole
+    workload, not a weighted sample)."""
 
     def __init__(self, layer: JointLayer) -> None:
         self.layer = layer
@@ -704,6 +952,7 @@ class SearchStats:
     value: float = math.nan
     wall_time: float = 0.0
     trajectory: list[float] = field(default_factory=list)
+    accepted: list[tuple[str, int]] = field(default_factory=list)  # (kind, screening rank)
 
 
 def neighbourhood(state: SlotState) -> list[Move]:
@@ -825,14 +1074,53 @@ def kick(state: SlotState, rng: np.random.Generator, swaps: int) -> SlotState:
     return out
 
 
+def _try_moves(
+    current: SlotState, value: float, part: list[Move], gains: np.ndarray, cost: Cost, confirm: int, combine: bool
+) -> tuple[SlotState, float, int, int]:
+    """Apply the improving moves of a priced chunk: first all of them that touch disjoint
+    GPUs and experts (their gains about add up), else the ``confirm`` best one by one; a
+    change is kept only when the re-priced plan is better (a cost's gains may rest on
+    quantities fixed at its last reset, e.g. SampleCost's tie order). Returns the plan, its
+    value, the moves applied (0: none) and the index in ``part`` of the first one."""
+    order = [int(t) for t in np.argsort(gains, kind="stable") if gains[t] < -TOL]
+    dirty = False
+    if combine and len(order) > 1:
+        trial, touched_g, touched_e, n = current.copy(), set(), set(), 0
+        for t in order:
+            m = part[t]
+            gs = {m.a} if m.kind == "replace" else {m.a, m.b}
+            es = set(trial.changed_experts(m))
+            if gs & touched_g or es & touched_e or not trial.valid(m):
+                continue
+            trial.apply(m)
+            touched_g |= gs
+            touched_e |= es
+            n += 1
+        if n > 1:
+            new_value = cost.reset(trial)
+            dirty = True
+            if new_value < value - TOL:
+                return trial, new_value, n, order[0]
+    for t in order[:confirm]:
+        trial = current.copy()
+        trial.apply(part[t])
+        new_value = cost.reset(trial)
+        dirty = True
+        if new_value < value - TOL:
+            return trial, new_value, 1, t
+    if dirty:
+        cost.reset(current)
+    return current, value, 0, -1
+
+
 def local_search(
     state: SlotState,
     cost: Cost,
     rng: np.random.Generator,
     *,
     affinity: np.ndarray | None = None,
-    rounds: int = 5000,
-    patience: int = 3,
+    rounds: int = 100_000,
+    patience: int = 2,
     kicks: int = 8,
     kick_swaps: int = 2,
     candidates: int = 96,
@@ -841,14 +1129,17 @@ def local_search(
     chunk: int = 16,
     deadline: float | None = None,
 ) -> tuple[SlotState, float, SearchStats]:
-    """Iterated best-improvement search over slot contents.
+    """Iterated improvement search over slot contents.
 
-    Each round prices a neighbourhood (all moves when there are at most
-    ``exhaustive_below``, else :func:`screened_moves`, redrawn up to ``patience`` times) and
-    applies the best improving move (of the ``confirm`` best predicted, the first whose
-    re-priced value is lower). When none improves, a kick of ``kick_swaps`` random
-    swaps from the best plan starts a new descent (at most ``kicks`` times); the best plan
-    is returned with its value.
+    Small layers (a neighbourhood of at most ``exhaustive_below`` moves): each round prices
+    every move and applies the best improving one. Larger layers: moves are screened (the
+    cost's ``screen`` and ``prescreen``, else :func:`screened_moves`) into a ranked queue,
+    priced ``chunk`` at a time, and the improving ones applied (:func:`_try_moves`); the
+    queue is rebuilt when used up, wider (``candidates * 2**misses``) after a queue built on
+    the current plan held no improving move. After ``patience`` such misses (one on small
+    layers) the plan is a local optimum: a kick of ``kick_swaps`` random swaps from the best
+    plan starts a new descent, at most ``kicks`` times. Returns the best plan, its value and
+    the search's counters.
     """
     t0 = time.perf_counter()
     stats = SearchStats()
@@ -858,52 +1149,50 @@ def local_search(
     best, best_value = current.copy(), value
     if affinity is None:
         affinity = np.zeros((state.experts, state.experts))
-    full = neighbourhood(current) if len(current.slots.ravel()) ** 2 // 2 <= exhaustive_below else None
-    small = full is not None and len(full) + current.experts * current.slots.size <= exhaustive_below
-    kicks_left = kicks
-    misses = 0
+    P = current.slots.size
+    small = P * (P - 1) // 2 + current.experts * P <= exhaustive_below
+    kicks_left, misses = kicks, 0
+    queue: list[Move] = []
+    fresh = False  # the queue was built on the current plan
     while stats.rounds < rounds:
         if deadline is not None and time.perf_counter() > deadline:
             break
         stats.rounds += 1
         if small:
-            moves = neighbourhood(current)
-        elif hasattr(cost, "screen"):
-            moves = cost.screen(current, rng, candidates * 2**misses)  # widen after a miss
+            part = neighbourhood(current)
+            queue, fresh = [], True
         else:
-            loads = cost.loads() if hasattr(cost, "loads") else np.ones((1, current.gpus))
-            moves = screened_moves(current, affinity, loads, rng, candidates)
-        improved = False
-        # price the moves chunk by chunk (in screening order) and stop at the first chunk with
-        # an improving one; a move is kept when the re-priced plan is better (a cost's gains
-        # may rest on quantities fixed at its last reset, e.g. SampleCost's tie order)
-        step = len(moves) if small else max(chunk, 1)
-        for lo in range(0, len(moves), step):
-            part = moves[lo : lo + step]
-            gains = np.array([cost.delta(current, m) for m in part])
+            if not queue:
+                if hasattr(cost, "screen"):
+                    queue = cost.screen(current, rng, candidates * 2**misses)
+                    if hasattr(cost, "prescreen"):
+                        queue = cost.prescreen(current, queue)
+                else:
+                    loads = cost.loads() if hasattr(cost, "loads") else np.ones((1, current.gpus))
+                    queue = screened_moves(current, affinity, loads, rng, candidates * 2**misses)
+                fresh = True
+            part = []
+            while queue and len(part) < chunk:
+                m = queue.pop(0)
+                if current.valid(m):
+                    part.append(m)
+        if part:
+            if hasattr(cost, "delta_many"):
+                gains = cost.delta_many(current, part)
+            else:
+                gains = np.array([cost.delta(current, m) for m in part])
             stats.evaluated += len(part)
-            dirty = False
-            for t in np.argsort(gains, kind="stable")[:confirm]:
-                if gains[t] >= -TOL:
-                    break
-                trial = current.copy()
-                trial.apply(part[int(t)])
-                new_value = cost.reset(trial)
-                dirty = True
-                if new_value < value - TOL:
-                    current, value, improved = trial, new_value, True
-                    break
-            if improved:
-                break
-            if dirty:
-                cost.reset(current)
-        if improved:
-            stats.moves += 1
-            misses = 0
-            if value < best_value - TOL:
-                best, best_value = current.copy(), value
-            stats.trajectory.append(best_value)
-            continue
+            current, value, n, first = _try_moves(current, value, part, gains, cost, confirm, not small)
+            if n:
+                stats.moves += n
+                stats.accepted.append((part[first].kind, stats.evaluated - len(part) + first))
+                misses, fresh = 0, False
+                if value < best_value - TOL:
+                    best, best_value = current.copy(), value
+                stats.trajectory.append(best_value)
+                continue
+        if queue or not fresh:
+            continue  # more of this queue to price, or a stale queue used up: rebuild
         misses += 1
         if not small and misses < patience:
             continue
@@ -914,6 +1203,7 @@ def local_search(
         misses = 0
         current = kick(best, rng, kick_swaps)
         value = cost.reset(current)
+        queue, fresh = [], False
     cost.reset(best)
     stats.value = best_value
     stats.wall_time = time.perf_counter() - t0
@@ -1047,8 +1337,13 @@ def solve_exact(layer: JointLayer, *, time_limit: float | None = None) -> ExactR
     options = {"disp": False}
     if time_limit is not None:
         options["time_limit"] = float(time_limit)
-    res = milp(c_vec, constraints=LinearConstraint(A, lo, hi), integrality=integrality,
-               bounds=Bounds(np.zeros(n), ub), options=options)
+    res = milp(
+        c_vec,
+        constraints=LinearConstraint(A, lo, hi),
+        integrality=integrality,
+        bounds=Bounds(np.zeros(n), ub),
+        options=options,
+    )
     wall = time.perf_counter() - t0
     bound = getattr(res, "mip_dual_bound", None)
     if res.x is None:
@@ -1057,8 +1352,9 @@ def solve_exact(layer: JointLayer, *, time_limit: float | None = None) -> ExactR
     slots = holds_to_slots(y, W)
     status = "optimal" if res.status == 0 else "time_limit"
     value = float(res.fun)
-    return ExactResult(slots, value, float(bound) if bound is not None else (value if status == "optimal" else None),
-                       status, wall)
+    return ExactResult(
+        slots, value, float(bound) if bound is not None else (value if status == "optimal" else None), status, wall
+    )
 
 
 def holds_to_slots(holds: np.ndarray, width: int) -> np.ndarray:

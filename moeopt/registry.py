@@ -87,7 +87,8 @@ class Method(Protocol):
     #: How per-layer objectives and bounds add up to the model's: "sum" or "mean". A method
     #: that declares it is solved one layer at a time by :mod:`moeopt.execute` (serially, in
     #: a process pool or on Ray), unless it sets ``layerwise = False``. Optional companions:
-    #: ``uses_trace`` (ship each layer's trace slice; default true), ``stats_rules`` (how a
+    #: ``uses_trace`` / ``uses_coactivation`` (ship each layer's trace slice / coactivation;
+    #: default true), ``stats_rules`` (how a
     #: statistic combines, see :func:`moeopt.execute.combine_stats`) or a ``combine_stats``
     #: method.
     combine: ClassVar[str]

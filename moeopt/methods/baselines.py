@@ -52,6 +52,7 @@ class Baseline:
     #: solved layer by layer (moeopt.execute); the objective is a mean over layers
     combine: ClassVar[str] = "mean"
     uses_trace: ClassVar[bool] = True  # calibration_maxvio reads the trace when there is one
+    uses_coactivation: ClassVar[bool] = False  # loads only: each layer's task ships no E x E matrix
     #: the instance's straggler lower bound (when it has a profile), to compare with GEM's
     metric_hooks: ClassVar[tuple] = (straggler_bound_hook,)
 

@@ -121,6 +121,7 @@ class Gem:
     #: solved layer by layer (moeopt.execute); S and its bound add up over layers
     combine: ClassVar[str] = "sum"
     uses_trace: ClassVar[bool] = False
+    uses_coactivation: ClassVar[bool] = False
     stats_rules: ClassVar[dict] = {"steps": "same", "source_steps": "same"}
 
     @dataclass
@@ -216,6 +217,7 @@ class _GemExact:
     backend: ClassVar[str]
     combine: ClassVar[str] = "sum"
     uses_trace: ClassVar[bool] = False
+    uses_coactivation: ClassVar[bool] = False
     stats_rules: ClassVar[dict] = {"steps": "same"}
 
     @dataclass
@@ -387,6 +389,7 @@ class SpeedGreedy:
     metric_hooks: ClassVar[tuple] = (straggler_bound_hook,)
     combine: ClassVar[str] = "sum"
     uses_trace: ClassVar[bool] = False
+    uses_coactivation: ClassVar[bool] = False
 
     @dataclass
     class Params:

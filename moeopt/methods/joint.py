@@ -27,6 +27,7 @@ from moeopt import balance as core
 from moeopt import joint as jm
 from moeopt.errors import InputError
 from moeopt.evaluate import evaluate
+from moeopt.methods.balance import balance_bound_hook
 from moeopt.methods.baselines import hottest_replicas
 from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, get_method, parse_params, register
@@ -35,8 +36,12 @@ from moeopt.trace import Trace
 
 #: seconds of search per layer when the caller gives no time limit
 DEFAULT_TIME_PER_LAYER = 4.0
-#: λ values of the guard tried when ``lam`` is not fixed (ascending)
+#: λ values of the guard tried when ``lam`` is not fixed (ascending). Not below 1: at λ < 1
+#: the guard hardly reacts to load, and a shift to one task family stays unbalanced
+#: (benchmark: worst single-family MaxVio 1.1-1.7 at λ 0.25-0.5, mostly 0.6-1.2 at λ >= 1)
 LAM_GRID = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+#: bisection steps on log λ between two grid values
+REFINE_STEPS = 2
 
 
 @dataclass
@@ -56,10 +61,17 @@ class JointParams:
     penalty
         Price, in GPUs per token, of a (token, expert) pair over a limit that no copy can take.
     sample_tokens
-        Calibration tokens per layer the search prices moves on (None: all).
+        Calibration tokens per layer the search accepts moves on (None: all). A small sample
+        overfits: its balance does not hold on other tokens.
+    coarse_tokens
+        Tokens of the sub-sample that ranks the screened moves before they are priced on
+        ``sample_tokens`` (None: no ranking).
     starts
         Comma-separated starts: ``grouping`` (agnostic grouping + hottest-first copies),
         ``balance`` (the balance planner's plan).
+    grouping_eps
+        ``eps_load`` of the grouping start (default ``.inf``: the unconstrained grouping, whose
+        locality the search then trades for balance; None: the grouping's automatic limit).
     time_per_layer
         Seconds of search per layer, shared by the starts (``--time-limit`` caps it).
     candidates, kicks
@@ -76,10 +88,12 @@ class JointParams:
 
     eps: float = 0.05
     family_eps: float | None = None
-    robust: float = 0.25
+    robust: float = 0.1
     penalty: float = 4.0
     sample_tokens: int | None = 4096
+    coarse_tokens: int | None = 1024
     starts: str = "grouping,balance"
+    grouping_eps: float | None = math.inf
     time_per_layer: float = DEFAULT_TIME_PER_LAYER
     candidates: int = 96
     kicks: int = 8
@@ -91,6 +105,8 @@ class JointParams:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.eps) and self.eps >= 0):
             raise ValueError(f"eps must be a finite number >= 0, got {self.eps}")
+        if self.grouping_eps is not None and not self.grouping_eps >= 0:
+            raise ValueError(f"grouping_eps must be >= 0, got {self.grouping_eps}")
         if self.family_eps is not None and not self.family_eps >= 0:
             raise ValueError(f"family_eps must be >= 0, got {self.family_eps}")
         if not 0.0 <= self.robust <= 1.0:
@@ -99,6 +115,8 @@ class JointParams:
             raise ValueError(f"penalty must be >= 0, got {self.penalty}")
         if self.sample_tokens is not None and self.sample_tokens < 1:
             raise ValueError(f"sample_tokens must be >= 1, got {self.sample_tokens}")
+        if self.coarse_tokens is not None and self.coarse_tokens < 1:
+            raise ValueError(f"coarse_tokens must be >= 1, got {self.coarse_tokens}")
         unknown = set(self.start_list) - {"grouping", "balance"}
         if unknown or not self.start_list:
             raise ValueError(f"starts: expected a comma-separated subset of grouping,balance, got {self.starts!r}")
@@ -132,28 +150,51 @@ def layer_problems(problem: Problem, params: JointParams, seed: int) -> list[jm.
     fam_eps = 2.0 * params.eps if params.family_eps is None else params.family_eps
     return [
         jm.layer_from_trace(
-            trace.topk[:, l], trace.family, len(trace.family_names), experts=problem.experts, gpus=c.gpus,
-            width=c.width, sample_tokens=params.sample_tokens, rng=np.random.default_rng([seed, l]),
-            eps=params.eps, family_eps=fam_eps, robust=params.robust, penalty=params.penalty,
+            trace.topk[:, l],
+            trace.family,
+            len(trace.family_names),
+            experts=problem.experts,
+            gpus=c.gpus,
+            width=c.width,
+            sample_tokens=params.sample_tokens,
+            rng=np.random.default_rng([seed, l]),
+            eps=params.eps,
+            family_eps=fam_eps,
+            robust=params.robust,
+            penalty=params.penalty,
         )
         for l in range(problem.layers)
     ]
 
 
-def grouping_starts(problem: Problem, ctx: Context) -> np.ndarray:
+#: the last grouping start, reused while the same calibration statistics are planned again
+#: (a sweep over eps solves the same grouping every time)
+_START_CACHE: dict[tuple, tuple[Any, np.ndarray]] = {}
+
+
+def grouping_starts(problem: Problem, ctx: Context, eps_load: float | None = None) -> np.ndarray:
     """int ``[L, G, W]``: task-agnostic grouping (TACG, beta = 0) plus hottest-first copies in
     the replica slots (the two-phase plan the joint search starts from)."""
+    key = (id(problem.stats), problem.instance.cluster, eps_load, ctx.seed, ctx.time_limit)
+    hit = _START_CACHE.get(key)
+    if hit is not None and hit[0] is problem.stats:
+        return hit[1].copy()
     impl = get_method("agnostic")
     sub = Context(time_limit=ctx.time_limit, seed=ctx.seed)
-    home = impl.solve(problem, parse_params(impl, {}), sub).plan.home
+    given = {} if eps_load is None else {"eps_load": eps_load}
+    home = impl.solve(problem, parse_params(impl, given), sub).plan.home
     c = problem.instance.cluster
     load = problem.stats.expert_load
     reps = [
         hottest_replicas(load[l], home[l], c.gpus, c.replica_slots_per_gpu, c.gpus * c.replica_slots_per_gpu)
-        if c.replica_slots_per_gpu > 0 else np.zeros((0, 2), dtype=np.int64)
+        if c.replica_slots_per_gpu > 0
+        else np.zeros((0, 2), dtype=np.int64)
         for l in range(problem.layers)
     ]
-    return problem.plan(home, reps).slots
+    slots = problem.plan(home, reps).slots
+    _START_CACHE.clear()
+    _START_CACHE[key] = (problem.stats, slots)
+    return slots.copy()
 
 
 def balance_starts(problem: Problem, seed: int) -> np.ndarray:
@@ -189,8 +230,8 @@ def choose_dispatch(plan: Plan, trace: Trace, problem: Problem, params: JointPar
     calibration MaxVio <= ``eps``, both scored by :func:`~moeopt.evaluate.evaluate`.
 
     The guard's MaxVio falls and its communication rises with λ, so the smallest feasible λ
-    of the grid is found by bisection; without a feasible one, the most balanced of the
-    largest λ and ``lp`` is kept.
+    of the grid is found by bisection, then refined by bisection on log λ; without a feasible
+    one, the most balanced of the largest λ and ``lp`` is kept.
     """
     cluster = problem.instance.cluster
     tried: list[dict] = []
@@ -200,8 +241,13 @@ def choose_dispatch(plan: Plan, trace: Trace, problem: Problem, params: JointPar
         key = (d.kind, d.lam)
         if key not in cache:
             m = evaluate(plan.with_dispatch(d), trace, cluster)
-            cache[key] = {"kind": d.kind, "lam": d.lam if d.kind == "locality" else None,
-                          "comm_per_token": m["comm_per_token"], "maxvio": m["maxvio"], "dispatch": d}
+            cache[key] = {
+                "kind": d.kind,
+                "lam": d.lam if d.kind == "locality" else None,
+                "comm_per_token": m["comm_per_token"],
+                "maxvio": m["maxvio"],
+                "dispatch": d,
+            }
             tried.append({k: v for k, v in cache[key].items() if k != "dispatch"})
         return cache[key]
 
@@ -220,8 +266,14 @@ def choose_dispatch(plan: Plan, trace: Trace, problem: Problem, params: JointPar
                 hi = mid
             else:
                 lo = mid + 1
-        if hi > 0:  # one geometric midpoint between the last infeasible and the first feasible λ
-            score(params.guard(math.sqrt(LAM_GRID[hi - 1] * LAM_GRID[hi])))
+        if hi > 0:  # refine in log space between the last infeasible and the first feasible λ
+            a, b = LAM_GRID[hi - 1], LAM_GRID[hi]
+            for _ in range(REFINE_STEPS):
+                mid = math.sqrt(a * b)
+                if score(params.guard(mid))["maxvio"] <= params.eps + tol:
+                    b = mid
+                else:
+                    a = mid
     elif params.dispatch == "auto":
         score(Dispatch(kind="lp"))
     feasible = [r for r in cache.values() if r["maxvio"] <= params.eps + tol]
@@ -235,11 +287,19 @@ def choose_dispatch(plan: Plan, trace: Trace, problem: Problem, params: JointPar
 def _need_trace(problem: Problem, name: str) -> None:
     if problem.trace is None:
         src = str(problem.instance.source) if problem.instance.source else None
-        raise InputError(src, "workload.calibration", f"method {name!r} needs a token trace; this workload is count-only")
+        raise InputError(
+            src, "workload.calibration", f"method {name!r} needs a token trace; this workload is count-only"
+        )
 
 
 def finish(
-    name: str, problem: Problem, params: Any, slots: np.ndarray, t0: float, stats: dict, statuses: list[Status],
+    name: str,
+    problem: Problem,
+    params: Any,
+    slots: np.ndarray,
+    t0: float,
+    stats: dict,
+    statuses: list[Status],
     bound: float | None = None,
 ) -> Result:
     """Pick the dispatch, score on calibration, build the result."""
@@ -254,9 +314,16 @@ def finish(
         "copies_per_layer": [int((plan.copy_counts[l] > 1).sum()) for l in range(plan.layers)],
     }
     return Result(
-        method=name, status=combine_status(statuses), plan=plan, objective=choice.comm, bound=bound, sense="min",
-        objective_name="calibration_comm_per_token", wall_time=time.perf_counter() - t0,
-        params=dict(vars(params)), stats=stats,
+        method=name,
+        status=combine_status(statuses),
+        plan=plan,
+        objective=choice.comm,
+        bound=bound,
+        sense="min",
+        objective_name="calibration_comm_per_token",
+        wall_time=time.perf_counter() - t0,
+        params=dict(vars(params)),
+        stats=stats,
     )
 
 
@@ -273,6 +340,9 @@ class Joint:
     requires: ClassVar[frozenset[str]] = frozenset({"coactivation"})
     Params: ClassVar[type] = JointParams
     metric_hooks: ClassVar[tuple] = ()
+    #: solved whole (not split per layer by the executor): one dispatch rule, with one λ,
+    #: is chosen for all layers on the whole calibration trace
+    layerwise: ClassVar[bool] = False
 
     def available(self) -> bool:
         return True
@@ -285,7 +355,7 @@ class Joint:
         per_layer = params.time_per_layer if ctx.time_limit is None else min(params.time_per_layer, ctx.time_limit)
         starts: dict[str, np.ndarray] = {}
         if "grouping" in params.start_list:
-            starts["grouping"] = grouping_starts(problem, ctx)
+            starts["grouping"] = grouping_starts(problem, ctx, params.grouping_eps)
         if "balance" in params.start_list:
             starts["balance"] = balance_starts(problem, ctx.seed)
         if ctx.hint is not None:
@@ -295,26 +365,44 @@ class Joint:
         for l in ctx.layers(problem.layers, self.name):
             layer = layers[l]
             runs = {}
-            share = per_layer / len(starts)
+            weight = {"grouping": 2.0, "balance": 1.0, "hint": 1.0}
+            total = sum(weight[k] for k in starts)
             for label, s in starts.items():
+                share = per_layer * weight[label] / total
                 try:
                     state = jm.SlotState(_fill(s[l], load[l]), problem.experts)
                 except ValueError:  # e.g. a hint with colocated copies: not a joint start
                     continue
                 rng = np.random.default_rng([ctx.seed, l, len(runs)])
+                cost = jm.SampleCost(layer, params.coarse_tokens, seed=ctx.seed + l)
                 best, value, st = jm.local_search(
-                    state, jm.SampleCost(layer), rng, candidates=params.candidates, kicks=params.kicks,
+                    state,
+                    cost,
+                    rng,
+                    candidates=params.candidates,
+                    kicks=params.kicks,
                     deadline=time.perf_counter() + share,
                 )
                 runs[label] = (value, best, st)
             label, (value, best, st) = min(runs.items(), key=lambda kv: kv[1][0])
             slots[l] = best.slots
-            layer_stats.append({
-                "start": label, "value": value,
-                "starts": {k: {"start_value": v[2].start_value, "value": v[0], "moves": v[2].moves,
-                               "rounds": v[2].rounds, "kicks": v[2].kicks, "evaluated": v[2].evaluated}
-                           for k, v in runs.items()},
-            })
+            layer_stats.append(
+                {
+                    "start": label,
+                    "value": value,
+                    "starts": {
+                        k: {
+                            "start_value": v[2].start_value,
+                            "value": v[0],
+                            "moves": v[2].moves,
+                            "rounds": v[2].rounds,
+                            "kicks": v[2].kicks,
+                            "evaluated": v[2].evaluated,
+                        }
+                        for k, v in runs.items()
+                    },
+                }
+            )
             ctx.say(f"{self.name} layer {l}: objective {value:.4f} from {label}")
         stats = {"search": layer_stats, "search_objective": float(np.mean([s["value"] for s in layer_stats]))}
         return finish(self.name, problem, params, slots, t0, stats, [Status.FEASIBLE])
@@ -372,3 +460,35 @@ class JointExact(Joint):
             ctx.say(f"{self.name} layer {l}: {res.status}, objective {res.value}, bound {res.bound}")
         stats = {"model_objective_per_layer": values, "model_bound_per_layer": bounds}
         return finish(self.name, problem, params, np.stack(slots), t0, stats, statuses)
+
+
+@dataclass
+class AutoParams:
+    """``auto`` takes no parameters of its own: it runs ``joint`` or ``balance`` with theirs."""
+
+
+@register
+class Auto:
+    """The default when an instance names no method: ``joint`` on a token trace (communication
+    and balance), ``balance`` on count-only workloads (balance alone: communication needs
+    tokens). The result is the chosen method's, under its name."""
+
+    name: ClassVar[str] = "auto"
+    summary: ClassVar[str] = "the default: joint on token traces, balance on count-only workloads"
+    requires: ClassVar[frozenset[str]] = frozenset()
+    Params: ClassVar[type] = AutoParams
+    layerwise: ClassVar[bool] = False
+    #: balance's bound hook: it adds metrics to even-dispatch plans only, so joint's plans
+    #: (guard or lp dispatch) score the same as under joint's own (empty) hooks
+    metric_hooks: ClassVar[tuple] = (balance_bound_hook,)
+
+    def available(self) -> bool:
+        return True
+
+    def choose(self, problem: Problem) -> str:
+        return "joint" if problem.trace is not None and problem.stats.has_coactivation else "balance"
+
+    def solve(self, problem: Problem, params: AutoParams, ctx: Context) -> Result:
+        impl = get_method(self.choose(problem))
+        result = impl.solve(problem, parse_params(impl, {}), ctx)
+        return result.replace(stats={**result.stats, "chosen_by": self.name})

@@ -1,0 +1,419 @@
+"""Joint planner benchmark: the communication-vs-balance frontier of ``joint`` and the others.
+
+Workloads (calibrate on one split, score on a held-out split):
+
+* the synthetic task-structured instances ``instances/{deepseek-moe-16b,qwen1.5-moe,
+  moonlight-16b}.yaml`` (4 layers at those models' shapes, 16 GPUs, 4 families; calibration
+  and evaluation traces are two samples of one hidden structure);
+* count-sampled traces from the real OLMoE per-domain counts (3 layers x 64 experts, top-8,
+  6 domains as families, 16 GPUs): ``moeopt.synth.trace_from_counts`` with seed 0
+  (calibration) and seed 1 (held-out); coactivation there has no structure beyond the
+  per-domain marginals.
+
+For 1 and 2 replica slots per GPU, every plan is scored by the one scorer on the held-out
+mixture (in distribution) and on each family's own part of it (single-family shift):
+
+* ``joint`` at ``eps`` in :data:`JOINT_EPS`;
+* grouping: ``agnostic`` at its automatic load limit, ``eps_load`` 0.5, 1.0 and none (the
+  unconstrained grouping, the reference of the communication target), ``tacg`` and
+  ``hypergraph`` at their automatic limit;
+* replication on the agnostic grouping (automatic limit, 0.5, 1.0): ``hottest-replication``
+  and ``gesr`` (the guard, λ = 1), ``hottest-replication`` under ``lp`` dispatch;
+* ``greedy`` with replication (EPLB-style) and ``balance`` (``lp``).
+
+Run: ``python benchmarks/joint.py`` (about 10 minutes on 2 idle cores; ``--quick``: one synthetic
+instance and OLMoE, 1 slot). Writes ``benchmarks/results/joint.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from tabulate import tabulate
+
+from moeopt.evaluate import evaluate
+from moeopt.frontier import FrontierPoint, family_workloads, mark_pareto
+from moeopt.frontier import table as frontier_table
+from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
+from moeopt.io import load_instance, read_workload_file, write_json, write_text
+from moeopt.registry import Context, Problem, get_method, parse_params
+from moeopt.scoring import Workloads, score
+from moeopt.solve import load_workloads, solve
+from moeopt.synth import trace_from_counts
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT.parent / "shared" / "data" / "real"
+OUT = ROOT / "benchmarks" / "results"
+SYNTHETIC = ("deepseek-moe-16b", "qwen1.5-moe", "moonlight-16b")
+SLOTS = (1, 2)
+JOINT_EPS = (0.03, 0.045, 0.06, 0.2)
+GROUP_EPS = (None, 0.5, 1.0, math.inf)
+REPL_EPS = (None, 0.5, 1.0)
+#: seconds of joint search per layer in the benchmark
+JOINT_TIME = 3.0
+TARGET_MAXVIO = 0.07
+#: the plot's smallest MaxVio (lp plans reach 0 on some instances; the axis is logarithmic)
+FLOOR = 1e-3
+TARGET_SHARE = 0.85
+
+
+def olmoe_workloads(gpus: int = 16, tokens: int = 16384) -> tuple[Instance, Workloads] | None:
+    """The OLMoE count-sampled instance: calibration seed 0, held-out seed 1."""
+    path = REAL / "olmoe_mixtral_domain_expert_counts.npz"
+    if not path.is_file():
+        path = ROOT / "instances" / "real" / "olmoe_mixtral_domain_expert_counts.npz"
+    if not path.is_file():
+        return None
+    stats = read_workload_file(path, format="olmoe-domains", select="olmoe")
+    calib = trace_from_counts(stats, tokens=tokens, steps=16, seed=0)
+    held = trace_from_counts(stats, tokens=tokens, steps=16, seed=1)
+    model = Model(layers=stats.layers, experts=stats.experts, top_k=stats.top_k)
+    cluster = Cluster(gpus=gpus, gpus_per_node=gpus, slots_per_gpu=-(-stats.experts // gpus))
+    inst = Instance("olmoe (count-sampled)", model, cluster, Workload(WorkloadSource()), MethodSpec("joint"))
+    return inst, Workloads(calib, held, calib.stats(), None)
+
+
+def scored(
+    label: str,
+    method: str,
+    eps: float | None,
+    plan,
+    inst: Instance,
+    wl: Workloads,
+    families: dict,
+    wall: float,
+    params: dict,
+) -> FrontierPoint:
+    """A plan's held-out, per-family and calibration metrics (the one scorer)."""
+    m = score(plan, inst, wl)
+    fam = {n: float(score(plan, inst, wl, workload=w)["maxvio"]) for n, w in families.items()}
+    cal = evaluate(plan, wl.calibration, inst.cluster)["maxvio"]
+    d = plan.dispatch
+    return FrontierPoint(
+        method=label,
+        eps=eps,
+        params=params,
+        comm_per_token=m["comm_per_token"],
+        comm_reduction=m["comm_reduction_vs_linear"],
+        maxvio=float(m["maxvio"]),
+        maxvio_per_step=m.get("maxvio_per_step"),
+        family_maxvio=fam,
+        dispatch=d.kind + (f" λ={d.lam:.3g} δ={d.decay:g}" if d.kind == "locality" else ""),
+        wall_time=wall,
+        calibration_maxvio=float(cal),
+        stats={"method": method},
+    )
+
+
+def grouping_points(inst: Instance, wl: Workloads, families: dict, log) -> tuple[list[FrontierPoint], dict]:
+    """Grouping plans (no replicas) and the agnostic bases the replication methods reuse."""
+    pts, bases = [], {}
+    runs = [("agnostic", e) for e in GROUP_EPS] + [("tacg", None), ("hypergraph", None)]
+    inst0 = inst.replace(cluster=replace(inst.cluster, replica_slots_per_gpu=0))
+    for method, e in runs:
+        params = {} if e is None else {"eps_load": e}
+        t0 = time.perf_counter()
+        try:
+            r = solve(inst0, method=method, params=params, workloads=wl)
+        except Exception as exc:  # e.g. an unattainable eps_load
+            log(f"  {method} eps_load={e}: {exc}")
+            continue
+        wall = time.perf_counter() - t0
+        label = method if e is None else f"{method} eps_load={e:g}"
+        p = scored(label, method, e, r.plan, inst0, wl, families, wall, params)
+        pts.append(p)
+        if method == "agnostic" and e in REPL_EPS:
+            bases[e] = r
+        log(
+            f"  {label}: comm {p.comm_reduction:.2f} %, MaxVio {p.maxvio:.4f}, family {p.worst_family_maxvio:.3f}"
+            f" ({wall:.1f} s)"
+        )
+    return pts, bases
+
+
+def replication_points(inst: Instance, wl: Workloads, families: dict, bases: dict, log) -> list[FrontierPoint]:
+    pts = []
+    stats = wl.calibration_stats
+    problem = Problem(inst, stats, wl.calibration)
+    variants = [
+        ("hottest-replication", "hottest-replication", {}),
+        ("gesr", "gesr", {}),
+        ("hottest-replication lp", "hottest-replication", {"dispatch": "lp"}),
+    ]
+    for e, base in bases.items():
+        for label, method, extra in variants:
+            impl = get_method(method)
+            params = parse_params(impl, {"base": "agnostic", "certificate": False, **extra})
+            t0 = time.perf_counter()
+            r = impl.replicate(problem, params, base, Context(seed=0))
+            wall = time.perf_counter() - t0 + base.wall_time
+            name = label if e is None else f"{label} (base eps_load={e:g})"
+            pts.append(scored(name, method, e, r.plan, inst, wl, families, wall, extra))
+            p = pts[-1]
+            log(f"  {name}: comm {p.comm_reduction:.2f} %, MaxVio {p.maxvio:.4f}, family {p.worst_family_maxvio:.3f}")
+    for label, method, params in (
+        ("greedy replicate", "greedy", {"replicate": True}),
+        ("balance lp", "balance", {"dispatch": "lp"}),
+    ):
+        t0 = time.perf_counter()
+        r = solve(inst, method=method, params=params, workloads=wl)
+        p = scored(label, method, None, r.plan, inst, wl, families, time.perf_counter() - t0, params)
+        pts.append(p)
+        log(f"  {label}: comm {p.comm_reduction:.2f} %, MaxVio {p.maxvio:.4f}, family {p.worst_family_maxvio:.3f}")
+    return pts
+
+
+def joint_points(inst: Instance, wl: Workloads, families: dict, log, seconds: float) -> list[FrontierPoint]:
+    pts = []
+    for e in JOINT_EPS:
+        params = {"eps": e, "time_per_layer": seconds}
+        t0 = time.perf_counter()
+        r = solve(inst, method="joint", params=params, workloads=wl)
+        p = scored(f"joint eps={e:g}", "joint", e, r.plan, inst, wl, families, time.perf_counter() - t0, params)
+        p.stats["constraint_met"] = r.stats["constraint_met"]
+        pts.append(p)
+        log(
+            f"  joint eps={e:g}: comm {p.comm_reduction:.2f} %, MaxVio {p.maxvio:.4f} (calibration "
+            f"{p.calibration_maxvio:.4f}), family {p.worst_family_maxvio:.3f}, {p.dispatch} ({p.wall_time:.1f} s)"
+        )
+    return pts
+
+
+def summarize(name: str, S: int, pts: list[FrontierPoint]) -> dict:
+    """The done-when checks for one (instance, slots) frontier."""
+    joint = [p for p in pts if p.stats.get("method") == "joint"]
+    others = [p for p in pts if p.stats.get("method") != "joint"]
+    free = next((p for p in pts if p.method == "agnostic eps_load=inf"), None)
+    ok = [p for p in joint if p.maxvio <= TARGET_MAXVIO]
+    best = max(ok, key=lambda p: p.comm_reduction) if ok else None
+    # other points that beat some joint point on both axes; other points no joint point covers
+    beats = [
+        q.method for q in others if any(q.comm_per_token < p.comm_per_token and q.maxvio < p.maxvio for p in joint)
+    ]
+    uncovered = [
+        q.method
+        for q in others
+        if not any(p.comm_per_token <= q.comm_per_token and p.maxvio <= q.maxvio for p in joint)
+    ]
+    hot = next((p for p in pts if p.method == "hottest-replication"), None)
+    hot_all = [p for p in pts if p.stats.get("method") == "hottest-replication"]
+    return {
+        "instance": name,
+        "replica_slots": S,
+        "unconstrained_reduction": None if free is None else free.comm_reduction,
+        "joint_best_at_target": None
+        if best is None
+        else {
+            "eps": best.eps,
+            "reduction": best.comm_reduction,
+            "maxvio": best.maxvio,
+            "share_of_unconstrained": None if free is None else best.comm_reduction / free.comm_reduction,
+        },
+        "other_points_beating_a_joint_point": beats,
+        "other_points_not_covered_by_joint": uncovered,
+        "worst_family_maxvio": {
+            "joint_max_over_eps": max((p.worst_family_maxvio for p in joint), default=None),
+            "joint_min_over_eps": min((p.worst_family_maxvio for p in joint), default=None),
+            "hottest_replication": None if hot is None else hot.worst_family_maxvio,
+            "hottest_replication_best_variant": min((p.worst_family_maxvio for p in hot_all), default=None),
+        },
+    }
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def markdown(data: dict) -> str:
+    info = data["info"]
+    lines = [
+        "# Joint planner benchmark",
+        "",
+        f"Generated by `python benchmarks/joint.py` ({info['machine']}; {info['wall_time_s']:.0f} s in all; joint "
+        f"searches {info['joint_seconds_per_layer']} s per layer). Every number is the one scorer's on the "
+        "held-out split, under each plan's own dispatch; `worst family MaxVio` is the largest MaxVio over the "
+        "single-family parts of the held-out split. `*`: on the Pareto set of its (instance, slots) frontier "
+        "(no other point has both fewer remote GPUs per token and a lower held-out MaxVio).",
+        "",
+        "## Done-when checks",
+        "",
+    ]
+    rows = []
+    for s in data["summary"]:
+        b = s["joint_best_at_target"]
+        w = s["worst_family_maxvio"]
+        rows.append(
+            [
+                s["instance"],
+                s["replica_slots"],
+                _pct(s["unconstrained_reduction"]),
+                "-" if b is None else f"{b['reduction']:.1f} % at {b['maxvio']:.3f} (eps {b['eps']:g})",
+                "-"
+                if b is None or b["share_of_unconstrained"] is None
+                else f"{100 * b['share_of_unconstrained']:.0f} %",
+                len(s["other_points_beating_a_joint_point"]),
+                len(s["other_points_not_covered_by_joint"]),
+                "-"
+                if w["joint_max_over_eps"] is None
+                else f"{w['joint_min_over_eps']:.3f} .. {w['joint_max_over_eps']:.3f}",
+                "-"
+                if w["hottest_replication"] is None
+                else f"{w['hottest_replication']:.3f} (best variant {w['hottest_replication_best_variant']:.3f})",
+            ]
+        )
+    lines.append(
+        tabulate(
+            rows,
+            headers=[
+                "instance",
+                "replica slots",
+                "unconstrained grouping reduction %",
+                f"joint best with held-out MaxVio <= {TARGET_MAXVIO}",
+                "share of unconstrained (target 85 %)",
+                "other points beating a joint point on both axes",
+                "other points no joint point covers",
+                "worst family MaxVio: joint (over eps)",
+                "worst family MaxVio: hottest-replication (λ = 1)",
+            ],
+            tablefmt="github",
+        )
+    )
+    for block in data["frontiers"]:
+        pts = [FrontierPoint(**{k: v for k, v in p.items() if k != "worst_family_maxvio"}) for p in block["points"]]
+        lines += [
+            "",
+            f"## {block['instance']}, {block['replica_slots']} replica slot(s) per GPU",
+            "",
+            frontier_table(pts),
+        ]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    blocks = data["frontiers"]
+    cols = 2
+    rows = -(-len(blocks) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False)
+    groups = {
+        "joint": ("joint", "C3", "o"),
+        "agnostic": ("agnostic", "C0", "s"),
+        "tacg": ("tacg", "C1", "^"),
+        "hypergraph": ("hypergraph", "C2", "v"),
+        "hottest-replication": ("hottest-replication", "C4", "D"),
+        "gesr": ("gesr", "C5", "P"),
+        "greedy": ("greedy replicate", "C6", "X"),
+        "balance": ("balance lp", "C7", "*"),
+    }
+    for ax, block in zip(axes.ravel(), blocks, strict=False):
+        seen = set()
+        for p in block["points"]:
+            if p["comm_reduction"] is None:
+                continue
+            key = p["stats"]["method"]
+            label, color, marker = groups.get(key, (key, "k", "."))
+            if key == "hottest-replication" and p["dispatch"] == "lp":
+                label, marker = "hottest-replication lp", "d"
+            ax.scatter(
+                max(p["maxvio"], FLOOR),
+                p["comm_reduction"],
+                c=color,
+                marker=marker,
+                s=36 if p["pareto"] else 18,
+                edgecolors="k" if p["pareto"] else "none",
+                label=None if label in seen else label,
+            )
+            seen.add(label)
+        j = sorted((p for p in block["points"] if p["stats"]["method"] == "joint"), key=lambda p: p["maxvio"])
+        ax.plot([max(p["maxvio"], FLOOR) for p in j], [p["comm_reduction"] for p in j], color="C3", linewidth=1)
+        ax.axvline(TARGET_MAXVIO, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_title(f"{block['instance']}, {block['replica_slots']} replica slot(s)", fontsize=9)
+        ax.set_xlabel(f"held-out MaxVio (log; below {FLOOR:g} drawn at {FLOOR:g})")
+        ax.set_ylabel("remote GPUs/token: reduction vs linear (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in axes.ravel()[len(blocks) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="deepseek-moe-16b and OLMoE, 1 slot")
+    ap.add_argument("--seconds", type=float, default=JOINT_TIME, help="joint search seconds per layer")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--report-only", action="store_true", help="rebuild joint.md and joint.png from joint.json")
+    args = ap.parse_args(argv)
+    if args.report_only:
+        import json
+
+        data = json.loads((args.out / "joint.json").read_text())
+        write_text(args.out / "joint.md", markdown(data))
+        plot(data, args.out / "joint.png")
+        return 0
+    t0 = time.perf_counter()
+
+    def log(line: str) -> None:
+        print(f"[{time.perf_counter() - t0:6.0f}s] {line}", flush=True)
+
+    instances: list[tuple[str, Instance, Workloads]] = []
+    for name in SYNTHETIC[:1] if args.quick else SYNTHETIC:
+        inst = load_instance(ROOT / "instances" / f"{name}.yaml")
+        instances.append((name, inst, load_workloads(inst)))
+    ol = olmoe_workloads()
+    if ol is not None:
+        instances.append(("olmoe (count-sampled)", ol[0], ol[1]))
+    slots = (1,) if args.quick else SLOTS
+    frontiers, summary = [], []
+    for name, inst, wl in instances:
+        families = family_workloads(wl.evaluation)
+        log(f"{name}: grouping")
+        group_pts, bases = grouping_points(inst, wl, families, log)
+        for S in slots:
+            inst_s = inst.replace(cluster=replace(inst.cluster, replica_slots_per_gpu=S))
+            log(f"{name}, {S} replica slot(s): replication baselines")
+            pts = [replace(p) for p in group_pts] + replication_points(inst_s, wl, families, bases, log)
+            log(f"{name}, {S} replica slot(s): joint")
+            pts += joint_points(inst_s, wl, families, log, args.seconds)
+            mark_pareto(pts)
+            frontiers.append({"instance": name, "replica_slots": S, "points": [p.to_json() for p in pts]})
+            summary.append(summarize(name, S, pts))
+            s = summary[-1]
+            log(f"{name} S={S}: {s['joint_best_at_target']}; beaten by {s['other_points_beating_a_joint_point']}")
+    data = {
+        "info": {
+            "machine": f"{platform.processor() or platform.machine()}, 2-core CPU shared with other jobs, "
+            f"Python {sys.version.split()[0]}",
+            "wall_time_s": time.perf_counter() - t0,
+            "joint_seconds_per_layer": args.seconds,
+            "joint_eps": JOINT_EPS,
+            "target_maxvio": TARGET_MAXVIO,
+        },
+        "summary": summary,
+        "frontiers": frontiers,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "joint.json", data)
+    write_text(args.out / "joint.md", markdown(data))
+    plot(data, args.out / "joint.png")
+    log(f"wrote {args.out / 'joint.json'}, joint.md and joint.png")
+    print(markdown(data).split("## ", 2)[1])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

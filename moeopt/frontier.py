@@ -1,0 +1,296 @@
+"""The communication-vs-balance frontier of several methods on one instance (SPEC 11).
+
+For each method and each load limit ``eps`` of a sweep, one plan is solved on the calibration
+workload and scored by the one scorer (:func:`moeopt.scoring.score`) on the held-out
+evaluation workload and on each family's own part of it (the single-family shift). The
+``eps`` knob of each kind of method:
+
+* ``joint``: ``eps`` (its calibration load limit);
+* grouping methods (``agnostic``, ``tacg``, ``hypergraph``, ``metis``): ``eps_load``;
+* replication methods (``hottest-replication``, ``gesr``): the base grouping's ``eps_load``
+  (base ``agnostic``);
+* others (``greedy`` with replication, ``balance``, ``linear``, ...): no knob, one point.
+
+A point is on the Pareto set when no other point has both fewer remote GPUs per token and a
+lower held-out MaxVio (ties: both lower or equal, one strictly).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tabulate import tabulate
+
+from moeopt.instance import Instance
+from moeopt.registry import get_method, method_names, metric_hooks
+from moeopt.scoring import Workloads, score
+from moeopt.solve import load_workloads, solve
+from moeopt.trace import Trace
+
+#: The methods of ``moeopt frontier`` by default: joint, the grouping methods, the
+#: replication baselines (on the task-agnostic grouping) and the load balancers.
+DEFAULT_METHODS = ("joint", "agnostic", "tacg", "hypergraph", "hottest-replication", "gesr", "greedy", "balance")
+DEFAULT_EPS = (0.02, 0.05, 0.1, 0.2)
+GROUPING = frozenset({"agnostic", "tacg", "hypergraph", "metis", "tacg-cpsat", "tacg-milp", "tacg-highs"})
+REPLICATION = frozenset({"hottest-replication", "gesr", "random-replication"})
+
+
+def has_knob(method: str) -> bool:
+    """Whether ``method`` has a load limit the sweep sets."""
+    return method.startswith("joint") or method in GROUPING or method in REPLICATION
+
+
+def sweep_params(method: str, eps: float | None) -> dict[str, Any]:
+    """The parameters that set ``method``'s load limit to ``eps`` (``eps`` None, or a method
+    without the knob: its defaults; ``greedy`` replicates)."""
+    if method.startswith("joint"):
+        return {} if eps is None else {"eps": eps}
+    if method in GROUPING:
+        return {} if eps is None else {"eps_load": eps}
+    if method in REPLICATION:
+        base: dict[str, Any] = {"base": "agnostic", "certificate": False}
+        if eps is not None:
+            base["base_params"] = {"eps_load": eps}
+        return base
+    if method == "greedy":
+        return {"replicate": True}
+    return {}
+
+
+@dataclass
+class FrontierPoint:
+    """One plan of the sweep and its held-out metrics."""
+
+    method: str
+    eps: float | None
+    params: dict[str, Any]
+    comm_per_token: float | None
+    comm_reduction: float | None
+    maxvio: float
+    maxvio_per_step: float | None
+    family_maxvio: dict[str, float]
+    dispatch: str
+    wall_time: float
+    calibration_maxvio: float | None = None
+    pareto: bool = False
+    error: str | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def worst_family_maxvio(self) -> float | None:
+        return max(self.family_maxvio.values()) if self.family_maxvio else None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in vars(self).items() if k != "stats"}
+        out["worst_family_maxvio"] = self.worst_family_maxvio
+        out["stats"] = self.stats
+        return out
+
+
+def family_workloads(workload: Any) -> dict[str, Any]:
+    """Each family's own part of a workload (a trace's tokens, or a count table's row)."""
+    names = workload.family_names
+    if len(names) <= 1:
+        return {}
+    out = {}
+    for name in names:
+        part = workload.only_family(name)
+        if isinstance(part, Trace) and part.tokens == 0:
+            continue
+        out[name] = part
+    return out
+
+
+def point_of(
+    instance: Instance,
+    wl: Workloads,
+    method: str,
+    eps: float | None,
+    params: dict[str, Any],
+    *,
+    time_limit: float | None,
+    seed: int,
+    families: dict[str, Any],
+) -> FrontierPoint:
+    """Solve one method at one ``eps`` and score it (held-out, and per family)."""
+    t0 = time.perf_counter()
+    result = solve(instance, method=method, params=params, time_limit=time_limit, seed=seed, workloads=wl)
+    wall = time.perf_counter() - t0
+    m = result.metrics
+    hooks = metric_hooks(method)
+    fam = {
+        name: float(score(result.plan, instance, wl, workload=w, hooks=hooks, params=result.params)["maxvio"])
+        for name, w in families.items()
+    }
+    cal = result.stats.get("calibration_maxvio")
+    if cal is None and result.objective_name in ("maxvio", "calibration_maxvio"):
+        cal = result.objective
+    return FrontierPoint(
+        method=method,
+        eps=eps,
+        params=params,
+        comm_per_token=m.get("comm_per_token"),
+        comm_reduction=m.get("comm_reduction_vs_linear"),
+        maxvio=float(m["maxvio"]),
+        maxvio_per_step=m.get("maxvio_per_step"),
+        family_maxvio=fam,
+        dispatch=result.plan.dispatch.kind
+        + (f" λ={result.plan.dispatch.lam:g}" if result.plan.dispatch.kind == "locality" else ""),
+        wall_time=wall,
+        calibration_maxvio=None if cal is None else float(cal),
+    )
+
+
+def mark_pareto(points: Sequence[FrontierPoint]) -> None:
+    """Flag the points no other point dominates in (communication, held-out MaxVio)."""
+    ok = [p for p in points if p.error is None and p.comm_per_token is not None]
+    for p in ok:
+        p.pareto = not any(
+            q is not p
+            and q.comm_per_token <= p.comm_per_token
+            and q.maxvio <= p.maxvio
+            and (q.comm_per_token < p.comm_per_token or q.maxvio < p.maxvio)
+            for q in ok
+        )
+
+
+def frontier(
+    instance: Instance,
+    *,
+    methods: Sequence[str] = DEFAULT_METHODS,
+    eps: Sequence[float] = DEFAULT_EPS,
+    time_limit: float | None = None,
+    seed: int = 0,
+    workloads: Workloads | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[FrontierPoint]:
+    """Every method at every ``eps`` (once for methods without a load-limit knob), scored on
+    the held-out evaluation workload; the Pareto set flagged."""
+    wl = workloads or load_workloads(instance)
+    families = family_workloads(wl.evaluation)
+    known = set(method_names())
+    points: list[FrontierPoint] = []
+    for method in methods:
+        if method not in known:
+            get_method(method)  # raises the one-line error listing the registered methods
+        impl = get_method(method)
+        if not impl.available():
+            continue
+        if "coactivation" in impl.requires and not wl.calibration_stats.has_coactivation:
+            continue
+        for e in list(eps) if has_knob(method) and eps else [None]:
+            params = sweep_params(method, e)
+            try:
+                p = point_of(instance, wl, method, e, params, time_limit=time_limit, seed=seed, families=families)
+            except Exception as exc:  # an unattainable eps_load is a point the method cannot reach
+                from moeopt.errors import MoeoptError
+
+                if not isinstance(exc, MoeoptError):
+                    raise
+                p = FrontierPoint(method, e, params, None, None, float("nan"), None, {}, "-", 0.0, error=str(exc))
+            points.append(p)
+            if log is not None:
+                log(_line(p))
+    mark_pareto(points)
+    return points
+
+
+def _fmt(v: Any, digits: int = 4) -> str:
+    if v is None or (isinstance(v, float) and not np.isfinite(v)):
+        return "-"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def _line(p: FrontierPoint) -> str:
+    if p.error:
+        return f"{p.method} eps={p.eps}: {p.error}"
+    return (
+        f"{p.method} eps={p.eps}: comm {_fmt(p.comm_per_token)} ({_fmt(p.comm_reduction, 2)} %), "
+        f"MaxVio {_fmt(p.maxvio)}, worst family {_fmt(p.worst_family_maxvio)}, {p.wall_time:.1f} s"
+    )
+
+
+def table(points: Sequence[FrontierPoint], fmt: str = "github") -> str:
+    """The sweep as a table, best communication first; Pareto points starred."""
+    rows = []
+    for p in sorted(points, key=lambda p: (p.comm_per_token is None, p.comm_per_token or 0.0, p.maxvio)):
+        rows.append(
+            [
+                "*" if p.pareto else "",
+                p.method,
+                _fmt(p.eps, 3),
+                _fmt(p.comm_per_token),
+                _fmt(p.comm_reduction, 2),
+                _fmt(p.maxvio),
+                _fmt(p.maxvio_per_step, 3),
+                _fmt(p.worst_family_maxvio, 3),
+                _fmt(p.calibration_maxvio),
+                p.dispatch,
+                f"{p.wall_time:.1f}",
+                p.error or "",
+            ]
+        )
+    headers = [
+        "Pareto",
+        "method",
+        "eps",
+        "remote GPUs/token",
+        "reduction vs linear %",
+        "MaxVio (held-out)",
+        "MaxVio per step",
+        "worst family MaxVio",
+        "calibration MaxVio",
+        "dispatch",
+        "time s",
+        "note",
+    ]
+    return tabulate(rows, headers=headers, tablefmt=fmt)
+
+
+def plot(points: Sequence[FrontierPoint], path: Any, title: str = "") -> None:
+    """Communication reduction vs held-out MaxVio (left) and vs the worst single-family
+    MaxVio (right), one marker per method, the Pareto set joined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from moeopt.io import atomic_path
+
+    ok = [p for p in points if p.error is None and p.comm_reduction is not None]
+    methods = list(dict.fromkeys(p.method for p in ok))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    markers = "os^vD<>pPX*h"
+    for i, m in enumerate(methods):
+        mine = sorted((p for p in ok if p.method == m), key=lambda p: p.maxvio)
+        style = dict(marker=markers[i % len(markers)], label=m, alpha=0.85)
+        axes[0].plot([p.maxvio for p in mine], [p.comm_reduction for p in mine], linestyle=":", **style)
+        fam = [p for p in mine if p.worst_family_maxvio is not None]
+        if fam:
+            axes[1].plot([p.worst_family_maxvio for p in fam], [p.comm_reduction for p in fam], linestyle="", **style)
+    front = sorted((p for p in ok if p.pareto), key=lambda p: p.maxvio)
+    if front:
+        axes[0].step(
+            [p.maxvio for p in front],
+            [p.comm_reduction for p in front],
+            where="post",
+            color="k",
+            linewidth=1,
+            label="Pareto set",
+        )
+    axes[0].set_xlabel("held-out MaxVio")
+    axes[1].set_xlabel("worst single-family MaxVio")
+    for ax in axes:
+        ax.set_ylabel("remote GPUs per token: reduction vs linear (%)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)

@@ -1,0 +1,260 @@
+"""Joint planner: the exact model, the move gains, the local search and the method."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from moeopt import joint as jm
+from moeopt.cli import main
+from moeopt.errors import InputError
+from moeopt.evaluate import evaluate
+from moeopt.io import load_instance
+from moeopt.registry import get_method, parse_params
+from moeopt.solve import load_workloads, solve
+from tests.conftest import INSTANCES
+
+
+def tiny_layer(
+    seed: int,
+    *,
+    E: int = 5,
+    G: int = 3,
+    W: int = 2,
+    k: int = 2,
+    tokens: int = 60,
+    families: int = 2,
+    eps: float = 0.1,
+    robust: float = 0.5,
+) -> jm.JointLayer:
+    """Tokens of ``families`` families, each preferring its own experts (Dirichlet)."""
+    rng = np.random.default_rng(seed)
+    pref = rng.dirichlet(np.full(E, 0.7), size=families)
+    fam = rng.integers(0, families, tokens)
+    topk = np.array([rng.choice(E, size=k, replace=False, p=pref[f]) for f in fam])
+    return jm.JointLayer(topk, fam, families, E, G, W, eps=eps, robust=robust)
+
+
+def one_copy_each(E: int, G: int, W: int, load: np.ndarray) -> jm.SlotState:
+    holds = np.zeros((E, G), dtype=bool)
+    holds[np.arange(E), np.arange(E) % G] = True
+    return jm.SlotState(jm.fill_slots(holds, W, load), E)
+
+
+# ----------------------------------------------------------------------------- exact model
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_exact_model_matches_brute_force(seed):
+    """The MILP over slot contents reaches the optimum found by enumerating every plan."""
+    layer = tiny_layer(seed)
+    best, slots = jm.brute_force(layer)
+    res = jm.solve_exact(layer, time_limit=30)
+    assert res.status == "optimal"
+    assert res.value == pytest.approx(best, abs=1e-6)
+    holds = jm.SlotState(
+        jm.fill_slots(jm.SlotState(res.slots, layer.experts).holds, layer.width, layer.expert_load), layer.experts
+    ).holds
+    assert jm.ideal_dispatch(layer, holds)[0] == pytest.approx(best, abs=1e-6)
+
+
+def test_ideal_dispatch_without_limit_is_set_cover():
+    """Without a load limit the ideal dispatch runs each token on the fewest GPUs covering it."""
+    layer = tiny_layer(3, eps=1e9, robust=0.0)
+    holds = np.zeros((5, 3), dtype=bool)
+    holds[[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]] = True
+    holds[0, 2] = True
+    expect = np.mean([1 if any(holds[a, g] and holds[b, g] for g in range(3)) else 2 for a, b in layer.topk])
+    assert jm.ideal_dispatch(layer, holds)[0] == pytest.approx(expect)
+
+
+def test_exact_model_refuses_large_layers():
+    """Past its size limit the exact model says so in one line."""
+    rng = np.random.default_rng(0)
+    layer = jm.JointLayer(rng.integers(0, 64, (50, 6)) % 64, np.zeros(50, int), 1, 64, 16, 5)
+    with pytest.raises(ValueError, match="exact joint model needs"):
+        jm.check_exact_size(layer)
+
+
+# ----------------------------------------------------------------------------- costs and moves
+@pytest.mark.parametrize("seed", range(4))
+def test_sample_cost_equals_exact_without_limit(seed):
+    """With top-2 and no load limit, locality-first routing is the ideal dispatch."""
+    layer = tiny_layer(seed, E=6, G=3, W=3, eps=1e9, robust=0.3)
+    rng = np.random.default_rng(seed)
+    holds = np.zeros((6, 3), dtype=bool)
+    holds[np.arange(6), rng.permutation(np.repeat(np.arange(3), 2))] = True
+    state = jm.SlotState(jm.fill_slots(holds, 3, layer.expert_load), 6)
+    assert jm.SampleCost(layer, None).reset(state) == pytest.approx(jm.ExactCost(layer).reset(state))
+
+
+def test_move_gains_are_incremental_and_exact():
+    """A move's gain, priced on the tokens it touches, equals the objective re-priced on all
+    tokens with the same tie order; batched gains equal single ones."""
+    layer = tiny_layer(5, E=12, G=4, W=4, k=3, tokens=400, families=3, eps=0.05)
+    cost = jm.SampleCost(layer, None)
+    state = one_copy_each(12, 4, 4, layer.expert_load)
+    cost.reset(state)
+    moves = jm.neighbourhood(state)[::7]
+    batched = cost.delta_many(state, moves)
+    for m, d in zip(moves, batched, strict=True):
+        trial = state.copy()
+        trial.apply(m)
+        repriced = cost.price(trial) - cost.value
+        assert cost.delta(state, m) == pytest.approx(repriced, abs=1e-12)
+        assert d == pytest.approx(repriced, abs=1e-12)
+
+
+def test_moves_keep_a_valid_plan():
+    """Swaps, replacements and moves into empty slots keep every expert covered, no expert
+    twice on a GPU, and the holder matrix in step with the slots."""
+    rng = np.random.default_rng(0)
+    slots = np.array([[0, 1, -1], [2, 3, 0], [4, 5, 1]])
+    state = jm.SlotState(slots, 6)
+    for _ in range(200):
+        moves = jm.neighbourhood(state)
+        assert all(state.valid(m) for m in moves)
+        state.apply(moves[int(rng.integers(len(moves)))])
+        again = jm.SlotState(state.slots, 6)
+        assert np.array_equal(again.holds, state.holds) and np.array_equal(again.copies, state.copies)
+
+
+# ----------------------------------------------------------------------------- local search
+@pytest.mark.parametrize("seed", [0, 1])
+def test_local_search_reaches_the_exact_optimum(seed):
+    """Pricing by the exact ideal dispatch, the search ends at the MILP's optimum."""
+    layer = tiny_layer(seed)
+    opt = jm.solve_exact(layer, time_limit=30).value
+    start = one_copy_each(5, 3, 2, layer.expert_load)
+    _, value, _ = jm.local_search(start, jm.ExactCost(layer), np.random.default_rng(seed), kicks=4)
+    assert value == pytest.approx(opt, abs=1e-6)
+
+
+def test_sample_search_reaches_the_exact_optimum_without_limit():
+    """On a layer where the sample cost is exact (top-2, no limit), the screened search over
+    a larger neighbourhood finds the MILP optimum."""
+    layer = tiny_layer(7, E=8, G=4, W=3, tokens=300, families=2, eps=1e9, robust=0.0)
+    opt = jm.solve_exact(layer, time_limit=30).value
+    start = one_copy_each(8, 4, 3, layer.expert_load)
+    _, value, _ = jm.local_search(
+        start, jm.SampleCost(layer, None), np.random.default_rng(0), kicks=8, exhaustive_below=0, candidates=48
+    )
+    assert value == pytest.approx(opt, abs=1e-9)
+
+
+# ----------------------------------------------------------------------------- the method
+@pytest.fixture(scope="module")
+def small_instance():
+    """gesr-small (2 layers x 16 experts, top-2, 4 GPUs x (4 + 1) slots) and its workloads."""
+    inst = load_instance(INSTANCES / "gesr-small.yaml")
+    return inst, load_workloads(inst)
+
+
+def test_joint_meets_the_limit_on_calibration(small_instance):
+    """The joint plan's MaxVio on the calibration trace, as the one scorer measures it under
+    the plan's own dispatch, is within eps; it needs fewer GPUs per token than linear."""
+    inst, wl = small_instance
+    r = solve(inst, method="joint", params={"eps": 0.1, "time_per_layer": 0.5}, workloads=wl)
+    cal = evaluate(r.plan, wl.calibration, inst.cluster)
+    assert r.stats["constraint_met"]
+    assert cal["maxvio"] <= 0.1 + 1e-9
+    assert r.objective == pytest.approx(cal["comm_per_token"])
+    assert r.metrics["comm_reduction_vs_linear"] > 0
+    r.plan.check(inst.cluster, layers=2, experts=16, own=True)
+
+
+def test_joint_exact_runs_and_certifies(small_instance):
+    """joint-exact solves each small layer's model (or falls back to the search) and reports
+    the model's value and bound per layer."""
+    inst, wl = small_instance
+    r = solve(inst, method="joint-exact", params={"eps": 0.2, "time_per_layer": 0.3}, time_limit=5, workloads=wl)
+    assert len(r.stats["model_bound_per_layer"]) == 2
+    r.plan.check(inst.cluster, layers=2, experts=16, own=True)
+
+
+def test_joint_needs_a_trace(small_instance):
+    """On count-only workloads the joint planner says it needs tokens."""
+    inst = load_instance(INSTANCES / "real" / "olmoe-domains.yaml")
+    with pytest.raises(InputError, match="token trace"):
+        solve(inst, method="joint")
+
+
+def test_joint_params_are_checked():
+    """Bad parameters give one line naming the field."""
+    impl = get_method("joint")
+    with pytest.raises(InputError, match="robust"):
+        parse_params(impl, {"robust": 2.0})
+    with pytest.raises(InputError, match="starts"):
+        parse_params(impl, {"starts": "grouping,nope"})
+
+
+def test_frontier_command(small_instance, tmp_path, capsys):
+    """``moeopt frontier`` writes the sweep's table, JSON and plot; the Pareto set is the
+    points no other point beats on both communication and held-out MaxVio."""
+    inst_path = str(INSTANCES / "gesr-small.yaml")
+    args = [
+        "frontier",
+        inst_path,
+        "--eps",
+        "0.1,0.3",
+        "--methods",
+        "joint,agnostic,greedy",
+        "--time-limit",
+        "0.3",
+        "--output-dir",
+        str(tmp_path),
+        "--quiet",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "MaxVio (held-out)" in out
+    data = json.loads((tmp_path / "gesr-small.json").read_text())
+    pts = [p for p in data["points"] if p["error"] is None]
+    assert {p["method"] for p in pts} == {"joint", "agnostic", "greedy"}
+    assert sum(p["method"] == "greedy" for p in pts) == 1  # no load-limit knob: one point
+    for p in pts:
+        dominated = any(q["comm_per_token"] < p["comm_per_token"] and q["maxvio"] < p["maxvio"] for q in pts)
+        assert not (p["pareto"] and dominated)
+        assert set(p["family_maxvio"]) == {"code", "query", "math", "reasoning"}
+    assert (tmp_path / "gesr-small.png").stat().st_size > 0
+    assert (tmp_path / "gesr-small.md").read_text().startswith("# Frontier")
+
+
+def test_frontier_rejects_bad_eps(tmp_path, capsys):
+    """A non-numeric --eps is one line on stderr and exit code 2."""
+    assert main(["frontier", str(INSTANCES / "gesr-small.yaml"), "--eps", "a,b"]) == 2
+    assert "--eps" in capsys.readouterr().err
+
+
+def test_grouping_start_uses_the_replica_slots(small_instance):
+    """The grouping start fills the replica slots with hottest-first copies."""
+    from moeopt.methods.joint import grouping_starts
+    from moeopt.registry import Context, Problem
+
+    inst, wl = small_instance
+    problem = Problem(inst, wl.calibration_stats, wl.calibration)
+    slots = grouping_starts(problem, Context(time_limit=0.5))
+    assert slots.shape == (2, 4, 5)
+    counts = np.array([np.bincount(s[s >= 0], minlength=16) for s in slots])
+    assert (counts >= 1).all() and (counts.sum(axis=1) == 20).all()
+    inst2 = inst.replace(cluster=replace(inst.cluster, replica_slots_per_gpu=0))
+    assert grouping_starts(Problem(inst2, wl.calibration_stats, wl.calibration), Context(time_limit=0.5)).shape == (
+        2,
+        4,
+        4,
+    )
+
+
+def test_auto_is_the_default(tmp_path):
+    """An instance without ``method:`` runs ``auto``: joint on a token trace, balance on counts."""
+    trace_inst = tmp_path / "trace.yaml"
+    trace_inst.write_text(
+        "model: {layers: 1, experts: 8, top_k: 2}\ncluster: {gpus: 4, replica_slots_per_gpu: 1}\n"
+        "workload:\n  synthetic: {tokens: 1024, steps: 4, structure_seed: 1}\n"
+    )
+    inst = load_instance(trace_inst)
+    assert inst.method.name == "auto"
+    assert solve(inst, time_limit=0.3).method == "joint"
+    counts = load_instance(INSTANCES / "real" / "olmoe-domains.yaml").replace(method=load_instance(trace_inst).method)
+    assert solve(counts).method == "balance"
