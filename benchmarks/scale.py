@@ -271,9 +271,10 @@ def cluster_estimate(per_layer: dict, rows: list[dict], start: dict) -> list[dic
         ray_row = next((r for r in rows if r["method"] == label and "Ray" in r["executor"]), None)
         pool_row = next(r for r in rows if r["method"] == label and r["executor"] == "2 workers")
         serial_row = next(r for r in rows if r["method"] == label and r["executor"] == "serial")
-        # per-run overhead of Ray beyond the layers' own work on 2 CPUs, its start and stop excluded
+        # per-run overhead of Ray beyond its layers' own work (as they ran there, on 2 CPUs), its
+        # start and stop excluded: worker start-up, shipping, scheduling, scoring
         boot = start.get("ray_init_s", 0.0) + start.get("ray_shutdown_s", 0.0)
-        overhead = (ray_row["wall_s"] - boot - makespan(times, 2)) if ray_row else 0.0
+        overhead = (ray_row["wall_s"] - boot - ray_row["layer_sum_s"] / 2) if ray_row else 0.0
         row = {"method": label, "serial_s": serial_row["wall_s"], "2_workers_s": pool_row["wall_s"],
                "ray_overhead_s": max(overhead, 0.0), "slowest_layer_s": max(times)}
         for c in CLUSTER_CPUS:
@@ -308,6 +309,10 @@ def plot(sweep: list[dict], methods: list[str], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _fmt_cpu(v) -> str:
+    return "-" if v is None or np.isnan(v) else f"{v:.2f}"
+
+
 def markdown(rows, start, sweep, estimate, methods, info, paired) -> str:
     layers = info["layers"]
     speed = []
@@ -316,7 +321,7 @@ def markdown(rows, start, sweep, estimate, methods, info, paired) -> str:
         for r in rows:
             if r["method"] == label:
                 speed.append([label, r["executor"], f"{r['wall_s']:.2f}", f"{r['layer_sum_s']:.2f}",
-                              "-" if np.isnan(r["layer_cpu_s"]) else f"{r['layer_cpu_s']:.2f}",
+                              _fmt_cpu(r["layer_cpu_s"]),
                               f"{serial / r['wall_s']:.2f}x", "yes" if r["same_plan_as_serial"] else "NO",
                               "-" if r["payload_kib"] is None else f"{r['payload_kib']:.0f}"])
     sweep_rows = [[r["experts"], f"{r['tokens']:,}", f"{r['stats_s']:.3f}", *(f"{r[m]:.3f}" for m in methods)]
@@ -379,7 +384,7 @@ def markdown(rows, start, sweep, estimate, methods, info, paired) -> str:
         "",
         "List scheduling of the measured per-layer times (serial run above) on 16 x c CPUs, plus "
         "the Ray overhead measured here (the local Ray run's wall minus Ray's start and stop and "
-        "its layers' 2-CPU makespan: shipping, scheduling, scoring). Assumes nodes as fast as this "
+        "half its layers' summed times: worker start-up, shipping, scheduling, scoring). Assumes nodes as fast as this "
         "machine and a cluster already running (`ray.init(address=...)` then only connects).",
         "",
         tabulate(est_rows, headers=["method", "serial (s)", "2 workers (s)", "slowest layer (s)", "Ray overhead (s)",
@@ -405,6 +410,7 @@ def main() -> int:
         old = json.loads((OUT / "scale.json").read_text())
         paired = paired_speedup(methods, PAIRED_LAYERS, PAIRED_REPS, log)
         old["paired"] = paired
+        old["cluster_estimate"] = cluster_estimate(old["per_layer_serial_s"], old["whole_model"], old["startup"])
         old["info"]["machine"]["load_average_paired"] = list(os.getloadavg())
         write_json(OUT / "scale.json", old)
         write_text(OUT / "scale.md", markdown(old["whole_model"], old["startup"], old["one_layer"],

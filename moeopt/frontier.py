@@ -6,9 +6,10 @@ evaluation workload and on each family's own part of it (the single-family shift
 ``eps`` knob of each kind of method:
 
 * ``joint``: ``eps`` (its calibration load limit);
-* grouping methods (``agnostic``, ``tacg``, ``hypergraph``, ``metis``): ``eps_load``;
+* grouping methods (``agnostic``, ``tacg``, ``hypergraph``, ``metis``): ``eps_load``, plus
+  one point at their automatic limit;
 * replication methods (``hottest-replication``, ``gesr``): the base grouping's ``eps_load``
-  (base ``agnostic``);
+  (base ``agnostic``), plus one point at its automatic limit;
 * others (``greedy`` with replication, ``balance``, ``linear``, ...): no knob, one point.
 
 A point is on the Pareto set when no other point has both fewer remote GPUs per token and a
@@ -182,7 +183,12 @@ def frontier(
             continue
         if "coactivation" in impl.requires and not wl.calibration_stats.has_coactivation:
             continue
-        for e in list(eps) if has_knob(method) and eps else [None]:
+        sweep: list[float | None] = [None]
+        if has_knob(method) and eps:
+            # grouping and replication methods also at their automatic limit: a tight eps_load
+            # is often unreachable for them (the hottest expert alone exceeds it)
+            sweep = list(eps) if method.startswith("joint") else [None, *eps]
+        for e in sweep:
             params = sweep_params(method, e)
             try:
                 p = point_of(instance, wl, method, e, params, time_limit=time_limit, seed=seed, families=families)

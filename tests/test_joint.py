@@ -168,7 +168,7 @@ def test_joint_exact_runs_and_certifies(small_instance):
     """joint-exact solves each small layer's model (or falls back to the search) and reports
     the model's value and bound per layer."""
     inst, wl = small_instance
-    r = solve(inst, method="joint-exact", params={"eps": 0.2, "time_per_layer": 0.3}, time_limit=5, workloads=wl)
+    r = solve(inst, method="joint-exact", params={"eps": 0.2, "time_per_layer": 0.3}, time_limit=2, workloads=wl)
     assert len(r.stats["model_bound_per_layer"]) == 2
     r.plan.check(inst.cluster, layers=2, experts=16, own=True)
 
@@ -213,6 +213,7 @@ def test_frontier_command(small_instance, tmp_path, capsys):
     pts = [p for p in data["points"] if p["error"] is None]
     assert {p["method"] for p in pts} == {"joint", "agnostic", "greedy"}
     assert sum(p["method"] == "greedy" for p in pts) == 1  # no load-limit knob: one point
+    assert sum(p["method"] == "agnostic" for p in data["points"]) == 3  # automatic limit + 2 eps
     for p in pts:
         dominated = any(q["comm_per_token"] < p["comm_per_token"] and q["maxvio"] < p["maxvio"] for q in pts)
         assert not (p["pareto"] and dominated)
