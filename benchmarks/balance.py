@@ -27,9 +27,6 @@ Run: ``python benchmarks/balance.py`` (about 5 min on 2 cores). Writes
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
+from machine_info import machine  # noqa: E402  (benchmarks/ is on the path when run as a script)
 from moeopt import balance as core
 from moeopt.evaluate import evaluate
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
@@ -66,15 +64,6 @@ METHODS = {  # label: (method, params)
     "balance-hierarchical": ("balance", {"hierarchical": True}),
     "balance-shrink": ("balance", {"shrink": 0.65}),  # hedges a load shift; meant for lp dispatch
 }
-
-
-def machine() -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
-    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(), "git_commit": commit}
 
 
 def instance(model: Model, G: int, W: int, calib: WorkloadSource, method: str, params: dict) -> Instance:

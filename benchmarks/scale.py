@@ -45,14 +45,13 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import pickle  # noqa: E402
-import platform  # noqa: E402
-import subprocess  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
+from machine_info import machine  # noqa: E402
 from moeopt import execute  # noqa: E402
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource  # noqa: E402
 from moeopt.io import read_workload_file, write_json, write_text  # noqa: E402
@@ -90,16 +89,6 @@ SWEEP_TOKENS = (10_000, 100_000, 1_000_000)
 SWEEP_BASE_TOKENS = 100_000
 CLUSTER_NODES = 16
 CLUSTER_CPUS = (2, 8)
-
-
-def machine() -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
-    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(), "git_commit": commit,
-            "load_average": list(os.getloadavg())}
 
 
 def instance(layers: int, experts: int) -> Instance:
