@@ -44,14 +44,6 @@ def maxvio(loads: np.ndarray) -> np.ndarray:
 communication = communication_of  # the metric, defined beside the dispatch that feeds it
 
 
-def step_loads_from_dispatch(gpu: np.ndarray, step: np.ndarray, gpus: int) -> np.ndarray:
-    """float ``[L, T, G]``: token-expert assignments executed on each GPU at each step."""
-    N, L, k = gpu.shape
-    T = int(step.max()) + 1 if N else 1
-    key = (np.arange(L)[None, :, None] * T + step[:, None, None]) * gpus + gpu
-    return np.bincount(key.ravel(), minlength=L * T * gpus).reshape(L, T, gpus).astype(np.float64)
-
-
 def loads_from_counts(plan: Plan, counts: np.ndarray, cluster: Cluster) -> np.ndarray:
     """float ``[L, ..., G]`` from per-expert counts ``[L, ..., E]`` under the plan's dispatch."""
     return count_loads(plan, counts, cluster)
