@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tabulate import tabulate
 
@@ -496,8 +496,15 @@ def cmd_trace_import(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- parser
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr (exit 2), like every other moeopt error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="moeopt", description=__doc__)
+    p = OneLineParser(prog="moeopt", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:

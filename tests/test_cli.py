@@ -176,3 +176,17 @@ def test_solve_accepts_hint(quickstart_path, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(plan.read_text().replace('"gpus": 4', '"gpus": 2'))
     assert main(["solve", str(quickstart_path), "--quiet", "--hint", str(bad)]) == 2
+
+
+@pytest.mark.parametrize("argv", [
+    ["solve", "x.yaml", "--dispatch", "fastest"],
+    ["solve", "x.yaml", "--workers", "-1"],
+    ["evaluate", "x.yaml"],
+    ["trace", "synth", "--layers", "two", "--output", "t.npz"],
+])
+def test_usage_errors_are_one_line(argv, capsys):
+    """Bad command-line options exit 2 with one line naming the command and the option."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and err.startswith("error: moeopt ")
