@@ -397,7 +397,9 @@ def main() -> int:
         import json
 
         old = json.loads((OUT / "scale.json").read_text())
-        paired = paired_speedup(methods, PAIRED_LAYERS, PAIRED_REPS, log)
+        fresh = paired_speedup(methods, PAIRED_LAYERS, PAIRED_REPS, log)
+        redone = {row["method"] for row in fresh}
+        paired = [row for row in old.get("paired", []) if row["method"] not in redone] + fresh  # keep other methods
         old["paired"] = paired
         old["cluster_estimate"] = cluster_estimate(old["per_layer_serial_s"], old["whole_model"], old["startup"])
         old["info"]["machine"]["load_average_paired"] = list(os.getloadavg())
