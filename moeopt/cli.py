@@ -1,15 +1,22 @@
-"""Command line: ``python -m moeopt {solve, evaluate, compare, trace, methods}``."""
+"""moeopt: place the experts of a Mixture-of-Experts model on GPUs; solve, score, compare and plot plans.
+
+Results go to stdout; progress (per-layer lines, bars) to stderr on a terminal or with --verbose;
+notes to stderr unless --quiet (see moeopt.console)."""
 
 from __future__ import annotations
 
 import argparse
+import functools
+import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 from tabulate import tabulate
 
+from moeopt import console
 from moeopt.errors import MoeoptError
 from moeopt.io import (
     PlanFile,
@@ -22,9 +29,11 @@ from moeopt.io import (
     write_plan,
     write_trace,
 )
+from moeopt.outputs import all_or_none, check_directory, check_target
 from moeopt.plan import DISPATCH_KINDS, Dispatch
 from moeopt.registry import metric_hooks
 from moeopt.result import Result
+from moeopt.schema import check_homes
 from moeopt.scoring import score
 from moeopt.solve import Workloads, load_workloads, solve
 from moeopt.trace import Trace
@@ -71,7 +80,8 @@ def report_dict(result: Result, instance_name: str) -> dict:
     }
 
 
-def metrics_table(columns: dict[str, dict]) -> str:
+def metrics_table(columns: dict[str, dict], extra: list[tuple[str, list[str]]] = ()) -> str:
+    """The metric rows of several plans side by side, plus ``extra`` rows (label, cells)."""
     names = list(columns)
     rows = []
     for key, label, _ in METRIC_ROWS:
@@ -79,7 +89,12 @@ def metrics_table(columns: dict[str, dict]) -> str:
         if all(v is None for v in vals):
             continue
         rows.append([label] + [_fmt(v) for v in vals])
-    return tabulate(rows, headers=["metric"] + names, tablefmt="github")
+    rows += [[label, *cells] for label, cells in extra]
+    if not extra:
+        return tabulate(rows, headers=["metric"] + names, tablefmt="github")
+    # text rows (dispatch) among numbers: keep every cell as printed, numbers right-aligned
+    align = ("left",) + ("right",) * len(names)
+    return tabulate(rows, headers=["metric"] + names, tablefmt="github", disable_numparse=True, colalign=align)
 
 
 def metrics_report(name: str, metrics: dict) -> str:
@@ -117,6 +132,39 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nonneg_int(text: str) -> int:
+    """``--seed``, ``--layer``, ``--dense-layers``: an integer in ``[0, 2**31 - 1]``."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**31:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {2**31 - 1}], got {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    """``--time-limit``: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """A probability: a number in ``[0, 1]``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
 def _dispatch(args: argparse.Namespace) -> Dispatch | None:
     return Dispatch(kind=args.dispatch) if getattr(args, "dispatch", None) else None
 
@@ -140,7 +188,7 @@ def _engine_format(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return "plan"  # read_plan_file says what is wrong with it
     if isinstance(data, dict) and "physical_to_logical_map" in data:
         return "sglang"
@@ -179,6 +227,31 @@ def migration_table(stats: dict) -> str:
     return "\n".join([head, "migration frontier (calibration, even split):", table])
 
 
+def _plot_loads(
+    path: str,
+    inst: Any,
+    metrics: dict[str, dict],
+    workloads: Workloads | None = None,
+    *,
+    current: Any = None,
+    layer: int | None = None,
+) -> None:
+    """Per-GPU loads of each plan (its ``metrics``) against linear, or against ``current``
+    (``--from``), on the instance's evaluation workload: one panel per plan."""
+    from moeopt import plot
+    from moeopt.evaluate import evaluate, linear_plan
+
+    wl = workloads or load_workloads(inst)
+    m = inst.model
+    base = current if current is not None else linear_plan(m.layers, m.experts, inst.cluster.gpus)
+    before = evaluate(base, wl.evaluation, inst.cluster)
+    label = "current" if current is not None else "linear"
+    metrics = {k: v for k, v in metrics.items() if k != label} or metrics  # no panel of linear against itself
+    panels = [plot.load_bars(v, before, layer=layer, after_label=k, before_label=label) for k, v in metrics.items()]
+    plot.draw_loads(panels, path, title=f"{inst.name}: tokens per GPU, {label} vs plan (held-out workload)")
+    console.note(f"wrote {path}")
+
+
 # ----------------------------------------------------------------------------- commands
 def cmd_solve(args: argparse.Namespace) -> int:
     inst = load_instance(args.instance)
@@ -189,7 +262,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         method=args.method,
         time_limit=args.time_limit,
         seed=args.seed,
-        quiet=args.quiet,
+        quiet=not console.progress(),
         hint=hint,
         dispatch=_dispatch(args),
         current=current,
@@ -203,6 +276,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
     print(_solve_table(result))
     if "migration_frontier" in result.stats:
         print(migration_table(result.stats))
+    if args.plot and result.plan is not None:
+        _plot_loads(args.plot, inst, {result.method: result.metrics}, current=current, layer=args.layer)
     return 0 if result.plan is not None else 1
 
 
@@ -214,6 +289,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     workload = None
     if args.trace:
         workload = fit_workload(read_workload_file(args.trace, top_k=inst.model.top_k), inst.model, args.trace)
+        if isinstance(workload, Trace):
+            check_homes(workload.home, inst.cluster.gpus, args.trace)
     metrics = score(plan, inst, wl, workload=workload, hooks=metric_hooks(pf.method), params=pf.params)
     if args.report:
         write_json(args.report, {"instance": inst.name, "plan": str(args.plan), "metrics": metrics})
@@ -225,6 +302,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     inst = load_instance(args.instance)
     wl: Workloads = load_workloads(inst)
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not names:
+        raise MoeoptError(f"--methods: expected comma-separated method names, got {args.methods!r}")
     cols: dict[str, dict] = {}
     reports = []
     for name in names:
@@ -233,7 +312,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             method=name,
             time_limit=args.time_limit,
             seed=args.seed,
-            quiet=args.quiet,
+            quiet=not console.progress(),
             workloads=wl,
             dispatch=_dispatch(args),
             workers=args.workers,
@@ -245,15 +324,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         reports.append(report_dict(r, inst.name))
     if args.report:
         write_json(args.report, {"instance": inst.name, "results": reports})
-    table = metrics_table(cols)
-    walls = "| wall time (s) | " + " | ".join(f"{cols[n]['wall_time']:.3f}" for n in names) + " |"
-    red = (
-        "| comm reduction vs linear (%) | "
-        + " | ".join(_fmt(cols[n].get("comm_reduction_vs_linear")) for n in names)
-        + " |"
-    )
-    disp = "| dispatch | " + " | ".join(str(cols[n].get("dispatch", "-")) for n in names) + " |"
-    print("\n".join([table, red, walls, disp]))
+    extra = [
+        ("comm reduction vs linear (%)", [_fmt(cols[n].get("comm_reduction_vs_linear")) for n in names]),
+        ("wall time (s)", [f"{cols[n]['wall_time']:.3f}" for n in names]),
+        ("dispatch", [str(cols[n].get("dispatch", "-")) for n in names]),
+    ]
+    print(metrics_table(cols, extra))
+    if args.plot:
+        _plot_loads(args.plot, inst, {n: cols[n] for n in names if "loads" in cols[n]}, wl, layer=args.layer)
     return 0
 
 
@@ -270,7 +348,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     if any(not (e >= 0) for e in eps):
         raise MoeoptError(f"--eps: every value must be >= 0, got {args.eps!r}")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    log = console.progress_line if console.progress() else None
     points = fr.frontier(inst, methods=methods, eps=eps, time_limit=args.time_limit, seed=args.seed, log=log)
     out = Path(args.output_dir) if args.output_dir else None
     stem = args.name or inst.name
@@ -281,6 +359,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         write_text(out / f"{stem}.md", md)
         fr.plot(points, out / f"{stem}.png", title=inst.name)
     print(fr.table(points))
+    if args.plot:
+        fr.plot(points, args.plot, title=inst.name)
     if out is not None and not args.quiet:
         print(f"wrote {out / (stem + '.json')}, {stem}.md and {stem}.png")
     return 0
@@ -314,7 +394,7 @@ def cmd_trace_synth(args: argparse.Namespace) -> int:
         structure_seed=args.structure_seed,
         seed=args.seed,
     )
-    spec.validate(source="trace synth", prefix="--")
+    spec.validate(source=None, prefix="--")
     trace = synthesize(spec)
     write_trace(args.output, trace)
     if not args.quiet:
@@ -375,19 +455,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def _harness_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    sp.add_argument("--d-model", type=int, default=None, help="expert FFN width (CPU default 64)")
-    sp.add_argument("--d-ff", type=int, default=None, help="expert FFN hidden size (CPU default 128)")
+    sp.add_argument("--d-model", type=_positive_int, default=None, help="expert FFN width (CPU default 64)")
+    sp.add_argument("--d-ff", type=_positive_int, default=None, help="expert FFN hidden size (CPU default 128)")
     sp.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp32"], help="CPU default fp32")
-    sp.add_argument("--tile", type=int, default=None, help="tokens per tile of the profile (default 64)")
+    sp.add_argument("--tile", type=_positive_int, default=None, help="tokens per tile of the profile (default 64)")
     sp.add_argument("--speeds", default=None, help="emulated GPU speeds, comma-separated")
-    sp.add_argument("--threads", type=int, default=None, help="torch CPU threads (CPU default 1)")
+    sp.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (CPU default 1)")
     sp.add_argument(
         "--statistic",
         default="median",
         choices=["median", "min"],
         help="of the timed runs (min is steadier on a shared CPU)",
     )
-    sp.add_argument("--quiet", action="store_true", help="no progress bar")
+    sp.add_argument("--quiet", action="store_true", help="nothing on stderr but errors (no progress bar)")
+    sp.add_argument("--verbose", action="store_true", help="progress on stderr even when it is not a terminal")
 
 
 # ----------------------------------------------------------------------------- serving engines
@@ -442,8 +523,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"wrote {args.output}: {args.format}, {plan.layers + args.dense_layers} layers x {plan.gpus * W} "
             f"physical slots ({plan.gpus} GPUs x {W}), {plan.experts} experts, dispatch {plan.dispatch.kind}"
         )
-        for line in [*notes, *engine_settings(args.format, plan, str(args.output), dense_layers=args.dense_layers)]:
+        for line in engine_settings(args.format, plan, str(args.output), dense_layers=args.dense_layers):
             print(line)
+    for line in notes:
+        console.note(line)
     return 0
 
 
@@ -472,8 +555,8 @@ def cmd_import(args: argparse.Namespace) -> int:
             f"wrote {args.output}: {plan.layers} layers x {P} physical slots ({plan.gpus} GPUs x {plan.width}), "
             f"{plan.experts} experts, dispatch {plan.dispatch.kind}"
         )
-        for line in plan.notes():
-            print(line)
+    for line in plan.notes():
+        console.note(line)
     return 0
 
 
@@ -495,27 +578,97 @@ def cmd_trace_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot_input(path: str) -> dict:
+    """A JSON file for ``moeopt plot``: a plan, a solve or compare report, or a frontier file."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise MoeoptError(f"{path}: file not found") from None
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise MoeoptError(f"{path}: not a JSON file: {exc}") from None
+    if not isinstance(data, dict):
+        raise MoeoptError(f"{path}: expected a JSON object (plan, report or frontier file)")
+    return data
+
+
+def _plot_kind(data: dict) -> str:
+    """What a file is drawn as by default: frontier file -> frontier, plan -> loads, report -> gap."""
+    if "points" in data:
+        return "frontier"
+    if "format" in data:
+        return "loads"
+    return "gap"
+
+
+def _reports(data: dict) -> list[dict]:
+    """The solve reports in a ``solve --report`` (one) or ``compare --report`` (several) file."""
+    return list(data["results"]) if isinstance(data.get("results"), list) else [data]
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from moeopt import plot
+
+    data = _plot_input(args.file)
+    kind = args.kind or _plot_kind(data)
+    if kind == "frontier":
+        plot.draw_frontier(data, args.output)
+    elif kind == "gap":
+        if "points" in data or "format" in data:
+            raise MoeoptError(f"{args.file}: --kind gap needs a solve or compare report (--report)")
+        histories = [h for h in map(plot.gap_history, _reports(data)) if h is not None]
+        if not histories:
+            methods = ", ".join(str(r.get("method")) for r in _reports(data))
+            raise MoeoptError(
+                f"{args.file}: the report has no history ({methods} solved all layers together and recorded none)"
+            )
+        plot.draw_gap(histories, args.output, title=f"{data.get('instance', '')}: incumbent and bound per layer")
+    else:
+        if not args.instance:
+            raise MoeoptError("--kind loads needs --instance (the workload the loads are counted on)")
+        inst = load_instance(args.instance)
+        current = _current_plan(args.from_plan, args.from_format, inst) if args.from_plan else None
+        wl = load_workloads(inst)
+        if "format" in data:
+            from moeopt.evaluate import evaluate
+
+            pf = _read_plan_for(args.file, inst)
+            metrics = {pf.method or Path(args.file).stem: evaluate(pf.plan, wl.evaluation, inst.cluster)}
+        elif "points" in data:
+            raise MoeoptError(f"{args.file}: a frontier file has no plans; --kind loads needs a plan or a report")
+        else:
+            metrics = {str(r.get("method")): r.get("metrics") or {} for r in _reports(data)}
+            if not all("loads" in m for m in metrics.values()):
+                raise MoeoptError(f"{args.file}: the report carries no per-GPU loads")
+        _plot_loads(args.output, inst, metrics, wl, current=current, layer=args.layer)
+        return 0
+    console.note(f"wrote {args.output}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors as one line on stderr (exit 2), like every other moeopt error."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {self.prog}: {message}\n")
+        self.exit(2, f"error: {self.prog}: {one_line(message)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="moeopt", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = OneLineParser(prog="moeopt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
             "--time-limit",
-            type=float,
+            type=_positive_seconds,
             default=None,
             help="seconds per layer (exact solvers stop there; heuristics use it as a cap)",
         )
-        sp.add_argument("--seed", type=int, default=0)
-        sp.add_argument("--quiet", action="store_true", help="no progress output")
+        sp.add_argument("--seed", type=_nonneg_int, default=0)
+        verbosity(sp)
         sp.add_argument(
             "--workers",
             type=_positive_int,
@@ -532,6 +685,22 @@ def build_parser() -> argparse.ArgumentParser:
             help="solve layers as Ray tasks on the cluster at ADDRESS, or on a local Ray when no address "
             '(needs pip install -e ".[ray]")',
         )
+
+    def verbosity(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--verbose", action="store_true", help="progress lines on stderr even when it is not a terminal"
+        )
+        sp.add_argument("--quiet", action="store_true", help="nothing on stderr but errors (no progress, no notes)")
+
+    def plot_args(sp: argparse.ArgumentParser, layer: bool = True) -> None:
+        sp.add_argument("--plot", metavar="FILE.png", help="also draw a figure (matplotlib) to this file")
+        if layer:
+            sp.add_argument(
+                "--layer",
+                type=_nonneg_int,
+                default=None,
+                help="layer of the load plot (default: the plan's worst layer)",
+            )
 
     def dispatch_arg(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
@@ -566,6 +735,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dispatch_arg(s)
     common(s)
+    plot_args(s)
     s.set_defaults(func=cmd_solve)
 
     e = sub.add_parser("evaluate", help="score a plan on an instance's evaluation workload (or --trace)")
@@ -582,6 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--report")
     dispatch_arg(c)
     common(c)
+    plot_args(c)
     c.set_defaults(func=cmd_compare)
 
     fr_ = sub.add_parser(
@@ -597,19 +768,20 @@ def build_parser() -> argparse.ArgumentParser:
     fr_.add_argument("--output-dir", help="write NAME.json, NAME.md and NAME.png here")
     fr_.add_argument("--name", help="file stem (default: the instance name)")
     common(fr_)
+    plot_args(fr_, layer=False)
     fr_.set_defaults(func=cmd_frontier)
 
     m = sub.add_parser("methods", help="list registered methods and whether they are available")
     m.set_defaults(func=cmd_methods)
 
-    t = sub.add_parser("trace", help="synthesize or inspect traces")
+    t = sub.add_parser("trace", help="synthesize, inspect or import traces")
     tsub = t.add_subparsers(dest="trace_command", required=True)
     ts = tsub.add_parser("synth", help="write a synthetic task-structured trace (.npz)")
-    ts.add_argument("--layers", type=int, default=2)
-    ts.add_argument("--experts", type=int, default=16)
-    ts.add_argument("--top-k", type=int, default=2)
-    ts.add_argument("--tokens", type=int, default=4096)
-    ts.add_argument("--steps", type=int, default=16)
+    ts.add_argument("--layers", type=_positive_int, default=2)
+    ts.add_argument("--experts", type=_positive_int, default=16)
+    ts.add_argument("--top-k", type=_positive_int, default=2)
+    ts.add_argument("--tokens", type=_positive_int, default=4096)
+    ts.add_argument("--steps", type=_positive_int, default=16)
     ts.add_argument("--families", default="code,query,math,reasoning")
     ts.add_argument("--family", default=None, help="single-family (out-of-distribution) workload")
     ts.add_argument(
@@ -620,27 +792,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ts.add_argument(
         "--layer-dependency",
-        type=float,
+        type=_fraction,
         default=0.0,
         help="chance in [0, 1] that a token's community follows its previous top-1 expert's",
     )
-    ts.add_argument("--structure-seed", type=int, default=0, help="seed of the hidden expert structure")
-    ts.add_argument("--seed", type=int, default=0, help="seed of the token sample")
+    ts.add_argument("--structure-seed", type=_nonneg_int, default=0, help="seed of the hidden expert structure")
+    ts.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the token sample")
     ts.add_argument("--output", required=True)
     ts.add_argument("--quiet", action="store_true")
     ts.set_defaults(func=cmd_trace_synth)
     tt = tsub.add_parser("stats", help="summarize a trace or count file")
     tt.add_argument("trace")
-    tt.add_argument("--top-k", type=int, default=None, help="top-k of count files that do not record it")
+    tt.add_argument("--top-k", type=_positive_int, default=None, help="top-k of count files that do not record it")
     tt.add_argument("--select", default=None, help="model inside a multi-model count file")
     tt.set_defaults(func=cmd_trace_stats)
     ti = tsub.add_parser("import", help="SGLang expert-distribution dump (.pt) -> trace or counts .npz")
     ti.add_argument("dump")
     ti.add_argument("--output", required=True, help="TRACE.npz (per_token dump) or COUNTS.npz (stat dump)")
-    ti.add_argument("--top-k", type=int, default=None, help="model top-k (stat dumps do not record it)")
+    ti.add_argument("--top-k", type=_positive_int, default=None, help="model top-k (stat dumps do not record it)")
     ti.add_argument("--trust-pickle", action="store_true", help="also unpickle non-tensor objects (runs code)")
     ti.add_argument("--quiet", action="store_true")
     ti.set_defaults(func=cmd_trace_import)
+    # the nested trace commands, listed under the top-level help too (from their parsers)
+    p.epilog = "trace commands:\n" + "\n".join(
+        f"  trace {a.dest:<8}{a.help}" for a in tsub._choices_actions
+    ) + "\n\nEach command: moeopt COMMAND --help."
 
     engines = ("sglang", "eplb", "vllm-ascend")
     x = sub.add_parser("export", help="write a plan for a serving engine (SGLang, DeepSeek EPLB, vLLM-Ascend)")
@@ -655,7 +831,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="dispatch to run the engine with (default: the plan's; sets SGLang's --ep-dispatch-algorithm)",
     )
-    x.add_argument("--dense-layers", type=int, default=0, help="sglang: dense hidden layers before the MoE ones")
+    x.add_argument(
+        "--dense-layers", type=_nonneg_int, default=0, help="sglang: dense hidden layers before the MoE ones"
+    )
     x.add_argument("--quiet", action="store_true")
     x.set_defaults(func=cmd_export)
     im = sub.add_parser("import", help="read a serving engine's expert placement back into a plan JSON")
@@ -663,24 +841,26 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--format", required=True, choices=engines)
     im.add_argument("--output", required=True, help="plan JSON to write")
     im.add_argument("--instance", help="take gpus and experts from it and check the plan")
-    im.add_argument("--gpus", type=int, default=None, help="GPU count (SGLang maps do not record it)")
+    im.add_argument("--gpus", type=_positive_int, default=None, help="GPU count (SGLang maps do not record it)")
     im.add_argument(
         "--dispatch",
         choices=DISPATCH_KINDS,
         default=None,
         help="the engine's dispatch (default: sglang static, eplb even, vllm-ascend even)",
     )
-    im.add_argument("--dense-layers", type=int, default=0, help="sglang: leading dense-layer rows to drop")
+    im.add_argument("--dense-layers", type=_nonneg_int, default=0, help="sglang: leading dense-layer rows to drop")
     im.add_argument("--quiet", action="store_true")
     im.set_defaults(func=cmd_import)
 
     pr = sub.add_parser("profile", help="measure a latency profile C(n) of one MoE layer (needs torch)")
     _harness_args(pr)
-    pr.add_argument("--experts-per-gpu", type=int, default=1, help="experts the n tokens are spread over")
-    pr.add_argument("--max-tokens", type=int, default=None, help="largest n (default 4096 on GPU, 512 on CPU)")
+    pr.add_argument("--experts-per-gpu", type=_positive_int, default=1, help="experts the n tokens are spread over")
+    pr.add_argument(
+        "--max-tokens", type=_positive_int, default=None, help="largest n (default 4096 on GPU, 512 on CPU)"
+    )
     pr.add_argument("--dense", action="store_true", help="also time every n; report the step function's error")
-    pr.add_argument("--repeats", type=int, default=5, help="timed runs per n (median)")
-    pr.add_argument("--warmup", type=int, default=2, help="untimed runs per n")
+    pr.add_argument("--repeats", type=_positive_int, default=5, help="timed runs per n (median)")
+    pr.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed runs per n")
     pr.add_argument("--output", required=True, help="profile YAML to write")
     pr.set_defaults(func=cmd_profile)
 
@@ -688,31 +868,95 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("instance")
     v.add_argument("plans", nargs="*", help="plan JSON files (none: linear, greedy and gem solved here)")
     _harness_args(v)
-    v.add_argument("--max-steps", type=int, default=None, help="measure only the first N steps")
+    v.add_argument("--max-steps", type=_positive_int, default=None, help="measure only the first N steps")
     v.add_argument("--profile", default=None, help="modelled profile file (default: the instance's)")
-    v.add_argument("--repeats", type=int, default=3, help="timed runs per GPU group (median)")
-    v.add_argument("--warmup", type=int, default=1, help="untimed runs per GPU group")
+    v.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per GPU group (median)")
+    v.add_argument("--warmup", type=_nonneg_int, default=1, help="untimed runs per GPU group")
     v.add_argument(
         "--all-to-all",
         default="auto",
         choices=["auto", "off", "nccl", "gloo"],
         help="time the token all-to-all (auto: NCCL when several CUDA devices are visible)",
     )
-    v.add_argument("--world", type=int, default=None, help="ranks of the all-to-all")
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--world", type=_positive_int, default=None, help="ranks of the all-to-all")
+    v.add_argument("--seed", type=_nonneg_int, default=0)
     v.add_argument("--report", help="report JSON to write")
     v.add_argument("--markdown", help="report Markdown to write")
     v.set_defaults(func=cmd_validate)
+
+    pl = sub.add_parser(
+        "plot", help="draw per-GPU loads, a frontier, or incumbent and bound over time (PNG, matplotlib)"
+    )
+    pl.add_argument("file", help="plan JSON, solve/compare --report JSON, or frontier JSON (--output-dir)")
+    pl.add_argument(
+        "--kind",
+        choices=["loads", "frontier", "gap"],
+        default=None,
+        help="what to draw (default: plan -> loads, frontier file -> frontier, report -> gap)",
+    )
+    pl.add_argument("--output", "-o", required=True, metavar="OUT.png", help="image to write")
+    pl.add_argument("--instance", help="loads: the instance whose evaluation workload is counted")
+    pl.add_argument(
+        "--from",
+        dest="from_plan",
+        metavar="CURRENT_PLAN",
+        help="loads: compare with this plan (moeopt or engine file) instead of linear",
+    )
+    pl.add_argument("--from-format", choices=["plan", "sglang", "eplb", "vllm-ascend"], default=None)
+    pl.add_argument("--layer", type=_nonneg_int, default=None, help="loads: layer to draw (default: the worst)")
+    pl.add_argument("--quiet", action="store_true", help="no note on stderr")
+    pl.set_defaults(func=cmd_plot)
     return p
 
 
+#: terminal escape sequences (CSI, OSC) and other control characters kept out of error lines
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|[\x00-\x1f\x7f-\x9f]")
+
+
+def one_line(message: str) -> str:
+    """An error message as one printable line: escape sequences dropped, line breaks joined."""
+    return _CONTROL.sub(lambda m: " " if m.group() in "\n\r\t" else "", message).strip()
+
+
+#: options naming files a command writes, and options naming a directory it writes into
+OUTPUT_FILE_OPTIONS = ("output", "report", "markdown", "plot")
+OUTPUT_DIR_OPTIONS = ("output_dir",)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before any work, outputs that cannot be written (directories, FIFOs, devices,
+    unwritable folders), naming the option; two options naming one file are refused too."""
+    seen: dict[str, str] = {}
+    for name in OUTPUT_FILE_OPTIONS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        option = "--" + name.replace("_", "-")
+        target = str(check_target(value, option))
+        if target in seen:
+            raise MoeoptError(f"{option}: {value} is also given as {seen[target]}; expected distinct files")
+        seen[target] = option
+    for name in OUTPUT_DIR_OPTIONS:
+        if getattr(args, name, None):
+            check_directory(getattr(args, name), "--" + name.replace("_", "-"))
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    """The parser, built once per process (building costs tens of ms, mostly gettext look-ups)."""
+    return build_parser()
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = _parser()
     args = parser.parse_args(argv)
+    console.configure(verbose=getattr(args, "verbose", False), quiet=getattr(args, "quiet", False))
     try:
-        return int(args.func(args))
+        check_outputs(args)
+        with all_or_none():  # every output file is written, or none
+            return int(args.func(args))
     except MoeoptError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -43,6 +43,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from moeopt import console
+from moeopt.budget import Budget, deferred_interrupt
 from moeopt.errors import InputError, MoeoptError
 from moeopt.instance import Instance
 from moeopt.plan import Plan
@@ -340,16 +342,19 @@ def _run_serial(tasks: list[LayerTask], done: Callable[[LayerOutcome], None]) ->
 
 
 def _run_pool(tasks: list[LayerTask], workers: int, done: Callable[[LayerOutcome], None]) -> None:
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=_mp_context(),
-                               initializer=_worker_init)
+    pool = None
     try:
-        pending = {pool.submit(run_layer, t) for t in tasks}
+        with deferred_interrupt():  # Ctrl-C waits until every worker is known, so all are stopped
+            pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=_mp_context(),
+                                       initializer=_worker_init)
+            pending = {pool.submit(run_layer, t) for t in tasks}
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in sorted(finished, key=id):
                 done(fut.result())
     except BaseException:  # SIGINT, a layer's error: stop every worker
-        _stop_pool(pool)
+        if pool is not None:
+            _stop_pool(pool)
         raise
     pool.shutdown(wait=True)
 
@@ -495,6 +500,33 @@ def combine(method: Any, outcomes: list[LayerOutcome], params: Any) -> Result:
 
 
 # ----------------------------------------------------------------------------- run
+def _history_point(outcome: LayerOutcome, seconds: float) -> dict[str, Any]:
+    """A finished layer as one point of the run's history: when (seconds since the run
+    started), its objective (incumbent) and bound, and why it stopped."""
+    r = outcome.result
+    return {
+        "layer": outcome.layer,
+        "seconds": round(seconds, 4),
+        "objective": None if r.objective is None else float(r.objective),
+        "bound": None if r.bound is None else float(r.bound),
+        "termination": r.termination.value,
+        "status": r.status.value,
+    }
+
+
+def _layer_line(name: str, outcome: LayerOutcome) -> str:
+    """The progress line of a finished layer, in the words of :mod:`moeopt.result`."""
+    r = outcome.result
+
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:.6g}"
+
+    return (
+        f"{name} layer {outcome.layer}: {r.termination.value}, {r.status.solution} plan, "
+        f"objective {num(r.objective)}, bound {num(r.bound)}, {outcome.wall_time:.2f} s"
+    )
+
+
 def run(
     method: Any,
     problem: Problem,
@@ -513,12 +545,18 @@ def run(
     if not is_layerwise(method):
         if executor.kind != "serial" and note is not None:
             note(f"note: method {method.name!r} solves all layers together; running it serially here")
-        result = method.solve(problem, params, ctx)
+        # --time-limit is per layer: a method planning every layer at once gets L x T
+        whole = None if ctx.time_limit is None else ctx.time_limit * problem.layers
+        result = method.solve(problem, params, replace(ctx, budget=Budget(whole)))
         return result.replace(stats={**result.stats, "executor": "serial (whole model)"})
     tasks = layer_tasks(method, problem, params, ctx)
     outcomes: list[LayerOutcome | None] = [None] * len(tasks)
-    say = ctx.log or tqdm.write
-    bar = tqdm(total=len(tasks), desc=method.name, unit="layer", disable=ctx.quiet or len(tasks) <= 1, leave=False)
+    say = ctx.log or console.progress_line
+    bar = console.bar(
+        total=len(tasks), desc=method.name, unit="layer", disable=len(tasks) <= 1, quiet=ctx.quiet, leave=False
+    )
+    start = time.perf_counter()
+    history: list[dict[str, Any]] = []
 
     def done(outcome: LayerOutcome) -> None:
         if not ctx.quiet:
@@ -527,6 +565,9 @@ def run(
         if outcome.error is not None:
             _raise(outcome)
         outcomes[outcome.layer] = outcome
+        history.append(_history_point(outcome, time.perf_counter() - start))
+        if not ctx.quiet and not outcome.lines:  # a layer that said nothing: its outcome, in one line
+            say(_layer_line(method.name, outcome))
         bar.update(1)
 
     try:
@@ -544,5 +585,6 @@ def run(
         "executor": executor.describe(),
         "layer_wall_times": [round(o.wall_time, 4) for o in finished],
         "layer_cpu_times": [round(o.cpu_time, 4) for o in finished],
+        "history": history,
     }
     return result.replace(stats={**result.stats, **timing})

@@ -121,6 +121,9 @@ def point_of(
     t0 = time.perf_counter()
     result = solve(instance, method=method, params=params, time_limit=time_limit, seed=seed, workloads=wl)
     wall = time.perf_counter() - t0
+    if result.plan is None:  # e.g. a load limit the method could not reach: a point without a plan
+        return FrontierPoint(method, eps, params, None, None, float("nan"), None, {}, "-", wall,
+                             error=f"no plan ({result.termination.value})")
     m = result.metrics
     hooks = metric_hooks(method)
     fam = {

@@ -115,8 +115,13 @@ class Instance:
         return replace(self, **changes)
 
     def check_feasible(self) -> None:
-        """Raise :class:`InfeasibleError` when no plan can place every expert."""
-        check_capacity(self.model, self.cluster)
+        """Raise :class:`InfeasibleError` when no plan can place every expert (naming the file)."""
+        try:
+            check_capacity(self.model, self.cluster)
+        except InfeasibleError as exc:
+            if self.source is None:
+                raise
+            raise InfeasibleError(f"{self.source}: {exc}") from None
 
 
 def default_slots(experts: int, gpus: int) -> int:

@@ -11,11 +11,8 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import tempfile
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from moeopt import interop
+from moeopt import interop, schema
 from moeopt.errors import InputError, PlanError
 from moeopt.instance import (
     TOKEN_HOMES,
@@ -36,11 +33,14 @@ from moeopt.instance import (
     WorkloadSource,
     default_slots,
 )
+from moeopt.outputs import atomic_path
 from moeopt.plan import Dispatch, Plan
 from moeopt.profile import Profile, synthetic_profile
 from moeopt.synth import SynthSpec, synthesize
 from moeopt.trace import Stats, Trace, stats_from_counts
 
+#: what numpy and zipfile raise for a damaged .npz or .npy file
+_NPZ_ERRORS = (OSError, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile, zlib.error)
 PLAN_FORMAT = "moeopt.plan/2"
 #: The first release's plan files (homes + replicas); still read.
 PLAN_FORMAT_V1 = "moeopt.plan/1"
@@ -49,24 +49,6 @@ TRACE_FORMATS = ("trace", "counts", "olmoe-domains", "sglang")
 
 
 # ----------------------------------------------------------------------------- writing
-@contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it onto ``path`` only on success."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual mode
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def write_json(path: str | Path, data: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(_jsonable(data), indent=1) + "\n")
@@ -94,15 +76,28 @@ def _jsonable(x: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- YAML helpers
+#: libyaml's safe loader when built (same documents, several times faster), else PyYAML's
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _read_yaml(path: Path) -> Any:
     if not path.is_file():
         raise InputError(str(path), None, "file not found")
     try:
-        return yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_bytes().decode("utf-8"), Loader=_YAML_LOADER)
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            str(path), None, f"expected UTF-8 text, found byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+        ) from None
+    except RecursionError:
+        raise InputError(str(path), None, "expected YAML nested less deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         raise InputError(str(path), None, f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if schema.nesting(data) > schema.MAX_NESTING:
+        raise InputError(str(path), None, f"expected YAML nested at most {schema.MAX_NESTING} levels deep")
+    return data
 
 
 def _mapping(data: Any, src: str, field: str, allowed: set[str] | None = None) -> dict:
@@ -162,6 +157,8 @@ def load_instance(path: str | Path) -> Instance:
     path = Path(path)
     src = str(path)
     data = _mapping(_read_yaml(path), src, "", _TOP)
+    checked = schema.validate(schema.InstanceSchema, data, src)
+    schema.check_instance_sizes(checked, src)
     m = _mapping(data.get("model"), src, "model", {"layers", "experts", "top_k", "d_model", "d_ff", "dtype"})
     if not m:
         raise InputError(src, "model", "required field is missing")
@@ -219,6 +216,14 @@ def load_instance(path: str | Path) -> Instance:
     else:
         calibration = _source(w["calibration"], path, "workload.calibration")
     evaluation = _source(w["evaluation"], path, "workload.evaluation") if w.get("evaluation") else None
+    if evaluation is not None and evaluation.synthetic is not None:
+        dims = {"layers": model.layers, "experts": model.experts, "top_k": model.top_k}
+        prefix = "workload.evaluation.synthetic"
+        for key, value in dims.items():
+            if evaluation.synthetic.get(key, value) != value:
+                given = evaluation.synthetic[key]
+                raise InputError(src, f"{prefix}.{key}", f"{given!r} disagrees with model.{key}={value}")
+        SynthSpec.from_mapping({**dims, **evaluation.synthetic}, source=src, field_prefix=prefix)
     meth = _mapping(data.get("method"), src, "method")
     name = meth.get("name", "auto")  # no method: joint on traces, balance on counts
     if not isinstance(name, str):
@@ -349,7 +354,7 @@ def read_workload_file(
         try:
             data = np.load(path, allow_pickle=False)
             keys = set(data.files)
-        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        except _NPZ_ERRORS as exc:
             raise InputError(src, None, f"not a readable .npz archive ({exc})") from None
         if format == "trace" or (format is None and "topk" in keys):
             return read_trace(path)
@@ -359,10 +364,7 @@ def read_workload_file(
             return _counts_npz(data, src, top_k)
         raise InputError(src, None, "expected a trace (key 'topk'), counts (key 'counts') or per-domain counts")
     if suffix == ".json":
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(src, None, f"not valid JSON: {exc}") from None
+        data = _read_json(path)
         if isinstance(data, dict) and "logical_count" in data:
             return _sglang_counts(np.asarray(_array(data["logical_count"], src, "logical_count")), src, top_k)
         if isinstance(data, dict) and "counts" in data:
@@ -371,11 +373,14 @@ def read_workload_file(
             return _counts(counts, src, "counts", k, data.get("family_names"))
         raise InputError(src, None, "expected a JSON object with 'counts' or SGLang's 'logical_count'")
     if suffix == ".csv":
-        return _counts(_read_csv(path), src, "counts", top_k)
+        try:
+            return _counts(_read_csv(path), src, "counts", top_k)
+        except UnicodeDecodeError as exc:
+            raise InputError(src, None, f"expected UTF-8 text, found byte 0x{exc.object[exc.start]:02x}") from None
     if suffix == ".npy":
         try:
             arr = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except _NPZ_ERRORS as exc:
             raise InputError(src, None, f"not a readable .npy array ({exc})") from None
         return _counts(arr, src, "counts", top_k)
     if suffix == ".pt":
@@ -404,8 +409,17 @@ def _counts(arr: np.ndarray, src: str, field: str, top_k: int | None, family_nam
         raise InputError(src, field, "contains NaN or infinite values")
     if (arr < 0).any():
         raise InputError(src, field, "contains negative counts")
+    per_layer = arr.sum(axis=tuple(i for i in range(arr.ndim) if i != arr.ndim - 2)) if arr.size else arr
+    if arr.size == 0 or not (per_layer > 0).all():
+        raise InputError(src, field, "expected every layer to count some routed tokens, found a layer of zeros")
     if top_k is None:
         raise InputError(src, "top_k", "count files need the model's top_k")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= arr.shape[-1]:
+        raise InputError(src, "top_k", f"expected an integer in [1, {arr.shape[-1]}] (experts), found {top_k!r}")
+    if family_names is not None and (
+        not isinstance(family_names, (list, tuple)) or not all(isinstance(n, str) for n in family_names)
+    ):
+        raise InputError(src, "family_names", f"expected a list of names, found {family_names!r:.60}")
     names = tuple(family_names) if family_names is not None else None
     if names is not None and (arr.ndim != 3 or len(names) != arr.shape[0]):
         raise InputError(src, "family_names", "needs one name per family (first axis of counts)")
@@ -413,9 +427,15 @@ def _counts(arr: np.ndarray, src: str, field: str, top_k: int | None, family_nam
 
 
 def _counts_npz(data: Any, src: str, top_k: int | None) -> Stats:
-    counts = data["counts"]
-    names = [str(x) for x in data["family_names"]] if "family_names" in data.files else None
-    k = int(data["top_k"]) if "top_k" in data.files else top_k
+    try:
+        counts = data["counts"]
+        names = [str(x) for x in data["family_names"]] if "family_names" in data.files else None
+        k = data["top_k"] if "top_k" in data.files else top_k
+        if k is not None and (np.shape(k) != () or np.asarray(k).dtype.kind not in "iu"):
+            raise InputError(src, "top_k", f"expected an integer, found {np.asarray(k).dtype} {list(np.shape(k))}")
+        k = None if k is None else int(k)
+    except (*_NPZ_ERRORS, TypeError) as exc:  # object arrays need pickle
+        raise InputError(src, None, f"expected plain numeric arrays, found one numpy cannot read ({exc})") from None
     stats = _counts(counts, src, "counts", k, names)
     if "step_counts" in data.files:
         sc = np.asarray(data["step_counts"], dtype=np.float64)
@@ -634,13 +654,10 @@ def read_engine_plan(
         try:
             with np.load(path, allow_pickle=False) as z:
                 data = {k: z[k] for k in z.files}
-        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        except _NPZ_ERRORS as exc:
             raise InputError(src, None, f"not a readable .npz archive ({exc})") from None
     else:
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(src, None, f"not valid JSON: {exc}") from None
+        data = _read_json(path)
     if format == "sglang":
         if gpus is None:
             raise InputError(src, "gpus", "SGLang maps do not record the GPU count; give it (--gpus or --instance)")
@@ -682,29 +699,37 @@ def read_trace(path: str | Path) -> Trace:
         data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise InputError(src, None, "file not found") from None
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+    except _NPZ_ERRORS as exc:
         raise InputError(src, None, f"not a readable .npz archive ({exc})") from None
     for key in ("topk",):
         if key not in data.files:
             raise InputError(src, key, "required array is missing")
-    topk = data["topk"]
-    if topk.dtype.kind not in "iu":
-        raise InputError(src, "topk", f"expected integer expert ids, got dtype {topk.dtype}")
-    if topk.ndim != 3:
-        raise InputError(src, "topk", f"expected shape [tokens, layers, k], got {topk.shape}")
+
+    def array(key: str) -> np.ndarray:
+        try:
+            return data[key]
+        except _NPZ_ERRORS as exc:  # object arrays need pickle
+            raise InputError(src, key, f"expected a plain numeric array, found one numpy cannot read ({exc})") from None
+
+    topk = array("topk")
+    schema.check_topk(topk, src)
     N = topk.shape[0]
-    if N == 0:
-        raise InputError(src, "topk", "trace has no tokens")
-    if topk.min() < 0:
-        raise InputError(src, "topk", f"expert id {int(topk.min())} is negative")
-    num_experts = int(data["num_experts"]) if "num_experts" in data.files else int(topk.max()) + 1
-    if topk.max() >= num_experts:
-        raise InputError(src, "topk", f"expert id {int(topk.max())} out of range [0, {num_experts - 1}]")
+    num_experts = int(topk.max()) + 1
+    if "num_experts" in data.files:
+        ne = array("num_experts")
+        if ne.shape != () or ne.dtype.kind not in "iu" or int(ne) < 1:
+            raise InputError(src, "num_experts", f"expected an integer >= 1, found {ne.dtype} {list(ne.shape)}")
+        num_experts = int(ne)
+    schema.check_topk(topk, src, num_experts)
+    # statistics hold [layers, experts, experts] coactivation counts
+    schema.check_size(
+        f"layers x experts^2 ({topk.shape[1]} x {num_experts}^2)", topk.shape[1] * num_experts**2, src, "num_experts"
+    )
 
     def vector(key: str, default: np.ndarray) -> np.ndarray:
         if key not in data.files:
             return default
-        v = data[key]
+        v = array(key)
         if v.dtype.kind not in "iu" or v.shape != (N,):
             raise InputError(src, key, f"expected integers of shape [{N}], got {v.dtype} {v.shape}")
         if v.min() < 0:
@@ -715,15 +740,18 @@ def read_trace(path: str | Path) -> Trace:
     step = vector("step", np.zeros(N, dtype=np.int32))
     _, step = np.unique(step, return_inverse=True)
     if "family_names" in data.files:
-        names = tuple(str(x) for x in data["family_names"])
+        fn = array("family_names")
+        if fn.ndim != 1 or fn.dtype.kind not in "US":
+            raise InputError(src, "family_names", f"expected a list of names, found {fn.dtype} {list(fn.shape)}")
+        names = tuple(str(x) for x in fn)
     else:
         names = tuple(f"family{i}" for i in range(int(family.max()) + 1)) if family.max() > 0 else ("all",)
     if family.max() >= len(names):
         raise InputError(src, "family", f"family id {int(family.max())} has no entry in family_names ({len(names)})")
     weights = None
     if "weights" in data.files:
-        weights = data["weights"]
-        if weights.shape != topk.shape or not np.isfinite(weights).all():
+        weights = array("weights")
+        if weights.dtype.kind not in "iuf" or weights.shape != topk.shape or not np.isfinite(weights).all():
             raise InputError(src, "weights", f"expected finite floats of shape {topk.shape}")
     home = vector("home", None) if "home" in data.files else None
     return Trace(
@@ -794,12 +822,10 @@ def read_plan_file(path: str | Path) -> PlanFile:
     src = str(path)
     if not path.is_file():
         raise InputError(src, None, "file not found")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(src, None, f"not valid JSON: {exc}") from None
+    data = _read_json(path)
     if not isinstance(data, dict) or data.get("format") not in (PLAN_FORMAT, PLAN_FORMAT_V1):
         raise InputError(src, "format", f"expected {PLAN_FORMAT!r} (or {PLAN_FORMAT_V1!r})")
+    schema.check_plan(data, src)
     for key in ("gpus", "layers", "experts"):
         if key not in data:
             raise InputError(src, key, "required field is missing")
@@ -825,6 +851,19 @@ def read_plan_file(path: str | Path) -> PlanFile:
     except PlanError as exc:
         raise InputError(src, None, str(exc)) from None
     return PlanFile(plan, method, params)
+
+
+def _read_json(path: Path) -> Any:
+    """A JSON file's content, or one :class:`InputError` line (bad UTF-8, syntax, nesting)."""
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+        if schema.nesting(data) > schema.MAX_NESTING:
+            raise RecursionError
+        return data
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(str(path), None, f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InputError(str(path), None, "not valid JSON: expected less deeply nested arrays") from None
 
 
 def _int_array(value: Any, src: str, field: str, expected: str) -> np.ndarray:
@@ -863,6 +902,7 @@ def read_profile(path: str | Path) -> Profile:
     path = Path(path)
     src = str(path)
     data = _mapping(_read_yaml(path), src, "", {"format", "tile", "unit", "gpus", "meta"})
+    schema.validate(schema.ProfileFileSchema, data, src)
     tile = _int(data, "tile", src, "profile")
     gpus = data.get("gpus")
     if not isinstance(gpus, list) or not gpus:

@@ -50,6 +50,8 @@ from typing import Protocol
 import numpy as np
 import scipy.sparse as sp
 
+from moeopt.budget import run_interruptible
+
 #: Improvements smaller than this (in GPUs per token) are noise.
 TOL = 1e-9
 
@@ -951,6 +953,7 @@ class SearchStats:
     start_value: float = math.nan
     value: float = math.nan
     wall_time: float = 0.0
+    capped: bool = False  # the deadline, not the work bounds, ended the search
     trajectory: list[float] = field(default_factory=list)
     accepted: list[tuple[str, int]] = field(default_factory=list)  # (kind, screening rank)
 
@@ -1113,6 +1116,18 @@ def _try_moves(
     return current, value, 0, -1
 
 
+def _price(cost: Cost, state: SlotState, moves: list[Move], deadline: float | None, chunk: int = 64):
+    """The gains of ``moves``, priced ``chunk`` at a time so that a deadline is noticed within a
+    chunk (None once it has passed); the same gains as one call."""
+    one = cost.delta_many if hasattr(cost, "delta_many") else (lambda s, ms: [cost.delta(s, m) for m in ms])
+    parts = []
+    for i in range(0, len(moves), chunk):
+        if i and deadline is not None and time.perf_counter() > deadline:
+            return None
+        parts.append(np.asarray(one(state, moves[i : i + chunk]), dtype=float))
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
 def local_search(
     state: SlotState,
     cost: Cost,
@@ -1128,6 +1143,7 @@ def local_search(
     confirm: int = 3,
     chunk: int = 16,
     deadline: float | None = None,
+    evaluations: int | None = None,
 ) -> tuple[SlotState, float, SearchStats]:
     """Iterated improvement search over slot contents.
 
@@ -1138,8 +1154,10 @@ def local_search(
     queue is rebuilt when used up, wider (``candidates * 2**misses``) after a queue built on
     the current plan held no improving move. After ``patience`` such misses (one on small
     layers) the plan is a local optimum: a kick of ``kick_swaps`` random swaps from the best
-    plan starts a new descent, at most ``kicks`` times. Returns the best plan, its value and
-    the search's counters.
+    plan starts a new descent, at most ``kicks`` times, and the search stops after
+    ``evaluations`` priced moves (None: no such bound). The work bounds fix the result for a
+    seed; ``deadline`` (a ``time.perf_counter()`` value) is only a cap, and ``stats.capped``
+    says when it ended the search. Returns the best plan, its value and the search's counters.
     """
     t0 = time.perf_counter()
     stats = SearchStats()
@@ -1155,7 +1173,10 @@ def local_search(
     queue: list[Move] = []
     fresh = False  # the queue was built on the current plan
     while stats.rounds < rounds:
+        if evaluations is not None and stats.evaluated >= evaluations:
+            break
         if deadline is not None and time.perf_counter() > deadline:
+            stats.capped = True
             break
         stats.rounds += 1
         if small:
@@ -1177,10 +1198,10 @@ def local_search(
                 if current.valid(m):
                     part.append(m)
         if part:
-            if hasattr(cost, "delta_many"):
-                gains = cost.delta_many(current, part)
-            else:
-                gains = np.array([cost.delta(current, m) for m in part])
+            gains = _price(cost, current, part, deadline)
+            if gains is None:  # the deadline fell while pricing a whole neighbourhood
+                stats.capped = True
+                break
             stats.evaluated += len(part)
             current, value, n, first = _try_moves(current, value, part, gains, cost, confirm, not small)
             if n:
@@ -1236,7 +1257,7 @@ class ExactResult:
     wall_time: float
 
 
-def solve_exact(layer: JointLayer, *, time_limit: float | None = None) -> ExactResult:
+def solve_exact(layer: JointLayer, *, time_limit: float | None = None, max_columns: int = 60_000) -> ExactResult:
     """The joint MILP of one layer (scipy's HiGHS).
 
     Binary ``y[e, g]`` (e held by g), ``sum_e y[e, g] <= W``, ``sum_g y[e, g] >= 1``; per
@@ -1248,7 +1269,7 @@ def solve_exact(layer: JointLayer, *, time_limit: float | None = None) -> ExactR
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     t0 = time.perf_counter()
-    check_exact_size(layer)
+    check_exact_size(layer, max_columns)
     pats, w = _patterns(layer.topk, layer.family, layer.families)
     E, G, W, F = layer.experts, layer.gpus, layer.width, layer.families
     k = pats.shape[1]
@@ -1335,14 +1356,17 @@ def solve_exact(layer: JointLayer, *, time_limit: float | None = None) -> ExactR
     ub = np.full(n, np.inf)
     ub[:ny] = 1.0
     options = {"disp": False}
-    if time_limit is not None:
-        options["time_limit"] = float(time_limit)
-    res = milp(
-        c_vec,
-        constraints=LinearConstraint(A, lo, hi),
-        integrality=integrality,
-        bounds=Bounds(np.zeros(n), ub),
-        options=options,
+    if time_limit is not None:  # the model's build counts
+        options["time_limit"] = max(float(time_limit) - (time.perf_counter() - t0), 0.05)
+    # SciPy's HiGHS cannot be cancelled: on Ctrl-C the solve is left behind and the run stops
+    res = run_interruptible(
+        lambda: milp(
+            c_vec,
+            constraints=LinearConstraint(A, lo, hi),
+            integrality=integrality,
+            bounds=Bounds(np.zeros(n), ub),
+            options=options,
+        )
     )
     wall = time.perf_counter() - t0
     bound = getattr(res, "mip_dual_bound", None)

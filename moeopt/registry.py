@@ -9,13 +9,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from moeopt import console
+from moeopt.budget import Budget
 from moeopt.errors import InputError, PlanError
 from moeopt.instance import Instance
 from moeopt.plan import Dispatch, Plan
 from moeopt.profile import Profile
 from moeopt.result import Result
+from moeopt.schema import check_param, param_constraints
 from moeopt.trace import Stats, Trace
 
 
@@ -41,7 +43,10 @@ class Problem:
         return self.instance.cluster.gpus
 
     def plan(
-        self, home: np.ndarray, replicas: tuple[np.ndarray, ...] | list[np.ndarray] = (), dispatch: Dispatch | None = None
+        self,
+        home: np.ndarray,
+        replicas: tuple[np.ndarray, ...] | list[np.ndarray] = (),
+        dispatch: Dispatch | None = None,
     ) -> Plan:
         """A plan/2 from homes ``[L, E]`` and extra copies, in this instance's ``G x W`` slots."""
         c = self.instance.cluster
@@ -62,15 +67,22 @@ class Context:
     #: layers of the whole model when this problem is one layer of it (``moeopt.execute``);
     #: None: the problem is the whole model
     model_layers: int | None = None
+    #: the clock every phase takes its share from (:mod:`moeopt.budget`); default: a budget of
+    #: ``time_limit`` started when the context is made
+    budget: Budget | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget is None:
+            self.budget = Budget(self.time_limit)
 
     def say(self, line: str) -> None:
-        """A progress line (incumbent/bound) unless quiet."""
+        """A progress line (incumbent/bound) unless quiet: to ``log``, else to stderr."""
         if not self.quiet:
-            (self.log or tqdm.write)(line)
+            (self.log or console.progress_line)(line)
 
     def layers(self, n: int, desc: str):
-        """Iterate over layers with a progress bar unless quiet."""
-        return tqdm(range(n), desc=desc, unit="layer", disable=self.quiet or n <= 1, leave=False)
+        """Iterate over layers with a progress bar unless quiet (drawn on a terminal only)."""
+        return console.bar(range(n), desc=desc, unit="layer", disable=n <= 1, quiet=self.quiet, leave=False)
 
 
 class Method(Protocol):
@@ -153,7 +165,7 @@ def parse_params(
                     source, f"method.{key}", f"unknown parameter for method {method.name!r}; accepted: {accepted}"
                 )
             continue
-        values[key] = _coerce(value, hints.get(key), source, f"method.{key}")
+        values[key] = _coerce(value, hints.get(key), source, f"method.{key}", fields[key])
     try:
         params = method.Params(**values)
     except (TypeError, ValueError, PlanError) as exc:
@@ -161,8 +173,10 @@ def parse_params(
     return params
 
 
-def _coerce(value: Any, hint: Any, source: str | None, field: str) -> Any:
-    """Check a YAML value against a parameter's annotation (bool/int/float/str/optional)."""
+def _coerce(value: Any, hint: Any, source: str | None, field: str, spec: dataclasses.Field | None = None) -> Any:
+    """Check a YAML value against a parameter's annotation (bool/int/float/str/optional) and,
+    for numbers, its range (:func:`moeopt.schema.param_constraints`: ``>= 0`` and finite unless
+    the field's metadata says otherwise)."""
     args = typing.get_args(hint)
     optional = type(None) in args
     if value is None:
@@ -174,14 +188,9 @@ def _coerce(value: Any, hint: Any, source: str | None, field: str) -> Any:
         if isinstance(value, bool):
             return value
         raise InputError(source, field, f"expected true or false, got {value!r}")
-    if base is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise InputError(source, field, f"expected an integer, got {value!r}")
-    if base is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise InputError(source, field, f"expected a number, got {value!r}")
+    if base in (int, float):
+        meta = param_constraints(spec, base) if spec is not None else {}
+        return check_param(value, base, meta, source, field)
     if base is str:
         if isinstance(value, str):
             return value

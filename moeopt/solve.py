@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
-from moeopt import execute
+from moeopt import console, execute
 from moeopt.errors import InputError, PlanError
 from moeopt.instance import Instance
 from moeopt.io import load_workload, resolve_profile
@@ -14,6 +13,7 @@ from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, get_method, parse_params
 from moeopt.relabel import relabel_gpus
 from moeopt.result import Result
+from moeopt.schema import check_homes
 from moeopt.scoring import Workloads, add_relative_metrics, score
 from moeopt.trace import Trace
 
@@ -31,6 +31,18 @@ def load_workloads(instance: Instance) -> Workloads:
         evaluation = load_workload(w.calibration, model, seed_offset=1)
     else:
         evaluation = calib
+    for workload, source in ((calib, w.calibration), (evaluation, w.evaluation or w.calibration)):
+        if isinstance(workload, Trace):  # token homes index the cluster's GPUs
+            where = str(source.path) if source.path else None
+            check_homes(workload.home, instance.cluster.gpus, where)
+            if instance.cluster.token_home == "trace" and workload.home is None:
+                if where is None:  # a synthetic workload
+                    raise InputError(
+                        str(instance.source) if instance.source else None,
+                        "cluster.token_home",
+                        "expected a trace with token homes for 'trace', found a synthetic workload (it has none)",
+                    )
+                raise InputError(where, "home", "expected token homes (cluster.token_home is 'trace'), found none")
     stats = calib.stats() if isinstance(calib, Trace) else calib
     return Workloads(calib, evaluation, stats, resolve_profile(instance))
 
@@ -112,7 +124,7 @@ def solve(
         current = current.padded(instance.cluster.width)
     ctx = Context(time_limit=time_limit, seed=seed, hint=hint, quiet=quiet, current=current)
     t0 = time.perf_counter()
-    note = None if quiet else (lambda line: print(line, file=sys.stderr))
+    note = console.note  # a note is shown even when progress is not (unless --quiet)
     result = execute.run(impl, problem, params_obj, ctx, executor, note=note)
     wall = time.perf_counter() - t0
     if result.plan is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from moeopt.errors import InputError
+from moeopt.schema import check_synthetic
 from moeopt.trace import Stats, Trace
 
 DEFAULT_FAMILIES = ("code", "query", "math", "reasoning")
@@ -50,40 +50,15 @@ class SynthSpec:
     def from_mapping(
         cls, data: dict, *, source: str | None = None, field_prefix: str = "workload.synthetic"
     ) -> SynthSpec:
-        known = {f.name: f for f in fields(cls)}
-        kwargs = {}
-        for key, value in data.items():
-            if key not in known:
-                raise InputError(source, f"{field_prefix}.{key}", f"unknown field; accepted: {', '.join(known)}")
-            if key in ("families", "family_share") and value is not None:
-                value = tuple(value)
-            kwargs[key] = value
-        spec = cls(**kwargs)
-        spec.validate(source, field_prefix)
-        return spec
+        checked = check_synthetic(dict(data), source, field_prefix)
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in checked.model_dump().items()})
 
     def validate(self, source: str | None = None, prefix: str = "workload.synthetic") -> None:
-        for name in ("layers", "experts", "top_k", "tokens", "steps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise InputError(source, f"{prefix}.{name}", f"expected a positive integer, got {v!r}")
-        if self.top_k > self.experts:
-            raise InputError(source, f"{prefix}.top_k", f"top_k={self.top_k} exceeds experts={self.experts}")
-        if self.family_communities not in ("shared", "per_family"):
-            raise InputError(
-                source,
-                f"{prefix}.family_communities",
-                f"expected 'shared' or 'per_family', got {self.family_communities!r}",
-            )
-        if self.only_family is not None and self.only_family not in self.families:
-            raise InputError(
-                source, f"{prefix}.only_family", f"{self.only_family!r} is not one of {list(self.families)}"
-            )
-        if self.family_share is not None and len(self.family_share) != len(self.families):
-            raise InputError(source, f"{prefix}.family_share", "needs one share per family")
-        dep = self.layer_dependency
-        if isinstance(dep, bool) or not isinstance(dep, (int, float)) or not 0.0 <= dep <= 1.0:
-            raise InputError(source, f"{prefix}.layer_dependency", f"expected a number in [0, 1], got {dep!r}")
+        """Check every field (types, ranges, sizes); ``prefix="--"`` names CLI options."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        # programmatic specs may hold numpy scalars: the strict schema takes Python numbers
+        values = {k: v.item() if isinstance(v, np.generic) else v for k, v in values.items()}
+        check_synthetic(values, source, prefix, option=prefix == "--")
 
 
 @dataclass

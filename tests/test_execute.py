@@ -222,10 +222,10 @@ def test_executor_from_the_instance_yaml(tmp_path):
 @pytest.mark.parametrize(
     "executor,message",
     [
-        ("{workers: 0}", "executor.workers: expected an integer >= 1, got 0"),
-        ("{ray: 5}", "executor.ray: expected a cluster address, 'local' or true, got 5"),
+        ("{workers: 0}", "executor.workers: expected a value >= 1, found 0"),
+        ("{ray: 5}", "executor.ray: expected a cluster address, 'local' or true, found 5"),
         ("{threads: 2}", "executor.threads: unknown field; accepted: ray, workers"),
-        ("[2]", "executor: expected a mapping, got list"),
+        ("[2]", "executor: expected a mapping, found [2]"),
     ],
 )
 def test_bad_executor_one_line(tmp_path, capsys, executor, message):

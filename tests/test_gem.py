@@ -353,7 +353,7 @@ def test_exact_is_warm_started_and_never_worse_than_gem(name):
 @pytest.mark.parametrize(
     ("name", "source", "message"),
     [
-        ("invalid_profile_seed.yaml", "invalid_profile_seed.yaml", "profile: invalid synthetic profile"),
+        ("invalid_profile_seed.yaml", "invalid_profile_seed.yaml", "profile.seed: expected an integer, found 'abc'"),
         (
             "invalid_profile_variability.yaml",
             "invalid_profile_variability.yaml",

@@ -10,10 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moeopt.errors import InputError
 from moeopt.dispatch import guard_layer, route_trace
+from moeopt.errors import InputError
 from moeopt.evaluate import evaluate
-from moeopt.plan import Dispatch
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
 from moeopt.io import load_instance
 from moeopt.methods.gesr import (
@@ -22,7 +21,7 @@ from moeopt.methods.gesr import (
     random_replicas,
     select_generic,
 )
-from moeopt.plan import Plan
+from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, get_method, parse_params
 from moeopt.solve import load_workloads, solve
 from moeopt.solvers.replication import (

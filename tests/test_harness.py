@@ -242,8 +242,9 @@ def test_bad_device_and_sizes_are_clear_errors(torch, tmp_path: Path, capsys) ->
         pytest.skip("CUDA present")
     assert main(["profile", "--device", "cuda", "--output", str(tmp_path / "x.yaml")]) == 2
     assert "CUDA is not available" in capsys.readouterr().err
-    assert main(["profile", "--device", "cpu", "--d-model", "0", "--output", str(tmp_path / "x.yaml")]) == 2
-    assert "--d-model" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # a usage error now, like every out-of-range option
+        main(["profile", "--device", "cpu", "--d-model", "0", "--output", str(tmp_path / "x.yaml")])
+    assert info.value.code == 2 and "--d-model" in capsys.readouterr().err
 
 
 def test_validate_cli_report_shape(torch, tiny_instance: Path, tmp_path: Path, capsys) -> None:
@@ -340,8 +341,9 @@ def test_validate_needs_steps_and_positive_max_steps(torch, tiny_instance: Path,
                     "workload: {calibration: counts.npz}\n")
     assert main(["validate", str(inst), "--device", "cpu", "--quiet"]) == 2
     assert "per-timestep counts" in capsys.readouterr().err
-    assert main(["validate", str(tiny_instance), "--device", "cpu", "--max-steps", "0", "--quiet"]) == 2
-    assert "--max-steps" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # a usage error now, like every out-of-range option
+        main(["validate", str(tiny_instance), "--device", "cpu", "--max-steps", "0", "--quiet"])
+    assert info.value.code == 2 and "--max-steps" in capsys.readouterr().err
 
 
 def test_validate_rejects_wrong_speed_count(torch, tiny_instance: Path, capsys) -> None:

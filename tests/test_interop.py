@@ -652,8 +652,9 @@ def test_cli_export_import_round_trip(fmt, suffix, tmp_path, capsys):
     plan, path, inst = _plan_file(tmp_path)
     out = tmp_path / f"engine{suffix}"
     assert main(["export", str(path), "--format", fmt, "--output", str(out), "--instance", str(inst)]) == 0
-    text = capsys.readouterr().out
-    assert "4 GPUs x 3" in text and "could not be filled" not in text
+    captured = capsys.readouterr()
+    text = captured.out
+    assert "4 GPUs x 3" in text and "could not be filled" not in text + captured.err
     if fmt == "sglang":
         assert f"--ep-size 4 --init-expert-location {out} --ep-num-redundant-experts 4" in text
         assert "--ep-dispatch-algorithm dynamic" in text  # the plan's even dispatch
@@ -699,8 +700,8 @@ def test_cli_import_eplb_on_instance(tmp_path, capsys):
     )
     argv = ["import", str(tmp_path / "e.npz"), "--format", "eplb", "--instance", str(inst)]
     assert main([*argv, "--output", str(tmp_path / "p.json")]) == 0
-    text = capsys.readouterr().out
-    assert "4 GPUs x 3" in text and "colocated" in text
+    captured = capsys.readouterr()
+    assert "4 GPUs x 3" in captured.out and "colocated" in captured.err  # a note: on stderr
     assert np.array_equal(read_plan(tmp_path / "p.json").slots.reshape(1, -1), phy2log)
 
 

@@ -259,3 +259,17 @@ def test_auto_is_the_default(tmp_path):
     assert solve(inst, time_limit=0.3).method == "joint"
     counts = load_instance(INSTANCES / "real" / "olmoe-domains.yaml").replace(method=load_instance(trace_inst).method)
     assert solve(counts).method == "balance"
+
+
+def test_frontier_point_without_a_plan(small_instance):
+    """A method that returns no plan at an unreachable load limit (hypergraph reports
+    infeasible) becomes a point with an error, not a crash; it is never on the Pareto set."""
+    from moeopt.frontier import frontier
+
+    inst, wl = small_instance
+    points = frontier(inst, methods=["hypergraph", "greedy"], eps=[0.0], time_limit=0.5, workloads=wl)
+    hyper = [p for p in points if p.method == "hypergraph" and p.eps == 0.0]
+    assert len(hyper) == 1
+    assert hyper[0].error is not None and hyper[0].error.startswith("no plan")  # eps 0 is unreachable here
+    assert not hyper[0].pareto
+    assert any(p.method == "greedy" and p.error is None for p in points)

@@ -160,7 +160,7 @@ def test_plan_v1_files_still_read(tmp_path):
 @pytest.mark.parametrize("bad, message", [
     ({"slots": [[[0, 1], [2, 9]]]}, "holds expert 9"),
     ({"slots": [[[0, 1], [2, 2]]]}, "no copy of expert 3"),
-    ({"slots": [[["a", 1], [2, 3]]]}, "slots: expected"),
+    ({"slots": [[["a", 1], [2, 3]]]}, "slots[0][0][0]: expected an integer"),
     ({"slots": [[[0, 1], [2, 3]]], "gpus": "two"}, "gpus: expected an integer"),
     ({"slots": [[[0, 1], [2, 3]]], "dispatch": {"kind": "fastest"}}, "dispatch.kind"),
     ({"slots": [[[0, 1]], [[2, 3]]]}, "expected shape [1, 2, slots]"),

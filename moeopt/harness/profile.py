@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from moeopt import console
 from moeopt.errors import MoeoptError
 from moeopt.harness import require_torch, resolve_device, torch_dtype
 from moeopt.profile import Profile
@@ -455,7 +455,8 @@ def measure_profile(
         fns = [
             (lambda counts=split_tokens(int(n), experts_per_gpu): bank.run(ids, counts)) for n in points
         ]
-        with tqdm(total=len(fns) * repeats, desc=f"profile ({label})", unit="run", disable=quiet, leave=False) as bar:
+        bar_args = dict(desc=f"profile ({label})", unit="run", quiet=quiet, leave=False)
+        with console.bar(total=len(fns) * repeats, **bar_args) as bar:
             out = timer.rounds(fns, progress=bar.update)
         return out, time.perf_counter() - t0
 

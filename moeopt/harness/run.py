@@ -8,9 +8,9 @@ straggler latency is the sum over layers and steps, the same sum as the evaluato
 ``S = sum_l sum_t max_g C_g(n_g)``, which is the modelled value reported beside it.
 
 Token counts come from the plan's own dispatch rule (:mod:`moeopt.dispatch`):
-``route_trace`` for token traces, ``count_flows`` for per-step count statistics. All groups of all plans are timed in interleaved rounds and
-each keeps its median, so slow drift of the device (clock, temperature) or a burst of
-contention does not favour one plan.
+``route_trace`` for token traces, ``count_flows`` for per-step count statistics. All groups of
+all plans are timed in interleaved rounds and each keeps its median, so slow drift of the
+device (clock, temperature) or a burst of contention does not favour one plan.
 
 Where several CUDA devices are visible, the plan's token all-to-all is also timed with
 NCCL (:func:`time_all_to_all`). That path has been exercised on the CPU with the gloo
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from moeopt import console
 from moeopt.dispatch import count_flows, route_trace
 from moeopt.errors import InputError, MoeoptError
 from moeopt.evaluate import straggler
@@ -231,7 +231,7 @@ def measure_plans(
                     tokens = pl.per_expert[l, t, g, active].tolist()
                     where.append((p, l, t, g))
                     fns.append(lambda ids=ids, tokens=tokens: bank.run(ids, tokens))
-    with tqdm(total=len(fns) * timer.repeats, desc="validate", unit="run", disable=quiet, leave=False) as bar:
+    with console.bar(total=len(fns) * timer.repeats, desc="validate", unit="run", quiet=quiet, leave=False) as bar:
         ms = timer.rounds(fns, progress=bar.update)
     group = np.zeros((len(loads), L, steps, G))
     if where:

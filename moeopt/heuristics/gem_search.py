@@ -42,6 +42,7 @@ class SearchStats:
     rounds: int = 0
     improvements: int = 0
     time: float = 0.0
+    capped: bool = False  # the time limit (not rounds or patience) ended the search
 
 
 class LayerSearch:
@@ -406,8 +407,8 @@ class SearchSettings:
     perturb: int = 0  # swaps per perturbation; 0: random in [2, max(3, E // 8)] each round
     plateau_after_perturbation: int = 4  # plateau iterations allowed in each perturbation's descent
     rho: float = 0.5
-    time_limit: float | None = None  # seconds for this layer (starts included)
-    ils_time: float | None = 3.0  # seconds for the perturbation rounds of this layer
+    time_limit: float | None = None  # seconds for this layer (starts included): a cap, reported when it binds
+    ils_time: float | None = None  # seconds for the perturbation rounds (a wall cap: None keeps runs reproducible)
     accept: float = 0.0  # accept local optima up to this fraction worse than the best
 
 
@@ -505,6 +506,7 @@ def search_layer(
     for start in initial_mappings(search, n, classes, settings, rng, hint):
         stats.initial.append(search.score(start))
         if best_home is not None and deadline is not None and time.perf_counter() > deadline:
+            stats.capped = True
             continue
         home, s = search.descend(start, stats=stats)
         stats.descended.append(s)
@@ -518,7 +520,10 @@ def search_layer(
         deadline = ils_end if deadline is None else min(deadline, ils_end)
     current_home = best_home
     for _ in range(settings.rounds):
-        if stale >= settings.patience or (deadline is not None and time.perf_counter() > deadline):
+        if stale >= settings.patience:
+            break
+        if deadline is not None and time.perf_counter() > deadline:
+            stats.capped = True
             break
         stats.rounds += 1
         swaps = settings.perturb or int(rng.integers(2, strongest + 1))

@@ -202,16 +202,18 @@ def iterated_local_search(
     Returns
     -------
     tuple
-        The best plan found and counters ``{'rounds', 'improvements'}``.
+        The best plan found and counters ``{'rounds', 'improvements', 'capped'}`` (``capped``:
+        1 when the deadline, not the iterations or the patience, ended the search).
     """
     swaps = kick_swaps if kick_swaps is not None else max(2, problem.experts // 10)
     cur = local_search(problem, home)
     cur_val = problem.objective(cur)
     best, best_val = cur.copy(), cur_val
     tol = _tolerance(problem)
-    since = rounds = improvements = 0
+    since = rounds = improvements = capped = 0
     for _ in range(iterations):
         if deadline is not None and time.perf_counter() > deadline:
+            capped = 1
             break
         if patience is not None and since >= patience:
             break
@@ -227,7 +229,7 @@ def iterated_local_search(
             since = 0
         else:
             since += 1
-    return best, {"rounds": rounds, "improvements": improvements}
+    return best, {"rounds": rounds, "improvements": improvements, "capped": capped}
 
 
 def arrange_nodes(

@@ -176,7 +176,9 @@ class Balance:
                 free = (
                     base[l]
                     if base is not None
-                    else core.plan_layer(load[l], G, W, allow_colocated=allow, seed=ctx.seed + l, iterations=params.iterations)
+                    else core.plan_layer(
+                        load[l], G, W, allow_colocated=allow, seed=ctx.seed + l, iterations=params.iterations
+                    )
                 )
                 slots[l] = core.replan_from(
                     cur,

@@ -36,7 +36,7 @@ programming over all placements of each layer) to check the planner.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -60,7 +60,7 @@ from moeopt.methods.hypergraph import (
 )
 from moeopt.registry import Context, Problem, register
 from moeopt.relabel import relabel_gpus, speed_classes, stay_counts
-from moeopt.result import Result, Status
+from moeopt.result import Result, Status, Termination
 
 
 class StayGain:
@@ -244,7 +244,7 @@ class CrossLayerParams:
         Mt-KaHyPar seed offset and preset (starts ``hypergraph`` and ``forward``).
     """
 
-    eps_load: float | None = None
+    eps_load: float | None = field(default=None, metadata={"inf": True})
     starts: str = "agnostic,hypergraph"
     sweeps: int = 6
     tolerance: float = 1e-4
@@ -320,10 +320,10 @@ class CrossLayer:
             relabeled, _ = relabel_gpus(problem.plan(homes), trace, c, problem.profile)
             starts[kind] = relabeled.home
         best_kind, best, best_cost, report = None, None, np.inf, {}
-        for kind, homes in starts.items():
+        for i, (kind, homes) in enumerate(starts.items()):
             before = float(plan_remote(homes, topk, first, G).sum())
             rng = np.random.default_rng([ctx.seed + params.seed, len(report)])
-            deadline = None if ctx.time_limit is None else t0 + ctx.time_limit * L
+            deadline = ctx.budget.child(1.0 / (len(starts) - i)).deadline  # this start's share of what is left
             homes, info = self.sweep(homes, topk, first, G, S, loads, limits, automatic, classes, params, rng, deadline)
             cost = float(plan_remote(homes, topk, first, G).sum())
             report[kind] = {"start": before / trace.tokens / L, "final": cost / trace.tokens / L, **info}
@@ -337,6 +337,7 @@ class CrossLayer:
         return Result(
             method=self.name,
             status=Status.FEASIBLE,
+            termination=Termination.TIME_LIMIT if any(r.get("capped") for r in report.values()) else None,
             plan=plan,
             objective=best_cost / max(trace.tokens, 1) / L,
             objective_name="remote GPUs per token (previous-layer homes, calibration)",
@@ -362,7 +363,9 @@ class CrossLayer:
             given = {} if params.eps_load is None else {"eps_load": params.eps_load}
             if kind == "hypergraph":
                 given["preset"] = params.preset
-            sub = Context(time_limit=ctx.time_limit, seed=ctx.seed + params.seed, quiet=True)
+            # the starts share 60 % of the budget (L x --time-limit); the sweeps get the rest
+            share = None if ctx.time_limit is None else 0.6 * ctx.time_limit / max(len(params.start_names), 1)
+            sub = Context(time_limit=share, seed=ctx.seed + params.seed, quiet=True)
             res = execute.run(impl, problem, parse_params(impl, given), sub)
             if res.plan is None:
                 raise InfeasibleError(
@@ -423,11 +426,13 @@ class CrossLayer:
                 break
             total = new_total
         kicks = improvements = 0
+        capped = False
         if rng is not None and params.kicks > 0:
             cur, cur_total = homes.copy(), total
             since = 0
             for _ in range(params.kicks):
                 if deadline is not None and time.perf_counter() > deadline:
+                    capped = True
                     break
                 if since >= params.patience:
                     break
@@ -454,6 +459,7 @@ class CrossLayer:
             "kicks": kicks,
             "kick_improvements": improvements,
             "saved": (start_total - total),
+            "capped": capped,
         }
 
 

@@ -17,11 +17,12 @@ GEM's expert classification.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
+from moeopt.budget import Budget
 from moeopt.errors import InputError
 from moeopt.evaluate import layer_straggler
 from moeopt.heuristics.gem_search import SearchSettings, search_layer, speed_greedy_homes
@@ -127,11 +128,11 @@ class Gem:
     @dataclass
     class Params:
         steps: int = DEFAULT_STEPS  # utilization-trace steps T (0: every trace step)
-        starts: int = 8  # initial mappings (alternately speed-aware LPT and step-aware greedy)
+        starts: int = field(default=8, metadata={"ge": 1})  # initial mappings (speed-aware LPT, step-aware greedy)
         noise: float = 0.15  # lognormal sigma of the load noise of starts 3..
         rounds: int = 400  # perturbation rounds of the iterated local search
         patience: int = 60  # stop after this many rounds without improvement
-        ils_time: float = 3.0  # seconds per layer for the perturbation rounds (0: no limit)
+        ils_time: float = 0.0  # wall cap (s per layer) on the perturbation rounds (0: none, reproducible)
         perturb: int = 0  # random swaps per perturbation (0: random in [2, max(4, E // 8)])
         accept: float = 0.0  # walk on to local optima up to this fraction worse than the best
         rho: float = 0.5  # Pearson threshold of correlated temporal pairs
@@ -162,18 +163,25 @@ class Gem:
         settings = self.settings(params, ctx, problem.layers)
         slots = problem.instance.cluster.slots_per_gpu
         homes, initial, found = [], [], []
-        moves = rounds = 0
+        moves = rounds = capped = 0
         for l in ctx.layers(problem.layers, self.name):
             hint = None if ctx.hint is None else ctx.hint.home[l]
+            # rounds and patience bound the search; the layer's share of the budget only caps it
+            cap = ctx.budget.child(1.0 / (problem.layers - l)).cap()
             home, s, st = search_layer(
-                util.counts[l], problem.profile, slots, settings, seed=ctx.seed + 7919 * l, hint=hint
+                util.counts[l], problem.profile, slots, replace(settings, time_limit=cap), seed=ctx.seed + 7919 * l,
+                hint=hint,
             )
+            capped += int(st.capped)
             homes.append(home)
             initial.append(min(st.initial))
             found.append(s)
             moves += st.moves
             rounds += st.rounds
-            ctx.say(f"{self.name}: layer {l}: S {s:.4f} (best start {min(st.initial):.4f}), {st.moves} swaps")
+            ctx.say(
+                f"{self.name} layer {l}: feasible plan, S {s:.4f} (best start {min(st.initial):.4f}), "
+                f"{st.moves} swaps"
+            )
         stats = {
             "steps": util.steps,
             "source_steps": int(len(util.group)),
@@ -183,6 +191,8 @@ class Gem:
             "moves": moves,
             "rounds": rounds,
         }
+        if capped:
+            stats["note"] = f"time limit cut the search short in {capped} layer(s)"
         return np.stack(homes), util, stats
 
     def solve(self, problem: Problem, params: Params, ctx: Context) -> Result:
@@ -193,6 +203,7 @@ class Gem:
         return Result(
             method=self.name,
             status=Status.FEASIBLE,
+            termination=Termination.TIME_LIMIT if "note" in stats else None,
             plan=problem.plan(home),
             objective=objective,
             bound=utilization_bound(util, problem),
@@ -245,13 +256,13 @@ class _GemExact:
         util = problem_utilization(problem, _steps_param(params.steps))
         slots = problem.instance.cluster.slots_per_gpu
         models = [layer_model(util.counts[l], problem.profile, slots, method=self.name) for l in range(problem.layers)]
-        per_layer = ctx.time_limit if ctx.time_limit is not None else params.time_limit
-        total = per_layer * problem.layers
+        # one budget for warm start and exact solves: --time-limit, else the method's own per layer
+        budget = ctx.budget if ctx.budget.limited else Budget(params.time_limit * problem.layers)
         hints = None
-        if params.warm_start:
+        if params.warm_start:  # a fifth of the budget at most
             gem = Gem()
             gparams = Gem.Params(steps=params.steps)
-            hctx = Context(time_limit=0.2 * total, seed=ctx.seed, hint=ctx.hint, quiet=True)
+            hctx = Context(seed=ctx.seed, hint=ctx.hint, quiet=True, budget=budget.child(0.2))
             hints, _, _ = gem.search(problem, gparams, hctx)
         elif ctx.hint is not None:
             hints = ctx.hint.home
@@ -259,8 +270,7 @@ class _GemExact:
         homes, statuses, bounds, layer_stats = [], [], [], []
         terminations: list[Termination] = []
         for l in ctx.layers(problem.layers, self.name):
-            left = total - (time.perf_counter() - t0)
-            limit = max(left / (problem.layers - l), 0.5)
+            limit = budget.cap(budget.remaining() / (problem.layers - l), floor=0.05)
             hint = None if hints is None else hints[l]
             out = self.run_layer(models[l], limit, hint, params, ctx, util)
             terminations.append(out.termination)

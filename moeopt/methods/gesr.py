@@ -22,7 +22,7 @@ load only (every candidate GPU fits equally, so the least loaded one wins).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,7 +32,7 @@ from moeopt.instance import Instance
 from moeopt.methods.baselines import calibration_maxvio
 from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, get_method, method_names, parse_params, register
-from moeopt.result import Result, Status, combine_status
+from moeopt.result import Result, Status, Termination, combine_status, combine_termination
 from moeopt.scoring import Workloads
 from moeopt.solvers.replication import ReplicationBound, solve_replication_bound
 from moeopt.trace import LIFT_EPS, log_lift
@@ -298,7 +298,8 @@ def certificate_hook(plan: Plan, instance: Instance, wl: Workloads, metrics: dic
     if key not in _HOOK_CACHE:
         _HOOK_CACHE.clear()  # one entry: a benchmark evaluates several plans on one base
         _HOOK_CACHE[key] = replication_certificate(
-            plan.home, loads, G, slots, time_limit=certificate_time(plan.layers), hints=plan.replicas
+            plan.home, loads, G, slots, hints=plan.replicas,
+            time_limit=params.get("certificate_time_limit") or certificate_time(plan.layers),
         )
     metrics.update(certificate_stats(_HOOK_CACHE[key], metrics.get("maxvio")))
 
@@ -394,7 +395,9 @@ class _Replication:
 
     def solve(self, problem: Problem, params: Any, ctx: Context) -> Result:
         t0 = time.perf_counter()
-        base = base_result(problem, params.base, params.base_params, ctx)
+        # the base plan takes half of the budget; a quarter goes to each replication certificate
+        # (on calibration loads here, on evaluation loads when the plan is scored)
+        base = base_result(problem, params.base, params.base_params, replace(ctx, budget=ctx.budget.child(0.5)))
         return self.replicate(problem, params, base, ctx, t0=t0)
 
     def replicate(
@@ -427,15 +430,15 @@ class _Replication:
             "replicas_per_layer": [len(r) for r in plan.replicas],
         }
         bound = None
+        reported = dict(vars(params))
         if params.certificate and S > 0:
             limit = params.certificate_time_limit
             if limit is None:
-                model_layers = ctx.model_layers or problem.layers  # the whole model's, when solved per layer
-                limit = (
-                    certificate_time(model_layers)
-                    if ctx.time_limit is None
-                    else ctx.time_limit / max(model_layers, 1)
-                )
+                limit = certificate_time(ctx.model_layers or problem.layers)  # the whole model's layers
+            if ctx.time_limit is not None:  # --time-limit is per layer: a quarter of it per certificate
+                limit = min(limit, 0.25 * ctx.time_limit)
+                reported["certificate_time_limit"] = limit  # what the scoring's certificate_hook uses
+            limit = min(limit, ctx.budget.remaining() / problem.layers)
             bounds = replication_certificate(
                 home, problem.stats.expert_load, G, S, time_limit=limit, hints=plan.replicas
             )
@@ -444,13 +447,14 @@ class _Replication:
         return Result(
             method=self.name,
             status=combine_status([base.status, Status.FEASIBLE]),
+            termination=combine_termination([base.termination, Termination.COMPLETED]),
             plan=plan,
             objective=objective,
             bound=bound,
             sense="min",
             objective_name="calibration_maxvio",
             wall_time=time.perf_counter() - t0,
-            params=dict(vars(params)),
+            params=reported,
             stats=stats,
         )
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 import numpy as np
@@ -39,7 +39,7 @@ from moeopt.grouping import auto_eps_load
 from moeopt.instance import Cluster
 from moeopt.plan import Plan
 from moeopt.registry import Context, Problem, register
-from moeopt.result import Result, Status
+from moeopt.result import Result, Status, Termination
 from moeopt.trace import Trace
 
 #: Gains below this are treated as zero (floating point noise from sparse products).
@@ -197,11 +197,13 @@ class SearchLog:
     refine_moves: int = 0
     refine_swaps: int = 0
     limit_met: bool = True
+    capped: bool = False  # a deadline ended the refinement (or skipped Mt-KaHyPar runs)
 
     def add(self, other: SearchLog) -> None:
         for f in ("repair_moves", "repair_swaps", "refine_moves", "refine_swaps"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.limit_met = self.limit_met and other.limit_met
+        self.capped = self.capped or other.capped
 
 
 def _excess(x: np.ndarray, limit: float) -> np.ndarray:
@@ -252,6 +254,7 @@ def local_search(
     refine: bool = True,
     batch: bool = True,
     max_steps: int = 100_000,
+    deadline: float | None = None,
 ) -> tuple[np.ndarray, SearchLog]:
     """Capacity repair, load repair and swap/move refinement of one layer's homes.
 
@@ -287,6 +290,9 @@ def local_search(
         Apply several disjoint steps per round (False: one step per round).
     max_steps
         Safety cap on the rounds of each phase.
+    deadline
+        ``time.perf_counter()`` value after which refinement stops (``log.capped``); repair
+        always runs to its end, so the plan stays feasible.
 
     Returns
     -------
@@ -378,6 +384,9 @@ def local_search(
     # 3. refinement within every limit
     if refine and log.limit_met:
         for _ in range(max_steps):
+            if deadline is not None and time.perf_counter() > deadline:
+                log.capped = True
+                break
             count, gl = state()
             move, pair = gain.gains(home, gpus)
             ok_m = (count < slots)[None, :] & (gl[None, :] + load[:, None] <= lim + _TOL)
@@ -494,8 +503,10 @@ def constrained_search(
     refine: bool,
     score: Callable[[np.ndarray], float],
     balanced: bool = True,
+    deadline: float | None = None,
 ) -> tuple[np.ndarray, SearchLog]:
-    """Repair and refine each start (and :func:`balanced_start`); keep the best feasible.
+    """Repair and refine each start (and :func:`balanced_start`); keep the best feasible
+    (refinement stops at ``deadline``, see :func:`local_search`).
 
     Parameters
     ----------
@@ -519,7 +530,10 @@ def constrained_search(
     best_log, best_val = SearchLog(limit_met=False), -np.inf
     attempts = list(starts) + ([balanced_start(load, gpus, slots)] if balanced else [])
     for h in attempts:
-        cand, log = local_search(h, gain, gpus, slots, load=load, limit=limit, refine=refine)
+        if best is not None and deadline is not None and time.perf_counter() > deadline:
+            best_log.capped = True  # out of time: the other starts are not repaired
+            break
+        cand, log = local_search(h, gain, gpus, slots, load=load, limit=limit, refine=refine, deadline=deadline)
         if not log.limit_met:
             if best is None:
                 best_log, fallback = log, cand
@@ -635,11 +649,13 @@ def hypergraph_layer(
     preset: str = "default",
     refine: bool = True,
     threads: int = 1,
+    deadline: float | None = None,
 ) -> LayerOutcome:
     """Hypergraph plan of one layer: Mt-KaHyPar, capacity/load repair, (λ − 1) refinement.
 
     ``runs`` Mt-KaHyPar seeds (``seed``, ``seed + 1``, ...) are tried and the plan with the
     fewest distinct GPUs per token kept; see :func:`hypergraph_homes` for the parameters.
+    After ``deadline`` (``time.perf_counter()``) no further run starts and refinement stops.
     """
     edges = token_hyperedges(topk_layer, num_experts)
     if load is None:
@@ -647,7 +663,11 @@ def hypergraph_layer(
     load = load / load.sum() if load.sum() > 0 else np.full(num_experts, 1.0 / num_experts)
     eps, automatic = resolve_eps_load(eps_load, load, gpus, slots)
     starts, km1s = [], []
+    skipped = False
     for r in range(max(1, runs)):
+        if r and deadline is not None and time.perf_counter() > deadline:
+            skipped = True
+            break
         h, km1 = mtkahypar_partition(edges, gpus, slots, seed=seed + r, preset=preset, threads=threads)
         starts.append(h)
         km1s.append(km1)
@@ -662,7 +682,9 @@ def hypergraph_layer(
         refine=refine,
         score=lambda h: -edges.cost(h),
         balanced=refine or eps is not None,
+        deadline=deadline,
     )
+    log.capped = log.capped or skipped
     return LayerOutcome(home=home, km1=min(km1s), log=log, eps_load=used)
 
 
@@ -762,8 +784,8 @@ class Hypergraph:
 
     @dataclass
     class Params:
-        eps_load: float | None = None  # GPU load <= (1 + eps_load) / G of ubar; None: automatic; .inf: off
-        runs: int = 1  # Mt-KaHyPar seeds tried per layer
+        eps_load: float | None = field(default=None, metadata={"inf": True})  # (1 + eps_load) / G of ubar; .inf: off
+        runs: int = field(default=1, metadata={"ge": 1})  # Mt-KaHyPar seeds tried per layer
         preset: str = "default"
         refine: bool = True  # (lambda-1) swap/move refinement after repair
         threads: int = 1
@@ -795,6 +817,7 @@ class Hypergraph:
                     preset=params.preset,
                     refine=params.refine,
                     threads=params.threads,
+                    deadline=ctx.budget.child(1.0 / (problem.layers - l)).deadline,
                 )
             except InfeasibleError as exc:
                 return _no_plan(self.name, f"layer {l}: {exc}", t0, params, Status.INFEASIBLE)
@@ -805,13 +828,15 @@ class Hypergraph:
             km1 += out.km1
             log.add(out.log)
             ctx.say(
-                f"hypergraph layer {l}: km1 {out.km1}, repair {out.log.repair_moves}+{out.log.repair_swaps}, "
+                f"hypergraph layer {l}: feasible plan, km1 {out.km1}, "
+                f"repair {out.log.repair_moves}+{out.log.repair_swaps}, "
                 f"refine {out.log.refine_moves}+{out.log.refine_swaps}"
             )
         plan = problem.plan(np.stack(homes))
         return Result(
             method=self.name,
             status=Status.FEASIBLE,
+            termination=Termination.TIME_LIMIT if log.capped else None,  # the clock ended the refinement
             plan=plan,
             objective=calibration_gpus_per_token(plan, trace, c),
             objective_name="gpus_per_token",
@@ -872,7 +897,7 @@ class Metis:
 
     @dataclass
     class Params:
-        eps_load: float | None = None  # GPU load <= (1 + eps_load) / G of ubar; None: automatic; .inf: off
+        eps_load: float | None = field(default=None, metadata={"inf": True})  # (1 + eps_load) / G of ubar; .inf: off
         ufactor: int = 1  # METIS imbalance in 1/1000
         refine: bool = False  # pairwise swap refinement after repair (off: METIS as is)
 

@@ -18,24 +18,27 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
 from moeopt import balance as core
 from moeopt import joint as jm
+from moeopt.budget import Budget
 from moeopt.errors import InputError
 from moeopt.evaluate import evaluate
 from moeopt.methods.balance import balance_bound_hook
 from moeopt.methods.baselines import hottest_replicas
 from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, get_method, parse_params, register
-from moeopt.result import Result, Status, combine_status
+from moeopt.result import Result, Status, Termination, combine_status
 from moeopt.trace import Trace
 
-#: seconds of search per layer when the caller gives no time limit
-DEFAULT_TIME_PER_LAYER = 4.0
+#: wall cap (seconds of search per layer) when the caller gives no time limit; the work bound is
+#: DEFAULT_EVALUATIONS moves priced per layer
+DEFAULT_TIME_PER_LAYER = 30.0
+DEFAULT_EVALUATIONS = 600
 #: λ values of the guard tried when ``lam`` is not fixed (ascending). Not below 1: at λ < 1
 #: the guard hardly reacts to load, and a shift to one task family stays unbalanced
 #: (benchmark: worst single-family MaxVio 1.1-1.7 at λ 0.25-0.5, mostly 0.6-1.2 at λ >= 1)
@@ -72,8 +75,13 @@ class JointParams:
     grouping_eps
         ``eps_load`` of the grouping start (default ``.inf``: the unconstrained grouping, whose
         locality the search then trades for balance; None: the grouping's automatic limit).
+    evaluations
+        Moves priced per layer, shared by the starts: the search's work bound (same seed, same
+        plan on any machine).
     time_per_layer
-        Seconds of search per layer, shared by the starts (``--time-limit`` caps it).
+        Wall cap, seconds of search per layer (``--time-limit`` caps it further); a cap that
+        binds is reported (termination ``time_limit``) and makes the plan depend on the
+        machine's speed.
     candidates, kicks
         Moves screened per round; random-swap kicks of the iterated search.
     dispatch
@@ -93,8 +101,9 @@ class JointParams:
     sample_tokens: int | None = 4096
     coarse_tokens: int | None = 1024
     starts: str = "grouping,balance"
-    grouping_eps: float | None = math.inf
+    grouping_eps: float | None = field(default=math.inf, metadata={"inf": True})
     time_per_layer: float = DEFAULT_TIME_PER_LAYER
+    evaluations: int = DEFAULT_EVALUATIONS
     candidates: int = 96
     kicks: int = 8
     dispatch: str = "auto"
@@ -122,6 +131,8 @@ class JointParams:
             raise ValueError(f"starts: expected a comma-separated subset of grouping,balance, got {self.starts!r}")
         if not self.time_per_layer > 0:
             raise ValueError(f"time_per_layer must be > 0, got {self.time_per_layer}")
+        if self.evaluations < 1:
+            raise ValueError(f"evaluations must be >= 1, got {self.evaluations}")
         if self.candidates < 1 or self.kicks < 0:
             raise ValueError("candidates must be >= 1 and kicks >= 0")
         if self.dispatch not in ("auto", "locality", "lp"):
@@ -180,7 +191,7 @@ def grouping_starts(problem: Problem, ctx: Context, eps_load: float | None = Non
     if hit is not None and hit[0] is problem.stats:
         return hit[1].copy()
     impl = get_method("agnostic")
-    sub = Context(time_limit=ctx.time_limit, seed=ctx.seed)
+    sub = Context(time_limit=ctx.time_limit, seed=ctx.seed, budget=ctx.budget.child(0.25))
     given = {} if eps_load is None else {"eps_load": eps_load}
     home = impl.solve(problem, parse_params(impl, given), sub).plan.home
     c = problem.instance.cluster
@@ -225,14 +236,18 @@ class DispatchChoice:
     tried: list[dict]
 
 
-def choose_dispatch(plan: Plan, trace: Trace, problem: Problem, params: JointParams) -> DispatchChoice:
+def choose_dispatch(
+    plan: Plan, trace: Trace, problem: Problem, params: JointParams, budget: Budget | None = None
+) -> DispatchChoice:
     """The plan's dispatch: fewest remote GPUs per token on the calibration trace subject to
     calibration MaxVio <= ``eps``, both scored by :func:`~moeopt.evaluate.evaluate`.
 
     The guard's MaxVio falls and its communication rises with λ, so the smallest feasible λ
     of the grid is found by bisection, then refined by bisection on log λ; without a feasible
-    one, the most balanced of the largest λ and ``lp`` is kept.
+    one, the most balanced of the largest λ and ``lp`` is kept. Once ``budget`` has expired
+    the bisection stops at the best λ found so far.
     """
+    budget = budget or Budget()
     cluster = problem.instance.cluster
     tried: list[dict] = []
     cache: dict[tuple, dict] = {}
@@ -260,7 +275,7 @@ def choose_dispatch(plan: Plan, trace: Trace, problem: Problem, params: JointPar
         return DispatchChoice(r["dispatch"], r["comm_per_token"], r["maxvio"], r["maxvio"] <= params.eps + tol, tried)
     lo, hi = 0, len(LAM_GRID) - 1
     if score(params.guard(LAM_GRID[hi]))["maxvio"] <= params.eps + tol:
-        while lo < hi:  # smallest feasible index
+        while lo < hi and not budget.expired():  # smallest feasible index
             mid = (lo + hi) // 2
             if score(params.guard(LAM_GRID[mid]))["maxvio"] <= params.eps + tol:
                 hi = mid
@@ -269,6 +284,8 @@ def choose_dispatch(plan: Plan, trace: Trace, problem: Problem, params: JointPar
         if hi > 0:  # refine in log space between the last infeasible and the first feasible λ
             a, b = LAM_GRID[hi - 1], LAM_GRID[hi]
             for _ in range(REFINE_STEPS):
+                if budget.expired():
+                    break
                 mid = math.sqrt(a * b)
                 if score(params.guard(mid))["maxvio"] <= params.eps + tol:
                     b = mid
@@ -301,10 +318,11 @@ def finish(
     stats: dict,
     statuses: list[Status],
     bound: float | None = None,
+    budget: Budget | None = None,
 ) -> Result:
-    """Pick the dispatch, score on calibration, build the result."""
+    """Pick the dispatch (within ``budget``), score on calibration, build the result."""
     plan = Plan(slots=slots, experts=problem.experts)
-    choice = choose_dispatch(plan, problem.trace, problem, params)
+    choice = choose_dispatch(plan, problem.trace, problem, params, budget)
     plan = plan.with_dispatch(choice.dispatch)
     stats = {
         **stats,
@@ -352,7 +370,6 @@ class Joint:
         _need_trace(problem, self.name)
         layers = layer_problems(problem, params, ctx.seed)
         load = problem.stats.expert_load
-        per_layer = params.time_per_layer if ctx.time_limit is None else min(params.time_per_layer, ctx.time_limit)
         starts: dict[str, np.ndarray] = {}
         if "grouping" in params.start_list:
             starts["grouping"] = grouping_starts(problem, ctx, params.grouping_eps)
@@ -362,11 +379,15 @@ class Joint:
             starts["hint"] = ctx.hint.padded(problem.instance.cluster.width).slots
         slots = np.empty((problem.layers,) + next(iter(starts.values())).shape[1:], dtype=np.int64)
         layer_stats = []
+        capped = 0
+        # the searches take 80 % of what is left (the dispatch choice follows), each layer its share
+        search = ctx.budget.child(0.8)
         for l in ctx.layers(problem.layers, self.name):
             layer = layers[l]
             runs = {}
             weight = {"grouping": 2.0, "balance": 1.0, "hint": 1.0}
             total = sum(weight[k] for k in starts)
+            per_layer = min(params.time_per_layer, search.remaining() / (problem.layers - l))
             for label, s in starts.items():
                 share = per_layer * weight[label] / total
                 try:
@@ -382,7 +403,9 @@ class Joint:
                     candidates=params.candidates,
                     kicks=params.kicks,
                     deadline=time.perf_counter() + share,
+                    evaluations=max(1, round(params.evaluations * weight[label] / total)),
                 )
+                capped += int(st.capped)
                 runs[label] = (value, best, st)
             label, (value, best, st) = min(runs.items(), key=lambda kv: kv[1][0])
             slots[l] = best.slots
@@ -403,9 +426,13 @@ class Joint:
                     },
                 }
             )
-            ctx.say(f"{self.name} layer {l}: objective {value:.4f} from {label}")
+            ctx.say(f"{self.name} layer {l}: feasible plan, objective {value:.4f} from {label}")
         stats = {"search": layer_stats, "search_objective": float(np.mean([s["value"] for s in layer_stats]))}
-        return finish(self.name, problem, params, slots, t0, stats, [Status.FEASIBLE])
+        result = finish(self.name, problem, params, slots, t0, stats, [Status.FEASIBLE], budget=ctx.budget)
+        if capped:  # the clock, not the evaluations, ended some searches: the plan depends on the machine
+            note = f"time limit cut {capped} search(es) short"
+            result = result.replace(termination=Termination.TIME_LIMIT, stats={**result.stats, "note": note})
+        return result
 
 
 @dataclass
@@ -438,14 +465,19 @@ class JointExact(Joint):
                 jm.check_exact_size(layer, params.max_columns)
             except ValueError as exc:
                 raise InputError(src, "method", f"layer {l}: {exc}") from None
-        limit = params.exact_time_limit or (ctx.time_limit if ctx.time_limit is not None else 60.0)
+        # the exact solves share 40 % of the budget (L x --time-limit), each at most its own limit;
+        # the rest goes to the local search of layers without an incumbent and the dispatch choice
+        own = params.exact_time_limit or (None if ctx.budget.limited else 60.0)
+        exact = ctx.budget.child(0.4)
         load = problem.stats.expert_load
         slots, statuses, bounds, values, fallback = [], [], [], [], None
         for l in ctx.layers(problem.layers, self.name):
-            res = jm.solve_exact(layers[l], time_limit=limit)
+            limit = exact.cap(min(own or math.inf, exact.remaining() / (problem.layers - l)), floor=0.05)
+            res = jm.solve_exact(layers[l], time_limit=limit, max_columns=params.max_columns)
             if res.slots is None:  # no incumbent in time: the local search's plan for this layer
                 if fallback is None:
-                    fallback = Joint().solve(problem, params, ctx).plan.slots
+                    # only its slots are used: a fixed λ spares the dispatch choice
+                    fallback = Joint().solve(problem, replace(params, lam=1.0), ctx).plan.slots
                 slots.append(fallback[l])
                 statuses.append(Status.TIME_LIMIT)
                 values.append(None)
@@ -457,9 +489,15 @@ class JointExact(Joint):
                 statuses.append(Status.OPTIMAL if res.status == "optimal" else Status.TIME_LIMIT)
                 values.append(res.value)
             bounds.append(res.bound)
-            ctx.say(f"{self.name} layer {l}: {res.status}, objective {res.value}, bound {res.bound}")
+            term = "optimal" if statuses[-1] is Status.OPTIMAL else "time_limit"  # Termination words
+            value = "-" if res.value is None else f"{res.value:.6g}"
+            bound = "-" if res.bound is None else f"{res.bound:.6g}"
+            ctx.say(
+                f"{self.name} layer {l}: {term}, {statuses[-1].solution} plan, objective {value}, bound {bound}, "
+                f"{res.wall_time:.2f} s"
+            )
         stats = {"model_objective_per_layer": values, "model_bound_per_layer": bounds}
-        return finish(self.name, problem, params, np.stack(slots), t0, stats, statuses)
+        return finish(self.name, problem, params, np.stack(slots), t0, stats, statuses, budget=ctx.budget)
 
 
 @dataclass

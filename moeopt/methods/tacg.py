@@ -17,8 +17,7 @@ graph, which only relabels GPUs (objective, loads and bound unchanged).
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -124,11 +123,17 @@ class TacgParams:
         (``gpus_per_node * cap`` slots, load limit ``gpus_per_node * (1+eps_load)/G``), then
         each node's experts onto its GPUs, falling back to flat for a layer where that split
         misses the per-GPU load limit.
+    certificate
+        The bound reported (heuristic methods): ``"cheap"`` (default) the tightest of the
+        bounds of :func:`moeopt.bounds.grouping_bound`, milliseconds; ``"colgen"`` also the
+        set-partitioning bound by column generation (:func:`moeopt.colgen.column_generation`,
+        formulations/tacg.md section 7) in the rest of the layer's time, whose restricted
+        master MILP replaces the plan when it finds a better one.
     """
 
     tau: float = 1.0
     beta: float = 1.0
-    eps_load: float | None = None
+    eps_load: float | None = field(default=None, metadata={"inf": True})
     repair: bool = True
     refine: bool = True
     iterations: int = 1000
@@ -137,6 +142,7 @@ class TacgParams:
     bound_iterations: int = 100
     eigen_iterations: int = 0
     nodes: str = "flat"
+    certificate: str = "cheap"
 
     def __post_init__(self) -> None:
         if not self.tau > 0:
@@ -149,6 +155,8 @@ class TacgParams:
             raise ValueError("iterations must be >= 0 and patience >= 1")
         if self.nodes not in ("flat", "top-down"):
             raise ValueError(f"nodes must be 'flat' or 'top-down', got {self.nodes!r}")
+        if self.certificate not in ("cheap", "colgen"):
+            raise ValueError(f"certificate must be 'cheap' or 'colgen', got {self.certificate!r}")
 
 
 @dataclass
@@ -254,6 +262,15 @@ def top_down_home(
     return home
 
 
+def colgen_certificate(g: Grouping, home: np.ndarray, ctx: Context, layers_left: int):
+    """Column generation from ``home`` in this layer's share of what is left of the budget."""
+    from moeopt.colgen import column_generation
+
+    most = None if ctx.budget.limited else DEFAULT_TIME_LIMIT
+    seconds = max(ctx.budget.child(1.0 / layers_left, most=most).remaining(), 0.1)
+    return column_generation(g, seconds, start_home=home, seed=ctx.seed)
+
+
 def _finish(home: np.ndarray, g: Grouping, gpn: int, rng: np.random.Generator) -> np.ndarray:
     return arrange_nodes(g, home, gpn, rng) if gpn < g.groups else home
 
@@ -302,14 +319,17 @@ class Tacg(TacgBase):
 
     def solve(self, problem: Problem, params: TacgParams, ctx: Context) -> Result:
         graph, groupings, eps = layer_problems(problem, params)
-        limit = ctx.time_limit if ctx.time_limit is not None else DEFAULT_TIME_LIMIT
         gpn = problem.instance.cluster.gpus_per_node
         homes, bounds, kinds, spectral, rounds, statuses, modes = [], [], [], [], [], [], []
+        certs: list[dict] = []
+        capped = 0
         for l in ctx.layers(problem.layers, self.name):
             g = groupings[l]
             rng = np.random.default_rng([ctx.seed, l])
             hint = None if ctx.hint is None else ctx.hint.home[l]
-            deadline = time.perf_counter() + limit
+            # the search is bounded by its iterations; the clock (the layer's share) only caps it
+            most = None if ctx.budget.limited else DEFAULT_TIME_LIMIT
+            deadline = ctx.budget.child(1.0 / (problem.layers - l), most=most).deadline
             home, info = heuristic_home(g, params, rng, hint=hint, deadline=deadline)
             mode = "flat"
             if params.nodes == "top-down" and gpn < g.groups:
@@ -318,11 +338,20 @@ class Tacg(TacgBase):
                     mode = "top-down"
                 except InfeasibleError:
                     pass  # this layer's node split misses the per-GPU load limit: keep the flat plan
+            cert = None
+            if params.certificate == "colgen":  # a bound that closes (and maybe a better plan): the layer's rest
+                cert = colgen_certificate(g, home, ctx, problem.layers - l)
+                if cert.home is not None and cert.objective > g.objective(home):
+                    home = cert.home
+                certs.append({"bound": cert.bound, "objective": cert.objective, "proven": cert.proven,
+                              "columns": cert.columns, "seconds": cert.history[-1][0]})
             modes.append(mode)
             homes.append(_finish(home, g, gpn, rng) if mode == "flat" else home)
             b, kind = grouping_bound(
                 g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
             )
+            if cert is not None and cert.bound < b:
+                b, kind = cert.bound, "colgen"
             bounds.append(b)
             kinds.append(kind)
             # a cheap bound that meets the plan's value certifies it
@@ -330,10 +359,20 @@ class Tacg(TacgBase):
             statuses.append(Status.OPTIMAL if closed else Status.FEASIBLE)
             spectral.append(info["spectral"])
             rounds.append(info.get("rounds", 0))
-            ctx.say(f"{self.name} layer {l}: affinity {g.objective(home):.6g}, bound {b:.6g} ({kind})")
+            capped += int(info.get("capped", 0))
+            ctx.say(
+                f"{self.name} layer {l}: {statuses[-1].solution} plan, affinity {g.objective(home):.6g}, "
+                f"bound {b:.6g} ({kind})"
+            )
         stats = {"bound_kind": kinds, "spectral_affinity": float(sum(spectral)), "ils_rounds": rounds,
                  "node_mode": modes}
-        return self._result(problem, params, graph, groupings, homes, statuses, bounds, stats, eps)
+        if certs:
+            stats["colgen"] = certs
+        termination = None
+        if capped:  # the clock, not the iterations, ended a search: the plan depends on the machine's speed
+            stats["note"] = f"time limit cut the search short in {capped} layer(s)"
+            termination = Termination.TIME_LIMIT
+        return self._result(problem, params, graph, groupings, homes, statuses, bounds, stats, eps, termination)
 
 
 @register
@@ -376,15 +415,15 @@ class TacgExact(TacgBase):
             g = groupings[l]
             rng = np.random.default_rng([ctx.seed, l])
             start = None
-            t0 = time.perf_counter()
+            layer = ctx.budget.child(1.0 / (problem.layers - l), most=None if ctx.budget.limited else limit)
             if params.warm_start:  # the warm start's search may use a quarter of the layer's limit
                 try:
                     hint = None if ctx.hint is None else ctx.hint.home[l]
-                    start, _ = heuristic_home(g, params, rng, hint=hint, deadline=t0 + 0.25 * limit)
+                    start, _ = heuristic_home(g, params, rng, hint=hint, deadline=layer.child(0.25).deadline)
                 except InfeasibleError:
                     start = None  # the repair missed a packing: let the exact model look for one
-            left = max(limit - (time.perf_counter() - t0), 0.5 * limit)
-            # sizes were checked against the full limit above
+            # the rest of the layer's share (sizes were checked against the full limit above)
+            left = layer.cap(floor=0.05)
             out = mod.solve(g, time_limit=left, hint=start, threads=params.threads, seed=ctx.seed, refuse=False)
             cheap, kind = grouping_bound(
                 g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
@@ -424,7 +463,8 @@ class TacgExact(TacgBase):
             walls.append(out.wall_time)
             ctx.say(
                 f"{self.name} layer {l}: {out.termination.value}, {statuses[-1].solution} plan, "
-                f"incumbent {out.incumbent}, bound {bound:.6g}, {out.wall_time:.2f} s"
+                f"incumbent {'-' if out.incumbent is None else format(out.incumbent, '.6g')}, bound {bound:.6g}, "
+                f"{out.wall_time:.2f} s"
             )
         stats = {
             "solver_objective": float(sum(v for v in incumbents if v is not None)),

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moeopt.budget import run_interruptible
 from moeopt.errors import InputError
 from moeopt.profile import Profile
 from moeopt.result import Termination, cpsat_termination, pyomo_termination
-from moeopt.solvers.highs_common import highs_threads
+from moeopt.solvers.highs_common import cancel_pyomo_highs, highs_threads
 from moeopt.utilization import step_lower_bound
 
 #: Largest model accepted, in constraint-matrix nonzeros (load rows E*G*T plus levels).
@@ -314,13 +315,16 @@ def solve_milp(
             warm = opt._solver_model.setSolution(sol) == highspy.HighsStatus.kOk
         except (AttributeError, KeyError, TypeError):
             warm = False
-    res = opt.solve(
-        m,
-        time_limit=max(time_limit, 0.1),
-        threads=highs_threads(threads),
-        rel_gap=1e-7,
-        raise_exception_on_nonoptimal_result=False,
-        load_solutions=False,
+    res = run_interruptible(
+        lambda: opt.solve(
+            m,
+            time_limit=max(time_limit - (time.perf_counter() - t0), 0.05),  # build included
+            threads=highs_threads(threads),
+            rel_gap=1e-7,
+            raise_exception_on_nonoptimal_result=False,
+            load_solutions=False,
+        ),
+        lambda: cancel_pyomo_highs(opt),
     )
     optimal = res.termination_condition == TerminationCondition.convergenceCriteriaSatisfied
     home = None
@@ -468,10 +472,11 @@ def solve_cpsat(
         for t in range(model.steps):
             cp.add_hint(z[t], int(max(c[:, t].max(), lb[t])))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit, 0.1)
+    solver.parameters.max_time_in_seconds = max(time_limit - (time.perf_counter() - t0), 0.05)  # build included
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
-    status = solver.solve(cp)
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the run, not just this search
+    status = run_interruptible(lambda: solver.solve(cp), solver.stop_search)
     home = None
     objective = None
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):

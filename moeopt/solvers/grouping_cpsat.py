@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moeopt.budget import run_interruptible
 from moeopt.errors import InputError
 from moeopt.grouping import ExactOutcome, Grouping, pairs
 from moeopt.result import Status, Termination, cpsat_termination
@@ -196,7 +197,8 @@ def solve(
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.random_seed = seed
     solver.parameters.log_search_progress = log
-    code = solver.solve(m)
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the run, not just this search
+    code = run_interruptible(lambda: solver.solve(m), solver.stop_search)
     wall = time.perf_counter() - t0
     info = {"pairs": len(cm.z), "cpsat_status": solver.status_name(code)}
     term = cpsat_termination(solver.status_name(code), wall, time_limit)

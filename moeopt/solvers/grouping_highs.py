@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from moeopt.budget import run_interruptible
 from moeopt.errors import InputError
 from moeopt.grouping import ExactOutcome, Grouping, pairs
 from moeopt.result import Status, Termination, highs_termination
@@ -227,7 +228,7 @@ def solve(
         sol.col_value = arrays.point(g.canonical(hint), g.groups).tolist()
         sol.value_valid = True
         h.setSolution(sol)
-    h.run()
+    run_interruptible(h.run, h.cancelSolve)
     wall = time.perf_counter() - t0
     model_status = h.getModelStatus()
     info = h.getInfo()

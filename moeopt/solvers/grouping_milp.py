@@ -13,10 +13,11 @@ import time
 
 import numpy as np
 
+from moeopt.budget import run_interruptible
 from moeopt.grouping import ExactOutcome, Grouping, pairs
 from moeopt.result import Status, Termination, pyomo_termination
 from moeopt.solvers.grouping_highs import refuse_large
-from moeopt.solvers.highs_common import GROUPING_OPTIONS, highs_threads
+from moeopt.solvers.highs_common import GROUPING_OPTIONS, cancel_pyomo_highs, highs_threads
 
 #: matrix nonzeros per second of time limit before refusing: Pyomo builds about 270k/s on one
 #: core, so a model within this rate leaves at least 60 % of the limit to HiGHS
@@ -150,14 +151,17 @@ def solve(
     build = time.perf_counter() - t0
     opt = SolverFactory("highs")
     warm = _warm_start(opt, m, g.canonical(hint), g) if hint is not None else False
-    res = opt.solve(
-        m,
-        raise_exception_on_nonoptimal_result=False,
-        load_solutions=False,
-        tee=log,
-        time_limit=max(0.1, time_limit - (time.perf_counter() - t0)),
-        threads=highs_threads(threads),
-        solver_options={"random_seed": seed, **GROUPING_OPTIONS},
+    res = run_interruptible(
+        lambda: opt.solve(
+            m,
+            raise_exception_on_nonoptimal_result=False,
+            load_solutions=False,
+            tee=log,
+            time_limit=max(0.05, time_limit - (time.perf_counter() - t0)),
+            threads=highs_threads(threads),
+            solver_options={"random_seed": seed, **GROUPING_OPTIONS},
+        ),
+        lambda: cancel_pyomo_highs(opt),
     )
     wall = time.perf_counter() - t0
     info = {"termination": res.termination_condition.name, "warm_start": warm}

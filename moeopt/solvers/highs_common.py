@@ -64,3 +64,11 @@ def new_highs():
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     return h
+
+
+def cancel_pyomo_highs(opt) -> None:
+    """Ask the HiGHS model behind a Pyomo v2 ``highs`` solver to stop (Ctrl-C); nothing when
+    Pyomo has not built it yet."""
+    model = getattr(opt, "_solver_model", None)
+    if model is not None:
+        model.cancelSolve()

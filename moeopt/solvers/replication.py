@@ -25,8 +25,9 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
+from moeopt.budget import run_interruptible
 from moeopt.result import Status, Termination, highs_termination
-from moeopt.solvers.highs_common import highs_threads, new_highs
+from moeopt.solvers.highs_common import cancel_pyomo_highs, highs_threads, new_highs
 
 #: share of the time limit spent looking for a plan that reaches the count bound exactly
 FEASIBILITY_SHARE = 0.5
@@ -251,7 +252,7 @@ def _run_highs(
         sol.col_value = start.tolist()
         sol.value_valid = True
         h.setSolution(sol)
-    h.run()
+    run_interruptible(h.run, h.cancelSolve)
     status = _STATUS_OF.get(highs_termination(h.getModelStatus().name), Status.ERROR)
     info = h.getInfo()
     col = None
@@ -517,9 +518,13 @@ def solve_replication_bound_pyomo(
     m.home_share = pyo.Constraint(range(E), rule=home_share)
     m.link = pyo.Constraint(m.P, rule=lambda _, p: m.x[p] <= float(w[pairs[p][0]]) * m.y[p])
     m.slots = pyo.Constraint(range(gpus), rule=slot_limit)
-    res = SolverFactory("highs").solve(
-        m, raise_exception_on_nonoptimal_result=False, load_solutions=False,
-        time_limit=max(0.1, time_limit), threads=highs_threads(1), rel_gap=1e-7, abs_gap=1e-9,
+    opt = SolverFactory("highs")
+    res = run_interruptible(
+        lambda: opt.solve(
+            m, raise_exception_on_nonoptimal_result=False, load_solutions=False,
+            time_limit=max(0.1, time_limit), threads=highs_threads(1), rel_gap=1e-7, abs_gap=1e-9,
+        ),
+        lambda: cancel_pyomo_highs(opt),
     )
     optimal = res.termination_condition == TerminationCondition.convergenceCriteriaSatisfied
     bound = res.objective_bound

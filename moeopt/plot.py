@@ -1,0 +1,259 @@
+"""Figures of plans and runs: per-GPU loads, the frontier, and a solve's gap over time.
+
+Each figure has a data function (tested on numbers) and a drawing function (matplotlib with
+the Agg backend, imported only when drawing):
+
+* :func:`load_bars` / :func:`draw_loads`: per-GPU token loads of one layer under a plan and
+  under a baseline (the ``linear`` plan, or the plan running now), their mean and MaxVio;
+* :func:`frontier_points` / :func:`draw_frontier`: the sweep written by ``moeopt frontier``
+  (drawn by :func:`moeopt.frontier.plot`);
+* :func:`gap_history` / :func:`draw_gap`: each layer's incumbent and bound against the
+  seconds since the run started, from ``stats['history']`` of a report (recorded by
+  :mod:`moeopt.execute` for every method solved layer by layer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moeopt.errors import MoeoptError
+
+__all__ = [
+    "GapHistory",
+    "LoadBars",
+    "draw_frontier",
+    "draw_gap",
+    "draw_loads",
+    "frontier_points",
+    "gap_history",
+    "load_bars",
+]
+
+#: The kinds of ``moeopt plot``.
+KINDS = ("loads", "frontier", "gap")
+
+
+# ----------------------------------------------------------------------------- loads
+@dataclass(frozen=True)
+class LoadBars:
+    """One layer's per-GPU loads (tokens routed to each GPU) after and before a plan."""
+
+    layer: int
+    after: np.ndarray  # float [G]
+    before: np.ndarray  # float [G]
+    after_label: str
+    before_label: str
+
+    @property
+    def mean(self) -> float:
+        """Mean load per GPU (the same for both: one workload)."""
+        return float(self.after.mean())
+
+    @staticmethod
+    def _maxvio(loads: np.ndarray) -> float:
+        m = float(loads.mean())
+        return float(loads.max() / m - 1.0) if m > 0 else 0.0
+
+    @property
+    def maxvio_after(self) -> float:
+        return self._maxvio(self.after)
+
+    @property
+    def maxvio_before(self) -> float:
+        return self._maxvio(self.before)
+
+
+def load_bars(
+    after: dict,
+    before: dict,
+    *,
+    layer: int | None = None,
+    after_label: str = "plan",
+    before_label: str = "linear",
+) -> LoadBars:
+    """The bars of one layer from two metric dicts of :func:`moeopt.scoring.score`.
+
+    Parameters
+    ----------
+    after, before
+        Metrics of the plan and of the baseline on the same workload (their ``loads`` ``[L][G]``).
+    layer
+        The layer to show; None: the plan's worst layer (largest MaxVio; the first on ties).
+    after_label, before_label
+        Legend names.
+
+    Raises
+    ------
+    MoeoptError
+        When ``layer`` is out of range or the metrics carry no loads.
+    """
+    if "loads" not in after or "loads" not in before:
+        raise MoeoptError("these metrics carry no per-GPU loads")
+    a = np.asarray(after["loads"], dtype=np.float64)
+    b = np.asarray(before["loads"], dtype=np.float64)
+    if a.shape != b.shape:
+        raise MoeoptError(f"loads of different shapes: {list(a.shape)} vs {list(b.shape)}")
+    L = a.shape[0]
+    if layer is None:
+        mean = a.mean(axis=1, keepdims=True)
+        vio = np.where(mean > 0, a.max(axis=1, keepdims=True) / np.where(mean > 0, mean, 1.0) - 1.0, 0.0)
+        layer = int(np.argmax(vio[:, 0]))
+    if not 0 <= layer < L:
+        raise MoeoptError(f"--layer {layer}: the plan has layers 0..{L - 1}")
+    return LoadBars(layer, a[layer], b[layer], after_label, before_label)
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: str | Path) -> None:
+    from moeopt.io import atomic_path
+
+    suffix = Path(path).suffix.lower().lstrip(".") or "png"
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format=suffix)
+
+
+def draw_loads(panels: Sequence[LoadBars], path: str | Path, *, title: str = "") -> None:
+    """Grouped bars (baseline, plan) per GPU, one panel per :class:`LoadBars`, the mean as a
+    dashed line and both MaxVio values in each panel's title."""
+    plt = _pyplot()
+    n = len(panels)
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(6.4, 5.2 * cols), 3.8 * rows), squeeze=False)
+    for ax, p in zip(axes.flat, panels, strict=False):
+        G = len(p.after)
+        x = np.arange(G)
+        ax.bar(x - 0.2, p.before, width=0.4, label=p.before_label, color="#bbbbbb", edgecolor="#777777")
+        ax.bar(x + 0.2, p.after, width=0.4, label=p.after_label, color="#3b75af")
+        ax.axhline(p.mean, color="k", linestyle="--", linewidth=1, label=f"mean {p.mean:,.0f}")
+        ax.set_xticks(x, [str(g) for g in range(G)] if G <= 32 else None)
+        ax.set_xlabel("GPU")
+        ax.set_ylabel("tokens routed (expert activations)")
+        ax.set_title(
+            f"layer {p.layer}: MaxVio {p.before_label} {p.maxvio_before:.3f} -> {p.after_label} {p.maxvio_after:.3f}",
+            fontsize=9,
+        )
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- frontier
+def frontier_points(data: dict) -> list:
+    """The :class:`~moeopt.frontier.FrontierPoint` list of a ``moeopt frontier`` JSON file."""
+    from dataclasses import fields
+
+    from moeopt.frontier import FrontierPoint
+
+    names = {f.name for f in fields(FrontierPoint)}
+    points = data.get("points")
+    if not isinstance(points, list):
+        raise MoeoptError("not a frontier file (no 'points' list): write one with moeopt frontier --output-dir")
+    out = []
+    for p in points:
+        q = {k: v for k, v in p.items() if k in names}
+        if q.get("maxvio") is None:
+            q["maxvio"] = float("nan")
+        out.append(FrontierPoint(**q))
+    return out
+
+
+def draw_frontier(data: dict, path: str | Path) -> None:
+    """The frontier figure of a ``moeopt frontier`` JSON file (see :func:`moeopt.frontier.plot`)."""
+    from moeopt.frontier import plot
+
+    plot(frontier_points(data), path, title=str(data.get("instance", "")))
+
+
+# ----------------------------------------------------------------------------- gap
+@dataclass(frozen=True)
+class GapHistory:
+    """A run's finished layers in time order: seconds since the start, incumbent, bound."""
+
+    method: str
+    objective_name: str
+    sense: str
+    layer: np.ndarray  # int [n]
+    seconds: np.ndarray  # float [n]
+    incumbent: np.ndarray  # float [n] (nan: no plan for that layer)
+    bound: np.ndarray  # float [n] (nan: no bound)
+
+    @property
+    def gap(self) -> np.ndarray:
+        """Relative gap per layer, ``|incumbent - bound| / max(|incumbent|, 1e-9)`` (nan without a bound)."""
+        diff = self.incumbent - self.bound if self.sense == "min" else self.bound - self.incumbent
+        return np.maximum(diff, 0.0) / np.maximum(np.abs(self.incumbent), 1e-9)
+
+
+def gap_history(report: dict) -> GapHistory | None:
+    """The history of one solve report (``solve --report``, or one entry of ``compare --report``);
+    None when the report has none (a method that solves all layers together records none)."""
+    hist = (report.get("stats") or {}).get("history")
+    if not hist:
+        return None
+    hist = sorted(hist, key=lambda h: h["seconds"])
+
+    def col(key: str) -> np.ndarray:
+        return np.array([np.nan if h.get(key) is None else float(h[key]) for h in hist])
+
+    return GapHistory(
+        method=str(report.get("method", "")),
+        objective_name=str(report.get("objective_name") or "objective"),
+        sense=str(report.get("sense", "min")),
+        layer=np.array([int(h["layer"]) for h in hist]),
+        seconds=col("seconds"),
+        incumbent=col("objective"),
+        bound=col("bound"),
+    )
+
+
+def draw_gap(histories: Sequence[GapHistory], path: str | Path, *, title: str = "") -> None:
+    """Per method: each layer's incumbent (o) and bound (x) against the seconds at which the
+    layer finished (top), and the relative gap in percent (bottom). Points are not joined:
+    each layer is its own problem."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 6.2), sharex=True)
+    for i, h in enumerate(histories):
+        color = f"C{i}"
+        top.plot(h.seconds, h.incumbent, "o", color=color, label=f"{h.method}: incumbent")
+        if np.isfinite(h.bound).any():
+            top.plot(h.seconds, h.bound, "x", markersize=9, color=color, label=f"{h.method}: bound")
+            bottom.plot(h.seconds, 100 * h.gap, "o", color=color, label=h.method)
+        for s, v, l in zip(h.seconds, h.incumbent, h.layer, strict=True):
+            if np.isfinite(v):
+                top.annotate(f"L{l}", (s, v), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    names = {h.objective_name for h in histories}
+    top.set_ylabel(f"layer {'/'.join(sorted(names))}")
+    top.legend(fontsize=7)
+    top.grid(alpha=0.3)
+    bottom.set_ylabel("gap (%)")
+    bottom.set_ylim(bottom=0)
+    bottom.set_xlabel("seconds since the solve started (layer finished)")
+    bottom.grid(alpha=0.3)
+    if not any(np.isfinite(h.bound).any() for h in histories):
+        bottom.text(0.5, 0.5, "no bounds recorded", ha="center", va="center", transform=bottom.transAxes)
+    else:
+        bottom.legend(fontsize=7)
+    fig.suptitle(title or "incumbent and bound per layer over time")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)

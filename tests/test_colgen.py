@@ -1,0 +1,205 @@
+"""Column generation bounds (moeopt/colgen.py) against brute-force optima on tiny groupings."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from moeopt.bounds import lagrangian_bound, star_bound
+from moeopt.colgen import (
+    PRICING_TOLERANCE,
+    ColgenResult,
+    column_generation,
+    price_branch_and_bound,
+    price_cpsat,
+    price_enumerate,
+    price_exact,
+    price_heuristic,
+    pricing_candidates,
+    restricted_milp,
+)
+from moeopt.errors import InputError
+from moeopt.grouping import LOAD_TOL, Grouping
+from moeopt.result import Status, Termination
+from tests.grouping_cases import brute_force, make_problem, random_grouping, run
+
+TOL = 1e-9
+
+
+@st.composite
+def groupings(draw: st.DrawFn, max_experts: int = 8) -> Grouping:
+    """A tiny grouping: W and w drawn as arrays, G and cap with E <= G cap, maybe a load limit."""
+    E = draw(st.integers(2, max_experts))
+    W = draw(arrays(np.float64, (E, E), elements=st.floats(0.0, 1.0, allow_subnormal=False)))
+    sparse = draw(arrays(np.bool_, (E, E)))
+    W = np.triu(W * sparse, 1)
+    load = draw(arrays(np.float64, E, elements=st.floats(0.01, 1.0)))
+    load = load / load.sum()
+    G = draw(st.integers(1, min(4, E)))
+    cap = draw(st.integers(math.ceil(E / G), math.ceil(E / G) + 2))
+    g = Grouping(W + W.T, load=load, groups=G, cap=cap)
+    if draw(st.booleans()):
+        g = g.replace(load_limit=g.min_max_load() * draw(st.floats(1.0, 1.5)))
+    return g
+
+
+def brute_pricing(g: Grouping, pi: np.ndarray) -> float:
+    """max over feasible groups S (the empty one included) of v(S) - pi(S), by enumeration."""
+    best = 0.0
+    for k in range(1, min(g.cap, g.experts) + 1):
+        for s in itertools.combinations(range(g.experts), k):
+            idx = list(s)
+            if g.load[idx].sum() > g.load_limit + LOAD_TOL:
+                continue
+            best = max(best, 0.5 * g.graph[np.ix_(idx, idx)].sum() - pi[idx].sum())
+    return best
+
+
+def check(g: Grouping, res: ColgenResult, opt: float) -> None:
+    """The bound at every point is >= the optimum; a returned plan is feasible and recomputed."""
+    scale = max(1.0, abs(opt))
+    assert res.bound >= opt - 1e-7 * scale
+    for _, bound, incumbent in res.history:
+        assert bound >= opt - 1e-7 * scale
+        if incumbent is not None:
+            assert incumbent <= opt + 1e-7 * scale
+    if res.home is not None:
+        assert g.violations(res.home) == []
+        assert res.objective == g.objective(res.home)
+        assert res.objective <= opt + 1e-7 * scale
+
+
+@given(groupings())
+def test_bound_is_valid_against_brute_force(g: Grouping) -> None:
+    """The column generation bound (and each history point) is >= the brute-force optimum."""
+    home, opt = brute_force(g)
+    if home is None:
+        return
+    res = column_generation(g, 5.0, start_home=home, seed=0)
+    check(g, res, opt)
+    assert res.objective == pytest.approx(opt)  # started from the optimum, never worse
+
+
+@given(groupings(max_experts=7))
+def test_bound_without_start_and_proven_lp(g: Grouping) -> None:
+    """From agnostic's own plan: valid bound, and a proved LP lies below the star and Lagrangian bounds."""
+    home, opt = brute_force(g)
+    if home is None:
+        return
+    res = column_generation(g, 10.0, seed=1)
+    check(g, res, opt)
+    if res.proven and res.lp_value is not None:
+        # every column's value splits over its members' best partners: LP <= star, Lagrangian
+        assert res.lp_value <= star_bound(g) + 1e-7 * max(1.0, opt)
+        assert res.lp_value <= lagrangian_bound(g) + 1e-7 * max(1.0, opt)
+        slack = PRICING_TOLERANCE * max(abs(res.lp_value), opt) + 1e-9
+        assert res.lp_value >= opt - slack - 1e-7 * max(1.0, opt)  # a relaxation, solved to the tolerance
+        assert res.bound <= res.lp_value + slack + 1e-7 * max(1.0, opt)
+
+
+@given(groupings(), st.data())
+def test_exact_pricing_matches_enumeration(g: Grouping, data: st.DataObject) -> None:
+    """Branch and bound (and its candidate pruning) finds the enumerated best reduced value."""
+    pi = data.draw(arrays(np.float64, g.experts, elements=st.floats(-0.5, 1.5)))
+    want = brute_pricing(g, pi)
+    cand = pricing_candidates(g, pi)
+    bb = price_branch_and_bound(g, pi, cand)
+    assert bb.proven
+    assert bb.upper == pytest.approx(want, abs=1e-9)
+    full = price_enumerate(g, pi, np.arange(g.experts))
+    assert max(full.upper, 0.0) == pytest.approx(want, abs=1e-9)
+    ex = price_exact(g, pi, time_limit=5.0)
+    assert ex.upper >= want - 1e-9
+    for s in bb.groups + ex.groups:  # groups returned are feasible and as good as said
+        assert len(s) <= g.cap and g.load[s].sum() <= g.load_limit + LOAD_TOL
+
+
+@given(groupings(), st.data())
+def test_cpsat_pricing_bound_is_valid(g: Grouping, data: st.DataObject) -> None:
+    """CP-SAT pricing's bound (integer-scaled, rounding added back) is >= the best reduced value."""
+    pi = data.draw(arrays(np.float64, g.experts, elements=st.floats(-0.5, 1.5)))
+    want = brute_pricing(g, pi)
+    cand = pricing_candidates(g, pi)
+    if not len(cand):
+        assert want == 0.0
+        return
+    out = price_cpsat(g, pi, cand, time_limit=5.0)
+    assert out.upper >= want - 1e-9
+    if out.proven:
+        assert out.upper <= want + 1e-4 * max(1.0, float(np.abs(g.graph).max()), float(np.abs(pi).max()))
+
+
+@given(groupings(), st.data())
+def test_heuristic_pricing_returns_feasible_groups(g: Grouping, data: st.DataObject) -> None:
+    """Heuristic pricing: distinct feasible groups, best reduced value first, never above the max."""
+    pi = data.draw(arrays(np.float64, g.experts, elements=st.floats(-0.5, 1.5)))
+    found = price_heuristic(g, pi)
+    values = [0.5 * g.graph[np.ix_(s, s)].sum() - pi[s].sum() for s in found]
+    assert values == sorted(values, reverse=True)
+    assert len({tuple(s) for s in found}) == len(found)
+    for s in found:
+        assert 1 <= len(s) <= g.cap and g.load[s].sum() <= g.load_limit + LOAD_TOL
+    assert values[0] <= brute_pricing(g, pi) + 1e-9
+
+
+def test_random_load_limited_instances() -> None:
+    """Load-limited random groupings at E = 8..10 (numpy draws): valid bounds, feasible plans."""
+    rng = np.random.default_rng(3)
+    for _ in range(6):
+        g = random_grouping(rng, E=int(rng.integers(8, 11)), G=3, limited=True)
+        home, opt = brute_force(g)
+        if home is None:
+            continue
+        res = column_generation(g, 10.0, seed=0)
+        check(g, res, opt)
+        assert res.termination in (Termination.OPTIMAL, Termination.COMPLETED, Termination.TIME_LIMIT)
+
+
+def test_closes_gap_on_sixteen_experts() -> None:
+    """On a 16-expert, 4-GPU synthetic layer the bound is proved and within 2 % of the plan."""
+    p = make_problem(E=16, G=4, L=1, seed=2)
+    g = Grouping(p.stats.affinity[0], p.stats.global_usage[0], groups=4, cap=4)
+    res = column_generation(g, 20.0, seed=0)
+    assert res.proven
+    assert res.gap is not None and res.gap <= 0.02
+    assert res.bound <= star_bound(g) + 1e-9
+
+
+def test_restricted_milp_builds_a_feasible_plan() -> None:
+    """The restricted master MILP over a plan's own groups returns a feasible plan of that value."""
+    g = random_grouping(np.random.default_rng(5), E=9, G=3, cap=3, limited=False)
+    home, opt = brute_force(g)
+    cols = [np.flatnonzero(home == k) for k in range(3)] + [np.array([e]) for e in range(9)]
+    plan = restricted_milp(g, cols, True, time_limit=5.0, start=home)
+    assert plan is not None and g.violations(plan) == []
+    assert g.objective(plan) == pytest.approx(opt)
+
+
+def test_infeasible_start_falls_back_to_packing() -> None:
+    """An infeasible start plan is ignored: the bound comes from the packing relaxation, still valid."""
+    g = random_grouping(np.random.default_rng(11), E=8, G=3, limited=True)
+    home, opt = brute_force(g)
+    bad = np.zeros(g.experts, dtype=np.int64)  # all on one GPU: over cap
+    res = column_generation(g, 5.0, start_home=bad)
+    assert res.bound >= opt - 1e-9
+    assert res.home is None or g.violations(res.home) == []
+
+
+def test_tacg_colgen_certificate() -> None:
+    """``certificate: colgen`` on tacg: bound no looser than the cheap one, plan as good, stats recorded."""
+    p = make_problem(E=16, G=4, L=2, seed=1)
+    cheap = run("tacg", p, time_limit=5.0)
+    cg = run("tacg", p, time_limit=5.0, certificate="colgen")
+    assert cg.bound <= cheap.bound + 1e-9
+    assert cg.objective >= cheap.objective - 1e-9
+    assert cg.bound >= cg.objective - 1e-9
+    assert len(cg.stats["colgen"]) == 2
+    assert cg.status in (Status.OPTIMAL, Status.FEASIBLE)
+    with pytest.raises(InputError):
+        run("agnostic", p, certificate="nope")
