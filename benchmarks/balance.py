@@ -32,9 +32,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from machine_info import machine  # noqa: E402  (benchmarks/ is on the path when run as a script)
 from tabulate import tabulate
 
-from machine_info import machine  # noqa: E402  (benchmarks/ is on the path when run as a script)
 from moeopt import balance as core
 from moeopt.evaluate import evaluate
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
@@ -163,7 +163,7 @@ def olmoe_rows(methods: list[str], log) -> list[dict]:
             rows.append(cell(label, "olmoe", "all", "all", G, W, plan, wall, pooled, inst.cluster, bounds))
             # out of sample: leave one domain out
             folds = []
-            for f, dom in enumerate(domains):
+            for f in range(len(domains)):
                 keep = [i for i in range(len(domains)) if i != f]
                 calib = Stats(family_names=tuple(domains[i] for i in keep), counts=stats.counts[keep],
                               family_tokens=stats.family_tokens[keep], top_k=8)

@@ -32,14 +32,12 @@ Run: ``python benchmarks/crosslayer.py`` (about 5 min on 2 cores). Writes
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
 from moeopt.evaluate import evaluate
@@ -57,17 +55,8 @@ LABELS = ("linear", "agnostic", "agnostic + relabel", "crosslayer", "crosslayer,
 
 
 def machine() -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
-    return {
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
-        "git_commit": commit,
-    }
+    """The run's machine, versions and git state (:func:`machine_info.machine`)."""
+    return machine_info()
 
 
 def instance(G: int, E: int, k: int, dep: float) -> Instance:

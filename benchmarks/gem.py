@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
@@ -244,7 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     machine = f"{platform.machine()} CPU, {platform.python_implementation()} {platform.python_version()}"
     write_json(
         OUT / "gem.json",
-        {"machine": machine, "elapsed_s": elapsed, "steps": STEPS, "tokens_per_step": TOKENS_PER_STEP, "rows": rows},
+        {
+            "machine": machine,
+            "machine_info": machine_info(),
+            "elapsed_s": elapsed,
+            "steps": STEPS,
+            "tokens_per_step": TOKENS_PER_STEP,
+            "rows": rows,
+        },
     )
     md = [
         "# GEM benchmark",

@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
 from moeopt.evaluate import evaluate
@@ -355,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Python {sys.version.split()[0]}",
         "wall_time_s": time.perf_counter() - t0,
         "budgets": BUDGETS,
+        "machine_info": machine_info(),
     }
     info["summary"] = summary(rows)
     write_json(args.out / "gesr.json", {"info": info, "rows": rows})

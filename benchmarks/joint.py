@@ -35,6 +35,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
 from moeopt.evaluate import evaluate
@@ -399,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": f"{platform.processor() or platform.machine()}, 2-core CPU shared with other jobs, "
             f"Python {sys.version.split()[0]}",
             "wall_time_s": time.perf_counter() - t0,
+            "machine_info": machine_info(),
             "joint_seconds_per_layer": args.seconds,
             "joint_eps": JOINT_EPS,
             "target_maxvio": TARGET_MAXVIO,

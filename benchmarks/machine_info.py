@@ -1,21 +1,51 @@
-"""What every benchmark records about the run: Python, CPUs, load and the git commit."""
+"""What every benchmark records about the run: Python, CPUs, load, solver versions and the git state."""
 
 from __future__ import annotations
 
 import os
 import platform
 import subprocess
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: Distributions whose versions change benchmark numbers (the solvers and the array stack).
+PACKAGES = ("numpy", "scipy", "highspy", "ortools", "pyomo")
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
+    """Installed version of each distribution (None when it is not installed)."""
+    out: dict[str, str | None] = {}
+    for name in packages:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
 
 def machine() -> dict:
-    """Python version, processor, CPU count, load average at the start, and the git commit."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
-    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(), "git_commit": commit,
-            "load_average": list(os.getloadavg())}
+    """Python version, processor, CPU count, load average at the start, the versions of
+    :data:`PACKAGES`, the git commit and whether the tree had uncommitted changes (``git_dirty``:
+    None when git is not available)."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "git_commit": None if commit is None else commit.strip(),
+        "git_dirty": None if status is None else bool(status.strip()),
+        "load_average": list(os.getloadavg()),
+        "versions": versions(),
+    }

@@ -49,9 +49,9 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+from machine_info import machine  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from machine_info import machine  # noqa: E402
 from moeopt import execute  # noqa: E402
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource  # noqa: E402
 from moeopt.io import read_workload_file, write_json, write_text  # noqa: E402

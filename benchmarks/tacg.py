@@ -40,6 +40,8 @@ from tabulate import tabulate
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
 from moeopt.errors import MoeoptError  # noqa: E402
 from moeopt.evaluate import (  # noqa: E402
     evaluate,
@@ -147,7 +149,8 @@ def limited_plans(inst: Instance, wl: Workloads, eps: list[float], seed: int = 0
             break
         homes.append(res.home)
     if homes is not None:
-        out["hypergraph @tacg-limit"] = (Plan.from_homes(np.stack(homes), gpus=c.gpus, width=c.width), time.perf_counter() - t0)
+        plan = Plan.from_homes(np.stack(homes), gpus=c.gpus, width=c.width)
+        out["hypergraph @tacg-limit"] = (plan, time.perf_counter() - t0)
     t0 = time.perf_counter()
     homes = []
     for l in range(inst.model.layers):
@@ -169,7 +172,8 @@ def limited_plans(inst: Instance, wl: Workloads, eps: list[float], seed: int = 0
             break
         homes.append(h)
     if homes is not None:
-        out["metis @tacg-limit"] = (Plan.from_homes(np.stack(homes), gpus=c.gpus, width=c.width), time.perf_counter() - t0)
+        plan = Plan.from_homes(np.stack(homes), gpus=c.gpus, width=c.width)
+        out["metis @tacg-limit"] = (plan, time.perf_counter() - t0)
     return out
 
 
@@ -747,6 +751,7 @@ def main(argv: list[str] | None = None) -> int:
         res["meta"] = {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": f"{platform.processor() or platform.machine()}, 2-core CPU, Python {platform.python_version()}",
+            "machine_info": machine_info(),
             "full": bool(args.full) or res.get("meta", {}).get("full", False),
         }
         if "a" in parts:

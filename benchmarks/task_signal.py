@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
 from moeopt.evaluate import evaluate, linear_plan
@@ -91,6 +92,7 @@ def run() -> dict:
     return {
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {platform.python_version()}, 2-core container",
+        "machine_info": machine_info(),
         "rows": rows,
     }
 

@@ -1,0 +1,172 @@
+"""The README's results table, generated from ``benchmarks/results/*.json``.
+
+``python benchmarks/readme_table.py`` rewrites the block between ``<!-- results:begin -->`` and
+``<!-- results:end -->`` in README.md; ``--check`` exits 1 when that block differs from what the
+results files give now (``tests/test_docs.py`` runs the same check). The documentation's
+benchmark index shows the same table with links to its generated pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from tabulate import tabulate
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+BEGIN = "<!-- results:begin -->"
+END = "<!-- results:end -->"
+
+
+def _load(results: Path, name: str) -> dict:
+    return json.loads((results / f"{name}.json").read_text())
+
+
+def _balance_rows(results: Path) -> list[tuple[str, str, str, str]]:
+    rows = _load(results, "balance")["rows"]
+    by = {
+        (r["calibration"], r["evaluation"], r["gpus"], r["method"]): r for r in rows if r["workload"] == "deepseek-v3"
+    }
+    out = []
+    for calib, ev in (("prefill", "prefill"), ("decode", "decode"), ("prefill", "decode")):
+        b, e = by[(calib, ev, 64, "balance")], by[(calib, ev, 64, "eplb-global")]
+        sample = "in sample" if calib == ev else f"planned on {calib}, scored on {ev}"
+        result = f"MaxVio {b['maxvio_even']:.4f} vs {e['maxvio_even']:.4f} (`even`), {b['maxvio_lp']:.4f} vs "
+        result += f"{e['maxvio_lp']:.4f} (`lp`)"
+        if calib == ev:
+            result += f"; {b['algorithm_s']:.2f} s vs {e['algorithm_s']:.2f} s; gap to bound {b['gap']:.4f}"
+        out.append(
+            (
+                "`balance` vs DeepSeek's EPLB",
+                f"DeepSeek-V3 {calib} loads, 64 GPUs × (4+1) slots, {sample}",
+                result,
+                "balance",
+            )
+        )
+    return out
+
+
+def _joint_rows(results: Path) -> list[tuple[str, str, str, str]]:
+    data = _load(results, "joint")
+    target = data["info"]["target_maxvio"]
+    parts = []
+    for s in data["summary"]:
+        best = s.get("joint_best_at_target")
+        if s["replica_slots"] == 1 and best:
+            parts.append(f"{-best['reduction']:.1f} % ({s['instance']}, MaxVio {best['maxvio']:.3f})")
+    return [
+        (
+            "`joint` vs `linear`",
+            f"1 replica slot per GPU, best plan with held-out MaxVio ≤ {target}",
+            "remote GPUs per token " + ", ".join(parts),
+            "joint",
+        )
+    ]
+
+
+def _tacg_rows(results: Path) -> list[tuple[str, str, str, str]]:
+    a = _load(results, "tacg")["a"]
+    shapes = [w for w in a if "olmoe" not in w]
+
+    def red(m: str) -> float:
+        return statistics.fmean(a[w]["methods"][m]["comm_reduction_vs_linear"] for w in shapes)
+
+    def maxvio(m: str) -> float:
+        return statistics.fmean(a[w]["methods"][m]["maxvio"] for w in shapes)
+
+    result = (
+        f"remote GPUs per token {-red('tacg'):.1f} % at MaxVio {maxvio('tacg'):.2f} (automatic load limit); "
+        f"{-red('hypergraph'):.1f} % at MaxVio {maxvio('hypergraph'):.2f} (`hypergraph`, no limit)"
+    )
+    return [("`tacg` vs `linear`", f"mean of {len(shapes)} synthetic shapes, held out", result, "tacg")]
+
+
+def _gem_rows(results: Path) -> list[tuple[str, str, str, str]]:
+    rows = _load(results, "gem")["rows"]
+
+    def stat(key: str) -> str:
+        # the results store improvements (positive = faster); the table shows the change in latency
+        v = [-r["methods"]["gem"][key] for r in rows]
+        return f"{statistics.fmean(v):+.1f} % mean ({min(v):+.1f} % best)"
+
+    result = f"straggler latency {stat('S_vs_linear')} vs `linear`, {stat('S_vs_speed-greedy')} vs `speed-greedy`"
+    return [("`gem`", f"{len(rows)} configurations (shapes, GPUs, variability), held out", result, "gem")]
+
+
+def _crosslayer_rows(results: Path) -> list[tuple[str, str, str, str]]:
+    rows = [r for r in _load(results, "crosslayer")["rows"] if r["method"] == "agnostic + relabel"]
+    v = [r["reduction_vs_agnostic_pct"] for r in rows]
+    result = f"remote GPUs per token {-max(v):.1f} % to {-min(v):.1f} % vs `agnostic`, at no cost in load"
+    return [
+        ("GPU relabeling", f"`previous-layer` token homes, {len(rows)} shapes × dependencies", result, "crosslayer")
+    ]
+
+
+SECTIONS: tuple[Callable[[Path], list[tuple[str, str, str, str]]], ...] = (
+    _balance_rows,
+    _joint_rows,
+    _tacg_rows,
+    _gem_rows,
+    _crosslayer_rows,
+)
+
+
+def table(results: Path = RESULTS, link: Callable[[str], str] | None = None) -> str:
+    """The headline table as Markdown.
+
+    Parameters
+    ----------
+    results
+        Folder of the benchmark results files.
+    link
+        Maps a benchmark name to the target of its link; default: its results file, relative
+        to the repository root (as README.md links it).
+    """
+    link = link or (lambda name: f"benchmarks/results/{name}.json")
+    rows = [
+        [what, setting, result, f"[{name}]({link(name)})"]
+        for section in SECTIONS
+        for what, setting, result, name in section(results)
+    ]
+    return tabulate(rows, headers=["what", "setting", "result", "data"], tablefmt="github", disable_numparse=True)
+
+
+def block(results: Path = RESULTS) -> str:
+    """The README block between the markers, markers included."""
+    return f"{BEGIN}\n{table(results)}\n{END}"
+
+
+def replace_block(text: str, new_block: str) -> str:
+    """``text`` with its marked block replaced by ``new_block``; ``ValueError`` without markers."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"README needs the markers {BEGIN} and {END}")
+    return text[:start] + new_block + text[end + len(END) :]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--check", action="store_true", help="exit 1 if README's table is stale; write nothing")
+    args = parser.parse_args(argv)
+    text = args.readme.read_text()
+    new = replace_block(text, block(args.results))
+    if args.check:
+        if new != text:
+            print(f"{args.readme}: results table is stale; run python benchmarks/readme_table.py", file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        args.readme.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
