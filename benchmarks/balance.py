@@ -82,13 +82,13 @@ def score(plan: Plan, workload: Stats, cluster: Cluster) -> dict:
     return {"maxvio_even": even["maxvio"], "maxvio_lp": lp["maxvio"], "maxvio_even_per_layer": even["maxvio_per_layer"]}
 
 
-def run_method(label: str, inst: Instance, wl) -> tuple[Plan, float]:
+def run_method(label: str, inst: Instance, wl, workers: int = 1) -> tuple[Plan, float]:
     name, params = METHODS[label]
     # warm-up call for EPLB: the first torch call in a process pays a one-off start-up
     if name == "eplb" and not getattr(run_method, "warm", False):
-        solve(inst, method=name, params=params, workloads=wl)
+        solve(inst, method=name, params=params, workloads=wl, workers=workers)
         run_method.warm = True  # type: ignore[attr-defined]
-    r = solve(inst, method=name, params=params, workloads=wl)
+    r = solve(inst, method=name, params=params, workloads=wl, workers=workers)
     # the method's own time (scoring excluded) and its algorithm alone (EPLB's call, our planner)
     run_method.algorithm = r.stats.get("eplb_wall_time", r.stats.get("plan_time"))  # type: ignore[attr-defined]
     return r.plan, r.wall_time
@@ -104,7 +104,7 @@ def cell(label, kind, calib_name, eval_name, G, W, plan, wall, ev: Stats, cluste
     return row
 
 
-def deepseek_rows(methods: list[str], log) -> tuple[list[dict], dict]:
+def deepseek_rows(methods: list[str], log, workers: int = 1) -> tuple[list[dict], dict]:
     model = Model(layers=58, experts=256, top_k=8)
     loads = {n: read_workload_file(p, top_k=8) for n, p in DEEPSEEK.items()}
     rows, per_layer = [], {}
@@ -115,7 +115,7 @@ def deepseek_rows(methods: list[str], log) -> tuple[list[dict], dict]:
             for label in methods:
                 inst = instance(model, G, W, src, *METHODS[label])
                 wl = load_workloads(inst)
-                plan, wall = run_method(label, inst, wl)
+                plan, wall = run_method(label, inst, wl, workers)
                 algo = run_method.algorithm  # type: ignore[attr-defined]
                 plans[(calib, label)] = plan
                 for ev_name, ev in loads.items():
@@ -143,7 +143,7 @@ def deepseek_rows(methods: list[str], log) -> tuple[list[dict], dict]:
     return rows, per_layer
 
 
-def olmoe_rows(methods: list[str], log) -> list[dict]:
+def olmoe_rows(methods: list[str], log, workers: int = 1) -> list[dict]:
     model = Model(layers=3, experts=64, top_k=8)
     src = WorkloadSource(path=OLMOE, format="olmoe-domains", select="olmoe")
     stats: Stats = read_workload_file(OLMOE, format="olmoe-domains", select="olmoe", top_k=8)
@@ -156,7 +156,7 @@ def olmoe_rows(methods: list[str], log) -> list[dict]:
             # in sample: all domains pooled (robust: the domains as snapshots)
             inst = instance(model, G, W, src, name, params)
             wl = load_workloads(inst)
-            r = solve(inst, workloads=wl)
+            r = solve(inst, workloads=wl, workers=workers)
             plan, wall = r.plan, r.wall_time
             pooled = stats_from_counts(stats.expert_load, top_k=8)
             bounds = layer_bounds(pooled.expert_load, G, W + 1, False)
@@ -168,7 +168,7 @@ def olmoe_rows(methods: list[str], log) -> list[dict]:
                 calib = Stats(family_names=tuple(domains[i] for i in keep), counts=stats.counts[keep],
                               family_tokens=stats.family_tokens[keep], top_k=8)
                 wl_f = replace(wl, calibration=calib, calibration_stats=calib)
-                plan_f = solve(inst, workloads=wl_f).plan
+                plan_f = solve(inst, workloads=wl_f, workers=workers).plan
                 held = stats_from_counts(stats.counts[f], top_k=8)
                 folds.append(score(plan_f, held, inst.cluster))
             rows.append({"workload": "olmoe", "calibration": "other 5 domains", "evaluation": "held-out domain",
@@ -258,14 +258,15 @@ def plot(per_layer: dict, path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
     args = ap.parse_args()
     log = (lambda *_: None) if args.quiet else print
     methods = [m for m in METHODS if get_method(METHODS[m][0]).available()]
     if len(methods) < len(METHODS):
         log(f"note: EPLB is not installed here; running {', '.join(methods)}")
     t0 = time.perf_counter()
-    rows, per_layer = deepseek_rows(methods, log)
-    rows += olmoe_rows(methods, log)
+    rows, per_layer = deepseek_rows(methods, log, args.workers)
+    rows += olmoe_rows(methods, log, args.workers)
     info = {"machine": machine(), "wall_s": time.perf_counter() - t0}
     write_json(OUT / "balance.json", {"info": info, "rows": rows, "per_layer_prefill_64x5": per_layer})
     write_text(OUT / "balance.md", markdown(rows, info))

@@ -96,14 +96,14 @@ def row(label: str, G: int, E: int, k: int, dep: float, plan, wall: float, inst:
     }
 
 
-def run_cell(G: int, E: int, k: int, dep: float, log) -> list[dict]:
+def run_cell(G: int, E: int, k: int, dep: float, log, workers: int = 1) -> list[dict]:
     inst = instance(G, E, k, dep)
     wl = load_workloads(inst)
     out = []
 
     def timed(method: str, **kw):
         t0 = time.perf_counter()
-        res = solve(inst, method=method, workloads=wl, **kw)
+        res = solve(inst, method=method, workloads=wl, workers=workers, **kw)
         return res, time.perf_counter() - t0
 
     lin, t_lin = timed("linear", relabel=False)
@@ -244,6 +244,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
     ap.add_argument("--shapes", default=",".join(str(s[0]) for s in SHAPES), help="GPU counts to run (8,16,64)")
     args = ap.parse_args()
     log = (lambda *_: None) if args.quiet else print
@@ -254,7 +255,7 @@ def main() -> int:
         if G not in wanted:
             continue
         for dep in DEPENDENCIES:
-            rows += run_cell(G, E, k, dep, log)
+            rows += run_cell(G, E, k, dep, log, args.workers)
     info = {"machine": machine(), "wall_s": time.perf_counter() - t0, "layers": LAYERS, "tokens": TOKENS}
     write_json(OUT / "crosslayer.json", {"info": info, "rows": rows})
     write_text(OUT / "crosslayer.md", markdown(rows, info))

@@ -103,7 +103,9 @@ def pct(base: float, value: float) -> float:
     return 100.0 * (base - value) / base
 
 
-def run_config(trace_kind: str, shape: str, traces: tuple[Trace, Trace], gpus: int, level: str) -> dict:
+def run_config(
+    trace_kind: str, shape: str, traces: tuple[Trace, Trace], gpus: int, level: str, workers: int = 1
+) -> dict:
     calib, evaluation = traces
     inst = instance_for(f"{shape}-{trace_kind}-G{gpus}-{level}", calib, gpus, level)
     profile = synthetic_profile(gpus, variability=level, seed=0, tile=64)
@@ -123,7 +125,7 @@ def run_config(trace_kind: str, shape: str, traces: tuple[Trace, Trace], gpus: i
         methods.append("gem-cpsat")
     for name in methods:
         limit = 60.0 / calib.layers if name == "gem-cpsat" else None  # 60 s over all layers
-        r = solve(inst, method=name, workloads=wl, time_limit=limit)
+        r = solve(inst, method=name, workloads=wl, time_limit=limit, workers=workers)
         m = r.metrics
         row["methods"][name] = {
             "S": m["straggler_latency"],
@@ -211,6 +213,7 @@ def aggregate(rows: list[dict]) -> list[list]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one level, small shapes only (smoke run)")
+    ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
     args = ap.parse_args(argv)
     shapes = {k: v for k, v in SHAPES.items() if not args.quick or v[0] <= 16}
     levels = ("high",) if args.quick else LEVELS
@@ -229,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         for gpus in GPUS:
             for level in levels:
                 t0 = time.perf_counter()
-                row = run_config(kind, shape, traces, gpus, level)
+                row = run_config(kind, shape, traces, gpus, level, args.workers)
                 rows.append(row)
                 done += 1
                 g = row["methods"]["gem"]

@@ -112,7 +112,9 @@ def scored(
     )
 
 
-def grouping_points(inst: Instance, wl: Workloads, families: dict, log) -> tuple[list[FrontierPoint], dict]:
+def grouping_points(
+    inst: Instance, wl: Workloads, families: dict, log, workers: int = 1
+) -> tuple[list[FrontierPoint], dict]:
     """Grouping plans (no replicas) and the agnostic bases the replication methods reuse."""
     pts, bases = [], {}
     runs = [("agnostic", e) for e in GROUP_EPS] + [("tacg", None), ("hypergraph", None)]
@@ -121,7 +123,7 @@ def grouping_points(inst: Instance, wl: Workloads, families: dict, log) -> tuple
         params = {} if e is None else {"eps_load": e}
         t0 = time.perf_counter()
         try:
-            r = solve(inst0, method=method, params=params, workloads=wl)
+            r = solve(inst0, method=method, params=params, workloads=wl, workers=workers)
         except Exception as exc:  # e.g. an unattainable eps_load
             log(f"  {method} eps_load={e}: {exc}")
             continue
@@ -138,7 +140,9 @@ def grouping_points(inst: Instance, wl: Workloads, families: dict, log) -> tuple
     return pts, bases
 
 
-def replication_points(inst: Instance, wl: Workloads, families: dict, bases: dict, log) -> list[FrontierPoint]:
+def replication_points(
+    inst: Instance, wl: Workloads, families: dict, bases: dict, log, workers: int = 1
+) -> list[FrontierPoint]:
     pts = []
     stats = wl.calibration_stats
     problem = Problem(inst, stats, wl.calibration)
@@ -163,19 +167,21 @@ def replication_points(inst: Instance, wl: Workloads, families: dict, bases: dic
         ("balance lp", "balance", {"dispatch": "lp"}),
     ):
         t0 = time.perf_counter()
-        r = solve(inst, method=method, params=params, workloads=wl)
+        r = solve(inst, method=method, params=params, workloads=wl, workers=workers)
         p = scored(label, method, None, r.plan, inst, wl, families, time.perf_counter() - t0, params)
         pts.append(p)
         log(f"  {label}: comm {p.comm_reduction:.2f} %, MaxVio {p.maxvio:.4f}, family {p.worst_family_maxvio:.3f}")
     return pts
 
 
-def joint_points(inst: Instance, wl: Workloads, families: dict, log, seconds: float) -> list[FrontierPoint]:
+def joint_points(
+    inst: Instance, wl: Workloads, families: dict, log, seconds: float, workers: int = 1
+) -> list[FrontierPoint]:
     pts = []
     for e in JOINT_EPS:
         params = {"eps": e, "time_per_layer": seconds}
         t0 = time.perf_counter()
-        r = solve(inst, method="joint", params=params, workloads=wl)
+        r = solve(inst, method="joint", params=params, workloads=wl, workers=workers)
         p = scored(f"joint eps={e:g}", "joint", e, r.plan, inst, wl, families, time.perf_counter() - t0, params)
         p.stats["constraint_met"] = r.stats["constraint_met"]
         pts.append(p)
@@ -358,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=JOINT_TIME, help="joint search seconds per layer")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--report-only", action="store_true", help="rebuild joint.md and joint.png from joint.json")
+    ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
     args = ap.parse_args(argv)
     if args.report_only:
         import json
@@ -383,13 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, inst, wl in instances:
         families = family_workloads(wl.evaluation)
         log(f"{name}: grouping")
-        group_pts, bases = grouping_points(inst, wl, families, log)
+        group_pts, bases = grouping_points(inst, wl, families, log, args.workers)
         for S in slots:
             inst_s = inst.replace(cluster=replace(inst.cluster, replica_slots_per_gpu=S))
             log(f"{name}, {S} replica slot(s): replication baselines")
-            pts = [replace(p) for p in group_pts] + replication_points(inst_s, wl, families, bases, log)
+            pts = [replace(p) for p in group_pts] + replication_points(inst_s, wl, families, bases, log, args.workers)
             log(f"{name}, {S} replica slot(s): joint")
-            pts += joint_points(inst_s, wl, families, log, args.seconds)
+            pts += joint_points(inst_s, wl, families, log, args.seconds, args.workers)
             mark_pareto(pts)
             frontiers.append({"instance": name, "replica_slots": S, "points": [p.to_json() for p in pts]})
             summary.append(summarize(name, S, pts))

@@ -108,12 +108,25 @@ def _crosslayer_rows(results: Path) -> list[tuple[str, str, str, str]]:
     ]
 
 
+def _scale_rows(results: Path) -> list[tuple[str, str, str, str]]:
+    d = _load(results, "scale")
+    paired = d["paired"]
+    cpus = d["info"]["machine"]["cpus"]
+    speed = ", ".join(f"{r['median_speedup']:.2f}× (`{r['method']}`)" for r in paired)
+    start = d["startup"]
+    result = (f"`--workers 2` {speed}; start-up: process pool {start['pool_start_s']:.1f} s, "
+              f"local Ray {start['ray_init_s']:.1f} s, serial none")
+    layers = paired[0]["layers"] if paired else "?"
+    return [("Scaling out", f"{layers} DeepSeek-V3-size layers, {cpus} cores, median of paired runs", result, "scale")]
+
+
 SECTIONS: tuple[Callable[[Path], list[tuple[str, str, str, str]]], ...] = (
     _balance_rows,
     _joint_rows,
     _tacg_rows,
     _gem_rows,
     _crosslayer_rows,
+    _scale_rows,
 )
 
 

@@ -177,7 +177,7 @@ def limited_plans(inst: Instance, wl: Workloads, eps: list[float], seed: int = 0
     return out
 
 
-def run_workload(name: str, inst: Instance, wl: Workloads, ood: dict[str, Any] | None) -> dict:
+def run_workload(name: str, inst: Instance, wl: Workloads, ood: dict[str, Any] | None, workers: int = 1) -> dict:
     """Every method on one workload (+ the same plans on its single-family workloads)."""
     c = inst.cluster
     base = evaluate(linear_plan(inst.model.layers, inst.model.experts, c.gpus), wl.evaluation, c)
@@ -187,7 +187,7 @@ def run_workload(name: str, inst: Instance, wl: Workloads, ood: dict[str, Any] |
     rows, plans = {}, {}
     for label, method, params in METHODS:
         try:
-            r = solve(inst, method=method, params=params, workloads=wl)
+            r = solve(inst, method=method, params=params, workloads=wl, workers=workers)
         except MoeoptError as exc:
             rows[label] = {"error": str(exc)}
             say(f"  {name} / {label}: {exc}")
@@ -221,7 +221,7 @@ def run_workload(name: str, inst: Instance, wl: Workloads, ood: dict[str, Any] |
                 f"({rows[label]['comm_reduction_vs_linear']:+.2f} %), MaxVio {rows[label]['maxvio']:.3f}"
             )
     if "hypergraph @tacg-limit" in plans:  # the hypergraph plan as TACG's warm start (ctx.hint)
-        r = solve(inst, method="tacg", workloads=wl, hint=plans["hypergraph @tacg-limit"])
+        r = solve(inst, method="tacg", workloads=wl, hint=plans["hypergraph @tacg-limit"], workers=workers)
         label = "tacg + hypergraph hint"
         rows[label] = {
             **pick(r.metrics),
@@ -245,7 +245,7 @@ def run_workload(name: str, inst: Instance, wl: Workloads, ood: dict[str, Any] |
     return out
 
 
-def part_a() -> dict:
+def part_a(workers: int = 1) -> dict:
     res: dict[str, Any] = {}
     for name, structure_seed in SHAPES:
         inst = load_instance(ROOT / "instances" / f"{name}.yaml")
@@ -267,10 +267,10 @@ def part_a() -> dict:
             )
             for f in wl.calibration.family_names
         }
-        res[name] = run_workload(name, inst, wl, ood)
+        res[name] = run_workload(name, inst, wl, ood, workers)
     inst, wl = count_sampled_instance()
     say("(a) olmoe count-sampled (real per-domain counts, Plackett-Luce sampled tokens)")
-    res["olmoe (count-sampled)"] = run_workload("olmoe (count-sampled)", inst, wl, None)
+    res["olmoe (count-sampled)"] = run_workload("olmoe (count-sampled)", inst, wl, None, workers)
     return res
 
 
@@ -286,10 +286,10 @@ def solver_instance(E: int) -> Instance:
     )
 
 
-def run_solver(inst: Instance, wl: Workloads, method: str, limit: float) -> dict:
+def run_solver(inst: Instance, wl: Workloads, method: str, limit: float, workers: int = 1) -> dict:
     t0 = time.perf_counter()
     try:
-        r = solve(inst, method=method, workloads=wl, time_limit=limit)
+        r = solve(inst, method=method, workloads=wl, time_limit=limit, workers=workers)
     except MoeoptError as exc:
         return {"status": "refused", "reason": str(exc), "wall_time": time.perf_counter() - t0}
     return {
@@ -305,12 +305,12 @@ def run_solver(inst: Instance, wl: Workloads, method: str, limit: float) -> dict
     }
 
 
-def part_b(full: bool, previous: dict | None) -> dict:
+def part_b(full: bool, previous: dict | None, workers: int = 1) -> dict:
     res: dict[str, Any] = {}
     for E in SOLVER_SIZES:
         inst = solver_instance(E)
         wl = load_workloads(inst)
-        heur = solve(inst, method="tacg", workloads=wl)
+        heur = solve(inst, method="tacg", workloads=wl, workers=workers)
         row: dict[str, Any] = {
             "E": E,
             "G": E // 4,
@@ -327,7 +327,7 @@ def part_b(full: bool, previous: dict | None) -> dict:
         }
         say(f"(b) E={E} G={E // 4}: tacg {heur.objective:.6g}, bound {heur.bound:.6g}, {heur.wall_time:.2f} s")
         for method in SOLVERS:
-            row[f"{method}@10"] = out = run_solver(inst, wl, method, 10.0)
+            row[f"{method}@10"] = out = run_solver(inst, wl, method, 10.0, workers)
             say(
                 f"    {method} @10 s: {out['status']} {out.get('incumbent')} bound {out.get('bound')} "
                 f"{out['wall_time']:.1f} s"
@@ -339,7 +339,7 @@ def part_b(full: bool, previous: dict | None) -> dict:
                 if row[f"{method}@10"]["status"] == "optimal":
                     row[key] = {**row[f"{method}@10"], "note": "proved optimal within 10 s"}
                 else:
-                    row[key] = out = run_solver(inst, wl, method, 60.0)
+                    row[key] = out = run_solver(inst, wl, method, 60.0, workers)
                     say(
                         f"    {method} @60 s: {out['status']} {out.get('incumbent')} bound {out.get('bound')} "
                         f"{out['wall_time']:.1f} s"
@@ -351,7 +351,7 @@ def part_b(full: bool, previous: dict | None) -> dict:
 
 
 # ============================================================================ (c) frontier
-def part_c() -> dict:
+def part_c(workers: int = 1) -> dict:
     res: dict[str, Any] = {}
     for name in ("deepseek-moe-16b", "qwen1.5-moe"):
         inst = load_instance(ROOT / "instances" / f"{name}.yaml")
@@ -361,7 +361,7 @@ def part_c() -> dict:
             for eps in FRONTIER_EPS:
                 params = {"eps_load": eps}
                 try:
-                    r = solve(inst, method=method, params=params, workloads=wl)
+                    r = solve(inst, method=method, params=params, workloads=wl, workers=workers)
                 except MoeoptError as exc:
                     pts[method].append({"eps_load": eps, "status": "infeasible", "reason": str(exc)})
                     say(f"(c) {name} {method} eps={eps}: {exc}")
@@ -379,7 +379,7 @@ def part_c() -> dict:
                 )
         singles = {}
         for method in ("linear", "greedy"):
-            r = solve(inst, method=method, workloads=wl)
+            r = solve(inst, method=method, workloads=wl, workers=workers)
             singles[method] = pick(r.metrics)
         res[name] = {"points": pts, "reference": singles}
     return res
@@ -741,6 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default="a,b,c", help="comma-separated subset of a,b,c")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--report-only", action="store_true", help="regenerate Markdown and plot from the JSON")
+    ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
     args = ap.parse_args(argv)
     out = Path(args.out)
     json_path = out / "tacg.json"
@@ -755,13 +756,13 @@ def main(argv: list[str] | None = None) -> int:
             "full": bool(args.full) or res.get("meta", {}).get("full", False),
         }
         if "a" in parts:
-            res["a"] = part_a()
+            res["a"] = part_a(args.workers)
             write_json(json_path, res)
         if "b" in parts:
-            res["b"] = part_b(args.full, res.get("b"))
+            res["b"] = part_b(args.full, res.get("b"), args.workers)
             write_json(json_path, res)
         if "c" in parts:
-            res["c"] = part_c()
+            res["c"] = part_c(args.workers)
             write_json(json_path, res)
         res["meta"]["seconds"] = {**res["meta"].get("seconds", {}), args.parts: time.perf_counter() - t0}
         write_json(json_path, res)

@@ -15,6 +15,7 @@ Writes ``benchmarks/results/task_signal.json`` and ``task_signal.md``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import time
@@ -45,7 +46,7 @@ def reduction(plan, trace, cluster, base: float) -> float:
     return 100.0 * (base - evaluate(plan, trace, cluster)["comm_per_token"]) / base
 
 
-def run() -> dict:
+def run(workers: int = 1) -> dict:
     rows = []
     for structure in ("shared", "per_family"):
         for seed in SEEDS:
@@ -76,7 +77,7 @@ def run() -> dict:
             base = {name: evaluate(lin, tr, inst.cluster)["comm_per_token"] for name, tr in tests.items()}
             for label, method, params in METHODS:
                 t0 = time.perf_counter()
-                plan = solve(inst, method=method, params=params, workloads=wl).plan
+                plan = solve(inst, method=method, params=params, workloads=wl, workers=workers).plan
                 red = {name: reduction(plan, tr, inst.cluster, base[name]) for name, tr in tests.items()}
                 rows.append(
                     {
@@ -130,7 +131,9 @@ def markdown(data: dict) -> str:
 
 
 def main() -> None:
-    data = run()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
+    data = run(ap.parse_args().workers)
     OUT.mkdir(exist_ok=True)
     (OUT / "task_signal.json").write_text(json.dumps(data, indent=1) + "\n")
     (OUT / "task_signal.md").write_text(markdown(data))

@@ -24,8 +24,8 @@ import scipy.linalg
 from moeopt.grouping import Grouping
 
 
-def _top_sum(values: np.ndarray, count: int) -> np.ndarray:
-    """Sum of the ``count`` largest entries along the last axis."""
+def top_sum(values: np.ndarray, count: int) -> np.ndarray:
+    """Sum of the ``count`` largest entries along the last axis (also used by :mod:`moeopt.colgen`)."""
     n = values.shape[-1]
     if count <= 0:
         return np.zeros(values.shape[:-1])
@@ -55,7 +55,7 @@ def star_bound(problem: Grouping, multipliers: int = 24) -> float:
     """
     W, w = problem.graph, problem.load
     partners = min(problem.cap, problem.experts) - 1
-    plain = _top_sum(W, partners)  # mu = 0
+    plain = top_sum(W, partners)  # mu = 0
     best = plain
     if problem.limited and multipliers > 0 and partners > 0:
         room = np.maximum(problem.load_limit - w, 0.0)
@@ -66,7 +66,7 @@ def star_bound(problem: Grouping, multipliers: int = 24) -> float:
             mu = np.unique(np.quantile(ratios, np.linspace(0.0, 1.0, multipliers)))
             reduced = np.maximum(W[None, :, :] - mu[:, None, None] * w[None, None, :], 0.0)
             np.einsum("mii->mi", reduced)[...] = 0.0  # an expert is not its own partner
-            lag = mu[:, None] * room[None, :] + _top_sum(reduced, partners)
+            lag = mu[:, None] * room[None, :] + top_sum(reduced, partners)
             best = np.minimum(plain, lag.min(axis=0))
     return 0.5 * float(best.sum())
 

@@ -349,7 +349,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         raise MoeoptError(f"--eps: every value must be >= 0, got {args.eps!r}")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     log = console.progress_line if console.progress() else None
-    points = fr.frontier(inst, methods=methods, eps=eps, time_limit=args.time_limit, seed=args.seed, log=log)
+    points = fr.frontier(inst, methods=methods, eps=eps, time_limit=args.time_limit, seed=args.seed, log=log,
+                         workers=args.workers, ray=args.ray)
     out = Path(args.output_dir) if args.output_dir else None
     stem = args.name or inst.name
     md = f"# Frontier: {inst.name}\n\n" + fr.table(points) + "\n"
@@ -437,8 +438,41 @@ def trace_summary(workload: Any) -> str:
 
 def cmd_trace_stats(args: argparse.Namespace) -> int:
     workload = read_workload_file(args.trace, top_k=args.top_k, select=args.select)
+    graph = _coactivation_graph(args, workload) if args.graphml else None  # refuse before printing
     print(trace_summary(workload))
+    if graph is not None:
+        from moeopt.io import write_graphml
+
+        write_graphml(args.graphml, graph)
+        print(
+            f"wrote {args.graphml}: layer {args.layer}, {graph.number_of_nodes()} experts, "
+            f"{graph.number_of_edges()} coactivation edges"
+        )
     return 0
+
+
+def _coactivation_graph(args: argparse.Namespace, workload: Any) -> Any:
+    """``trace stats --graphml``: one layer's coactivation graph (experts with their load and,
+    with ``--plan``, their GPU; edges weighted by coactivation, zero edges dropped)."""
+    from moeopt.topology import coactivation_graph
+
+    stats = workload.stats() if isinstance(workload, Trace) else workload
+    if stats.affinity is None:
+        raise MoeoptError(f"{args.trace}: a count-only source has no coactivation; --graphml needs a trace")
+    if not 0 <= args.layer < stats.layers:
+        raise MoeoptError(f"--layer: expected 0..{stats.layers - 1}, got {args.layer}")
+    gpu = None
+    if args.plan:
+        plan = read_plan(args.plan)
+        if (plan.layers, plan.experts) != (stats.layers, stats.experts):
+            raise MoeoptError(
+                f"{args.plan}: plan has {plan.layers} layers x {plan.experts} experts, "
+                f"the trace {stats.layers} x {stats.experts}"
+            )
+        gpu = plan.home[args.layer]
+    graph = coactivation_graph(stats.affinity[args.layer], stats.expert_load[args.layer], gpu)
+    graph.graph.update(layer=args.layer, source=str(args.trace))
+    return graph
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -805,6 +839,9 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("trace")
     tt.add_argument("--top-k", type=_positive_int, default=None, help="top-k of count files that do not record it")
     tt.add_argument("--select", default=None, help="model inside a multi-model count file")
+    tt.add_argument("--graphml", default=None, help="write a layer's coactivation graph as GraphML")
+    tt.add_argument("--layer", type=int, default=0, help="the layer --graphml writes (default 0)")
+    tt.add_argument("--plan", default=None, help="plan file: each expert's GPU as a --graphml node attribute")
     tt.set_defaults(func=cmd_trace_stats)
     ti = tsub.add_parser("import", help="SGLang expert-distribution dump (.pt) -> trace or counts .npz")
     ti.add_argument("dump")
@@ -919,7 +956,7 @@ def one_line(message: str) -> str:
 
 
 #: options naming files a command writes, and options naming a directory it writes into
-OUTPUT_FILE_OPTIONS = ("output", "report", "markdown", "plot")
+OUTPUT_FILE_OPTIONS = ("output", "report", "markdown", "plot", "graphml")
 OUTPUT_DIR_OPTIONS = ("output_dir",)
 
 

@@ -34,8 +34,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moeopt.bounds import grouping_bound
+from moeopt.bounds import grouping_bound, top_sum
+from moeopt.errors import InfeasibleError
 from moeopt.grouping import LOAD_TOL, Grouping
+from moeopt.heuristics.spectral import grouping_heuristic
 from moeopt.result import Termination
 from moeopt.solvers.highs_common import highs_threads, new_highs
 
@@ -113,16 +115,6 @@ def group_value(graph: np.ndarray, members: np.ndarray) -> float:
     return 0.5 * float(graph[np.ix_(idx, idx)].sum())
 
 
-def _top_sum(values: np.ndarray, count: int) -> np.ndarray:
-    """Sum of the ``count`` largest entries of each row."""
-    n = values.shape[-1]
-    if count <= 0:
-        return np.zeros(values.shape[:-1])
-    if count >= n:
-        return values.sum(axis=-1)
-    return np.partition(values, n - count, axis=-1)[..., n - count :].sum(axis=-1)
-
-
 def pricing_candidates(problem: Grouping, pi: np.ndarray) -> np.ndarray:
     """Experts that some best least-size pricing group may hold.
 
@@ -135,7 +127,7 @@ def pricing_candidates(problem: Grouping, pi: np.ndarray) -> np.ndarray:
     cand = np.arange(problem.experts)
     partners = min(problem.cap, problem.experts) - 1
     while len(cand):
-        top = _top_sum(W[np.ix_(cand, cand)], partners) if partners > 0 else np.zeros(len(cand))
+        top = top_sum(W[np.ix_(cand, cand)], partners) if partners > 0 else np.zeros(len(cand))
         keep = top > pi[cand]
         if keep.all():
             break
@@ -361,8 +353,8 @@ def price_branch_and_bound(
             return
         score = np.where(after & fits, gain + 0.5 * tops[sets[:, -1], :, r - 1], -np.inf)
         pos = np.maximum(score, 0.0)
-        bound = value + _top_sum(pos, r)
-        rest = _top_sum(pos, r - 1)
+        bound = value + top_sum(pos, r)
+        rest = top_sum(pos, r - 1)
         order = np.argsort(-bound)
         step = max(1, chunk_elements // (n * n))
         for c in range(0, len(order), step):
@@ -450,8 +442,8 @@ def price_cpsat(
     rounding = 0.5 / scale * (cap * (cap - 1) / 2 + cap)
     if name not in ("OPTIMAL", "FEASIBLE"):
         # no answer: the trivial bound (every candidate's best partners, cap of them)
-        gain = _top_sum(Wc, cap - 1) - pc
-        return Pricing([], max(0.0, float(_top_sum(np.maximum(gain, 0.0)[None, :], cap)[0])), False, "cpsat")
+        gain = top_sum(Wc, cap - 1) - pc
+        return Pricing([], max(0.0, float(top_sum(np.maximum(gain, 0.0)[None, :], cap)[0])), False, "cpsat")
     upper = max(0.0, solver.best_objective_bound / scale + rounding)
     chosen = cand[[k for k in range(n) if solver.value(x[k])]]
     groups = [np.sort(chosen)] if len(chosen) else []
@@ -469,7 +461,7 @@ def price_exact(
     if not len(cand):
         return Pricing([], 0.0, True, "pruned")
     partners = min(problem.cap, problem.experts) - 1
-    potential = _top_sum(problem.graph[np.ix_(cand, cand)], partners) - pi[cand]
+    potential = top_sum(problem.graph[np.ix_(cand, cand)], partners) - pi[cand]
     cand = cand[np.argsort(-potential, kind="stable")]  # promising experts first: good groups early
     out = price_branch_and_bound(problem, pi, cand, threshold=threshold, tolerance=tolerance,
                                  deadline=t0 + (time_limit if problem.cap <= 4 else 0.75 * time_limit))
@@ -618,11 +610,8 @@ def _start_plan(problem: Grouping, start_home: np.ndarray | None, seed: int, dea
     if start_home is not None:
         home = np.asarray(start_home, dtype=np.int64)
         return home if problem.feasible(home) else None
-    from moeopt.errors import InfeasibleError
-    from moeopt.methods.tacg import AgnosticParams, heuristic_home
-
-    try:
-        home, _ = heuristic_home(problem, AgnosticParams(), np.random.default_rng(seed), deadline=deadline)
+    try:  # agnostic's defaults (moeopt.methods.tacg.heuristic_home with AgnosticParams())
+        home, _ = grouping_heuristic(problem, np.random.default_rng(seed), deadline=deadline)
     except InfeasibleError:
         return None
     return home if problem.feasible(home) else None
@@ -643,7 +632,7 @@ def column_generation(
         Seconds for everything (start plan, cheap bound, pricing, master LPs, final MILP).
     start_home
         A feasible plan: its groups seed the master and it is the first incumbent. None:
-        ``agnostic``'s heuristic (:func:`moeopt.methods.tacg.heuristic_home`), within a
+        ``agnostic``'s heuristic (:func:`moeopt.heuristics.spectral.grouping_heuristic`), within a
         tenth of the time limit.
     log
         Called with one line per exact pricing.

@@ -47,6 +47,7 @@ from scipy.optimize import linprog
 from moeopt.errors import InputError
 from moeopt.instance import Cluster
 from moeopt.plan import Plan
+from moeopt.topology import hop_cost_sum, hop_costs
 from moeopt.trace import Trace
 
 #: The engine's seed for its fair choice of a copy (SGLang's ``compute_logical_to_rank_dispatch_physical_map``).
@@ -397,29 +398,29 @@ def communication_of(
     """Per token and layer: distinct GPUs, remote GPUs, topology-weighted remote cost.
 
     With unknown token homes (drawn uniformly) the remote values are expectations:
-    ``|GPUs(topk)| (1 - 1/G)`` and, per distinct GPU, ``((gpn - 1) + (G - gpn) w) / G``.
+    ``|GPUs(topk)| (1 - 1/G)`` and, per distinct GPU, the mean hop cost to it (two-level
+    default: ``((gpn - 1) + (G - gpn) w) / G``); hop costs come from :mod:`moeopt.topology`.
     """
-    G, gpn, w = cluster.gpus, cluster.gpus_per_node, cluster.inter_node_weight
+    G = cluster.gpus
     s = np.sort(gpu, axis=-1)
     first = np.ones(s.shape, dtype=bool)
     first[..., 1:] = s[..., 1:] != s[..., :-1]
     distinct = first.sum(axis=-1)
     if token_home is None:
         remote = distinct * (1.0 - 1.0 / G)
-        weighted = distinct * ((gpn - 1) + (G - gpn) * w) / G
+        weighted = distinct * hop_cost_sum(cluster) / G
     else:
         h = token_home[:, None, None]
         on_home = s == h
         remote = distinct - (first & on_home).sum(axis=-1)
-        cost = np.where(on_home, 0.0, np.where(s // gpn == h // gpn, 1.0, w))
-        weighted = (cost * first).sum(axis=-1)
+        weighted = (hop_costs(cluster)[h, s] * first).sum(axis=-1)
     return distinct, remote.astype(np.float64), weighted.astype(np.float64)
 
 
 def _expected_comm_static(ids: np.ndarray, dest: np.ndarray, cluster: Cluster, chunk: int = 4096):
     """Per token, the expectation over a uniform home h of (distinct GPUs, remote GPUs,
     weighted remote cost) when source GPU h sends expert e to ``dest[h, e]``."""
-    G, gpn, w = cluster.gpus, cluster.gpus_per_node, cluster.inter_node_weight
+    G, cost_of = cluster.gpus, hop_costs(cluster)
     N = len(ids)
     out = [np.zeros(N) for _ in range(3)]
     h = np.arange(G)[:, None, None]
@@ -430,8 +431,7 @@ def _expected_comm_static(ids: np.ndarray, dest: np.ndarray, cluster: Cluster, c
         distinct = first.sum(axis=-1)
         on_home = d == h
         remote = distinct - (first & on_home).sum(axis=-1)
-        cost = np.where(on_home, 0.0, np.where(d // gpn == h // gpn, 1.0, w))
-        weighted = (cost * first).sum(axis=-1)
+        weighted = (cost_of[h, d] * first).sum(axis=-1)
         for o, v in zip(out, (distinct, remote, weighted), strict=True):
             o[s : s + chunk] = v.mean(axis=0)
     return out[0], out[1], out[2]

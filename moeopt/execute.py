@@ -285,7 +285,7 @@ def _raise(outcome: LayerOutcome) -> None:
 
 
 # ----------------------------------------------------------------------------- backends
-def _worker_init() -> None:
+def worker_init() -> None:
     """Workers leave SIGINT to the parent, which stops them all; their progress bars (disabled)
     lock with a thread lock, not a named semaphore a terminated worker would leave behind."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -297,7 +297,7 @@ def _worker_init() -> None:
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def _mp_context() -> Any:
+def mp_context() -> Any:
     """The fork server (moeopt preloaded, one BLAS thread) on POSIX; ``spawn`` elsewhere."""
     if sys.platform != "win32" and "forkserver" in multiprocessing.get_all_start_methods():
         from multiprocessing import forkserver
@@ -319,7 +319,7 @@ def _mp_context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
-def _stop_pool(pool: ProcessPoolExecutor) -> None:
+def stop_pool(pool: ProcessPoolExecutor) -> None:
     """Cancel what has not started and end the workers now (not after their current layer)."""
     procs = list((getattr(pool, "_processes", None) or {}).values())
     manager = getattr(pool, "_executor_manager_thread", None)
@@ -345,8 +345,8 @@ def _run_pool(tasks: list[LayerTask], workers: int, done: Callable[[LayerOutcome
     pool = None
     try:
         with deferred_interrupt():  # Ctrl-C waits until every worker is known, so all are stopped
-            pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=_mp_context(),
-                                       initializer=_worker_init)
+            pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=mp_context(),
+                                       initializer=worker_init)
             pending = {pool.submit(run_layer, t) for t in tasks}
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -354,7 +354,7 @@ def _run_pool(tasks: list[LayerTask], workers: int, done: Callable[[LayerOutcome
                 done(fut.result())
     except BaseException:  # SIGINT, a layer's error: stop every worker
         if pool is not None:
-            _stop_pool(pool)
+            stop_pool(pool)
         raise
     pool.shutdown(wait=True)
 

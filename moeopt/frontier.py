@@ -14,18 +14,27 @@ evaluation workload and on each family's own part of it (the single-family shift
 
 A point is on the Pareto set when no other point has both fewer remote GPUs per token and a
 lower held-out MaxVio (ties: both lower or equal, one strictly).
+
+The points are independent: with ``workers=N`` they are solved in a local process pool (the
+fork server of :mod:`moeopt.execute`, each point's layers serial in its worker), with the same
+seed per point as the serial sweep, hence the same plans and metrics (wall times aside).
+With ``ray`` the points run one after another and each point's layers run as Ray tasks.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from tabulate import tabulate
 
+from moeopt import console, execute
+from moeopt.budget import deferred_interrupt
+from moeopt.errors import MoeoptError
 from moeopt.instance import Instance
 from moeopt.registry import get_method, method_names, metric_hooks
 from moeopt.scoring import Workloads, score
@@ -116,10 +125,13 @@ def point_of(
     time_limit: float | None,
     seed: int,
     families: dict[str, Any],
+    workers: int | None = None,
+    ray: str | bool | None = None,
 ) -> FrontierPoint:
     """Solve one method at one ``eps`` and score it (held-out, and per family)."""
     t0 = time.perf_counter()
-    result = solve(instance, method=method, params=params, time_limit=time_limit, seed=seed, workloads=wl)
+    result = solve(instance, method=method, params=params, time_limit=time_limit, seed=seed, workloads=wl,
+                   workers=workers, ray=ray)
     wall = time.perf_counter() - t0
     if result.plan is None:  # e.g. a load limit the method could not reach: a point without a plan
         return FrontierPoint(method, eps, params, None, None, float("nan"), None, {}, "-", wall,
@@ -162,22 +174,11 @@ def mark_pareto(points: Sequence[FrontierPoint]) -> None:
         )
 
 
-def frontier(
-    instance: Instance,
-    *,
-    methods: Sequence[str] = DEFAULT_METHODS,
-    eps: Sequence[float] = DEFAULT_EPS,
-    time_limit: float | None = None,
-    seed: int = 0,
-    workloads: Workloads | None = None,
-    log: Callable[[str], None] | None = None,
-) -> list[FrontierPoint]:
-    """Every method at every ``eps`` (once for methods without a load-limit knob), scored on
-    the held-out evaluation workload; the Pareto set flagged."""
-    wl = workloads or load_workloads(instance)
-    families = family_workloads(wl.evaluation)
+def _sweep_units(methods: Sequence[str], eps: Sequence[float], wl: Workloads) -> list[tuple[str, float | None]]:
+    """The (method, eps) points of the sweep, in order (unavailable methods, and methods
+    needing a trace on a count-only workload, left out)."""
     known = set(method_names())
-    points: list[FrontierPoint] = []
+    units: list[tuple[str, float | None]] = []
     for method in methods:
         if method not in known:
             get_method(method)  # raises the one-line error listing the registered methods
@@ -191,21 +192,135 @@ def frontier(
             # grouping and replication methods also at their automatic limit: a tight eps_load
             # is often unreachable for them (the hottest expert alone exceeds it)
             sweep = list(eps) if method.startswith("joint") else [None, *eps]
-        for e in sweep:
-            params = sweep_params(method, e)
-            try:
-                p = point_of(instance, wl, method, e, params, time_limit=time_limit, seed=seed, families=families)
-            except Exception as exc:  # an unattainable eps_load is a point the method cannot reach
-                from moeopt.errors import MoeoptError
+        units += [(method, e) for e in sweep]
+    return units
 
-                if not isinstance(exc, MoeoptError):
-                    raise
-                p = FrontierPoint(method, e, params, None, None, float("nan"), None, {}, "-", 0.0, error=str(exc))
-            points.append(p)
-            if log is not None:
-                log(_line(p))
-    mark_pareto(points)
-    return points
+
+def _solve_point(
+    instance: Instance,
+    wl: Workloads,
+    method: str,
+    e: float | None,
+    *,
+    time_limit: float | None,
+    seed: int,
+    families: dict[str, Any],
+    workers: int | None,
+    ray: str | bool | None,
+) -> FrontierPoint:
+    """One point of the sweep; a load limit the method cannot reach is a point with an error."""
+    params = sweep_params(method, e)
+    try:
+        return point_of(instance, wl, method, e, params, time_limit=time_limit, seed=seed, families=families,
+                        workers=workers, ray=ray)
+    except MoeoptError as exc:  # an unattainable eps_load is a point the method cannot reach
+        return FrontierPoint(method, e, params, None, None, float("nan"), None, {}, "-", 0.0, error=str(exc))
+
+
+#: What every worker of a parallel sweep shares (the instance, its workloads, the family
+#: workloads, limit and seed): shipped once per worker by the pool's initializer, not per point.
+_shared: dict[str, Any] = {}
+
+
+def _point_worker_init(shared: dict[str, Any]) -> None:
+    execute.worker_init()  # SIGINT left to the parent, which stops every worker
+    _shared.clear()
+    _shared.update(shared)
+
+
+def _point_task(index: int, method: str, e: float | None) -> tuple[int, FrontierPoint]:
+    s = _shared
+    # the point's layers run serially in this worker (ray=False: not the instance's executor)
+    return index, _solve_point(s["instance"], s["wl"], method, e, time_limit=s["time_limit"], seed=s["seed"],
+                               families=s["families"], workers=1, ray=False)
+
+
+def _run_pool(
+    units: list[tuple[str, float | None]],
+    workers: int,
+    shared: dict[str, Any],
+    done: Callable[[int, FrontierPoint], None],
+) -> None:
+    """The points in a process pool (as :mod:`moeopt.execute` runs layers): Ctrl-C or an
+    error stops every worker."""
+    pool = None
+    try:
+        with deferred_interrupt():  # Ctrl-C waits until every worker is known, so all are stopped
+            pool = ProcessPoolExecutor(max_workers=min(workers, len(units)), mp_context=execute.mp_context(),
+                                       initializer=_point_worker_init, initargs=(shared,))
+            pending = {pool.submit(_point_task, i, m, e) for i, (m, e) in enumerate(units)}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in sorted(finished, key=id):
+                done(*fut.result())
+    except BaseException:
+        if pool is not None:
+            execute.stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def frontier(
+    instance: Instance,
+    *,
+    methods: Sequence[str] = DEFAULT_METHODS,
+    eps: Sequence[float] = DEFAULT_EPS,
+    time_limit: float | None = None,
+    seed: int = 0,
+    workloads: Workloads | None = None,
+    log: Callable[[str], None] | None = None,
+    workers: int | None = None,
+    ray: str | bool | None = None,
+) -> list[FrontierPoint]:
+    """Every method at every ``eps`` (once for methods without a load-limit knob), scored on
+    the held-out evaluation workload; the Pareto set flagged.
+
+    Parameters
+    ----------
+    log
+        Gets one line per finished point (in the order they finish); given, a progress bar
+        over the points is also drawn (on a terminal only, :func:`moeopt.console.bar`).
+    workers
+        Solve the points in this many local processes (each point's layers serially in its
+        worker); the points, plans and metrics are those of the serial sweep, in the same
+        order. None: the instance's ``executor:`` mapping, else 1.
+    ray
+        Run the points one after another, each point's layers as Ray tasks (a cluster
+        address, or ``"local"`` / True), as :func:`moeopt.solve.solve` does.
+
+    Returns
+    -------
+    list of FrontierPoint
+        In sweep order (method, then eps), whatever the executor.
+    """
+    executor = execute.resolve(instance, workers, ray)
+    if executor.kind == "ray":
+        execute.import_ray()  # fail before loading anything
+    wl = workloads or load_workloads(instance)
+    families = family_workloads(wl.evaluation)
+    units = _sweep_units(methods, eps, wl)
+    points: list[FrontierPoint | None] = [None] * len(units)
+    bar = console.bar(total=len(units), desc="frontier", unit="point", quiet=log is None, leave=False)
+
+    def done(index: int, p: FrontierPoint) -> None:
+        points[index] = p
+        if log is not None:
+            log(_line(p))
+        bar.update(1)
+
+    try:
+        if executor.kind == "pool" and len(units) > 1:
+            shared = dict(instance=instance, wl=wl, families=families, time_limit=time_limit, seed=seed)
+            _run_pool(units, executor.workers, shared, done)
+        else:  # serial points; with Ray, each point's layers as Ray tasks
+            for i, (method, e) in enumerate(units):
+                done(i, _solve_point(instance, wl, method, e, time_limit=time_limit, seed=seed, families=families,
+                                     workers=executor.workers, ray=executor.ray or False))
+    finally:
+        bar.close()
+    out = [p for p in points if p is not None]
+    mark_pareto(out)
+    return out
 
 
 def _fmt(v: Any, digits: int = 4) -> str:

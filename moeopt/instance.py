@@ -26,11 +26,26 @@ TOKEN_HOMES = ("uniform", "trace", "previous-layer")
 
 
 @dataclass(frozen=True)
+class TopologyLevel:
+    """One level of the cluster's switch tree (``cluster.topology.levels``).
+
+    ``size``: members of the level below (GPUs at level 0) under one switch of this level; None
+    at the top level, whose one switch joins everything. ``weight``: the hop cost between two
+    GPUs whose paths first meet at this level.
+    """
+
+    size: int | None
+    weight: float
+
+
+@dataclass(frozen=True)
 class Cluster:
     """Expert-parallel GPUs (G), grouped into nodes, each with ``slots_per_gpu`` expert slots.
 
     ``slots_per_gpu`` defaults to ``ceil(E / G)``; ``replica_slots_per_gpu`` extra slots per GPU
     hold replicas; ``inter_node_weight`` is the cost of an inter-node hop (intra-node costs 1).
+    ``topology`` (optional) replaces that two-level model by a deeper switch tree, levels from
+    the GPUs up (:mod:`moeopt.topology` turns either into hop costs).
     A plan may fill any of a GPU's ``W = slots_per_gpu + replica_slots_per_gpu`` physical slots
     with any expert; ``allow_colocated_copies`` lets moeopt's planners put two copies of one
     expert on one GPU (engines' plans may hold them regardless).
@@ -46,6 +61,7 @@ class Cluster:
     #: records one, else uniform), ``trace`` (the trace's ``home``) or ``previous-layer`` (the
     #: GPU that ran its top-1 expert at the previous MoE layer)
     token_home: str = "uniform"
+    topology: tuple[TopologyLevel, ...] | None = None
 
     @property
     def width(self) -> int:

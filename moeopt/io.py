@@ -29,6 +29,7 @@ from moeopt.instance import (
     Instance,
     MethodSpec,
     Model,
+    TopologyLevel,
     Workload,
     WorkloadSource,
     default_slots,
@@ -57,6 +58,14 @@ def write_json(path: str | Path, data: Any) -> None:
 def write_text(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def write_graphml(path: str | Path, graph: Any) -> None:
+    """A networkx graph as GraphML (``networkx.write_graphml``), written atomically."""
+    import networkx as nx
+
+    with atomic_path(path) as tmp:
+        nx.write_graphml(graph, tmp)
 
 
 def _jsonable(x: Any) -> Any:
@@ -184,12 +193,15 @@ def load_instance(path: str | Path) -> Instance:
             "inter_node_weight",
             "allow_colocated_copies",
             "token_home",
+            "topology",
         },
     )
     if not c:
         raise InputError(src, "cluster", "required field is missing")
     gpus = _int(c, "gpus", src, "cluster")
-    gpn = _int(c, "gpus_per_node", src, "cluster", gpus)
+    topology = checked.cluster.topology  # validated by the schema: sizes below the top, weights rising
+    tree = None if topology is None else tuple(TopologyLevel(t.size, float(t.weight)) for t in topology.levels)
+    gpn = _int(c, "gpus_per_node", src, "cluster", gpus if tree is None else tree[0].size)
     if gpus % gpn:
         raise InputError(src, "cluster.gpus_per_node", f"must divide gpus={gpus}, got {gpn}")
     cluster = Cluster(
@@ -200,6 +212,7 @@ def load_instance(path: str | Path) -> Instance:
         inter_node_weight=_float(c, "inter_node_weight", src, "cluster", 4.0),
         allow_colocated_copies=_bool(c, "allow_colocated_copies", src, "cluster", False),
         token_home=_choice(c, "token_home", src, "cluster", TOKEN_HOMES, "uniform"),
+        topology=tree,
     )
     w = _mapping(data.get("workload"), src, "workload", {"calibration", "evaluation", "synthetic"})
     if "calibration" not in w and "synthetic" not in w:
@@ -941,7 +954,12 @@ def write_profile(path: str | Path, profile: Profile) -> None:
 
 
 def resolve_profile(instance: Instance) -> Profile | None:
-    """The instance's latency profile: synthetic spec, file, or None."""
+    """The instance's latency profile: synthetic spec, file, or None.
+
+    A profile of one GPU on a cluster of ``G > 1`` GPUs is broadcast to ``G`` identical GPUs
+    (:meth:`moeopt.profile.Profile.broadcast`; its ``meta['note']`` says so); any other GPU
+    count that differs from ``cluster.gpus`` is an :class:`InputError`.
+    """
     spec = instance.profile
     src = str(instance.source) if instance.source else None
     if spec is None:
@@ -963,6 +981,9 @@ def resolve_profile(instance: Instance) -> Profile | None:
             raise InputError(src, exc.field, exc.message) from None
         except (TypeError, ValueError) as exc:  # e.g. seed: abc, tile: 0
             raise InputError(src, "profile", f"invalid synthetic profile {spec}: {exc}") from None
+    if profile.gpus == 1 and instance.cluster.gpus > 1:
+        # one measured GPU stands for a cluster of identical GPUs (the cluster model has no GPU types)
+        return profile.broadcast(instance.cluster.gpus)
     if profile.gpus != instance.cluster.gpus:
         raise InputError(src, "profile", f"profile has {profile.gpus} GPUs, cluster.gpus is {instance.cluster.gpus}")
     return profile

@@ -77,6 +77,28 @@ class Profile:
         step = self.latency[:, K] - self.latency[:, K - 1]
         return inside + np.maximum(j - K, 0) * step[g]
 
+    def broadcast(self, gpus: int) -> Profile:
+        """This one-GPU profile repeated for ``gpus`` identical GPUs (a measured single GPU used on a
+        homogeneous cluster); ``meta['note']`` says so.
+
+        Raises
+        ------
+        InputError
+            When the profile has more than one GPU or ``gpus < 1``.
+        """
+        if self.gpus != 1 or gpus < 1:
+            raise InputError(None, "profile", f"only a one-GPU profile broadcasts; this one has {self.gpus} GPUs")
+        name = self.names[0] if self.names else "gpu0"
+        recorded = self.meta.get("speeds")  # a measured profile's emulated speed, one per row
+        speeds = {"speeds": list(recorded) * gpus} if isinstance(recorded, list) and len(recorded) == 1 else {}
+        note = f"profile: one GPU broadcast to {gpus} identical GPUs"
+        return Profile(
+            tile=self.tile,
+            latency=np.repeat(self.latency, gpus, axis=0),
+            names=tuple(f"{name}#{g}" for g in range(gpus)) if gpus > 1 else (name,),
+            meta={**self.meta, **speeds, "broadcast_from": name, "note": note},
+        )
+
     def table(self, tiles: int) -> np.ndarray:
         """``[G, tiles + 1]`` latencies at 0..tiles tile counts (extended past K if needed)."""
         return self(np.arange(tiles + 1)[:, None] * self.tile * np.ones((1, self.gpus))).T

@@ -122,6 +122,12 @@ def register(cls: type) -> type:
 
 
 def method_names() -> list[str]:
+    """Names of the registered methods, the built-in ones included.
+
+    The registry sits in the methods layer (tests/test_layering.py): importing the package
+    :mod:`moeopt.methods`, whose ``__init__`` imports each method module, is what registers
+    the built-in methods; nothing registers into a lower layer's globals.
+    """
     import moeopt.methods  # noqa: F401  (registers the built-in methods)
 
     return sorted(_REGISTRY)

@@ -191,7 +191,7 @@ def input_error(
         return InputError(source, field or None, f"unknown field{tail}")
     if kind == "value_error":
         msg = err["msg"].removeprefix("Value error, ")
-        named = re.match(r"([A-Za-z_][\w.]*): (.*)", msg)
+        named = re.match(r"([A-Za-z_][\w.\[\]]*): (.*)", msg)
         if named:  # a cross-field check names its field in front of the message
             name, msg = named.groups()
             if option:
@@ -225,6 +225,34 @@ class ModelSchema(Strict):
         return self
 
 
+class TopologyLevelSchema(Strict):
+    """One level of ``cluster.topology.levels``: members per switch (absent at the top), hop cost."""
+
+    size: PosInt | None = None
+    weight: NonNegFloat
+
+
+class TopologySchema(Strict):
+    """A switch tree, levels from the GPUs up (see :mod:`moeopt.topology`)."""
+
+    levels: Annotated[list[TopologyLevelSchema], Field(min_length=2)]
+
+    @model_validator(mode="after")
+    def _tree(self) -> TopologySchema:
+        top = len(self.levels) - 1
+        for i, level in enumerate(self.levels):
+            if i < top and level.size is None:
+                raise ValueError(f"levels[{i}].size: required below the top level")
+            if i == top and level.size is not None:
+                raise ValueError(f"levels[{i}].size: expected none at the top level (it joins everything)")
+            if i and level.weight < self.levels[i - 1].weight:
+                raise ValueError(
+                    f"levels[{i}].weight: expected at least levels[{i - 1}].weight={self.levels[i - 1].weight}, "
+                    f"found {level.weight}"
+                )
+        return self
+
+
 class ClusterSchema(Strict):
     gpus: PosInt
     gpus_per_node: PosInt | None = None
@@ -233,6 +261,21 @@ class ClusterSchema(Strict):
     inter_node_weight: NonNegFloat = 4.0
     allow_colocated_copies: bool = False
     token_home: Literal["uniform", "trace", "previous-layer"] = "uniform"
+    topology: TopologySchema | None = None
+
+    @model_validator(mode="after")
+    def _topology(self) -> ClusterSchema:
+        if self.topology is None:
+            return self
+        if "inter_node_weight" in self.model_fields_set:
+            raise ValueError("inter_node_weight: expected either inter_node_weight or topology, found both")
+        sizes = [level.size or 1 for level in self.topology.levels[:-1]]
+        if self.gpus_per_node is not None and self.gpus_per_node != sizes[0]:
+            raise ValueError(f"gpus_per_node: expected topology.levels[0].size={sizes[0]}, found {self.gpus_per_node}")
+        span = math.prod(sizes)
+        if self.gpus % span:
+            raise ValueError(f"topology.levels: expected sizes whose product divides gpus={self.gpus}, found {span}")
+        return self
 
 
 FilePath = Annotated[str, Field(min_length=1)]

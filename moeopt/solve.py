@@ -125,8 +125,13 @@ def solve(
     ctx = Context(time_limit=time_limit, seed=seed, hint=hint, quiet=quiet, current=current)
     t0 = time.perf_counter()
     note = console.note  # a note is shown even when progress is not (unless --quiet)
+    profile_note = wl.profile.meta.get("note") if wl.profile is not None else None
+    if profile_note:  # e.g. "profile: one GPU broadcast to 8 identical GPUs"
+        note(f"note: {profile_note}")
     result = execute.run(impl, problem, params_obj, ctx, executor, note=note)
     wall = time.perf_counter() - t0
+    if profile_note:
+        result = result.replace(stats={**result.stats, "profile": profile_note})
     if result.plan is None:
         return result.replace(wall_time=wall)
     plan = result.plan if dispatch is None else result.plan.with_dispatch(dispatch)

@@ -595,8 +595,8 @@ BASE_PROFILE = {
 def profile_file(draw, folder: Path) -> tuple[Path, bool]:
     """A mutated latency profile YAML and whether it is known to be invalid (2 GPUs)."""
     data = copy.deepcopy(BASE_PROFILE)
-    kind = draw(st.sampled_from(["tile", "latency", "gpus", "extra", "format", "junk", "none"]))
-    invalid = kind not in ("junk", "none")
+    kind = draw(st.sampled_from(["tile", "latency", "gpus", "one-gpu", "extra", "format", "junk", "none"]))
+    invalid = kind not in ("junk", "none", "one-gpu")  # one GPU is broadcast to the cluster's identical GPUs
     if kind == "tile":
         data["tile"] = draw(BAD_COUNT)
     elif kind == "latency":
@@ -604,7 +604,9 @@ def profile_file(draw, folder: Path) -> tuple[Path, bool]:
             [[0.3, 0.2, 0.1], [math.nan, 1, 2], [-1, 0, 1], [0.1], [], "fast", [0.1, "0.2", 0.3], [0.1, 0.2],
              [0.1, math.inf, math.inf]]))
     elif kind == "gpus":
-        data["gpus"] = draw(st.sampled_from([[], data["gpus"][:1], data["gpus"] * 2, "two", None]))
+        data["gpus"] = draw(st.sampled_from([[], data["gpus"] * 2, "two", None]))
+    elif kind == "one-gpu":
+        data["gpus"] = data["gpus"][:1]
     elif kind == "extra":
         data[draw(st.sampled_from(["colour", "speeds"]))] = 1
     elif kind == "format":

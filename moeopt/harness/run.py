@@ -535,6 +535,8 @@ def validate(
         raise MoeoptError(f"--max-steps: expected a positive integer, got {max_steps}")
     steps = min(T, max_steps) if max_steps else T
 
+    if profile is not None and profile.gpus == 1 and G > 1:
+        profile = profile.broadcast(G)  # one measured GPU stands for G identical ones
     base_profile = profile if profile is not None else resolve_profile(instance)
     emulated, speed_source = _speeds(speeds, base_profile, G)
     modelled_info: dict[str, Any]
@@ -556,6 +558,8 @@ def validate(
         modelled_info = {"source": "measured", "tile": base_profile.tile, "unit": "ms",
                          "sampling_seconds": run.seconds["tile"]}
     modelled_profile = base_profile
+    if modelled_profile.meta.get("note"):  # e.g. "profile: one GPU broadcast to G identical GPUs"
+        modelled_info["note"] = modelled_profile.meta["note"]
     wl = dataclasses.replace(wl, profile=modelled_profile)
 
     entries: list[tuple[str, str, Plan]] = list(plans)
@@ -720,7 +724,8 @@ def report_markdown(report: dict[str, Any]) -> str:
         f"- timing: {report['timing']['timer']}, {report['timing']['statistic']} of "
         f"{report['timing']['repeats']} interleaved rounds after "
         f"{report['timing']['warmup']} warm-up run(s)",
-        f"- modelled: evaluator's S with the {report['modelled_profile']['source']} profile ({unit})",
+        f"- modelled: evaluator's S with the {report['modelled_profile']['source']} profile ({unit})"
+        + (f"; {report['modelled_profile']['note']}" if report["modelled_profile"].get("note") else ""),
         "",
         "| plan | measured S (ms) | modelled S | measured / modelled | vs linear, measured | "
         "vs linear, modelled | measured p90 (ms) | per-step corr. |",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moeopt.heuristics.packing import balanced_homes
 from moeopt.profile import Profile
 from moeopt.utilization import ExpertClasses, classify_experts
 
@@ -320,8 +321,6 @@ class LayerSearch:
 # ----------------------------------------------------------------------------- initial mappings
 def speed_greedy_homes(load: np.ndarray, speed: np.ndarray, slots: int) -> np.ndarray:
     """LPT weighted by speed: heaviest expert first onto the GPU finishing earliest."""
-    from moeopt.methods.baselines import balanced_homes
-
     return balanced_homes(np.asarray(load, dtype=np.float64), len(speed), slots, speed)
 
 

@@ -9,7 +9,8 @@
    overloaded group with the least affinity loss that lowers its load and keeps the other
    group within the limit.
 
-:func:`first_fit` is the affinity-blind fix used by the ``repair=false`` ablation.
+:func:`first_fit` is the affinity-blind fix used by the ``repair=false`` ablation;
+:func:`grouping_heuristic` chains the steps with the swap search of :mod:`moeopt.heuristics.swap`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from scipy.optimize import linear_sum_assignment
 
 from moeopt.errors import InfeasibleError
 from moeopt.grouping import LOAD_TOL, Grouping
+from moeopt.heuristics.swap import iterated_local_search
 
 
 def spectral_embedding(graph: np.ndarray, dims: int) -> np.ndarray:
@@ -187,3 +189,43 @@ def _load_repair(problem: Grouping, home: np.ndarray) -> np.ndarray | None:
             sizes[g] += 1
             home[e] = g
     return None
+
+
+def grouping_heuristic(
+    g: Grouping, rng: np.random.Generator, *, repair: bool = True, refine: bool = True, iterations: int = 1000,
+    patience: int = 200, kick_swaps: int | None = None, hint: np.ndarray | None = None,
+    deadline: float | None = None,
+) -> tuple[np.ndarray, dict]:
+    """One layer's plan: spectral clusters, capacity repair, iterated local search.
+
+    Parameters
+    ----------
+    g
+        The layer's grouping problem.
+    rng
+        Seeded generator (k-means initialization and kicks).
+    repair, refine
+        False: :func:`first_fit` instead of :func:`capacity_repair`; no swap search.
+    iterations, patience, kick_swaps
+        Of :func:`moeopt.heuristics.swap.iterated_local_search`.
+    hint
+        Optional plan; used as the start when feasible and better.
+    deadline
+        ``time.perf_counter()`` value at which the swap search stops.
+
+    Returns
+    -------
+    tuple
+        The plan ``home[e]`` and counters (``spectral``: the objective before the search).
+    """
+    labels = spectral_labels(g.graph, g.groups, rng)
+    home = capacity_repair(g, labels) if repair else first_fit(g, labels)
+    info: dict = {"spectral": g.objective(home)}
+    if hint is not None and g.feasible(hint) and g.objective(hint) > g.objective(home):
+        home = np.asarray(hint, dtype=np.int64)
+    if refine:
+        home, counters = iterated_local_search(
+            g, home, rng, iterations=iterations, patience=patience, kick_swaps=kick_swaps, deadline=deadline,
+        )
+        info.update(counters)
+    return home, info

@@ -18,7 +18,7 @@ graph, which only relabels GPUs (objective, loads and bound unchanged).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -26,8 +26,8 @@ from moeopt.bounds import grouping_bound
 from moeopt.errors import InfeasibleError
 from moeopt.evaluate import grouping_affinity
 from moeopt.grouping import AUTO_LOAD_SLACK, Grouping
-from moeopt.heuristics.spectral import capacity_repair, first_fit, spectral_labels
-from moeopt.heuristics.swap import arrange_nodes, iterated_local_search, node_affinity
+from moeopt.heuristics.spectral import grouping_heuristic
+from moeopt.heuristics.swap import arrange_nodes, node_affinity
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, Termination, bound_closes, combine_status, combine_termination
 from moeopt.trace import LIFT_EPS, Stats, log_lift
@@ -221,18 +221,10 @@ def heuristic_home(
     hint
         Optional plan for the layer; used as the start when feasible and better.
     """
-    labels = spectral_labels(g.graph, g.groups, rng)
-    home = capacity_repair(g, labels) if params.repair else first_fit(g, labels)
-    info: dict[str, Any] = {"spectral": g.objective(home)}
-    if hint is not None and g.feasible(hint) and g.objective(hint) > g.objective(home):
-        home = np.asarray(hint, dtype=np.int64)
-    if params.refine:
-        home, counters = iterated_local_search(
-            g, home, rng, iterations=params.iterations, patience=params.patience,
-            kick_swaps=params.kick, deadline=deadline,
-        )
-        info.update(counters)
-    return home, info
+    return grouping_heuristic(
+        g, rng, repair=params.repair, refine=params.refine, iterations=params.iterations,
+        patience=params.patience, kick_swaps=params.kick, hint=hint, deadline=deadline,
+    )
 
 
 def top_down_home(

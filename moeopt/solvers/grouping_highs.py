@@ -18,10 +18,15 @@ import numpy as np
 import scipy.sparse as sp
 
 from moeopt.budget import run_interruptible
-from moeopt.errors import InputError
 from moeopt.grouping import ExactOutcome, Grouping, pairs
 from moeopt.result import Status, Termination, highs_termination
-from moeopt.solvers.highs_common import GROUPING_OPTIONS, highs_threads, new_highs
+from moeopt.solvers.highs_common import (  # noqa: F401  (estimate_nonzeros: public here before)
+    GROUPING_OPTIONS,
+    estimate_nonzeros,
+    highs_threads,
+    new_highs,
+    refuse_large,
+)
 
 #: matrix nonzeros per second of time limit before refusing: the array build runs at about
 #: 2.3M/s, but HiGHS needs time for the root LP of a model that size
@@ -63,29 +68,9 @@ class MilpArrays:
         return np.concatenate([x.ravel(), y.ravel()])
 
 
-def estimate_nonzeros(g: Grouping) -> int:
-    """Nonzeros of :func:`build_arrays` without building it."""
-    P = len(pairs(g.graph)[0])
-    E, G = g.experts, g.groups
-    star = 2 if g.limited else 1
-    return int(E * G * (2 + g.limited) + 4 * P * G + star * (2 * P + E) * G + E * E * G // 2)
-
-
 def check_size(g: Grouping, time_limit: float) -> None:
     """Refuse (InputError) models too large to build and search within ``time_limit``."""
     refuse_large(g, time_limit, "tacg-highs", NONZEROS_PER_SECOND)
-
-
-def refuse_large(g: Grouping, time_limit: float, backend: str, rate: float) -> None:
-    """Raise InputError when the estimated nonzeros exceed ``rate`` per second of time limit."""
-    nnz = estimate_nonzeros(g)
-    if nnz > rate * max(time_limit, 1.0):
-        raise InputError(
-            None, None,
-            f"{backend}: E={g.experts}, G={g.groups} gives about {nnz} matrix nonzeros, too many for a "
-            f"{time_limit:g} s limit (at most {int(rate * max(time_limit, 1.0))}); raise --time-limit, "
-            "use 'tacg-cpsat' or the heuristic 'tacg'",
-        )
 
 
 def build_arrays(g: Grouping) -> MilpArrays:

@@ -16,8 +16,7 @@ import numpy as np
 from moeopt.budget import run_interruptible
 from moeopt.grouping import ExactOutcome, Grouping, pairs
 from moeopt.result import Status, Termination, pyomo_termination
-from moeopt.solvers.grouping_highs import refuse_large
-from moeopt.solvers.highs_common import GROUPING_OPTIONS, cancel_pyomo_highs, highs_threads
+from moeopt.solvers.highs_common import GROUPING_OPTIONS, cancel_pyomo_highs, highs_threads, refuse_large
 
 #: matrix nonzeros per second of time limit before refusing: Pyomo builds about 270k/s on one
 #: core, so a model within this rate leaves at least 60 % of the limit to HiGHS

@@ -10,6 +10,9 @@ HiGHS ("the scheduler has already been initialized") and comes back as a time li
 a solution. Anything may have sized it before (another backend, the user's own HiGHS
 code), so every HiGHS call in moeopt goes through :func:`highs_threads`, which resets the
 scheduler first; rebuilding a thread pool costs far less than any solve.
+
+The grouping MILP's options and size check (:func:`refuse_large`) live here too, so the
+highspy and Pyomo backends share them without importing each other.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from moeopt.errors import InputError
+from moeopt.grouping import Grouping, pairs
 
 #: HiGHS options of the grouping MILP, shared by the highspy and the Pyomo backends so the
 #: two solve the same model to the same tolerances. Plans must meet the load limit within
@@ -72,3 +78,24 @@ def cancel_pyomo_highs(opt) -> None:
     model = getattr(opt, "_solver_model", None)
     if model is not None:
         model.cancelSolve()
+
+
+# ----------------------------------------------------------------------------- grouping MILP size
+def estimate_nonzeros(g: Grouping) -> int:
+    """Nonzeros of :func:`moeopt.solvers.grouping_highs.build_arrays` without building it."""
+    P = len(pairs(g.graph)[0])
+    E, G = g.experts, g.groups
+    star = 2 if g.limited else 1
+    return int(E * G * (2 + g.limited) + 4 * P * G + star * (2 * P + E) * G + E * E * G // 2)
+
+
+def refuse_large(g: Grouping, time_limit: float, backend: str, rate: float) -> None:
+    """Raise InputError when the estimated nonzeros exceed ``rate`` per second of time limit."""
+    nnz = estimate_nonzeros(g)
+    if nnz > rate * max(time_limit, 1.0):
+        raise InputError(
+            None, None,
+            f"{backend}: E={g.experts}, G={g.groups} gives about {nnz} matrix nonzeros, too many for a "
+            f"{time_limit:g} s limit (at most {int(rate * max(time_limit, 1.0))}); raise --time-limit, "
+            "use 'tacg-cpsat' or the heuristic 'tacg'",
+        )
