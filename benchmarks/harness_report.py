@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from machine_info import machine  # benchmarks/ is on the path when run as a script
+
 from moeopt.harness.run import report_markdown
-from moeopt.io import read_profile, write_text
+from moeopt.io import read_profile, write_json, write_text
 
 
 def profile_section(path: str) -> list[str]:
@@ -55,6 +57,8 @@ def main() -> None:
     p.add_argument("--label", default="")
     args = p.parse_args()
     report = json.loads(open(args.report).read())
+    report["machine"] = machine()  # the host: Python, CPUs, git commit, solver versions (the device is in "device")
+    write_json(args.report, report)
     body = report_markdown(report).splitlines()
     head = [body[0], ""]
     if args.label:
