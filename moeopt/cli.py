@@ -11,6 +11,7 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -122,47 +123,28 @@ def _solve_table(result: Result) -> str:
     return "\n".join([head, metrics_report(result.method, result.metrics)])
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
+def _number_type(parse: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
+    """An argparse ``type=``: ``parse`` the text, keep it when ``ok``, else one line saying what was expected."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return convert
 
 
-def _nonneg_int(text: str) -> int:
-    """``--seed``, ``--layer``, ``--dense-layers``: an integer in ``[0, 2**31 - 1]``."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value < 2**31:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, {2**31 - 1}], got {text!r}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    """``--time-limit``: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    """A probability: a number in ``[0, 1]``."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return value
+_positive_int = _number_type(int, lambda v: v >= 1, "an integer >= 1")
+#: ``--seed``, ``--layer``, ``--dense-layers``: an integer in ``[0, 2**31 - 1]``
+_nonneg_int = _number_type(int, lambda v: 0 <= v < 2**31, f"an integer in [0, {2**31 - 1}]")
+#: ``--time-limit``: a finite number of seconds > 0
+_positive_seconds = _number_type(float, lambda v: math.isfinite(v) and v > 0, "a finite number of seconds > 0")
+#: a probability: a number in ``[0, 1]``
+_fraction = _number_type(float, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
 
 
 def _dispatch(args: argparse.Namespace) -> Dispatch | None:
