@@ -822,7 +822,7 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--top-k", type=_positive_int, default=None, help="top-k of count files that do not record it")
     tt.add_argument("--select", default=None, help="model inside a multi-model count file")
     tt.add_argument("--graphml", default=None, help="write a layer's coactivation graph as GraphML")
-    tt.add_argument("--layer", type=int, default=0, help="the layer --graphml writes (default 0)")
+    tt.add_argument("--layer", type=_nonneg_int, default=0, help="the layer --graphml writes (default 0)")
     tt.add_argument("--plan", default=None, help="plan file: each expert's GPU as a --graphml node attribute")
     tt.set_defaults(func=cmd_trace_stats)
     ti = tsub.add_parser("import", help="SGLang expert-distribution dump (.pt) -> trace or counts .npz")

@@ -46,6 +46,8 @@ def check_target(path: str | Path, option: str | None = None) -> Path:
     where = f"{path}: " if option else ""
     if str(path) == "":
         raise InputError(source, field, "expected a file path, found an empty string")
+    if str(path).endswith(("/", os.sep)):
+        raise InputError(source, field, f"{where}expected a file path, found a directory path (ends with '/')")
     target = resolve(path)
     try:
         st = os.stat(target)

@@ -23,7 +23,21 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from moeopt.errors import InputError
 
 #: Bytes any one array derived from an input may take (``MOEOPT_MEMORY_BUDGET`` overrides it).
-MEMORY_BUDGET = int(os.environ.get("MOEOPT_MEMORY_BUDGET", 8 * 2**30))
+MEMORY_BUDGET = 8 * 2**30
+
+
+def memory_budget() -> int:
+    """:data:`MEMORY_BUDGET`, or the positive integer number of bytes ``MOEOPT_MEMORY_BUDGET`` gives."""
+    text = os.environ.get("MOEOPT_MEMORY_BUDGET")
+    if text is None:
+        return MEMORY_BUDGET
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InputError(None, "MOEOPT_MEMORY_BUDGET", f"expected a positive integer number of bytes, found {text!r}")
+    return value
 
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -74,11 +88,12 @@ def _human_bytes(n: float) -> str:
 def check_size(what: str, elements: int, source: str | None, field: str | None, itemsize: int = 8) -> None:
     """Raise :class:`InputError` when an array of ``elements`` items would exceed the budget."""
     nbytes = int(elements) * itemsize
-    if nbytes > MEMORY_BUDGET:
+    budget = memory_budget()
+    if nbytes > budget:
         raise InputError(
             source,
             field,
-            f"expected sizes within the memory budget of {_human_bytes(MEMORY_BUDGET)}, found {what} = "
+            f"expected sizes within the memory budget of {_human_bytes(budget)}, found {what} = "
             f"{int(elements):,} entries ({_human_bytes(nbytes)}; MOEOPT_MEMORY_BUDGET sets the budget)",
         )
 

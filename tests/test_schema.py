@@ -193,6 +193,23 @@ def test_output_directory_is_refused(tmp_path, capsys):
     one_error(["solve", str(inst), "--output", str(tmp_path / "d")], capsys, "--output:", "found a directory")
 
 
+def test_output_path_ending_in_a_slash_is_refused(tmp_path, capsys):
+    """--plot DIR/ (a folder that does not exist yet) is not written as a file named DIR."""
+    inst = instance(tmp_path)
+    one_error(["solve", str(inst), "--plot", str(tmp_path / "figs") + "/"], capsys, "--plot:", "directory path")
+    assert not (tmp_path / "figs").exists()
+
+
+@pytest.mark.parametrize("budget", ["abc", "0", "-5"])
+def test_bad_memory_budget_is_one_line(tmp_path, capsys, monkeypatch, budget):
+    """A malformed MOEOPT_MEMORY_BUDGET names the variable, in one line, with no output."""
+    monkeypatch.setenv("MOEOPT_MEMORY_BUDGET", budget)
+    inst = instance(tmp_path)
+    one_error(["solve", str(inst), "--output", str(tmp_path / "p.json")], capsys, "MOEOPT_MEMORY_BUDGET:",
+              "positive integer")
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_output_fifo_and_device_are_refused(tmp_path, capsys):
     """A FIFO or /dev/null as --output is refused, never replaced."""
     inst = instance(tmp_path)
