@@ -95,8 +95,16 @@ def run_method(label: str, inst: Instance, wl, workers: int = 1) -> tuple[Plan, 
 
 
 def cell(label, kind, calib_name, eval_name, G, W, plan, wall, ev: Stats, cluster, bounds=None) -> dict:
-    row = {"workload": kind, "calibration": calib_name, "evaluation": eval_name, "gpus": G,
-           "slots": f"{W}+1", "method": label, "wall_s": wall, **score(plan, ev, cluster)}
+    row = {
+        "workload": kind,
+        "calibration": calib_name,
+        "evaluation": eval_name,
+        "gpus": G,
+        "slots": f"{W}+1",
+        "method": label,
+        "wall_s": wall,
+        **score(plan, ev, cluster),
+    }
     if bounds is not None:
         row["bound_maxvio"] = float(bounds.mean())
         row["gap_per_layer"] = (np.array(row["maxvio_even_per_layer"]) - bounds).tolist()
@@ -122,8 +130,10 @@ def deepseek_rows(methods: list[str], log, workers: int = 1) -> tuple[list[dict]
                     bounds = layer_bounds(ev.expert_load, G, W + 1, False) if ev_name == calib else None
                     rows.append(cell(label, "deepseek-v3", calib, ev_name, G, W, plan, wall, ev, inst.cluster, bounds))
                     rows[-1]["algorithm_s"] = algo
-                    log(f"deepseek {G}x({W}+1) {calib}->{ev_name} {label}: even {rows[-1]['maxvio_even']:.4f} "
-                        f"lp {rows[-1]['maxvio_lp']:.4f} ({wall:.2f} s)")
+                    log(
+                        f"deepseek {G}x({W}+1) {calib}->{ev_name} {label}: even {rows[-1]['maxvio_even']:.4f} "
+                        f"lp {rows[-1]['maxvio_lp']:.4f} ({wall:.2f} s)"
+                    )
                 if calib == "prefill" and (G, W) == (64, 4):
                     per_layer[label] = rows[-2]["maxvio_even_per_layer"]  # in sample (prefill -> prefill)
                     per_layer["bound"] = layer_bounds(loads["prefill"].expert_load, G, W + 1, False).tolist()
@@ -137,8 +147,12 @@ def deepseek_rows(methods: list[str], log, workers: int = 1) -> tuple[list[dict]
                 few_maxvio = float(np.mean([core.maxvio(few[l], load[l]) for l in range(58)]))
                 for r in rows:
                     if (r["method"], r["calibration"], r["evaluation"], r["gpus"]) == ("balance", calib, calib, G):
-                        r["moves_from_eplb"] = {"full_plan": int(all_moves), "to_tenth_of_eplb": int(few_moves),
-                                                "maxvio_at_tenth": few_maxvio, "slots": 58 * G * (W + 1)}
+                        r["moves_from_eplb"] = {
+                            "full_plan": int(all_moves),
+                            "to_tenth_of_eplb": int(few_moves),
+                            "maxvio_at_tenth": few_maxvio,
+                            "slots": 58 * G * (W + 1),
+                        }
                 log(f"  moves from eplb ({calib}): full {all_moves}, to a tenth of EPLB's MaxVio {few_moves}")
     return rows, per_layer
 
@@ -165,73 +179,149 @@ def olmoe_rows(methods: list[str], log, workers: int = 1) -> list[dict]:
             folds = []
             for f in range(len(domains)):
                 keep = [i for i in range(len(domains)) if i != f]
-                calib = Stats(family_names=tuple(domains[i] for i in keep), counts=stats.counts[keep],
-                              family_tokens=stats.family_tokens[keep], top_k=8)
+                calib = Stats(
+                    family_names=tuple(domains[i] for i in keep),
+                    counts=stats.counts[keep],
+                    family_tokens=stats.family_tokens[keep],
+                    top_k=8,
+                )
                 wl_f = replace(wl, calibration=calib, calibration_stats=calib)
                 plan_f = solve(inst, workloads=wl_f, workers=workers).plan
                 held = stats_from_counts(stats.counts[f], top_k=8)
                 folds.append(score(plan_f, held, inst.cluster))
-            rows.append({"workload": "olmoe", "calibration": "other 5 domains", "evaluation": "held-out domain",
-                         "gpus": G, "slots": f"{W}+1", "method": label, "wall_s": wall,
-                         "maxvio_even": float(np.mean([s["maxvio_even"] for s in folds])),
-                         "maxvio_lp": float(np.mean([s["maxvio_lp"] for s in folds]))})
+            rows.append(
+                {
+                    "workload": "olmoe",
+                    "calibration": "other 5 domains",
+                    "evaluation": "held-out domain",
+                    "gpus": G,
+                    "slots": f"{W}+1",
+                    "method": label,
+                    "wall_s": wall,
+                    "maxvio_even": float(np.mean([s["maxvio_even"] for s in folds])),
+                    "maxvio_lp": float(np.mean([s["maxvio_lp"] for s in folds])),
+                }
+            )
             log(f"olmoe {G}x({W}+1) {label}: in {rows[-2]['maxvio_even']:.4f}, held-out {rows[-1]['maxvio_even']:.4f}")
     return rows
 
 
 def markdown(rows: list[dict], info: dict) -> str:
-    head = ["workload", "calibration → evaluation", "GPUs × slots", "method", "MaxVio (even)", "MaxVio (lp)",
-            "bound", "gap", "wall (s)", "algorithm (s)"]
+    head = [
+        "workload",
+        "calibration → evaluation",
+        "GPUs × slots",
+        "method",
+        "MaxVio (even)",
+        "MaxVio (lp)",
+        "bound",
+        "gap",
+        "wall (s)",
+        "algorithm (s)",
+    ]
     body = []
     for r in rows:
-        body.append([
-            r["workload"], f"{r['calibration']} → {r['evaluation']}", f"{r['gpus']} × ({r['slots']})", r["method"],
-            f"{r['maxvio_even']:.2g}" if r["maxvio_even"] < 0.01 else f"{r['maxvio_even']:.4f}",
-            f"{r['maxvio_lp']:.2g}" if r["maxvio_lp"] < 0.01 else f"{r['maxvio_lp']:.4f}",
-            f"{r['bound_maxvio']:.2g}" if "bound_maxvio" in r else "-",
-            f"{r['gap']:.2g}" if "gap" in r else "-", f"{r['wall_s']:.3f}",
-            f"{r['algorithm_s']:.3f}" if r.get("algorithm_s") is not None else "-",
-        ])
-    moves = [[r["calibration"], f"{r['gpus']} × ({r['slots']})", r["moves_from_eplb"]["full_plan"],
-              r["moves_from_eplb"]["to_tenth_of_eplb"], f"{r['moves_from_eplb']['maxvio_at_tenth']:.4f}",
-              r["moves_from_eplb"]["slots"]] for r in rows if "moves_from_eplb" in r]
+        body.append(
+            [
+                r["workload"],
+                f"{r['calibration']} → {r['evaluation']}",
+                f"{r['gpus']} × ({r['slots']})",
+                r["method"],
+                f"{r['maxvio_even']:.2g}" if r["maxvio_even"] < 0.01 else f"{r['maxvio_even']:.4f}",
+                f"{r['maxvio_lp']:.2g}" if r["maxvio_lp"] < 0.01 else f"{r['maxvio_lp']:.4f}",
+                f"{r['bound_maxvio']:.2g}" if "bound_maxvio" in r else "-",
+                f"{r['gap']:.2g}" if "gap" in r else "-",
+                f"{r['wall_s']:.3f}",
+                f"{r['algorithm_s']:.3f}" if r.get("algorithm_s") is not None else "-",
+            ]
+        )
+    moves = [
+        [
+            r["calibration"],
+            f"{r['gpus']} × ({r['slots']})",
+            r["moves_from_eplb"]["full_plan"],
+            r["moves_from_eplb"]["to_tenth_of_eplb"],
+            f"{r['moves_from_eplb']['maxvio_at_tenth']:.4f}",
+            r["moves_from_eplb"]["slots"],
+        ]
+        for r in rows
+        if "moves_from_eplb" in r
+    ]
     ratio = []
     for r in rows:
         if r["method"] not in ("balance", "balance-shrink"):
             continue
-        e = next((x for x in rows if x["method"] == "eplb-global" and all(
-            x[k] == r[k] for k in ("workload", "calibration", "evaluation", "gpus"))), None)
+        e = next(
+            (
+                x
+                for x in rows
+                if x["method"] == "eplb-global"
+                and all(x[k] == r[k] for k in ("workload", "calibration", "evaluation", "gpus"))
+            ),
+            None,
+        )
         if e is not None and e["maxvio_even"] > 0:
-            ratio.append([r["method"], r["workload"], f"{r['calibration']} → {r['evaluation']}",
-                          f"{r['gpus']} × ({r['slots']})",
-                          f"{r['maxvio_even'] / e['maxvio_even']:.3f}",
-                          f"{r['maxvio_lp'] / e['maxvio_lp']:.3f}" if e["maxvio_lp"] > 0 else "-",
-                          f"{r['wall_s'] / e['wall_s']:.2f}" if e["wall_s"] > 0 else "-",
-                          f"{r['algorithm_s'] / e['algorithm_s']:.2f}" if r.get("algorithm_s") and e.get("algorithm_s")
-                          else "-"])
-    return "\n".join([
-        "# Balance benchmark (`python benchmarks/balance.py`)",
-        "",
-        f"Machine: {info['machine']['processor']}, {info['machine']['cpus']} CPUs, Python "
-        f"{info['machine']['python']}; commit {info['machine']['git_commit']}; run time {info['wall_s']:.0f} s.",
-        "MaxVio = largest GPU load / mean − 1, mean over layers, on the evaluation loads. `even`: every copy "
-        "serves 1/c of its expert (EPLB's model); `lp`: per batch, the best split over the copies. `bound`: the "
-        "balance lower bound on MaxVio for every plan in these slots under even dispatch (in sample); `gap`: "
-        "MaxVio − bound, absolute.",
-        "",
-        tabulate(body, headers=head, tablefmt="github"),
-        "",
-        "## balance / EPLB global (lower is better)",
-        "",
-        tabulate(ratio, headers=["method", "workload", "calibration → evaluation", "GPUs × slots", "MaxVio even",
-                                 "MaxVio lp", "wall time", "algorithm time"], tablefmt="github"),
-        "",
-        "## Expert weights moved from the EPLB plan (all layers)",
-        "",
-        tabulate(moves, headers=["loads", "GPUs × slots", "full balance plan", "to a tenth of EPLB's MaxVio",
-                                 "MaxVio reached", "slots in all"], tablefmt="github"),
-        "",
-    ])
+            ratio.append(
+                [
+                    r["method"],
+                    r["workload"],
+                    f"{r['calibration']} → {r['evaluation']}",
+                    f"{r['gpus']} × ({r['slots']})",
+                    f"{r['maxvio_even'] / e['maxvio_even']:.3f}",
+                    f"{r['maxvio_lp'] / e['maxvio_lp']:.3f}" if e["maxvio_lp"] > 0 else "-",
+                    f"{r['wall_s'] / e['wall_s']:.2f}" if e["wall_s"] > 0 else "-",
+                    f"{r['algorithm_s'] / e['algorithm_s']:.2f}"
+                    if r.get("algorithm_s") and e.get("algorithm_s")
+                    else "-",
+                ]
+            )
+    return "\n".join(
+        [
+            "# Balance benchmark (`python benchmarks/balance.py`)",
+            "",
+            f"Machine: {info['machine']['processor']}, {info['machine']['cpus']} CPUs, Python "
+            f"{info['machine']['python']}; commit {info['machine']['git_commit']}; run time {info['wall_s']:.0f} s.",
+            "MaxVio = largest GPU load / mean − 1, mean over layers, on the evaluation loads. `even`: every copy "
+            "serves 1/c of its expert (EPLB's model); `lp`: per batch, the best split over the copies. `bound`: the "
+            "balance lower bound on MaxVio for every plan in these slots under even dispatch (in sample); `gap`: "
+            "MaxVio − bound, absolute.",
+            "",
+            tabulate(body, headers=head, tablefmt="github"),
+            "",
+            "## balance / EPLB global (lower is better)",
+            "",
+            tabulate(
+                ratio,
+                headers=[
+                    "method",
+                    "workload",
+                    "calibration → evaluation",
+                    "GPUs × slots",
+                    "MaxVio even",
+                    "MaxVio lp",
+                    "wall time",
+                    "algorithm time",
+                ],
+                tablefmt="github",
+            ),
+            "",
+            "## Expert weights moved from the EPLB plan (all layers)",
+            "",
+            tabulate(
+                moves,
+                headers=[
+                    "loads",
+                    "GPUs × slots",
+                    "full balance plan",
+                    "to a tenth of EPLB's MaxVio",
+                    "MaxVio reached",
+                    "slots in all",
+                ],
+                tablefmt="github",
+            ),
+            "",
+        ]
+    )
 
 
 def plot(per_layer: dict, path: Path) -> None:

@@ -58,8 +58,15 @@ REAL = ROOT.parent / "shared" / "data" / "real"
 REAL_COPY = ROOT / "instances" / "real"
 CELLS = [(32, 8), (64, 4), (64, 8), (64, 16), (128, 16), (128, 64), (256, 16), (256, 64)]
 #: the "Done when" targets of issue 12: gap at most this within 60 s
-TARGETS = {(64, 4): 0.03, (64, 8): 0.03, (64, 16): 0.03, (128, 16): 0.05, (128, 64): 0.05, (256, 16): 0.05,
-           (256, 64): 0.05}
+TARGETS = {
+    (64, 4): 0.03,
+    (64, 8): 0.03,
+    (64, 16): 0.03,
+    (128, 16): 0.05,
+    (128, 64): 0.05,
+    (256, 16): 0.05,
+    (256, 64): 0.05,
+}
 KINDS = ("synthetic", "count-sampled")
 TOKENS = 8192
 
@@ -80,8 +87,9 @@ def layer(kind: str, experts: int) -> tuple[np.ndarray, np.ndarray, str]:
         st = synthesize(spec).stats()
         return st.affinity[0], st.global_usage[0], f"synthetic E={experts} top-4"
     if experts <= 64:
-        stats = read_workload_file(_real_path("olmoe_mixtral_domain_expert_counts.npz"), format="olmoe-domains",
-                                   select="olmoe")
+        stats = read_workload_file(
+            _real_path("olmoe_mixtral_domain_expert_counts.npz"), format="olmoe-domains", select="olmoe"
+        )
         lay, src = 1, "OLMoE layer 7"
     else:
         counts = read_workload_file(_real_path("deepseek_v3_prefill_in1024.json"), top_k=8)
@@ -111,8 +119,16 @@ def run_cell(kind: str, E: int, G: int, limit: float) -> dict[str, Any]:
     start, _ = heuristic_home(g, AgnosticParams(), np.random.default_rng(0), deadline=t0 + min(10.0, 0.1 * limit))
     start_time = time.perf_counter() - t0
     start_value = g.objective(start)
-    row: dict[str, Any] = {"kind": kind, "E": E, "G": G, "cap": g.cap, "instance": desc,
-                           "load_limit_share": g.load_limit * G, "agnostic": start_value, "agnostic_time": start_time}
+    row: dict[str, Any] = {
+        "kind": kind,
+        "E": E,
+        "G": G,
+        "cap": g.cap,
+        "instance": desc,
+        "load_limit_share": g.load_limit * G,
+        "agnostic": start_value,
+        "agnostic_time": start_time,
+    }
     t0 = time.perf_counter()
     cheap, name = grouping_bound(g)
     row["lagrangian"] = {"bound": cheap, "kind": name, "time": time.perf_counter() - t0}
@@ -121,12 +137,23 @@ def run_cell(kind: str, E: int, G: int, limit: float) -> dict[str, Any]:
     say(f"  cpsat: {row['cpsat']}")
     t0 = time.perf_counter()
     cg = column_generation(g, limit, start_home=start, seed=0)
-    row["colgen"] = {"bound": cg.bound, "objective": cg.objective, "time": time.perf_counter() - t0,
-                     "proven": cg.proven, "lp_value": cg.lp_value, "columns": cg.columns, "iterations": cg.iterations,
-                     "termination": cg.termination.value, "bound_kind": cg.bound_kind,
-                     "history": [list(h) for h in cg.history], "info": cg.info}
-    say(f"  colgen: bound {cg.bound:.6g} plan {cg.objective:.6g} {row['colgen']['time']:.1f} s proven {cg.proven}"
-        f" columns {cg.columns} iterations {cg.iterations}")
+    row["colgen"] = {
+        "bound": cg.bound,
+        "objective": cg.objective,
+        "time": time.perf_counter() - t0,
+        "proven": cg.proven,
+        "lp_value": cg.lp_value,
+        "columns": cg.columns,
+        "iterations": cg.iterations,
+        "termination": cg.termination.value,
+        "bound_kind": cg.bound_kind,
+        "history": [list(h) for h in cg.history],
+        "info": cg.info,
+    }
+    say(
+        f"  colgen: bound {cg.bound:.6g} plan {cg.objective:.6g} {row['colgen']['time']:.1f} s proven {cg.proven}"
+        f" columns {cg.columns} iterations {cg.iterations}"
+    )
     best = max(v for v in (start_value, row["cpsat"].get("objective"), cg.objective) if v is not None)
     row["best_plan"] = best
     for m in ("lagrangian", "cpsat", "colgen"):
@@ -145,8 +172,13 @@ def run_cpsat(g: Grouping, start: np.ndarray, limit: float, cheap: float) -> dic
         return {"status": "refused", "reason": str(exc)[:200], "time": time.perf_counter() - t0}
     plan = out.home if out.home is not None and g.feasible(out.home) else None
     bound = cheap if out.bound is None else min(cheap, out.bound)
-    return {"status": out.status.value, "bound": bound, "solver_bound": out.bound,
-            "objective": None if plan is None else g.objective(plan), "time": time.perf_counter() - t0}
+    return {
+        "status": out.status.value,
+        "bound": bound,
+        "solver_bound": out.bound,
+        "objective": None if plan is None else g.objective(plan),
+        "time": time.perf_counter() - t0,
+    }
 
 
 def fmt(v: Any, digits: int = 4) -> str:
@@ -162,31 +194,57 @@ def pct(v: float | None) -> str:
 
 
 def markdown(res: dict) -> str:
-    head = ["kind", "E", "G", "cap", "best plan", "lagrangian gap", "cpsat gap", "colgen gap", "colgen time",
-            "LP proven", "target", "met"]
+    head = [
+        "kind",
+        "E",
+        "G",
+        "cap",
+        "best plan",
+        "lagrangian gap",
+        "cpsat gap",
+        "colgen gap",
+        "colgen time",
+        "LP proven",
+        "target",
+        "met",
+    ]
     rows = []
     for r in res["cells"]:
         target = TARGETS.get((r["E"], r["G"]))
         cg = r["colgen"]
         met = "-" if target is None else ("yes" if cg["gap"] <= target else "no")
-        rows.append([r["kind"], r["E"], r["G"], r["cap"], fmt(r["best_plan"], 6), pct(r["lagrangian"]["gap"]),
-                     pct(r["cpsat"].get("gap")) if r["cpsat"].get("status") != "refused" else "refused",
-                     pct(cg["gap"]), f"{cg['time']:.1f} s", "yes" if cg["proven"] else "no",
-                     "-" if target is None else f"{100 * target:.0f} %", met])
+        rows.append(
+            [
+                r["kind"],
+                r["E"],
+                r["G"],
+                r["cap"],
+                fmt(r["best_plan"], 6),
+                pct(r["lagrangian"]["gap"]),
+                pct(r["cpsat"].get("gap")) if r["cpsat"].get("status") != "refused" else "refused",
+                pct(cg["gap"]),
+                f"{cg['time']:.1f} s",
+                "yes" if cg["proven"] else "no",
+                "-" if target is None else f"{100 * target:.0f} %",
+                met,
+            ]
+        )
     m = res["info"]["machine"]
-    return "\n".join([
-        "# Grouping certificates: gap of each bound method (issue 12)",
-        "",
-        f"{res['info']['time_limit']:g} s per method and cell; gap = (bound - best plan) / bound, best plan = the "
-        "best of agnostic's plan, CP-SAT's and column generation's restricted master MILP. Machine: "
-        f"{m['cpus']} CPUs ({m['processor']}), Python {m['python']}, load average at start "
-        f"{', '.join(f'{x:.2f}' for x in m['load_average'])}, commit {m['git_commit']}.",
-        "",
-        tabulate(rows, headers=head, tablefmt="github"),
-        "",
-        "Instances: " + "; ".join(sorted({f"{r['kind']} E={r['E']}: {r['instance']}" for r in res["cells"]})) + ".",
-        "",
-    ])
+    return "\n".join(
+        [
+            "# Grouping certificates: gap of each bound method (issue 12)",
+            "",
+            f"{res['info']['time_limit']:g} s per method and cell; gap = (bound - best plan) / bound, best plan = the "
+            "best of agnostic's plan, CP-SAT's and column generation's restricted master MILP. Machine: "
+            f"{m['cpus']} CPUs ({m['processor']}), Python {m['python']}, load average at start "
+            f"{', '.join(f'{x:.2f}' for x in m['load_average'])}, commit {m['git_commit']}.",
+            "",
+            tabulate(rows, headers=head, tablefmt="github"),
+            "",
+            "Instances: " + "; ".join(sorted({f"{r['kind']} E={r['E']}: {r['instance']}" for r in res["cells"]})) + ".",
+            "",
+        ]
+    )
 
 
 def plot(res: dict, path: Path) -> None:

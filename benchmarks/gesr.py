@@ -118,12 +118,20 @@ def score_workloads(
                 bounds = None
                 if certify is None or base_name in certify:
                     bounds = replication_certificate(
-                        base.plan.home, ev.expert_load, cluster.gpus, S,
-                        time_limit=cert_time, hints=plans["gesr"].plan.replicas,
+                        base.plan.home,
+                        ev.expert_load,
+                        cluster.gpus,
+                        S,
+                        time_limit=cert_time,
+                        hints=plans["gesr"].plan.replicas,
                     )
                 row = {
-                    "workload": label, "evaluation": ev_name, "base": base_name,
-                    "replica_slots": S, "base_time_s": base_time, "replication_time_s": rep_time,
+                    "workload": label,
+                    "evaluation": ev_name,
+                    "base": base_name,
+                    "replica_slots": S,
+                    "base_time_s": base_time,
+                    "replication_time_s": rep_time,
                 }
                 row["base_plan"] = metrics_of(base.plan, ev, instance.cluster)
                 for name, res in plans.items():
@@ -168,8 +176,15 @@ def synthetic_suite(names: list[str], log) -> list[dict]:
         evaluations = {"mixed": ev}
         evaluations.update({f: ev.only_family(f) for f in ev.family_names})
         rows += score_workloads(
-            name, inst, wl.calibration, evaluations, bases, cert_time=1.0, certify=bases[:1],
-            budgets={"agnostic": (1,)}, log=log,
+            name,
+            inst,
+            wl.calibration,
+            evaluations,
+            bases,
+            cert_time=1.0,
+            certify=bases[:1],
+            budgets={"agnostic": (1,)},
+            log=log,
         )
     return rows
 
@@ -194,8 +209,14 @@ def deepseek_suite(log, tokens: int) -> list[dict]:
         inst = count_instance(f"deepseek-v3-{calib}", stats[calib])
         sampled = trace_from_counts(stats[evalu], tokens=tokens, steps=16, seed=1)
         rows += score_workloads(
-            f"deepseek-v3 {calib}->{evalu}", inst, stats[calib], {evalu: stats[evalu]}, ["greedy"],
-            guard_traces={evalu: sampled}, cert_time=0.3, log=log,
+            f"deepseek-v3 {calib}->{evalu}",
+            inst,
+            stats[calib],
+            {evalu: stats[evalu]},
+            ["greedy"],
+            guard_traces={evalu: sampled},
+            cert_time=0.3,
+            log=log,
         )
     return rows
 
@@ -246,9 +267,12 @@ def summary(rows: list[dict]) -> dict:
                 if r["base"] != base or r["evaluation"] == "mixed" or r["replica_slots"] != 1:
                     continue
                 mixed = next(
-                    m for m in syn
-                    if m["workload"] == r["workload"] and m["base"] == base
-                    and m["evaluation"] == "mixed" and m["replica_slots"] == 1
+                    m
+                    for m in syn
+                    if m["workload"] == r["workload"]
+                    and m["base"] == base
+                    and m["evaluation"] == "mixed"
+                    and m["replica_slots"] == 1
                 )
                 vals.append((r["workload"], r["evaluation"], r[name]["maxvio"], mixed[name]["maxvio"]))
             if vals:
@@ -282,41 +306,70 @@ def markdown(rows: list[dict], info: dict) -> str:
         "bounds its distance from the best possible.",
         "",
     ]
-    header = ["workload", "eval", "base", "slots", "MaxVio base", "+GESR", "+GESR tuned", "+hottest",
-              "+random", "optimum", "Jain base/GESR/tuned/hottest", "comm base/GESR/tuned/hottest"]
+    header = [
+        "workload",
+        "eval",
+        "base",
+        "slots",
+        "MaxVio base",
+        "+GESR",
+        "+GESR tuned",
+        "+hottest",
+        "+random",
+        "optimum",
+        "Jain base/GESR/tuned/hottest",
+        "comm base/GESR/tuned/hottest",
+    ]
     shown = ("base_plan", "gesr", "gesr-tuned", "hottest-replication")
     table = []
     for r in rows:
         comm = [r[n]["comm_per_token"] for n in shown]
         c = r["certificate"]
-        table.append([
-            r["workload"], r["evaluation"], r["base"], r["replica_slots"],
-            *(f"{r[n]['maxvio']:.4f}" for n in ("base_plan", *REPLICATION)),
-            "-" if c is None else f"[{c['bound_maxvio']:.3f}, {_fmt(c['best_maxvio'])}] {c['status']}",
-            "/".join(f"{r[n]['jain']:.4f}" for n in shown),
-            "-" if comm[0] is None else "/".join(f"{v:.3f}" for v in comm),
-        ])
+        table.append(
+            [
+                r["workload"],
+                r["evaluation"],
+                r["base"],
+                r["replica_slots"],
+                *(f"{r[n]['maxvio']:.4f}" for n in ("base_plan", *REPLICATION)),
+                "-" if c is None else f"[{c['bound_maxvio']:.3f}, {_fmt(c['best_maxvio'])}] {c['status']}",
+                "/".join(f"{r[n]['jain']:.4f}" for n in shown),
+                "-" if comm[0] is None else "/".join(f"{v:.3f}" for v in comm),
+            ]
+        )
     lines.append(tabulate(table, headers=header, tablefmt="github"))
     guard_rows = [r for r in rows if "guard_sampled" in r["gesr"]]
     if guard_rows:
         lines += ["", "## Count-only workloads: guard measured on count-sampled traces", ""]
         t2 = []
         for r in guard_rows:
-            t2.append([r["workload"], r["replica_slots"]] + [
-                f"{r[n]['guard_sampled']['maxvio']:.4f} / {r[n]['guard_sampled']['comm_per_token']:.3f}"
-                for n in ("base_plan", *REPLICATION)
-            ])
-        lines.append(tabulate(t2, headers=["workload", "slots", "base", "+GESR", "+GESR tuned", "+hottest", "+random"],
-                              tablefmt="github"))
+            t2.append(
+                [r["workload"], r["replica_slots"]]
+                + [
+                    f"{r[n]['guard_sampled']['maxvio']:.4f} / {r[n]['guard_sampled']['comm_per_token']:.3f}"
+                    for n in ("base_plan", *REPLICATION)
+                ]
+            )
+        lines.append(
+            tabulate(
+                t2,
+                headers=["workload", "slots", "base", "+GESR", "+GESR tuned", "+hottest", "+random"],
+                tablefmt="github",
+            )
+        )
         lines.append("")
         lines.append("(MaxVio / remote GPUs per token on a count-sampled trace; coactivation there has no structure.)")
     s = info["summary"]
     lines += ["", "## The paper's points", ""]
     for key, val in s.items():
         if key.startswith("slots"):
-            lines.append(f"- {key}: " + "; ".join(
-                f"{n}: Jain {v['jain']:.4f}, MaxVio {v['maxvio']:.4f}, comm {v['comm_per_token']:.3f}"
-                for n, v in val.items()))
+            lines.append(
+                f"- {key}: "
+                + "; ".join(
+                    f"{n}: Jain {v['jain']:.4f}, MaxVio {v['maxvio']:.4f}, comm {v['comm_per_token']:.3f}"
+                    for n, v in val.items()
+                )
+            )
     for key, val in s.get("ood_maxvio_ratio_slots1", {}).items():
         lines.append(
             f"- OOD (single-family) MaxVio, {key}, 1 slot: mean {val['mean_ood_maxvio']:.4f}, "

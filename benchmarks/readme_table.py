@@ -123,8 +123,9 @@ def _scale_rows(results: Path) -> list[tuple[str, str, str, str]]:
         f"`--workers 2`: {whole} on the whole model, {paired} median of paired runs; start-up: process pool "
         f"{start['pool_start_s']:.1f} s, local Ray {start['ray_init_s']:.1f} s, serial none"
     )
-    return [("Scaling out", f"DeepSeek-V3 size ({d['info']['layers']} layers × 256 experts), {cpus} cores", result,
-             "scale")]
+    return [
+        ("Scaling out", f"DeepSeek-V3 size ({d['info']['layers']} layers × 256 experts), {cpus} cores", result, "scale")
+    ]
 
 
 SECTIONS: tuple[Callable[[Path], list[tuple[str, str, str, str]]], ...] = (

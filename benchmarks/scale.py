@@ -159,11 +159,22 @@ def whole_model(layers: int, methods: list[str], start: dict, log) -> tuple[list
             cpu = float(sum(r.stats.get("layer_cpu_times", [np.nan])))
             if layerwise and ex_label == "serial":
                 per_layer[label] = layer_times
-            rows.append({"method": label, "executor": ex_label, "wall_s": wall, "solve_s": r.wall_time,
-                         "layer_sum_s": float(sum(layer_times)), "layer_cpu_s": cpu, "objective": r.objective,
-                         "payload_kib": kib, "status": r.status.value, "layerwise": layerwise})
+            rows.append(
+                {
+                    "method": label,
+                    "executor": ex_label,
+                    "wall_s": wall,
+                    "solve_s": r.wall_time,
+                    "layer_sum_s": float(sum(layer_times)),
+                    "layer_cpu_s": cpu,
+                    "objective": r.objective,
+                    "payload_kib": kib,
+                    "status": r.status.value,
+                    "layerwise": layerwise,
+                }
+            )
             log(f"{label:8s} {ex_label:20s} wall {wall:8.2f} s (layers {sum(layer_times):8.2f} s)")
-        for row in rows[-len(runs):]:
+        for row in rows[-len(runs) :]:
             row["same_plan_as_serial"] = len(digests) == 1
     return rows, per_layer
 
@@ -211,13 +222,23 @@ def paired_speedup(methods: list[str], layers: int, reps: int, log) -> list[dict
                 (serial_cpu if kind == "serial" else pooled_cpu).append(cpu)
         capacity.append(cpu_parallelism())
         ratios = [s / p for s, p in zip(serial, pooled, strict=True)]
-        row = {"method": label, "layers": layers, "serial_s": serial, "2_workers_s": pooled,
-               "serial_cpu_s": serial_cpu, "2_workers_cpu_s": pooled_cpu, "speedups": ratios,
-               "median_speedup": float(np.median(ratios)), "best_speedup": float(max(ratios)),
-               "cpus_available": capacity}
+        row = {
+            "method": label,
+            "layers": layers,
+            "serial_s": serial,
+            "2_workers_s": pooled,
+            "serial_cpu_s": serial_cpu,
+            "2_workers_cpu_s": pooled_cpu,
+            "speedups": ratios,
+            "median_speedup": float(np.median(ratios)),
+            "best_speedup": float(max(ratios)),
+            "cpus_available": capacity,
+        }
         out.append(row)
-        log(f"paired {label}: serial {np.round(serial, 1).tolist()} s, 2 workers {np.round(pooled, 1).tolist()} s, "
-            f"speed-up median {row['median_speedup']:.2f}x; CPUs available {np.round(capacity, 2).tolist()}")
+        log(
+            f"paired {label}: serial {np.round(serial, 1).tolist()} s, 2 workers {np.round(pooled, 1).tolist()} s, "
+            f"speed-up median {row['median_speedup']:.2f}x; CPUs available {np.round(capacity, 2).tolist()}"
+        )
     return out
 
 
@@ -240,8 +261,10 @@ def one_layer_costs(methods: list[str], quick: bool, log) -> list[dict]:
             _, r = timed_solve(inst, wl, method, params)
             row[label] = float(sum(r.stats.get("layer_wall_times", [r.wall_time])))
         out.append(row)
-        log(f"one layer E={E:4d} tokens={tokens:8d}: " + ", ".join(f"{k} {v:.3f} s" for k, v in row.items()
-                                                                     if k not in ("experts", "tokens")))
+        log(
+            f"one layer E={E:4d} tokens={tokens:8d}: "
+            + ", ".join(f"{k} {v:.3f} s" for k, v in row.items() if k not in ("experts", "tokens"))
+        )
     return out
 
 
@@ -264,8 +287,13 @@ def cluster_estimate(per_layer: dict, rows: list[dict], start: dict) -> list[dic
         # start and stop excluded: worker start-up, shipping, scheduling, scoring
         boot = start.get("ray_init_s", 0.0) + start.get("ray_shutdown_s", 0.0)
         overhead = (ray_row["wall_s"] - boot - ray_row["layer_sum_s"] / 2) if ray_row else 0.0
-        row = {"method": label, "serial_s": serial_row["wall_s"], "2_workers_s": pool_row["wall_s"],
-               "ray_overhead_s": max(overhead, 0.0), "slowest_layer_s": max(times)}
+        row = {
+            "method": label,
+            "serial_s": serial_row["wall_s"],
+            "2_workers_s": pool_row["wall_s"],
+            "ray_overhead_s": max(overhead, 0.0),
+            "slowest_layer_s": max(times),
+        }
         for c in CLUSTER_CPUS:
             row[f"16x{c}_cpus_s"] = makespan(times, CLUSTER_NODES * c) + max(overhead, 0.0)
         out.append(row)
@@ -309,15 +337,32 @@ def markdown(rows, start, sweep, estimate, methods, info, paired) -> str:
         serial = next(r for r in rows if r["method"] == label and r["executor"].startswith("serial"))["wall_s"]
         for r in rows:
             if r["method"] == label:
-                speed.append([label, r["executor"], f"{r['wall_s']:.2f}", f"{r['layer_sum_s']:.2f}",
-                              _fmt_cpu(r["layer_cpu_s"]),
-                              f"{serial / r['wall_s']:.2f}x", "yes" if r["same_plan_as_serial"] else "NO",
-                              "-" if r["payload_kib"] is None else f"{r['payload_kib']:.0f}"])
-    sweep_rows = [[r["experts"], f"{r['tokens']:,}", f"{r['stats_s']:.3f}", *(f"{r[m]:.3f}" for m in methods)]
-                  for r in sweep]
-    est_rows = [[e["method"], f"{e['serial_s']:.1f}", f"{e['2_workers_s']:.1f}", f"{e['slowest_layer_s']:.2f}",
-                 f"{e['ray_overhead_s']:.1f}", *(f"{e[f'16x{c}_cpus_s']:.1f}" for c in CLUSTER_CPUS)]
-                for e in estimate]
+                speed.append(
+                    [
+                        label,
+                        r["executor"],
+                        f"{r['wall_s']:.2f}",
+                        f"{r['layer_sum_s']:.2f}",
+                        _fmt_cpu(r["layer_cpu_s"]),
+                        f"{serial / r['wall_s']:.2f}x",
+                        "yes" if r["same_plan_as_serial"] else "NO",
+                        "-" if r["payload_kib"] is None else f"{r['payload_kib']:.0f}",
+                    ]
+                )
+    sweep_rows = [
+        [r["experts"], f"{r['tokens']:,}", f"{r['stats_s']:.3f}", *(f"{r[m]:.3f}" for m in methods)] for r in sweep
+    ]
+    est_rows = [
+        [
+            e["method"],
+            f"{e['serial_s']:.1f}",
+            f"{e['2_workers_s']:.1f}",
+            f"{e['slowest_layer_s']:.2f}",
+            f"{e['ray_overhead_s']:.1f}",
+            *(f"{e[f'16x{c}_cpus_s']:.1f}" for c in CLUSTER_CPUS),
+        ]
+        for e in estimate
+    ]
     m = info["machine"]
     lines = [
         "# Scale-out benchmark",
@@ -337,9 +382,20 @@ def markdown(rows, start, sweep, estimate, methods, info, paired) -> str:
         "all layers in one batched pass (it does not split per layer): it runs serially whatever "
         "the executor, with a one-line note.",
         "",
-        tabulate(speed, headers=["method", "executor", "wall (s)", "layer sum (s)", "layer CPU (s)", "speed-up",
-                                 "same plan",
-                                 "payload (KiB)"], tablefmt="github"),
+        tabulate(
+            speed,
+            headers=[
+                "method",
+                "executor",
+                "wall (s)",
+                "layer sum (s)",
+                "layer CPU (s)",
+                "speed-up",
+                "same plan",
+                "payload (KiB)",
+            ],
+            tablefmt="github",
+        ),
         "",
         "Paired runs (the speed-up to read on a shared machine): serial and `workers=2` alternated "
         f"{PAIRED_REPS} times on the first {paired[0]['layers'] if paired else PAIRED_LAYERS} layers; "
@@ -347,19 +403,38 @@ def markdown(rows, start, sweep, estimate, methods, info, paired) -> str:
         "what two busy processes got done over one, just before and after (2.00 on an idle "
         "2-core machine): no executor beats it.",
         "",
-        tabulate([[p["method"], " / ".join(f"{x:.1f}" for x in p["serial_s"]),
-                   " / ".join(f"{x:.1f}" for x in p["2_workers_s"]),
-                   " / ".join(f"{x:.2f}x" for x in p["speedups"]), f"{p['median_speedup']:.2f}x",
-                   f"{np.mean(p['serial_cpu_s']):.1f} / {np.mean(p['2_workers_cpu_s']):.1f}",
-                   " / ".join(f"{x:.2f}" for x in p.get("cpus_available", []))] for p in paired],
-                 headers=["method", "serial (s)", "2 workers (s)", "speed-up per pair", "median",
-                          "CPU s (serial / 2w)", "CPUs available (before / after)"],
-                 tablefmt="github"),
+        tabulate(
+            [
+                [
+                    p["method"],
+                    " / ".join(f"{x:.1f}" for x in p["serial_s"]),
+                    " / ".join(f"{x:.1f}" for x in p["2_workers_s"]),
+                    " / ".join(f"{x:.2f}x" for x in p["speedups"]),
+                    f"{p['median_speedup']:.2f}x",
+                    f"{np.mean(p['serial_cpu_s']):.1f} / {np.mean(p['2_workers_cpu_s']):.1f}",
+                    " / ".join(f"{x:.2f}" for x in p.get("cpus_available", [])),
+                ]
+                for p in paired
+            ],
+            headers=[
+                "method",
+                "serial (s)",
+                "2 workers (s)",
+                "speed-up per pair",
+                "median",
+                "CPU s (serial / 2w)",
+                "CPUs available (before / after)",
+            ],
+            tablefmt="github",
+        ),
         "",
         f"Start-up: a process pool of 2 workers {start.get('pool_start_s', 0):.2f} s (fork server with moeopt "
         "preloaded, once per process); a local Ray "
-        + (f"{start['ray_init_s']:.1f} s to start and {start['ray_shutdown_s']:.1f} s to stop"
-           if "ray_init_s" in start else "(not installed)")
+        + (
+            f"{start['ray_init_s']:.1f} s to start and {start['ray_shutdown_s']:.1f} s to stop"
+            if "ray_init_s" in start
+            else "(not installed)"
+        )
         + "; serial: none.",
         "",
         "## One layer: cost vs experts and tokens",
@@ -376,8 +451,18 @@ def markdown(rows, start, sweep, estimate, methods, info, paired) -> str:
         "half its layers' summed times: worker start-up, shipping, scheduling, scoring). Assumes nodes as fast as this "
         "machine and a cluster already running (`ray.init(address=...)` then only connects).",
         "",
-        tabulate(est_rows, headers=["method", "serial (s)", "2 workers (s)", "slowest layer (s)", "Ray overhead (s)",
-                                    *(f"16 x {c} CPUs (s)" for c in CLUSTER_CPUS)], tablefmt="github"),
+        tabulate(
+            est_rows,
+            headers=[
+                "method",
+                "serial (s)",
+                "2 workers (s)",
+                "slowest layer (s)",
+                "Ray overhead (s)",
+                *(f"16 x {c} CPUs (s)" for c in CLUSTER_CPUS),
+            ],
+            tablefmt="github",
+        ),
         "",
     ]
     return "\n".join(lines)
@@ -388,8 +473,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: 6 layers, small sweeps")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     ap.add_argument("--quiet", action="store_true")
-    ap.add_argument("--paired-only", action="store_true",
-                    help="redo only the paired runs (e.g. on a quieter machine), keep the rest of scale.json")
+    ap.add_argument(
+        "--paired-only",
+        action="store_true",
+        help="redo only the paired runs (e.g. on a quieter machine), keep the rest of scale.json",
+    )
     args = ap.parse_args()
     log = (lambda *_: None) if args.quiet else (lambda *a: print(*a, flush=True))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -404,9 +492,18 @@ def main() -> int:
         old["cluster_estimate"] = cluster_estimate(old["per_layer_serial_s"], old["whole_model"], old["startup"])
         old["info"]["machine"]["load_average_paired"] = list(os.getloadavg())
         write_json(OUT / "scale.json", old)
-        write_text(OUT / "scale.md", markdown(old["whole_model"], old["startup"], old["one_layer"],
-                                              old["cluster_estimate"], list(old["info"]["methods"]), old["info"],
-                                              paired))
+        write_text(
+            OUT / "scale.md",
+            markdown(
+                old["whole_model"],
+                old["startup"],
+                old["one_layer"],
+                old["cluster_estimate"],
+                list(old["info"]["methods"]),
+                old["info"],
+                paired,
+            ),
+        )
         log(f"rewrote {OUT / 'scale.json'} and scale.md with new paired runs")
         return 0
     layers = 6 if args.quick else 58
@@ -424,9 +521,18 @@ def main() -> int:
     info["wall_s"] = time.perf_counter() - t0
     info["machine"]["load_average_end"] = list(os.getloadavg())
     stem = "scale-quick" if args.quick else "scale"
-    write_json(OUT / f"{stem}.json", {"info": info, "whole_model": rows, "startup": start,
-                                      "per_layer_serial_s": per_layer, "one_layer": sweep, "paired": paired,
-                                      "cluster_estimate": estimate})
+    write_json(
+        OUT / f"{stem}.json",
+        {
+            "info": info,
+            "whole_model": rows,
+            "startup": start,
+            "per_layer_serial_s": per_layer,
+            "one_layer": sweep,
+            "paired": paired,
+            "cluster_estimate": estimate,
+        },
+    )
     write_text(OUT / f"{stem}.md", markdown(rows, start, sweep, estimate, methods, info, paired))
     plot(sweep, methods, OUT / f"{stem}.png")
     log(f"wrote {OUT / stem}.json, .md, .png ({info['wall_s']:.0f} s)")

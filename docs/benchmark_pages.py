@@ -217,8 +217,15 @@ def render_crosslayer(d: dict) -> str:
 
 # --------------------------------------------------------------------------- certificates
 #: The gap targets of the certificates issue, per (E, G).
-CERTIFICATE_TARGETS = {(64, 4): 0.03, (64, 8): 0.03, (64, 16): 0.03, (128, 16): 0.05, (128, 64): 0.05,
-                       (256, 16): 0.05, (256, 64): 0.05}
+CERTIFICATE_TARGETS = {
+    (64, 4): 0.03,
+    (64, 8): 0.03,
+    (64, 16): 0.03,
+    (128, 16): 0.05,
+    (128, 64): 0.05,
+    (256, 16): 0.05,
+    (256, 64): 0.05,
+}
 
 
 def render_certificates(d: dict) -> str:
@@ -238,11 +245,32 @@ def render_certificates(d: dict) -> str:
         target = CERTIFICATE_TARGETS.get((c["E"], c["G"]))
         cg = c.get("colgen") or {}
         met = "-" if target is None or cg.get("gap") is None else ("yes" if cg["gap"] <= target else "no")
-        body.append([c["kind"], str(c["E"]), str(c["G"]), str(c["cap"]), gap(c.get("lagrangian")),
-                     gap(c.get("cpsat")), gap(cg), num(cg.get("time"), 1),
-                     "-" if target is None else f"{100 * target:.0f} %", met])
-    heads = ["instance", "E", "G", "slots / GPU", "Lagrangian gap", "CP-SAT gap", "column generation gap",
-             "column generation (s)", "target", "met"]
+        body.append(
+            [
+                c["kind"],
+                str(c["E"]),
+                str(c["G"]),
+                str(c["cap"]),
+                gap(c.get("lagrangian")),
+                gap(c.get("cpsat")),
+                gap(cg),
+                num(cg.get("time"), 1),
+                "-" if target is None else f"{100 * target:.0f} %",
+                met,
+            ]
+        )
+    heads = [
+        "instance",
+        "E",
+        "G",
+        "slots / GPU",
+        "Lagrangian gap",
+        "CP-SAT gap",
+        "column generation gap",
+        "column generation (s)",
+        "target",
+        "met",
+    ]
     out.append(table(body, heads))
     return "\n".join(out)
 

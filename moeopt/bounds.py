@@ -60,7 +60,7 @@ def star_bound(problem: Grouping, multipliers: int = 24) -> float:
     if problem.limited and multipliers > 0 and partners > 0:
         room = np.maximum(problem.load_limit - w, 0.0)
         pos = w > 0
-        ratios = (W[:, pos] / w[pos][None, :])
+        ratios = W[:, pos] / w[pos][None, :]
         ratios = ratios[ratios > 0]
         if len(ratios):
             mu = np.unique(np.quantile(ratios, np.linspace(0.0, 1.0, multipliers)))

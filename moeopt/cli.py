@@ -331,14 +331,24 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         raise MoeoptError(f"--eps: every value must be >= 0, got {args.eps!r}")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     log = console.progress_line if console.progress() else None
-    points = fr.frontier(inst, methods=methods, eps=eps, time_limit=args.time_limit, seed=args.seed, log=log,
-                         workers=args.workers, ray=args.ray)
+    points = fr.frontier(
+        inst,
+        methods=methods,
+        eps=eps,
+        time_limit=args.time_limit,
+        seed=args.seed,
+        log=log,
+        workers=args.workers,
+        ray=args.ray,
+    )
     out = Path(args.output_dir) if args.output_dir else None
     stem = args.name or inst.name
     md = f"# Frontier: {inst.name}\n\n" + fr.table(points) + "\n"
     if out is not None:
-        write_json(out / f"{stem}.json", {"instance": inst.name, "eps": eps, "methods": methods,
-                                          "points": [p.to_json() for p in points]})
+        write_json(
+            out / f"{stem}.json",
+            {"instance": inst.name, "eps": eps, "methods": methods, "points": [p.to_json() for p in points]},
+        )
         write_text(out / f"{stem}.md", md)
         fr.plot(points, out / f"{stem}.png", title=inst.name)
     print(fr.table(points))
@@ -833,9 +843,11 @@ def build_parser() -> argparse.ArgumentParser:
     ti.add_argument("--quiet", action="store_true")
     ti.set_defaults(func=cmd_trace_import)
     # the nested trace commands, listed under the top-level help too (from their parsers)
-    p.epilog = "trace commands:\n" + "\n".join(
-        f"  trace {a.dest:<8}{a.help}" for a in tsub._choices_actions
-    ) + "\n\nEach command: moeopt COMMAND --help."
+    p.epilog = (
+        "trace commands:\n"
+        + "\n".join(f"  trace {a.dest:<8}{a.help}" for a in tsub._choices_actions)
+        + "\n\nEach command: moeopt COMMAND --help."
+    )
 
     engines = ("sglang", "eplb", "vllm-ascend")
     x = sub.add_parser("export", help="write a plan for a serving engine (SGLang, DeepSeek EPLB, vLLM-Ascend)")

@@ -191,7 +191,11 @@ def _local_search(problem: Grouping, pi: np.ndarray, member: np.ndarray, rounds:
 
 
 def price_heuristic(
-    problem: Grouping, pi: np.ndarray, *, rounds: int = 60, seeds: np.ndarray | None = None,
+    problem: Grouping,
+    pi: np.ndarray,
+    *,
+    rounds: int = 60,
+    seeds: np.ndarray | None = None,
     extra: list[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Groups of high ``v(S) - pi(S)``: greedy growth from every seed expert, then local search.
@@ -289,8 +293,15 @@ def price_enumerate(problem: Grouping, pi: np.ndarray, cand: np.ndarray, keep: i
 
 
 def price_branch_and_bound(
-    problem: Grouping, pi: np.ndarray, cand: np.ndarray, *, threshold: float = 0.0, tolerance: float = 0.0,
-    deadline: float | None = None, keep: int = 20, chunk_elements: int = 4_000_000,
+    problem: Grouping,
+    pi: np.ndarray,
+    cand: np.ndarray,
+    *,
+    threshold: float = 0.0,
+    tolerance: float = 0.0,
+    deadline: float | None = None,
+    keep: int = 20,
+    chunk_elements: int = 4_000_000,
 ) -> Pricing:
     """Exact pricing by enumerating groups in lexicographic order, depth first by chunks, with bounds.
 
@@ -369,8 +380,12 @@ def price_branch_and_bound(
             cut = state["best"] + tolerance - value[part] - rest[part]
             node, f = np.nonzero(score[part] > cut[:, None])
             node = part[node]
-            visit(np.concatenate([sets[node], f[:, None]], axis=1), value[node] + gain[node, f],
-                  gain[node] + Wc[f], load[node] + wc[f])
+            visit(
+                np.concatenate([sets[node], f[:, None]], axis=1),
+                value[node] + gain[node, f],
+                gain[node] + Wc[f],
+                load[node] + wc[f],
+            )
 
     for c in range(0, n, max(1, chunk_elements // (n * n))):
         seeds = index[c : c + max(1, chunk_elements // (n * n))]
@@ -382,8 +397,14 @@ def price_branch_and_bound(
 
 
 def price_cpsat(
-    problem: Grouping, pi: np.ndarray, cand: np.ndarray, *, time_limit: float, hint: np.ndarray | None = None,
-    threads: int = 1, seed: int = 0,
+    problem: Grouping,
+    pi: np.ndarray,
+    cand: np.ndarray,
+    *,
+    time_limit: float,
+    hint: np.ndarray | None = None,
+    threads: int = 1,
+    seed: int = 0,
 ) -> Pricing:
     """Exact pricing with CP-SAT on the candidates: ``x_e`` in S, ``z_ij <= x_i, x_j`` per pair.
 
@@ -451,8 +472,14 @@ def price_cpsat(
 
 
 def price_exact(
-    problem: Grouping, pi: np.ndarray, *, time_limit: float, hint: np.ndarray | None = None, seed: int = 0,
-    threshold: float = 0.0, tolerance: float = 0.0,
+    problem: Grouping,
+    pi: np.ndarray,
+    *,
+    time_limit: float,
+    hint: np.ndarray | None = None,
+    seed: int = 0,
+    threshold: float = 0.0,
+    tolerance: float = 0.0,
 ) -> Pricing:
     """Exact pricing: :func:`price_branch_and_bound`, then CP-SAT on what is left of ``time_limit``
     when the search stops early and groups are larger than 4 (the least upper bound is kept)."""
@@ -463,13 +490,25 @@ def price_exact(
     partners = min(problem.cap, problem.experts) - 1
     potential = top_sum(problem.graph[np.ix_(cand, cand)], partners) - pi[cand]
     cand = cand[np.argsort(-potential, kind="stable")]  # promising experts first: good groups early
-    out = price_branch_and_bound(problem, pi, cand, threshold=threshold, tolerance=tolerance,
-                                 deadline=t0 + (time_limit if problem.cap <= 4 else 0.75 * time_limit))
+    out = price_branch_and_bound(
+        problem,
+        pi,
+        cand,
+        threshold=threshold,
+        tolerance=tolerance,
+        deadline=t0 + (time_limit if problem.cap <= 4 else 0.75 * time_limit),
+    )
     left = time_limit - (time.perf_counter() - t0)
     if out.proven or problem.cap <= 4 or left < 0.5:
         return out
-    sat = price_cpsat(problem, pi, cand, time_limit=left, hint=hint if hint is not None else
-                      (out.groups[0] if out.groups else None), seed=seed)
+    sat = price_cpsat(
+        problem,
+        pi,
+        cand,
+        time_limit=left,
+        hint=hint if hint is not None else (out.groups[0] if out.groups else None),
+        seed=seed,
+    )
     return Pricing(sat.groups + out.groups, min(out.upper, sat.upper), sat.proven, "branch-and-bound+cpsat")
 
 
@@ -495,8 +534,15 @@ class Master:
         self.h.changeObjectiveSense(highspy.ObjSense.kMaximize)
         lower = np.concatenate([np.full(E, 1.0 if partition else -self.inf), [-self.inf]])
         upper = np.concatenate([np.ones(E), [float(problem.groups)]])
-        self.h.addRows(E + 1, lower, upper, 0, np.zeros(E + 1, dtype=np.int32), np.array([], dtype=np.int32),
-                       np.array([], dtype=np.float64))
+        self.h.addRows(
+            E + 1,
+            lower,
+            upper,
+            0,
+            np.zeros(E + 1, dtype=np.int32),
+            np.array([], dtype=np.int32),
+            np.array([], dtype=np.float64),
+        )
         self.groups: list[np.ndarray] = []
         self.values: list[float] = []
         self.keys: set[bytes] = set()
@@ -521,8 +567,16 @@ class Master:
         vals = [group_value(self.problem.graph, s) for s in new]
         starts = np.cumsum([0] + [len(s) + 1 for s in new[:-1]]).astype(np.int32)
         index = np.concatenate([np.append(s, self.problem.experts) for s in new]).astype(np.int32)
-        self.h.addCols(len(new), np.array(vals), np.zeros(len(new)), np.full(len(new), self.inf), len(index),
-                       starts, index, np.ones(len(index)))
+        self.h.addCols(
+            len(new),
+            np.array(vals),
+            np.zeros(len(new)),
+            np.full(len(new), self.inf),
+            len(index),
+            starts,
+            index,
+            np.ones(len(index)),
+        )
         self.groups.extend(new)
         self.values.extend(vals)
         return len(new)
@@ -536,12 +590,20 @@ class Master:
         sol = self.h.getSolution()
         dual = np.asarray(sol.row_dual)
         E = self.problem.experts
-        return (float(self.h.getInfo().objective_function_value), dual[:E].copy(), float(dual[E]),
-                np.asarray(sol.col_value))
+        return (
+            float(self.h.getInfo().objective_function_value),
+            dual[:E].copy(),
+            float(dual[E]),
+            np.asarray(sol.col_value),
+        )
 
 
 def restricted_milp(
-    problem: Grouping, groups: list[np.ndarray], partition: bool, *, time_limit: float,
+    problem: Grouping,
+    groups: list[np.ndarray],
+    partition: bool,
+    *,
+    time_limit: float,
     start: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """Best plan made of the given columns (HiGHS MILP, ``start`` as a warm start); None if none found."""
@@ -557,9 +619,15 @@ def restricted_milp(
     h.setOptionValue("mip_rel_gap", 1e-6)
     h.changeObjectiveSense(highspy.ObjSense.kMaximize)
     inf = highspy.kHighsInf
-    h.addRows(E + 1, np.concatenate([np.full(E, 1.0 if partition else -inf), [-inf]]),
-              np.concatenate([np.ones(E), [float(problem.groups)]]), 0, np.zeros(E + 1, dtype=np.int32),
-              np.array([], dtype=np.int32), np.array([], dtype=np.float64))
+    h.addRows(
+        E + 1,
+        np.concatenate([np.full(E, 1.0 if partition else -inf), [-inf]]),
+        np.concatenate([np.ones(E), [float(problem.groups)]]),
+        0,
+        np.zeros(E + 1, dtype=np.int32),
+        np.array([], dtype=np.int32),
+        np.array([], dtype=np.float64),
+    )
     vals = np.array([group_value(problem.graph, s) for s in groups])
     starts = np.cumsum([0] + [len(s) + 1 for s in groups[:-1]]).astype(np.int32)
     index = np.concatenate([np.append(s, E) for s in groups]).astype(np.int32)
@@ -618,8 +686,13 @@ def _start_plan(problem: Grouping, start_home: np.ndarray | None, seed: int, dea
 
 
 def column_generation(
-    problem: Grouping, time_limit: float, *, start_home: np.ndarray | None = None,
-    log: Callable[[str], None] | None = None, seed: int = 0, smoothing: float = 0.8,
+    problem: Grouping,
+    time_limit: float,
+    *,
+    start_home: np.ndarray | None = None,
+    log: Callable[[str], None] | None = None,
+    seed: int = 0,
+    smoothing: float = 0.8,
     pricing_time: float | None = None,
 ) -> ColgenResult:
     """Upper bound (and maybe a better plan) for ``problem`` by column generation.
@@ -655,8 +728,14 @@ def column_generation(
     say = log or (lambda _msg: None)
     W = problem.graph
     E, G = problem.experts, problem.groups
-    info: dict = {"heuristic_pricings": 0, "exact_pricings": 0, "mispricings": 0, "lp_time": 0.0,
-                  "pricing_time": 0.0, "milp_time": 0.0}
+    info: dict = {
+        "heuristic_pricings": 0,
+        "exact_pricings": 0,
+        "mispricings": 0,
+        "lp_time": 0.0,
+        "pricing_time": 0.0,
+        "milp_time": 0.0,
+    }
     home = _start_plan(problem, start_home, seed, t0 + 0.1 * time_limit)
     incumbent = None if home is None else problem.objective(home)
     cheap, cheap_kind = grouping_bound(problem)
@@ -730,8 +809,15 @@ def column_generation(
         # far from the LP optimum a rough pricing is worth more than an exact one: prune within a
         # tenth of the current gap (the bound loses at most that), then tighter as the gap closes
         slack = max(PRICING_TOLERANCE * max(abs(lp_value), abs(incumbent or 0.0)), 0.1 * (bound - lp_value)) / G
-        pr = price_exact(problem, pi_price, time_limit=max(0.1, min(pricing_time, left)), hint=hint, seed=seed,
-                         threshold=threshold, tolerance=slack)
+        pr = price_exact(
+            problem,
+            pi_price,
+            time_limit=max(0.1, min(pricing_time, left)),
+            hint=hint,
+            seed=seed,
+            threshold=threshold,
+            tolerance=slack,
+        )
         info["exact_pricings"] += 1
         last_exact = time.perf_counter()
         info["pricing_time"] += last_exact - ts
@@ -741,13 +827,18 @@ def column_generation(
         if lag < bound:
             bound, kind = lag, "colgen"
         history.append((time.perf_counter() - t0, bound, incumbent))
-        say(f"colgen it {iterations} ({time.perf_counter() - ts:.2f} s): lp {lp_value:.6g}, bound {bound:.6g}, "
+        say(
+            f"colgen it {iterations} ({time.perf_counter() - ts:.2f} s): lp {lp_value:.6g}, bound {bound:.6g}, "
             f"pricing {pr.kind} "
             f"upper {pr.upper:.4g}{'' if pr.proven else ' (unproven)'}, alpha {alpha:.2g}, "
-            f"columns {len(master.groups)}")
+            f"columns {len(master.groups)}"
+        )
         rc = reduced_values(problem, pr.groups, pi) - mu
-        good = [s for s, r in zip(pr.groups, rc, strict=True) if r > tol and problem.load[s].sum()
-                <= problem.load_limit + LOAD_TOL]
+        good = [
+            s
+            for s, r in zip(pr.groups, rc, strict=True)
+            if r > tol and problem.load[s].sum() <= problem.load_limit + LOAD_TOL
+        ]
         if good:
             master.add(good)
         if good or stall_added:
@@ -776,8 +867,9 @@ def column_generation(
         termination = Termination.OPTIMAL if closed else Termination.COMPLETED
     else:
         termination = Termination.TIME_LIMIT
-    return ColgenResult(bound, incumbent, home, history, len(master.groups), iterations, proven, termination,
-                        lp_value, kind, info)
+    return ColgenResult(
+        bound, incumbent, home, history, len(master.groups), iterations, proven, termination, lp_value, kind, info
+    )
 
 
 def _disjoint_first(groups: list[np.ndarray], experts: int, limit: int) -> list[np.ndarray]:

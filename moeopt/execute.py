@@ -174,9 +174,7 @@ def _layer_stats(stats: Stats, l: int, coactivation: bool = True) -> Stats:
         family_tokens=stats.family_tokens,
         top_k=stats.top_k,
         step_counts=None if stats.step_counts is None else np.ascontiguousarray(stats.step_counts[l : l + 1]),
-        coactivation=None
-        if stats.coactivation is None
-        else np.ascontiguousarray(stats.coactivation[:, l : l + 1]),
+        coactivation=None if stats.coactivation is None else np.ascontiguousarray(stats.coactivation[:, l : l + 1]),
     )
 
 
@@ -259,13 +257,19 @@ def run_layer(task: LayerTask) -> LayerOutcome:
     except Exception as exc:  # noqa: BLE001  (sent back and raised again by the caller)
         msg = _relabel(str(exc), task.layer)
         attrs = {k: (_relabel(v, task.layer) if isinstance(v, str) else v) for k, v in vars(exc).items()}
-        return LayerOutcome(task.layer, None, [_relabel(x, task.layer) for x in lines],
-                            time.perf_counter() - t0, time.process_time() - c0,
-                            (type(exc), msg, attrs, traceback.format_exc()))
+        return LayerOutcome(
+            task.layer,
+            None,
+            [_relabel(x, task.layer) for x in lines],
+            time.perf_counter() - t0,
+            time.process_time() - c0,
+            (type(exc), msg, attrs, traceback.format_exc()),
+        )
     if "reason" in result.stats and isinstance(result.stats["reason"], str):
         result = result.replace(stats={**result.stats, "reason": _relabel(result.stats["reason"], task.layer)})
-    return LayerOutcome(task.layer, result, [_relabel(x, task.layer) for x in lines],
-                        time.perf_counter() - t0, time.process_time() - c0)
+    return LayerOutcome(
+        task.layer, result, [_relabel(x, task.layer) for x in lines], time.perf_counter() - t0, time.process_time() - c0
+    )
 
 
 def _raise(outcome: LayerOutcome) -> None:
@@ -345,8 +349,9 @@ def _run_pool(tasks: list[LayerTask], workers: int, done: Callable[[LayerOutcome
     pool = None
     try:
         with deferred_interrupt():  # Ctrl-C waits until every worker is known, so all are stopped
-            pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=mp_context(),
-                                       initializer=worker_init)
+            pool = ProcessPoolExecutor(
+                max_workers=min(workers, len(tasks)), mp_context=mp_context(), initializer=worker_init
+            )
             pending = {pool.submit(run_layer, t) for t in tasks}
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)

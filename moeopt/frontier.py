@@ -130,12 +130,24 @@ def point_of(
 ) -> FrontierPoint:
     """Solve one method at one ``eps`` and score it (held-out, and per family)."""
     t0 = time.perf_counter()
-    result = solve(instance, method=method, params=params, time_limit=time_limit, seed=seed, workloads=wl,
-                   workers=workers, ray=ray)
+    result = solve(
+        instance, method=method, params=params, time_limit=time_limit, seed=seed, workloads=wl, workers=workers, ray=ray
+    )
     wall = time.perf_counter() - t0
     if result.plan is None:  # e.g. a load limit the method could not reach: a point without a plan
-        return FrontierPoint(method, eps, params, None, None, float("nan"), None, {}, "-", wall,
-                             error=f"no plan ({result.termination.value})")
+        return FrontierPoint(
+            method,
+            eps,
+            params,
+            None,
+            None,
+            float("nan"),
+            None,
+            {},
+            "-",
+            wall,
+            error=f"no plan ({result.termination.value})",
+        )
     m = result.metrics
     hooks = metric_hooks(method)
     fam = {
@@ -211,8 +223,18 @@ def _solve_point(
     """One point of the sweep; a load limit the method cannot reach is a point with an error."""
     params = sweep_params(method, e)
     try:
-        return point_of(instance, wl, method, e, params, time_limit=time_limit, seed=seed, families=families,
-                        workers=workers, ray=ray)
+        return point_of(
+            instance,
+            wl,
+            method,
+            e,
+            params,
+            time_limit=time_limit,
+            seed=seed,
+            families=families,
+            workers=workers,
+            ray=ray,
+        )
     except MoeoptError as exc:  # an unattainable eps_load is a point the method cannot reach
         return FrontierPoint(method, e, params, None, None, float("nan"), None, {}, "-", 0.0, error=str(exc))
 
@@ -231,8 +253,17 @@ def _point_worker_init(shared: dict[str, Any]) -> None:
 def _point_task(index: int, method: str, e: float | None) -> tuple[int, FrontierPoint]:
     s = _shared
     # the point's layers run serially in this worker (ray=False: not the instance's executor)
-    return index, _solve_point(s["instance"], s["wl"], method, e, time_limit=s["time_limit"], seed=s["seed"],
-                               families=s["families"], workers=1, ray=False)
+    return index, _solve_point(
+        s["instance"],
+        s["wl"],
+        method,
+        e,
+        time_limit=s["time_limit"],
+        seed=s["seed"],
+        families=s["families"],
+        workers=1,
+        ray=False,
+    )
 
 
 def _run_pool(
@@ -246,8 +277,12 @@ def _run_pool(
     pool = None
     try:
         with deferred_interrupt():  # Ctrl-C waits until every worker is known, so all are stopped
-            pool = ProcessPoolExecutor(max_workers=min(workers, len(units)), mp_context=execute.mp_context(),
-                                       initializer=_point_worker_init, initargs=(shared,))
+            pool = ProcessPoolExecutor(
+                max_workers=min(workers, len(units)),
+                mp_context=execute.mp_context(),
+                initializer=_point_worker_init,
+                initargs=(shared,),
+            )
             pending = {pool.submit(_point_task, i, m, e) for i, (m, e) in enumerate(units)}
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -314,8 +349,20 @@ def frontier(
             _run_pool(units, executor.workers, shared, done)
         else:  # serial points; with Ray, each point's layers as Ray tasks
             for i, (method, e) in enumerate(units):
-                done(i, _solve_point(instance, wl, method, e, time_limit=time_limit, seed=seed, families=families,
-                                     workers=executor.workers, ray=executor.ray or False))
+                done(
+                    i,
+                    _solve_point(
+                        instance,
+                        wl,
+                        method,
+                        e,
+                        time_limit=time_limit,
+                        seed=seed,
+                        families=families,
+                        workers=executor.workers,
+                        ray=executor.ray or False,
+                    ),
+                )
     finally:
         bar.close()
     out = [p for p in points if p is not None]

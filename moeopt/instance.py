@@ -78,7 +78,6 @@ class Cluster:
         return self.gpus // self.gpus_per_node
 
 
-
 @dataclass(frozen=True)
 class WorkloadSource:
     """Where a workload comes from: a file (trace or counts) or a synthetic generator spec."""

@@ -59,9 +59,13 @@ def check_target(path: str | Path, option: str | None = None) -> Path:
         if stat.S_ISDIR(st.st_mode):
             raise InputError(source, field, f"{where}expected a file path, found a directory")
         if not stat.S_ISREG(st.st_mode):
-            kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(
-                st.st_mode
-            ) else "a socket or special file"
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(st.st_mode)
+                else "a device"
+                if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                else "a socket or special file"
+            )
             raise InputError(source, field, f"{where}expected a regular file path, found {kind}")
     parent = target.parent
     while not parent.exists() and parent != parent.parent:

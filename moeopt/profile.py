@@ -121,9 +121,7 @@ def synthetic_profile(
     """
     if isinstance(variability, str):
         if variability not in VARIABILITY:
-            raise InputError(
-                None, "profile.variability", f"expected one of {sorted(VARIABILITY)}, got {variability!r}"
-            )
+            raise InputError(None, "profile.variability", f"expected one of {sorted(VARIABILITY)}, got {variability!r}")
         spread = VARIABILITY[variability]
     else:
         spread = float(variability)

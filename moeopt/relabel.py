@@ -51,9 +51,7 @@ def stay_counts(home: np.ndarray, gpu: np.ndarray, gpus: int) -> np.ndarray:
     return np.bincount(rows * gpus + s.ravel()[first.ravel()], minlength=gpus * gpus).reshape(gpus, gpus)
 
 
-def relabel_gpus(
-    plan: Plan, trace: Trace, cluster: Cluster, profile: Profile | None = None
-) -> tuple[Plan, dict]:
+def relabel_gpus(plan: Plan, trace: Trace, cluster: Cluster, profile: Profile | None = None) -> tuple[Plan, dict]:
     """Renumber each layer's GPUs so that more tokens stay where their previous expert ran.
 
     Parameters

@@ -156,8 +156,7 @@ _DEFAULT_TERMINATION = {
 
 
 #: Worst-first order used when combining per-layer statuses.
-_SEVERITY = [Status.ERROR, Status.INFEASIBLE, Status.NO_SOLUTION, Status.TIME_LIMIT,
-             Status.FEASIBLE, Status.OPTIMAL]
+_SEVERITY = [Status.ERROR, Status.INFEASIBLE, Status.NO_SOLUTION, Status.TIME_LIMIT, Status.FEASIBLE, Status.OPTIMAL]
 
 
 def combine_status(statuses: list[Status]) -> Status:

@@ -39,6 +39,7 @@ def memory_budget() -> int:
         raise InputError(None, "MOEOPT_MEMORY_BUDGET", f"expected a positive integer number of bytes, found {text!r}")
     return value
 
+
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
 NonNegFloat = Annotated[float, Field(ge=0.0)]
@@ -162,8 +163,9 @@ def _is_branch_tag(part: Any) -> bool:
     identifiers; list indices are ints)."""
     if not isinstance(part, str):
         return False
-    return not part.isidentifier() or part[:1].isupper() or part in ("str", "int", "float", "bool", "list", "dict",
-                                                                       "none")
+    return (
+        not part.isidentifier() or part[:1].isupper() or part in ("str", "int", "float", "bool", "list", "dict", "none")
+    )
 
 
 def input_error(
@@ -183,9 +185,7 @@ def input_error(
     loc = tuple(err["loc"])
     # union branches appear as extra loc parts ('str', 'constrained-str', 'ProfileSpecSchema', ...)
     keep_last = err["type"] == "extra_forbidden"  # the user's own key
-    loc = tuple(
-        p for i, p in enumerate(loc) if not _is_branch_tag(p) or (keep_last and i == len(loc) - 1)
-    )
+    loc = tuple(p for i, p in enumerate(loc) if not _is_branch_tag(p) or (keep_last and i == len(loc) - 1))
     parts = []
     for p in loc:
         if isinstance(p, int) and parts:
@@ -381,8 +381,12 @@ def check_instance_sizes(schema: InstanceSchema, source: str | None) -> None:
     check_size(f"layers x experts^2 ({m.layers} x {m.experts}^2)", m.layers * m.experts**2, source, "model.experts")
     if isinstance(schema.profile, ProfileSpecSchema):
         p = schema.profile
-        check_size(f"gpus x (max_tiles + 1) ({c.gpus} x {p.max_tiles + 1})", c.gpus * (p.max_tiles + 1), source,
-                   "profile.max_tiles")
+        check_size(
+            f"gpus x (max_tiles + 1) ({c.gpus} x {p.max_tiles + 1})",
+            c.gpus * (p.max_tiles + 1),
+            source,
+            "profile.max_tiles",
+        )
 
 
 # ----------------------------------------------------------------------------- synthetic specs
@@ -452,14 +456,27 @@ def check_synthetic(
         return "--" + name.replace("_", "-") if option else f"{prefix}.{name}"
 
     # synthesize() holds a few float64 [tokens, experts] arrays and the [steps, experts] bursts
-    check_size(f"tokens x experts ({spec.tokens} x {spec.experts})", 4 * spec.tokens * spec.experts, source,
-               where("tokens"))
-    check_size(f"steps x experts ({spec.steps} x {spec.experts})", spec.layers * spec.steps * spec.experts, source,
-               where("steps"))
-    check_size(f"tokens x layers x top_k ({spec.tokens} x {spec.layers} x {spec.top_k})",
-               spec.tokens * spec.layers * spec.top_k, source, where("tokens"))
-    check_size(f"layers x experts^2 ({spec.layers} x {spec.experts}^2)", spec.layers * spec.experts**2 *
-               len(spec.families), source, where("experts"))
+    check_size(
+        f"tokens x experts ({spec.tokens} x {spec.experts})", 4 * spec.tokens * spec.experts, source, where("tokens")
+    )
+    check_size(
+        f"steps x experts ({spec.steps} x {spec.experts})",
+        spec.layers * spec.steps * spec.experts,
+        source,
+        where("steps"),
+    )
+    check_size(
+        f"tokens x layers x top_k ({spec.tokens} x {spec.layers} x {spec.top_k})",
+        spec.tokens * spec.layers * spec.top_k,
+        source,
+        where("tokens"),
+    )
+    check_size(
+        f"layers x experts^2 ({spec.layers} x {spec.experts}^2)",
+        spec.layers * spec.experts**2 * len(spec.families),
+        source,
+        where("experts"),
+    )
     return spec
 
 
@@ -530,8 +547,9 @@ def check_topk(topk: np.ndarray, source: str, num_experts: int | None = None) ->
     if topk.ndim != 3:
         raise InputError(source, "topk", f"expected shape [tokens, layers, k], found {list(topk.shape)}")
     if topk.shape[0] == 0 or topk.shape[1] == 0 or topk.shape[2] == 0:
-        raise InputError(source, "topk", f"expected at least one token, layer and expert per row, found "
-                         f"{list(topk.shape)}")
+        raise InputError(
+            source, "topk", f"expected at least one token, layer and expert per row, found {list(topk.shape)}"
+        )
     if topk.min() < 0:
         raise InputError(source, "topk", f"expected expert ids >= 0, found {int(topk.min())}")
     if num_experts is not None and topk.max() >= num_experts:
@@ -542,16 +560,18 @@ def check_topk(topk: np.ndarray, source: str, num_experts: int | None = None) ->
         if dup.any():
             n, l = (int(x) for x in np.argwhere(dup)[0])
             raise InputError(
-                source, "topk", f"expected distinct experts in each token's top-k, found {topk[n, l].tolist()} "
-                f"(token {n}, layer {l})"
+                source,
+                "topk",
+                f"expected distinct experts in each token's top-k, found {topk[n, l].tolist()} (token {n}, layer {l})",
             )
 
 
 def check_homes(home: np.ndarray | None, gpus: int, source: str | None) -> None:
     """A trace's ``home`` GPU ids must lie in ``[0, gpus - 1]``."""
     if home is not None and home.size and int(home.max()) >= gpus:
-        raise InputError(source, "home", f"expected GPU ids in [0, {gpus - 1}] (cluster.gpus={gpus}), "
-                         f"found {int(home.max())}")
+        raise InputError(
+            source, "home", f"expected GPU ids in [0, {gpus - 1}] (cluster.gpus={gpus}), found {int(home.max())}"
+        )
 
 
 # ----------------------------------------------------------------------------- method parameters

@@ -256,8 +256,8 @@ def stats_from_counts(
     if counts.ndim == 2:
         counts = counts[None]
     if family_names is None:
-        family_names = (DEFAULT_FAMILY,) if counts.shape[0] == 1 else tuple(
-            f"family{i}" for i in range(counts.shape[0])
+        family_names = (
+            (DEFAULT_FAMILY,) if counts.shape[0] == 1 else tuple(f"family{i}" for i in range(counts.shape[0]))
         )
     family_tokens = counts.sum(axis=2).max(axis=1) / top_k
     return Stats(

@@ -46,7 +46,11 @@ def brute_force(g: Grouping) -> tuple[np.ndarray | None, float]:
 
 
 def random_grouping(
-    rng: np.random.Generator, E: int = 8, G: int = 3, cap: int | None = None, limited: bool = True,
+    rng: np.random.Generator,
+    E: int = 8,
+    G: int = 3,
+    cap: int | None = None,
+    limited: bool = True,
     density: float = 0.7,
 ) -> Grouping:
     """A random sparse non-negative graph, Dirichlet loads, and (optionally) a binding load limit."""
@@ -61,13 +65,20 @@ def random_grouping(
     return g
 
 
-def make_problem(E: int = 16, G: int = 4, k: int = 2, L: int = 2, gpn: int | None = None,
-                 slots: int | None = None, tokens: int = 2000, seed: int = 0) -> Problem:
+def make_problem(
+    E: int = 16,
+    G: int = 4,
+    k: int = 2,
+    L: int = 2,
+    gpn: int | None = None,
+    slots: int | None = None,
+    tokens: int = 2000,
+    seed: int = 0,
+) -> Problem:
     """A synthetic task-structured problem (calibration statistics only)."""
     model = Model(layers=L, experts=E, top_k=k)
     cluster = Cluster(gpus=G, gpus_per_node=gpn or G, slots_per_gpu=slots or math.ceil(E / G))
-    inst = Instance(name="t", model=model, cluster=cluster,
-                    workload=Workload(calibration=WorkloadSource(synthetic={})))
+    inst = Instance(name="t", model=model, cluster=cluster, workload=Workload(calibration=WorkloadSource(synthetic={})))
     trace = synthesize(SynthSpec(layers=L, experts=E, top_k=k, tokens=tokens, structure_seed=seed, seed=seed))
     return Problem(inst, trace.stats())
 

@@ -102,9 +102,13 @@ def test_robust_never_worse_on_the_snapshots():
         name="olmoe",
         model=Model(layers=3, experts=64, top_k=8),
         cluster=Cluster(gpus=16, gpus_per_node=16, slots_per_gpu=4, replica_slots_per_gpu=1),
-        workload=Workload(calibration=WorkloadSource(
-            path=INSTANCES / "real" / "olmoe_mixtral_domain_expert_counts.npz", format="olmoe-domains",
-            select="olmoe")),
+        workload=Workload(
+            calibration=WorkloadSource(
+                path=INSTANCES / "real" / "olmoe_mixtral_domain_expert_counts.npz",
+                format="olmoe-domains",
+                select="olmoe",
+            )
+        ),
         method=MethodSpec(name="balance"),
     )
     wl = load_workloads(inst)

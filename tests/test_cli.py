@@ -178,12 +178,15 @@ def test_solve_accepts_hint(quickstart_path, tmp_path):
     assert main(["solve", str(quickstart_path), "--quiet", "--hint", str(bad)]) == 2
 
 
-@pytest.mark.parametrize("argv", [
-    ["solve", "x.yaml", "--dispatch", "fastest"],
-    ["solve", "x.yaml", "--workers", "-1"],
-    ["evaluate", "x.yaml"],
-    ["trace", "synth", "--layers", "two", "--output", "t.npz"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["solve", "x.yaml", "--dispatch", "fastest"],
+        ["solve", "x.yaml", "--workers", "-1"],
+        ["evaluate", "x.yaml"],
+        ["trace", "synth", "--layers", "two", "--output", "t.npz"],
+    ],
+)
 def test_usage_errors_are_one_line(argv, capsys):
     """Bad command-line options exit 2 with one line naming the command and the option."""
     with pytest.raises(SystemExit) as info:

@@ -73,7 +73,11 @@ def test_terminal_stderr_shows_progress():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "moeopt", "solve", str(QUICKSTART), "--method", "tacg"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=slave, text=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
     )
     os.close(slave)
     chunks = []

@@ -83,8 +83,13 @@ def test_lp_trace_assignment_follows_the_split():
     rng = np.random.default_rng(3)
     N, E, G = 400, 6, 3
     topk = np.argsort(rng.random((N, 1, E)) * np.array([4, 1, 1, 1, 1, 1]), axis=2)[:, :, -2:].astype(np.int16)
-    trace = Trace(topk=topk, family=np.zeros(N, np.int32), step=(np.arange(N) // 100).astype(np.int32),
-                  family_names=("all",), num_experts=E)
+    trace = Trace(
+        topk=topk,
+        family=np.zeros(N, np.int32),
+        step=(np.arange(N) // 100).astype(np.int32),
+        family_names=("all",),
+        num_experts=E,
+    )
     plan = Plan(slots=np.array([[[0, 1, 2], [3, 0, -1], [4, 5, 0]]]), experts=E, dispatch=Dispatch(kind="lp"))
     cluster = Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=3)
     r = route_trace(plan, trace, cluster)
@@ -120,8 +125,7 @@ def test_static_expectation_over_homes():
     plan = Plan(slots=random_slots(E, G, W, 1, rng, fill=1.0), experts=E, dispatch=Dispatch(kind="static"))
     cluster = Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=2, replica_slots_per_gpu=1)
     topk = np.argsort(rng.random((N, 1, E)), axis=2)[:, :, :2].astype(np.int16)
-    base = dict(topk=topk, family=np.zeros(N, np.int32), step=np.zeros(N, np.int32), family_names=("a",),
-                num_experts=E)
+    base = dict(topk=topk, family=np.zeros(N, np.int32), step=np.zeros(N, np.int32), family_names=("a",), num_experts=E)
     avg = evaluate(plan, Trace(**base), cluster)
     per_home = [evaluate(plan, Trace(**base, home=np.full(N, h)), cluster) for h in range(G)]
     assert np.allclose(avg["loads"], np.mean([m["loads"] for m in per_home], axis=0))

@@ -149,8 +149,10 @@ def test_colocated_copies_are_legal_but_not_for_planners():
     assert "colocated" in plan.notes()[0]
     with pytest.raises(PlanError, match="allow_colocated_copies"):
         plan.check(c, own=True)
-    plan.check(Cluster(gpus=2, gpus_per_node=2, slots_per_gpu=2, replica_slots_per_gpu=1,
-                       allow_colocated_copies=True), own=True)
+    plan.check(
+        Cluster(gpus=2, gpus_per_node=2, slots_per_gpu=2, replica_slots_per_gpu=1, allow_colocated_copies=True),
+        own=True,
+    )
 
 
 def test_colocated_copies_double_the_share():

@@ -56,7 +56,12 @@ def test_pool_gives_the_serial_points(serial, monkeypatch):
     lines: list[str] = []
     pooled = frontier(inst, methods=METHODS, eps=EPS, time_limit=TIME_LIMIT, workloads=wl, workers=2, log=lines.append)
     assert [(p.method, p.eps) for p in points] == [
-        ("agnostic", None), ("agnostic", 0.1), ("agnostic", 0.3), ("greedy", None), ("joint", 0.1), ("joint", 0.3)
+        ("agnostic", None),
+        ("agnostic", 0.1),
+        ("agnostic", 0.3),
+        ("greedy", None),
+        ("joint", 0.1),
+        ("joint", 0.3),
     ]
     assert all(p.error is None for p in points)
     assert [_key(p) for p in pooled] == [_key(p) for p in points]
@@ -67,9 +72,21 @@ def test_cli_frontier_workers_writes_the_serial_points(serial, tmp_path, capsys,
     """``moeopt frontier --workers 2`` writes the JSON of the serial sweep."""
     _, _, points = serial
     monkeypatch.setattr(fr, "_solve_point", _not_here)  # the workers have their own copy
-    args = ["frontier", str(INSTANCES / "gesr-small.yaml"), "--methods", ",".join(METHODS),
-            "--eps", ",".join(map(str, EPS)), "--time-limit", str(TIME_LIMIT), "--workers", "2",
-            "--output-dir", str(tmp_path), "--quiet"]
+    args = [
+        "frontier",
+        str(INSTANCES / "gesr-small.yaml"),
+        "--methods",
+        ",".join(METHODS),
+        "--eps",
+        ",".join(map(str, EPS)),
+        "--time-limit",
+        str(TIME_LIMIT),
+        "--workers",
+        "2",
+        "--output-dir",
+        str(tmp_path),
+        "--quiet",
+    ]
     assert main(args) == 0
     assert "MaxVio (held-out)" in capsys.readouterr().out
     data = json.loads((tmp_path / "gesr-small.json").read_text())
@@ -88,10 +105,28 @@ def test_cli_frontier_rejects_zero_workers(capsys):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_sigint_stops_every_point_worker():
     """Ctrl-C during ``frontier --workers 2`` ends every worker and exits 130 with one line."""
-    cmd = [sys.executable, "-m", "moeopt", "frontier", str(INSTANCES / "gesr-small.yaml"), "--methods", "joint",
-           "--eps", "0.05,0.1,0.2,0.3,0.4,0.5", "--workers", "2", "--quiet"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    cmd = [
+        sys.executable,
+        "-m",
+        "moeopt",
+        "frontier",
+        str(INSTANCES / "gesr-small.yaml"),
+        "--methods",
+        "joint",
+        "--eps",
+        "0.05,0.1,0.2,0.3,0.4,0.5",
+        "--workers",
+        "2",
+        "--quiet",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None and len(_descendants(proc.pid)) < 4:

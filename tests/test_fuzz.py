@@ -100,15 +100,34 @@ INSTANCE_INVALID: dict[str, st.SearchStrategy] = {
     "workload.synthetic.seed": BAD_NONNEG_INT,
     "workload.synthetic.structure_seed": BAD_NONNEG_INT,
     "workload.calibration": st.sampled_from(["missing.npz", 5, {"path": 3}, {"format": "trace"}, ""]),
-    "workload.evaluation": st.sampled_from([{"synthetic": {"tokens": 0}}, {"synthetic": {"experts": 8}},
-                                            {"synthetic": {"skew": math.nan}}, {"path": "x.npz", "format": "csv"}]),
+    "workload.evaluation": st.sampled_from(
+        [
+            {"synthetic": {"tokens": 0}},
+            {"synthetic": {"experts": 8}},
+            {"synthetic": {"skew": math.nan}},
+            {"path": "x.npz", "format": "csv"},
+        ]
+    ),
     "method.name": st.one_of(st.sampled_from(["magic", "", 3, None, ["linear"]])),
     "method.colour": JUNK,  # linear takes no parameters
-    "profile": st.sampled_from([5, [1], "missing.yaml", {"variability": "extreme"}, {"variability": 1.5},
-                                {"variability": math.nan}, {"tile": 0}, {"seed": -1}, {"alpha": -1},
-                                {"max_tiles": 0}, {"speed": 1}]),
-    "executor": st.sampled_from([{"workers": 0}, {"workers": "2"}, {"workers": 1.5}, {"ray": 5}, {"ray": ""},
-                                 {"pool": 2}, 3]),
+    "profile": st.sampled_from(
+        [
+            5,
+            [1],
+            "missing.yaml",
+            {"variability": "extreme"},
+            {"variability": 1.5},
+            {"variability": math.nan},
+            {"tile": 0},
+            {"seed": -1},
+            {"alpha": -1},
+            {"max_tiles": 0},
+            {"speed": 1},
+        ]
+    ),
+    "executor": st.sampled_from(
+        [{"workers": 0}, {"workers": "2"}, {"workers": 1.5}, {"ray": 5}, {"ray": ""}, {"pool": 2}, 3]
+    ),
     "name": st.sampled_from([3, ["a"], {"a": 1}]),
 }
 #: (method, parameter) -> values that make it invalid
@@ -177,9 +196,7 @@ def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
-def check(
-    argv: list[str], *, invalid: bool, blame: tuple[str, ...], outputs: tuple[Path | None, ...] = ()
-) -> int:
+def check(argv: list[str], *, invalid: bool, blame: tuple[str, ...], outputs: tuple[Path | None, ...] = ()) -> int:
     """Run ``argv``: exit 2 with one line starting with ``error: <one of blame>`` and no output
     written, or (only when not known invalid) exit 0 with every output written (``None``: an
     output target that must be refused, nothing to look for)."""
@@ -299,15 +316,32 @@ def test_fuzz_solve(root, case, data):
     report = d / "report.json"
     blame = (str(d), "--output")
     outputs = (out_file, report)
-    check(["solve", str(inst), "--quiet", "--output", str(out), "--report", str(report)],
-          invalid=invalid or bad_out, blame=blame, outputs=outputs)
+    check(
+        ["solve", str(inst), "--quiet", "--output", str(out), "--report", str(report)],
+        invalid=invalid or bad_out,
+        blame=blame,
+        outputs=outputs,
+    )
 
 
 @FUZZ
-@given(case=instance_text(), methods=st.sampled_from(["linear", "linear,greedy", "magic", "", ",", "linear,3"]),
-       options=st.lists(st.sampled_from([["--seed", "-1"], ["--time-limit", "nan"], ["--time-limit", "0"],
-                                         ["--workers", "0"], ["--seed", "1.5"], ["--time-limit", "-1"]]),
-                        max_size=1))
+@given(
+    case=instance_text(),
+    methods=st.sampled_from(["linear", "linear,greedy", "magic", "", ",", "linear,3"]),
+    options=st.lists(
+        st.sampled_from(
+            [
+                ["--seed", "-1"],
+                ["--time-limit", "nan"],
+                ["--time-limit", "0"],
+                ["--workers", "0"],
+                ["--seed", "1.5"],
+                ["--time-limit", "-1"],
+            ]
+        ),
+        max_size=1,
+    ),
+)
 def test_fuzz_compare(root, case, methods, options):
     """compare: mutated instances, method lists and numeric options."""
     text, invalid, method_only = case
@@ -334,15 +368,31 @@ def test_fuzz_frontier(root, case, eps):
     inst = _write_instance(d, text)
     invalid = (invalid and not method_only) or eps in ("nan", "-1", "a", "0.1,x")
     out = ["--output-dir", str(d / "fr")] if invalid else []
-    check(["frontier", str(inst), "--methods", "greedy", "--eps", eps, "--quiet", *out], invalid=invalid,
-          blame=(str(d), "--eps", "--output-dir"))
+    check(
+        ["frontier", str(inst), "--methods", "greedy", "--eps", eps, "--quiet", *out],
+        invalid=invalid,
+        blame=(str(d), "--eps", "--output-dir"),
+    )
     assert not (d / "fr").exists() or not any((d / "fr").iterdir())
 
 
 @FUZZ
-@given(case=instance_text(), option=st.sampled_from([["--repeats", "0"], ["--warmup", "-1"], ["--world", "0"],
-                                                     ["--tile", "x"], ["--max-steps", "0"], ["--seed", "-3"],
-                                                     ["--d-model", "1.5"], ["--threads", "0"], []]))
+@given(
+    case=instance_text(),
+    option=st.sampled_from(
+        [
+            ["--repeats", "0"],
+            ["--warmup", "-1"],
+            ["--world", "0"],
+            ["--tile", "x"],
+            ["--max-steps", "0"],
+            ["--seed", "-3"],
+            ["--d-model", "1.5"],
+            ["--threads", "0"],
+            [],
+        ]
+    ),
+)
 def test_fuzz_validate(root, case, option):
     """validate: known-invalid instances or options only (a valid run times torch kernels)."""
     text, invalid, method_only = case
@@ -351,8 +401,12 @@ def test_fuzz_validate(root, case, option):
     d = fresh(root)
     inst = _write_instance(d, text)
     report = d / "v.json"
-    check(["validate", str(inst), "--report", str(report), *option], invalid=True,
-          blame=(str(d), "moeopt validate: argument"), outputs=(report,))
+    check(
+        ["validate", str(inst), "--report", str(report), *option],
+        invalid=True,
+        blame=(str(d), "moeopt validate: argument"),
+        outputs=(report,),
+    )
 
 
 def _not_int(text: str) -> bool:
@@ -376,8 +430,12 @@ def test_fuzz_profile(root, option, data):
     d = fresh(root)
     value = data.draw(BAD_NONNEG_TEXT if option == "--warmup" else BAD_COUNT_TEXT)
     out, _, out_file = data.draw(output_target(d, "prof.yaml"))
-    check(["profile", "--device", "cpu", "--output", str(out), f"{option}={value}"], invalid=True,
-          blame=("moeopt profile: argument", "--output"), outputs=(out_file,))
+    check(
+        ["profile", "--device", "cpu", "--output", str(out), f"{option}={value}"],
+        invalid=True,
+        blame=("moeopt profile: argument", "--output"),
+        outputs=(out_file,),
+    )
 
 
 # ----------------------------------------------------------------------------- synth options
@@ -401,8 +459,21 @@ SYNTH_OPTIONS = {
 def test_fuzz_trace_synth(root, data):
     """trace synth: every option valid or known invalid, and output targets."""
     d = fresh(root)
-    argv = ["trace", "synth", "--quiet", "--layers", "1", "--experts", "4", "--tokens", "16", "--steps", "2",
-            "--families", "a,b"]
+    argv = [
+        "trace",
+        "synth",
+        "--quiet",
+        "--layers",
+        "1",
+        "--experts",
+        "4",
+        "--tokens",
+        "16",
+        "--steps",
+        "2",
+        "--families",
+        "a,b",
+    ]
     invalid = False
     for option in data.draw(st.lists(st.sampled_from(sorted(SYNTH_OPTIONS)), max_size=3, unique=True)):
         good, bad = SYNTH_OPTIONS[option]
@@ -415,8 +486,12 @@ def test_fuzz_trace_synth(root, data):
     if "--family" in argv and argv[argv.index("--family") + 1] not in families:
         invalid = True
     out, bad_out, out_file = data.draw(output_target(d, "t.npz"))
-    check([*argv, "--output", str(out)], invalid=invalid or bad_out,
-          blame=("moeopt trace synth: argument", "--"), outputs=(out_file,))
+    check(
+        [*argv, "--output", str(out)],
+        invalid=invalid or bad_out,
+        blame=("moeopt trace synth: argument", "--"),
+        outputs=(out_file,),
+    )
 
 
 # ----------------------------------------------------------------------------- traces
@@ -438,14 +513,35 @@ def trace_file(draw, folder: Path) -> tuple[Path, bool, bool]:
     """A mutated trace ``.npz``, whether it is known to be invalid for a 2-GPU cluster, and
     whether it is known to be invalid on its own (token homes >= 2 are not)."""
     arrays = _base_trace()
-    kind = draw(st.sampled_from(["dtype", "shape", "range", "range", "dup", "dup", "home", "home", "family", "weights",
-                                 "missing", "empty", "huge", "junk", "bytes", "none"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "dtype",
+                "shape",
+                "range",
+                "range",
+                "dup",
+                "dup",
+                "home",
+                "home",
+                "family",
+                "weights",
+                "missing",
+                "empty",
+                "huge",
+                "junk",
+                "bytes",
+                "none",
+            ]
+        )
+    )
     invalid = kind not in ("junk", "bytes", "none")
     alone = invalid
     topk = arrays["topk"]
     if kind == "dtype":
-        arrays["topk"] = draw(st.sampled_from([topk.astype(np.float64), topk.astype(object), topk.astype(bool),
-                                               topk.astype(str)]))
+        arrays["topk"] = draw(
+            st.sampled_from([topk.astype(np.float64), topk.astype(object), topk.astype(bool), topk.astype(str)])
+        )
     elif kind == "shape":
         arrays["topk"] = draw(st.sampled_from([topk[:, 0, :], topk[:, :, :, None], topk.reshape(-1)]))
     elif kind == "range":
@@ -461,8 +557,11 @@ def trace_file(draw, folder: Path) -> tuple[Path, bool, bool]:
         arrays["home"][draw(st.integers(0, 7))] = home = draw(st.sampled_from([-1, 2, 5, 10**6]))
         alone = home < 0
     elif kind == "family":
-        arrays["family"] = draw(st.sampled_from([arrays["family"] + 2, -arrays["family"] - 1,
-                                                 arrays["family"][:3], arrays["family"].astype(float)]))
+        arrays["family"] = draw(
+            st.sampled_from(
+                [arrays["family"] + 2, -arrays["family"] - 1, arrays["family"][:3], arrays["family"].astype(float)]
+            )
+        )
     elif kind == "weights":
         w = np.ones(topk.shape)
         w[0, 0, 0] = draw(st.sampled_from([math.nan, math.inf]))
@@ -510,8 +609,7 @@ def test_fuzz_solve_on_trace(root, data):
     inst = d / "inst.yaml"
     inst.write_text(_dump({**BASE_INSTANCE, "workload": {"calibration": path.name}}))
     out = d / "plan.json"
-    check(["solve", str(inst), "--quiet", "--output", str(out)], invalid=invalid, blame=(str(d),),
-          outputs=(out,))
+    check(["solve", str(inst), "--quiet", "--output", str(out)], invalid=invalid, blame=(str(d),), outputs=(out,))
 
 
 # ----------------------------------------------------------------------------- counts
@@ -538,14 +636,17 @@ def counts_file(draw, folder: Path) -> tuple[Path, bool, bool]:
     path = folder / "counts.json"
     text = json.dumps(data).encode()
     if kind == "text":
-        text = draw(st.sampled_from([text[:-3], b"\xff\xfe" + text, b"[" * 100000, b"{\"counts\": NaN}"]))
+        text = draw(st.sampled_from([text[:-3], b"\xff\xfe" + text, b"[" * 100000, b'{"counts": NaN}']))
     path.write_bytes(text)
     return path, invalid, kind in ("nan", "negative", "zeros")
 
 
 @FUZZ
-@given(data=st.data(), suffix=st.sampled_from([".json", ".csv", ".npy"]),
-       top_k=st.one_of(st.just(None), st.sampled_from(["2", "0", "-1", "x", "9"])))
+@given(
+    data=st.data(),
+    suffix=st.sampled_from([".json", ".csv", ".npy"]),
+    top_k=st.one_of(st.just(None), st.sampled_from(["2", "0", "-1", "x", "9"])),
+)
 def test_fuzz_trace_stats_counts(root, data, suffix, top_k):
     """trace stats on mutated count files (JSON, CSV, NPY) and --top-k values."""
     d = fresh(root)
@@ -577,8 +678,7 @@ def test_fuzz_solve_on_counts(root, data):
     d = fresh(root)
     path, invalid, _ = data.draw(counts_file(d))
     inst = d / "inst.yaml"
-    inst.write_text(_dump({**BASE_INSTANCE, "workload": {"calibration": path.name},
-                                    "method": {"name": "greedy"}}))
+    inst.write_text(_dump({**BASE_INSTANCE, "workload": {"calibration": path.name}, "method": {"name": "greedy"}}))
     check(["solve", str(inst), "--quiet"], invalid=invalid, blame=(str(d),))
 
 
@@ -600,9 +700,21 @@ def profile_file(draw, folder: Path) -> tuple[Path, bool]:
     if kind == "tile":
         data["tile"] = draw(BAD_COUNT)
     elif kind == "latency":
-        data["gpus"][draw(st.integers(0, 1))]["latency"] = draw(st.sampled_from(
-            [[0.3, 0.2, 0.1], [math.nan, 1, 2], [-1, 0, 1], [0.1], [], "fast", [0.1, "0.2", 0.3], [0.1, 0.2],
-             [0.1, math.inf, math.inf]]))
+        data["gpus"][draw(st.integers(0, 1))]["latency"] = draw(
+            st.sampled_from(
+                [
+                    [0.3, 0.2, 0.1],
+                    [math.nan, 1, 2],
+                    [-1, 0, 1],
+                    [0.1],
+                    [],
+                    "fast",
+                    [0.1, "0.2", 0.3],
+                    [0.1, 0.2],
+                    [0.1, math.inf, math.inf],
+                ]
+            )
+        )
     elif kind == "gpus":
         data["gpus"] = draw(st.sampled_from([[], data["gpus"] * 2, "two", None]))
     elif kind == "one-gpu":
@@ -647,8 +759,11 @@ BASE_PLAN = {
 def plan_file(draw, folder: Path) -> tuple[Path, bool]:
     """A mutated plan JSON and whether it is known to be invalid (for the 2-GPU base instance)."""
     data = copy.deepcopy(BASE_PLAN)
-    kind = draw(st.sampled_from(["header", "header", "slot", "shape", "format", "method", "wide", "text", "v1",
-                                 "junk", "junk", "none"]))
+    kind = draw(
+        st.sampled_from(
+            ["header", "header", "slot", "shape", "format", "method", "wide", "text", "v1", "junk", "junk", "none"]
+        )
+    )
     invalid = kind not in ("junk", "none")
     if kind == "header":
         key = draw(st.sampled_from(["gpus", "layers", "experts"]))
@@ -657,8 +772,11 @@ def plan_file(draw, folder: Path) -> tuple[Path, bool]:
         g, w = draw(st.integers(0, 1)), draw(st.integers(0, 1))
         data["slots"][0][g][w] = draw(st.sampled_from([-2, 4, 99, 3.9, "3", None, True, 2.0, math.nan]))
     elif kind == "shape":
-        data["slots"] = draw(st.sampled_from([[[[0, 1]]], [[0, 1, 2, 3]], [[[0, 1], [2]]], [], "0123",
-                                              [[[0, 1], [2, 3]], [[0, 1], [2, 3]]]]))
+        data["slots"] = draw(
+            st.sampled_from(
+                [[[[0, 1]]], [[0, 1, 2, 3]], [[[0, 1], [2]]], [], "0123", [[[0, 1], [2, 3]], [[0, 1], [2, 3]]]]
+            )
+        )
     elif kind == "format":
         data["format"] = draw(st.sampled_from(["moeopt.plan/3", None, 2, ""]))
     elif kind == "method":
@@ -668,13 +786,28 @@ def plan_file(draw, folder: Path) -> tuple[Path, bool]:
         data["slots"] = [[[0, 1, -1], [2, 3, 0]]]
         data["slots_per_gpu"] = 3
     elif kind == "v1":
-        data = {"format": "moeopt.plan/1", "gpus": 2, "layers": 1, "experts": 4,
-                "placement": draw(st.sampled_from([[[0, 0, 1, 2]], [[0, 0, 1]], [[0, 0, "1", 1]], [[0, -1, 1, 1]]]))}
+        data = {
+            "format": "moeopt.plan/1",
+            "gpus": 2,
+            "layers": 1,
+            "experts": 4,
+            "placement": draw(st.sampled_from([[[0, 0, 1, 2]], [[0, 0, 1]], [[0, 0, "1", 1]], [[0, -1, 1, 1]]])),
+        }
     path = folder / "plan.json"
     text = json.dumps(data).encode()
     if kind == "text":
-        text = draw(st.sampled_from([text[: len(text) // 2], text.decode().encode("utf-16"), b"[" * 100000,
-                                     text.replace(b'"even"', b'"\xe9ven"'), b"", b"null"]))
+        text = draw(
+            st.sampled_from(
+                [
+                    text[: len(text) // 2],
+                    text.decode().encode("utf-16"),
+                    b"[" * 100000,
+                    text.replace(b'"even"', b'"\xe9ven"'),
+                    b"",
+                    b"null",
+                ]
+            )
+        )
     elif kind == "junk":
         data[draw(st.sampled_from(sorted(data)))] = draw(JUNK)
         text = json.dumps(data).encode()
@@ -697,8 +830,12 @@ def test_fuzz_evaluate(root, base_instance, data):
     d = fresh(root)
     path, invalid = data.draw(plan_file(d))
     report, bad_out, report_file = data.draw(output_target(d, "r.json"))
-    check(["evaluate", str(base_instance), str(path), "--report", str(report)], invalid=invalid or bad_out,
-          blame=(str(path), "--report"), outputs=(report_file,))
+    check(
+        ["evaluate", str(base_instance), str(path), "--report", str(report)],
+        invalid=invalid or bad_out,
+        blame=(str(path), "--report"),
+        outputs=(report_file,),
+    )
 
 
 @FUZZ
@@ -708,8 +845,12 @@ def test_fuzz_solve_hint(root, base_instance, data):
     d = fresh(root)
     path, invalid = data.draw(plan_file(d))
     out = d / "out.json"
-    check(["solve", str(base_instance), "--method", "greedy", "--quiet", "--hint", str(path), "--output", str(out)],
-          invalid=invalid, blame=(str(path),), outputs=(out,))
+    check(
+        ["solve", str(base_instance), "--method", "greedy", "--quiet", "--hint", str(path), "--output", str(out)],
+        invalid=invalid,
+        blame=(str(path),),
+        outputs=(out,),
+    )
 
 
 @FUZZ
@@ -721,8 +862,12 @@ def test_fuzz_export_load(root, base_instance, data):
     p = d / "plan.json"
     p.write_text(json.dumps({**BASE_PLAN, "slots": [[[0, 1, -1], [2, 3, -1]]], "slots_per_gpu": 3}))
     out = d / "e.npz"
-    check(["export", str(p), "--format", "eplb", "--load", str(path), "--output", str(out), "--quiet"],
-          invalid=invalid, blame=(str(path), str(p), str(out)), outputs=(out,))
+    check(
+        ["export", str(p), "--format", "eplb", "--load", str(path), "--output", str(out), "--quiet"],
+        invalid=invalid,
+        blame=(str(path), str(p), str(out)),
+        outputs=(out,),
+    )
 
 
 @FUZZ
@@ -732,8 +877,12 @@ def test_fuzz_export(root, base_instance, data, fmt):
     d = fresh(root)
     path, invalid = data.draw(plan_file(d))
     out, bad_out, out_file = data.draw(output_target(d, fmt[1]))
-    check(["export", str(path), "--format", fmt[0], "--instance", str(base_instance), "--output", str(out),
-           "--quiet"], invalid=invalid or bad_out, blame=(str(path), str(out), "--output"), outputs=(out_file,))
+    check(
+        ["export", str(path), "--format", fmt[0], "--instance", str(base_instance), "--output", str(out), "--quiet"],
+        invalid=invalid or bad_out,
+        blame=(str(path), str(out), "--output"),
+        outputs=(out_file,),
+    )
 
 
 # ----------------------------------------------------------------------------- engine files
@@ -745,8 +894,19 @@ def engine_file(draw, folder: Path) -> tuple[Path, str, bool]:
         data: Any = {"physical_to_logical_map": [[0, 1, 2, 3]]}
         key, row = "physical_to_logical_map", data["physical_to_logical_map"][0]
     else:
-        data = {"moe_layer_count": 1, "layer_list": [{"layer_id": 0, "device_count": 2, "device_list": [
-            {"device_id": 0, "device_expert": [0, 1]}, {"device_id": 1, "device_expert": [2, 3]}]}]}
+        data = {
+            "moe_layer_count": 1,
+            "layer_list": [
+                {
+                    "layer_id": 0,
+                    "device_count": 2,
+                    "device_list": [
+                        {"device_id": 0, "device_expert": [0, 1]},
+                        {"device_id": 1, "device_expert": [2, 3]},
+                    ],
+                }
+            ],
+        }
         key, row = "layer_list", data["layer_list"][0]["device_list"][0]["device_expert"]
     kind = draw(st.sampled_from(["id", "id", "missing", "text", "junk", "none"]))
     invalid = kind in ("id", "missing", "text")
@@ -771,9 +931,12 @@ def test_fuzz_import(root, data, gpus):
     d = fresh(root)
     path, fmt, invalid = data.draw(engine_file(d))
     out, bad_out, out_file = data.draw(output_target(d, "plan.json"))
-    check(["import", str(path), "--format", fmt, "--gpus", gpus, "--output", str(out), "--quiet"],
-          invalid=invalid or bad_out or gpus != "2", blame=(str(path), "--output", "--gpus", "moeopt import:"),
-          outputs=(out_file,))
+    check(
+        ["import", str(path), "--format", fmt, "--gpus", gpus, "--output", str(out), "--quiet"],
+        invalid=invalid or bad_out or gpus != "2",
+        blame=(str(path), "--output", "--gpus", "moeopt import:"),
+        outputs=(out_file,),
+    )
 
 
 @FUZZ
@@ -784,8 +947,12 @@ def test_fuzz_trace_import(root, data):
     dump = d / "dump.pt"
     dump.write_bytes(data.draw(st.binary(max_size=64)))
     out, bad_out, out_file = data.draw(output_target(d, "t.npz"))
-    check(["trace", "import", str(dump), "--output", str(out), "--quiet"], invalid=True,
-          blame=(str(dump), "--output", str(out)), outputs=(out_file,))
+    check(
+        ["trace", "import", str(dump), "--output", str(out), "--quiet"],
+        invalid=True,
+        blame=(str(dump), "--output", str(out)),
+        outputs=(out_file,),
+    )
 
 
 @FUZZ
@@ -797,5 +964,9 @@ def test_fuzz_plot(root, base_instance, data):
     if not invalid:
         path.write_text("{")
     out, _, out_file = data.draw(output_target(d, "loads.png"))
-    check(["plot", str(path), "--kind", "loads", "--instance", str(base_instance), "--output", str(out), "--quiet"],
-          invalid=True, blame=(str(path), "--output"), outputs=(out_file,))
+    check(
+        ["plot", str(path), "--kind", "loads", "--instance", str(base_instance), "--output", str(out), "--quiet"],
+        invalid=True,
+        blame=(str(path), "--output"),
+        outputs=(out_file,),
+    )

@@ -293,7 +293,6 @@ def test_certificate_without_slots_is_the_base_maxvio():
     assert cert.bound == pytest.approx(4 / 3 - 1)
 
 
-
 def test_certificate_hook_only_for_replicated_plans(quickstart_path):
     """Plans without replicas get no replication certificate in their metrics."""
     res = solve(load_instance(quickstart_path), method="greedy", params={})

@@ -176,10 +176,15 @@ def test_exact_method_reports_infeasible_load_limit() -> None:
 
 
 @settings(max_examples=8)
-@given(st.integers(0, 1000), st.sampled_from([(8, 2), (8, 4), (9, 3), (12, 4)]), st.sampled_from([None, 0.5]),
-       st.floats(0.3, 3.0))
-def test_exact_optimum_never_below_any_heuristic(seed: int, shape: tuple[int, int], eps: float | None,
-                                                 tau: float) -> None:
+@given(
+    st.integers(0, 1000),
+    st.sampled_from([(8, 2), (8, 4), (9, 3), (12, 4)]),
+    st.sampled_from([None, 0.5]),
+    st.floats(0.3, 3.0),
+)
+def test_exact_optimum_never_below_any_heuristic(
+    seed: int, shape: tuple[int, int], eps: float | None, tau: float
+) -> None:
     """CP-SAT's proved optimum >= tacg with and without repair/refinement on the same objective."""
     E, G = shape
     p = make_problem(E=E, G=G, k=2, L=1, tokens=600, seed=seed)

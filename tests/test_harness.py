@@ -119,8 +119,9 @@ def test_plan_loads_match_the_evaluator(quickstart_path: Path) -> None:
     pl = plan_loads("p", plan, trace, cluster)
     np.testing.assert_array_equal(pl.per_expert.sum(axis=-1), pl.step_loads)
     # every token-expert assignment of the trace is executed exactly once
-    counts = np.stack([np.bincount(trace.topk[:, l].ravel(), minlength=inst.model.experts)
-                       for l in range(inst.model.layers)])
+    counts = np.stack(
+        [np.bincount(trace.topk[:, l].ravel(), minlength=inst.model.experts) for l in range(inst.model.layers)]
+    )
     np.testing.assert_array_equal(pl.per_expert.sum(axis=(1, 2)), counts)
     profile = synthetic_profile(G, variability="medium", seed=2)
     from moeopt.evaluate import straggler
@@ -187,10 +188,29 @@ def test_import_and_cli_work_without_torch() -> None:
 def test_profile_cli_cpu_tiny(torch, tmp_path: Path, capsys) -> None:
     """profile --dense at tiny sizes writes a readable, non-decreasing profile with its error."""
     out = tmp_path / "cpu.yaml"
-    rc = main([
-        "profile", "--device", "cpu", "--d-model", "32", "--d-ff", "64", "--max-tokens", "128",
-        "--tile", "32", "--dense", "--repeats", "3", "--warmup", "1", "--output", str(out), "--quiet",
-    ])
+    rc = main(
+        [
+            "profile",
+            "--device",
+            "cpu",
+            "--d-model",
+            "32",
+            "--d-ff",
+            "64",
+            "--max-tokens",
+            "128",
+            "--tile",
+            "32",
+            "--dense",
+            "--repeats",
+            "3",
+            "--warmup",
+            "1",
+            "--output",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     assert "step function vs dense" in capsys.readouterr().out
     prof = read_profile(out)
@@ -210,8 +230,9 @@ def test_profile_speeds_scale_rows(torch) -> None:
     """Emulated speeds divide the measured row: a speed-2 GPU is twice as fast."""
     from moeopt.harness.profile import FFNShape, measure_profile
 
-    run = measure_profile(FFNShape(16, 32), device="cpu", max_tokens=64, tile=32, repeats=2, warmup=1,
-                          speeds=[1.0, 2.0])
+    run = measure_profile(
+        FFNShape(16, 32), device="cpu", max_tokens=64, tile=32, repeats=2, warmup=1, speeds=[1.0, 2.0]
+    )
     lat = run.profile.latency
     np.testing.assert_allclose(lat[1], lat[0] / 2.0)
     assert run.profile.speed[1] / run.profile.speed[0] == pytest.approx(2.0)
@@ -256,10 +277,25 @@ def test_validate_cli_report_shape(torch, tiny_instance: Path, tmp_path: Path, c
     skew = tmp_path / "interleaved.json"
     write_plan(skew, Plan.from_homes(np.tile(np.arange(E) % G, (L, 1)), gpus=G), "interleaved")
     report_path, md_path = tmp_path / "r.json", tmp_path / "r.md"
-    rc = main([
-        "validate", str(tiny_instance), str(lin), str(skew), "--device", "cpu", "--repeats", "2",
-        "--warmup", "1", "--report", str(report_path), "--markdown", str(md_path), "--quiet",
-    ])
+    rc = main(
+        [
+            "validate",
+            str(tiny_instance),
+            str(lin),
+            str(skew),
+            "--device",
+            "cpu",
+            "--repeats",
+            "2",
+            "--warmup",
+            "1",
+            "--report",
+            str(report_path),
+            "--markdown",
+            str(md_path),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     report = json.loads(report_path.read_text())
@@ -283,9 +319,7 @@ def test_validate_cli_report_shape(torch, tiny_instance: Path, tmp_path: Path, c
     assert report["plans"][0]["measured_improvement_vs_linear"] == 0.0
     inter = report["plans"][1]
     lin_s = report["plans"][0]["modelled_straggler"]
-    assert inter["modelled_improvement_vs_linear"] == pytest.approx(
-        100 * (lin_s - inter["modelled_straggler"]) / lin_s
-    )
+    assert inter["modelled_improvement_vs_linear"] == pytest.approx(100 * (lin_s - inter["modelled_straggler"]) / lin_s)
     r = report["ranking"]
     assert set(r) == {"measured", "modelled", "kendall_tau", "p_value", "discordant_pairs", "agrees"}
     assert sorted(r["measured"]) == ["interleaved", "linear"] and r["agrees"] in (True, False)
@@ -302,8 +336,7 @@ def test_validate_solves_on_the_spot_and_measures_a_profile(torch, tmp_path: Pat
         "name: noprof\nmodel: {layers: 1, experts: 8, top_k: 2}\ncluster: {gpus: 2}\n"
         "workload:\n  synthetic: {tokens: 128, steps: 3, seed: 1}\n"
     )
-    report = validate(load_instance(path), device="cpu", speeds=[1.0, 0.5], max_steps=2, repeats=1,
-                      warmup=0, tile=32)
+    report = validate(load_instance(path), device="cpu", speeds=[1.0, 0.5], max_steps=2, repeats=1, warmup=0, tile=32)
     names = [p["name"] for p in report["plans"]]
     assert names[:2] == ["linear", "greedy"]
     from moeopt.registry import method_names
@@ -320,11 +353,46 @@ def test_validate_with_measured_profile_file(torch, tiny_instance: Path, tmp_pat
     """The prepared script's path: profile --speeds, then validate --profile uses its speeds."""
     prof = tmp_path / "measured.yaml"
     size = ["--device", "cpu", "--d-model", "32", "--d-ff", "64", "--statistic", "min", "--quiet"]
-    assert main(["profile", *size, "--experts-per-gpu", "4", "--max-tokens", "256", "--tile", "32",
-                 "--speeds", "1.0,0.5", "--repeats", "2", "--output", str(prof)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                *size,
+                "--experts-per-gpu",
+                "4",
+                "--max-tokens",
+                "256",
+                "--tile",
+                "32",
+                "--speeds",
+                "1.0,0.5",
+                "--repeats",
+                "2",
+                "--output",
+                str(prof),
+            ]
+        )
+        == 0
+    )
     rep = tmp_path / "r.json"
-    assert main(["validate", str(tiny_instance), *size, "--profile", str(prof), "--max-steps", "2",
-                 "--repeats", "2", "--report", str(rep)]) == 0
+    assert (
+        main(
+            [
+                "validate",
+                str(tiny_instance),
+                *size,
+                "--profile",
+                str(prof),
+                "--max-steps",
+                "2",
+                "--repeats",
+                "2",
+                "--report",
+                str(rep),
+            ]
+        )
+        == 0
+    )
     report = json.loads(rep.read_text())
     assert report["modelled_profile"]["source"] == "file" and report["modelled_profile"]["tile"] == 32
     assert report["speed_source"] == "profile" and report["speeds"] == [1.0, 0.5]
@@ -337,8 +405,9 @@ def test_validate_needs_steps_and_positive_max_steps(torch, tiny_instance: Path,
     counts = tmp_path / "counts.npz"
     np.savez(counts, counts=np.arange(1, 9, dtype=np.float64).reshape(1, 8), top_k=np.array(2))
     inst = tmp_path / "counts.yaml"
-    inst.write_text("model: {layers: 1, experts: 8, top_k: 2}\ncluster: {gpus: 2}\n"
-                    "workload: {calibration: counts.npz}\n")
+    inst.write_text(
+        "model: {layers: 1, experts: 8, top_k: 2}\ncluster: {gpus: 2}\nworkload: {calibration: counts.npz}\n"
+    )
     assert main(["validate", str(inst), "--device", "cpu", "--quiet"]) == 2
     assert "per-timestep counts" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:  # a usage error now, like every out-of-range option

@@ -24,10 +24,22 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "moeopt"
 
 LAYERS: list[tuple[str, list[str]]] = [
-    ("data", [
-        "errors", "budget", "console", "schema", "instance", "topology", "plan", "grouping", "trace", "profile",
-        "result",
-    ]),
+    (
+        "data",
+        [
+            "errors",
+            "budget",
+            "console",
+            "schema",
+            "instance",
+            "topology",
+            "plan",
+            "grouping",
+            "trace",
+            "profile",
+            "result",
+        ],
+    ),
     ("scoring", ["dispatch", "evaluate", "scoring", "utilization"]),
     ("models", ["bounds", "balance", "balance_batch", "balance_robust", "joint", "relabel", "synth"]),
     ("search", ["heuristics", "heuristics.*", "solvers", "solvers.*", "colgen"]),

@@ -174,13 +174,33 @@ def _interrupt(name: str, instance: Path, out: Path, extra: tuple[str, ...] = ()
     own = out.parent / f"{out.name}.yaml"  # the instance with this method and its params
     params = "".join(f", {k}: {v}" for k, v in {**PARAMS.get(name, {}), **SIGINT_PARAMS.get(name, {})}.items())
     own.write_text(instance.read_text().replace("method: {name: greedy}", f"method: {{name: {name}{params}}}"))
-    cmd = [sys.executable, "-c", _LAUNCH, "solve", str(own), "--time-limit", "60",
-           "--output", str(out / "plan.json"), "--report", str(out / "report.json"), "--quiet", *extra]
+    cmd = [
+        sys.executable,
+        "-c",
+        _LAUNCH,
+        "solve",
+        str(own),
+        "--time-limit",
+        "60",
+        "--output",
+        str(out / "plan.json"),
+        "--report",
+        str(out / "report.json"),
+        "--quiet",
+        *extra,
+    ]
     path = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     env = {**os.environ, "MOEOPT_TEST_METHOD": name, "PYTHONPATH": path}
     # a shell or runner that started us in the background may ignore SIGINT: the child must not
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     first = proc.stderr.readline()
     if first.strip() != "ready":
         proc.kill()

@@ -45,8 +45,19 @@ def assert_sane_png(path: Path) -> None:
 def solved(tmp_path_factory):
     """quickstart solved by tacg (one copy per expert, even dispatch) with plan, report and --plot."""
     d = tmp_path_factory.mktemp("solved")
-    argv = ["solve", str(QUICKSTART), "--method", "tacg", "--quiet", "--output", str(d / "plan.json"),
-            "--report", str(d / "report.json"), "--plot", str(d / "loads.png")]
+    argv = [
+        "solve",
+        str(QUICKSTART),
+        "--method",
+        "tacg",
+        "--quiet",
+        "--output",
+        str(d / "plan.json"),
+        "--report",
+        str(d / "report.json"),
+        "--plot",
+        str(d / "loads.png"),
+    ]
     console.configure()
     assert main(argv) == 0
     return d
@@ -55,8 +66,9 @@ def solved(tmp_path_factory):
 def counted_loads(plan, trace) -> np.ndarray:
     """Tokens per GPU counted directly: each (token, k) pair lands on its expert's only GPU."""
     assert not plan.replicas or all((r < 0).all() for r in plan.replicas)
-    return np.stack([np.bincount(plan.home[l][trace.topk[:, l].ravel()], minlength=plan.gpus)
-                     for l in range(plan.layers)]).astype(float)
+    return np.stack(
+        [np.bincount(plan.home[l][trace.topk[:, l].ravel()], minlength=plan.gpus) for l in range(plan.layers)]
+    ).astype(float)
 
 
 def test_load_bars_match_the_plans_loads(solved):
@@ -117,8 +129,21 @@ def test_gap_plot_without_history_is_one_line(tmp_path, capsys):
 
 def test_frontier_output_plots(tmp_path, capsys):
     """plot on a frontier JSON draws its points (the same points, Pareto flags kept); frontier --plot too."""
-    argv = ["frontier", str(QUICKSTART), "--methods", "agnostic,greedy", "--eps", "0.2", "--quiet",
-            "--output-dir", str(tmp_path), "--name", "f", "--plot", str(tmp_path / "direct.png")]
+    argv = [
+        "frontier",
+        str(QUICKSTART),
+        "--methods",
+        "agnostic,greedy",
+        "--eps",
+        "0.2",
+        "--quiet",
+        "--output-dir",
+        str(tmp_path),
+        "--name",
+        "f",
+        "--plot",
+        str(tmp_path / "direct.png"),
+    ]
     assert main(argv) == 0
     capsys.readouterr()
     data = json.loads((tmp_path / "f.json").read_text())
@@ -154,8 +179,10 @@ def test_plot_bad_inputs_one_line(solved, tmp_path, capsys):
     out = tmp_path / "x.png"
     cases = [
         (["plot", str(solved / "plan.json"), "-o", str(out)], "needs --instance"),
-        (["plot", str(solved / "plan.json"), "--instance", str(QUICKSTART), "--layer", "5", "-o", str(out)],
-         "layers 0..1"),
+        (
+            ["plot", str(solved / "plan.json"), "--instance", str(QUICKSTART), "--layer", "5", "-o", str(out)],
+            "layers 0..1",
+        ),
         (["plot", str(tmp_path / "none.json"), "-o", str(out)], "file not found"),
         (["plot", str(solved / "plan.json"), "--kind", "gap", "-o", str(out)], "needs a solve or compare report"),
     ]

@@ -67,8 +67,28 @@ def test_validate_broadcasts_a_one_gpu_profile_file(tmp_path):
     )
     rep, md = tmp_path / "r.json", tmp_path / "r.md"
     size = ["--device", "cpu", "--d-model", "32", "--d-ff", "64", "--quiet"]
-    assert main(["validate", str(inst), *size, "--profile", str(DATA / "profile-1gpu.yaml"), "--max-steps", "2",
-                 "--repeats", "1", "--warmup", "0", "--report", str(rep), "--markdown", str(md)]) == 0
+    assert (
+        main(
+            [
+                "validate",
+                str(inst),
+                *size,
+                "--profile",
+                str(DATA / "profile-1gpu.yaml"),
+                "--max-steps",
+                "2",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "--report",
+                str(rep),
+                "--markdown",
+                str(md),
+            ]
+        )
+        == 0
+    )
     report = json.loads(rep.read_text())
     assert report["modelled_profile"]["note"] == "profile: one GPU broadcast to 2 identical GPUs"
     assert report["speeds"] == [1.0, 1.0]

@@ -29,8 +29,13 @@ from moeopt.result import (
 
 #: worst first, as documented by combine_termination / combine_status
 TERMINATION_ORDER = [
-    Termination.ERROR, Termination.INFEASIBLE, Termination.INTERRUPTED, Termination.ITERATION_LIMIT,
-    Termination.TIME_LIMIT, Termination.COMPLETED, Termination.OPTIMAL,
+    Termination.ERROR,
+    Termination.INFEASIBLE,
+    Termination.INTERRUPTED,
+    Termination.ITERATION_LIMIT,
+    Termination.TIME_LIMIT,
+    Termination.COMPLETED,
+    Termination.OPTIMAL,
 ]
 STATUS_ORDER = [Status.ERROR, Status.INFEASIBLE, Status.NO_SOLUTION, Status.TIME_LIMIT, Status.FEASIBLE, Status.OPTIMAL]
 
@@ -165,9 +170,12 @@ def test_combine_status_is_the_worst(values):
 def test_status_words_and_default_termination():
     """Each status says what it holds and implies a termination when the method gives none."""
     implied = {
-        Status.OPTIMAL: Termination.OPTIMAL, Status.FEASIBLE: Termination.COMPLETED,
-        Status.TIME_LIMIT: Termination.TIME_LIMIT, Status.INFEASIBLE: Termination.INFEASIBLE,
-        Status.NO_SOLUTION: Termination.TIME_LIMIT, Status.ERROR: Termination.ERROR,
+        Status.OPTIMAL: Termination.OPTIMAL,
+        Status.FEASIBLE: Termination.COMPLETED,
+        Status.TIME_LIMIT: Termination.TIME_LIMIT,
+        Status.INFEASIBLE: Termination.INFEASIBLE,
+        Status.NO_SOLUTION: Termination.TIME_LIMIT,
+        Status.ERROR: Termination.ERROR,
     }
     for status, term in implied.items():
         plan = _plan() if status.has_plan else None

@@ -24,8 +24,17 @@ BASE = {
     "workload": {"synthetic": {"tokens": 24, "steps": 2}},
     "method": {"name": "linear"},
 }
-PLAN = {"format": "moeopt.plan/2", "gpus": 2, "layers": 1, "experts": 4, "slots_per_gpu": 2,
-        "slots": [[[0, 1], [2, 3]]], "dispatch": "even", "method": "linear", "params": {}}
+PLAN = {
+    "format": "moeopt.plan/2",
+    "gpus": 2,
+    "layers": 1,
+    "experts": 4,
+    "slots_per_gpu": 2,
+    "slots": [[[0, 1], [2, 3]]],
+    "dispatch": "even",
+    "method": "linear",
+    "params": {},
+}
 
 
 def run(argv: list[str], capsys) -> tuple[int, str]:
@@ -205,8 +214,9 @@ def test_bad_memory_budget_is_one_line(tmp_path, capsys, monkeypatch, budget):
     """A malformed MOEOPT_MEMORY_BUDGET names the variable, in one line, with no output."""
     monkeypatch.setenv("MOEOPT_MEMORY_BUDGET", budget)
     inst = instance(tmp_path)
-    one_error(["solve", str(inst), "--output", str(tmp_path / "p.json")], capsys, "MOEOPT_MEMORY_BUDGET:",
-              "positive integer")
+    one_error(
+        ["solve", str(inst), "--output", str(tmp_path / "p.json")], capsys, "MOEOPT_MEMORY_BUDGET:", "positive integer"
+    )
     assert not (tmp_path / "p.json").exists()
 
 
@@ -225,8 +235,12 @@ def test_unwritable_report_leaves_no_plan(tmp_path, capsys):
     inst = instance(tmp_path)
     (tmp_path / "afile").write_text("x")
     out = tmp_path / "plan.json"
-    one_error(["solve", str(inst), "--output", str(out), "--report", str(tmp_path / "afile" / "r.json")], capsys,
-              "--report:", "Not a directory")
+    one_error(
+        ["solve", str(inst), "--output", str(out), "--report", str(tmp_path / "afile" / "r.json")],
+        capsys,
+        "--report:",
+        "Not a directory",
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "inst.yaml"]
 
 
@@ -390,8 +404,9 @@ def test_param_metadata_allows_inf_where_declared():
 def test_export_refuses_v1_gpu_out_of_range(gpu, tmp_path, capsys):
     """export of a first-release plan whose placement names GPU 99 or -1: one line, no file."""
     p = tmp_path / "v1.json"
-    p.write_text(json.dumps({"format": "moeopt.plan/1", "gpus": 2, "layers": 1, "experts": 4,
-                             "placement": [[0, 0, 1, gpu]]}))
+    p.write_text(
+        json.dumps({"format": "moeopt.plan/1", "gpus": 2, "layers": 1, "experts": 4, "placement": [[0, 0, 1, gpu]]})
+    )
     out = tmp_path / "e.npz"
     one_error(["export", str(p), "--format", "eplb", "--output", str(out)], capsys, f"{p}: placement:", "[0, 1]")
     assert not out.exists()

@@ -100,15 +100,23 @@ GOOD = [{"size": 2, "weight": 1.0}, {"size": 2, "weight": 4.0}, {"weight": 16.0}
     [
         ({"topology": {"levels": GOOD[:1]}}, "cluster.topology.levels", "at least 2"),
         ({"topology": {"levels": [{"weight": 1.0}, {"weight": 4.0}]}}, "cluster.topology.levels[0].size", "required"),
-        ({"topology": {"levels": [GOOD[0], {"size": 2, "weight": 4.0}]}}, "cluster.topology.levels[1].size",
-         "top level"),
-        ({"topology": {"levels": [GOOD[0], GOOD[1], {"weight": 2.0}]}}, "cluster.topology.levels[2].weight",
-         "at least"),
+        (
+            {"topology": {"levels": [GOOD[0], {"size": 2, "weight": 4.0}]}},
+            "cluster.topology.levels[1].size",
+            "top level",
+        ),
+        (
+            {"topology": {"levels": [GOOD[0], GOOD[1], {"weight": 2.0}]}},
+            "cluster.topology.levels[2].weight",
+            "at least",
+        ),
         ({"topology": {"levels": [{"size": 0, "weight": 1.0}, GOOD[2]]}}, "cluster.topology.levels[0].size", ">= 1"),
-        ({"topology": {"levels": [{"size": 2, "weight": -1.0}, GOOD[2]]}}, "cluster.topology.levels[0].weight",
-         ">= 0"),
-        ({"topology": {"levels": [GOOD[0], {"size": 2, "weight": "x"}, GOOD[2]]}},
-         "cluster.topology.levels[1].weight", "expected a number"),
+        ({"topology": {"levels": [{"size": 2, "weight": -1.0}, GOOD[2]]}}, "cluster.topology.levels[0].weight", ">= 0"),
+        (
+            {"topology": {"levels": [GOOD[0], {"size": 2, "weight": "x"}, GOOD[2]]}},
+            "cluster.topology.levels[1].weight",
+            "expected a number",
+        ),
         ({"topology": {"levels": GOOD, "depth": 3}}, "cluster.topology.depth", "unknown field"),
         ({"topology": {"levels": [{"size": 3, "weight": 1.0}, GOOD[2]]}}, "cluster.topology.levels", "divides"),
         ({"topology": {"levels": GOOD}, "inter_node_weight": 4.0}, "cluster.inter_node_weight", "found both"),
@@ -144,8 +152,20 @@ def test_graphml_round_trip(tmp_path: Path, capsys) -> None:
 def test_graphml_with_plan_and_errors(tmp_path: Path, capsys) -> None:
     """--plan adds each expert's GPU; a layer out of range is one line and writes nothing."""
     plan = tmp_path / "plan.json"
-    assert main(["solve", str(ROOT / "instances" / "quickstart.yaml"), "--method", "linear", "--quiet",
-                 "--output", str(plan)]) == 0
+    assert (
+        main(
+            [
+                "solve",
+                str(ROOT / "instances" / "quickstart.yaml"),
+                "--method",
+                "linear",
+                "--quiet",
+                "--output",
+                str(plan),
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "coact.graphml"
     assert main(["trace", "stats", str(QUICK_TRACE), "--graphml", str(out), "--plan", str(plan)]) == 0
     graph = nx.read_graphml(out, node_type=int)

@@ -146,10 +146,18 @@ def test_plan_json_round_trip(case):
 def test_plan_v1_files_still_read(tmp_path):
     """A first-release plan/1 file (homes + replicas) reads into plan/2 with the guard dispatch."""
     path = tmp_path / "p.json"
-    path.write_text(json.dumps({
-        "format": "moeopt.plan/1", "gpus": 2, "layers": 2, "experts": 4,
-        "placement": [[0, 0, 1, 1], [1, 0, 1, 0]], "replicas": [[[0, 1]], []],
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "format": "moeopt.plan/1",
+                "gpus": 2,
+                "layers": 2,
+                "experts": 4,
+                "placement": [[0, 0, 1, 1], [1, 0, 1, 0]],
+                "replicas": [[[0, 1]], []],
+            }
+        )
+    )
     plan = read_plan(path)
     assert plan.slots.tolist() == [[[0, 1, -1], [2, 3, 0]], [[1, 3, -1], [0, 2, -1]]]
     assert plan.copies_on_gpu[0, 0].tolist() == [1, 1] and plan.copy_counts[1].tolist() == [1, 1, 1, 1]
@@ -157,14 +165,17 @@ def test_plan_v1_files_still_read(tmp_path):
     assert plan.dispatch.kind == "locality"
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"slots": [[[0, 1], [2, 9]]]}, "holds expert 9"),
-    ({"slots": [[[0, 1], [2, 2]]]}, "no copy of expert 3"),
-    ({"slots": [[["a", 1], [2, 3]]]}, "slots[0][0][0]: expected an integer"),
-    ({"slots": [[[0, 1], [2, 3]]], "gpus": "two"}, "gpus: expected an integer"),
-    ({"slots": [[[0, 1], [2, 3]]], "dispatch": {"kind": "fastest"}}, "dispatch.kind"),
-    ({"slots": [[[0, 1]], [[2, 3]]]}, "expected shape [1, 2, slots]"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"slots": [[[0, 1], [2, 9]]]}, "holds expert 9"),
+        ({"slots": [[[0, 1], [2, 2]]]}, "no copy of expert 3"),
+        ({"slots": [[["a", 1], [2, 3]]]}, "slots[0][0][0]: expected an integer"),
+        ({"slots": [[[0, 1], [2, 3]]], "gpus": "two"}, "gpus: expected an integer"),
+        ({"slots": [[[0, 1], [2, 3]]], "dispatch": {"kind": "fastest"}}, "dispatch.kind"),
+        ({"slots": [[[0, 1]], [[2, 3]]]}, "expected shape [1, 2, slots]"),
+    ],
+)
 def test_bad_plan_files_one_line(tmp_path, bad, message):
     """Malformed plan/2 files are InputErrors naming the file and the field."""
     data = {"format": "moeopt.plan/2", "gpus": 2, "layers": 1, "experts": 4, **bad}
@@ -193,8 +204,7 @@ def test_synthetic_instance_evaluates_out_of_sample():
     """A synthetic workload evaluates on a fresh sample of the same structure."""
     path = DATA / "synthetic.yaml"
     path.write_text(
-        "model: {layers: 1, experts: 8, top_k: 2}\ncluster: {gpus: 2}\n"
-        "workload: {synthetic: {tokens: 200, steps: 4}}\n"
+        "model: {layers: 1, experts: 8, top_k: 2}\ncluster: {gpus: 2}\nworkload: {synthetic: {tokens: 200, steps: 4}}\n"
     )
     try:
         wl = load_workloads(load_instance(path))

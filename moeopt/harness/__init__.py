@@ -39,8 +39,7 @@ def require_torch() -> Any:
         import torch
     except ImportError:
         raise TorchMissingError(
-            "the GPU validation harness needs torch: pip install -e \".[torch]\" "
-            "(CPU build: pip install torch)"
+            'the GPU validation harness needs torch: pip install -e ".[torch]" (CPU build: pip install torch)'
         ) from None
     return torch
 

@@ -154,9 +154,7 @@ class Timer:
         fn()
         return 1e3 * (time.perf_counter() - t0)
 
-    def rounds(
-        self, fns: Sequence[Callable[[], Any]], *, progress: Callable[[int], Any] | None = None
-    ) -> np.ndarray:
+    def rounds(self, fns: Sequence[Callable[[], Any]], *, progress: Callable[[int], Any] | None = None) -> np.ndarray:
         """Median (or min) over ``repeats`` interleaved rounds of each callable's time (ms).
 
         Parameters
@@ -452,9 +450,7 @@ def measure_profile(
 
     def sweep(points: np.ndarray, label: str) -> tuple[np.ndarray, float]:
         t0 = time.perf_counter()
-        fns = [
-            (lambda counts=split_tokens(int(n), experts_per_gpu): bank.run(ids, counts)) for n in points
-        ]
+        fns = [(lambda counts=split_tokens(int(n), experts_per_gpu): bank.run(ids, counts)) for n in points]
         bar_args = dict(desc=f"profile ({label})", unit="run", quiet=quiet, leave=False)
         with console.bar(total=len(fns) * repeats, **bar_args) as bar:
             out = timer.rounds(fns, progress=bar.update)

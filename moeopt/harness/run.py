@@ -158,7 +158,8 @@ def plan_loads(
     else:
         if workload.step_counts is None:
             raise InputError(
-                None, "workload.evaluation",
+                None,
+                "workload.evaluation",
                 "validate needs per-timestep counts: a token trace or counts with step_counts",
             )
         counts = np.asarray(workload.step_counts, dtype=np.float64)  # [L, T, E]
@@ -528,7 +529,8 @@ def validate(
         T = int(evaluation.step_counts.shape[1])
     else:
         raise InputError(
-            str(instance.source) if instance.source else None, "workload.evaluation",
+            str(instance.source) if instance.source else None,
+            "workload.evaluation",
             "validate needs per-timestep counts: a token trace or counts with step_counts",
         )
     if max_steps is not None and max_steps < 1:
@@ -550,13 +552,26 @@ def validate(
         # no profile anywhere: measure one here, with the emulated speeds, as the model
         busiest = int(np.ceil(_step_totals(evaluation).max()))
         run = measure_profile(
-            shape, device=dev, experts_per_gpu=cluster.slots_per_gpu, max_tokens=max(1, busiest),
-            tile=64 if tile is None else tile, repeats=repeats, warmup=warmup, speeds=emulated.tolist(),
-            threads=threads, quiet=quiet, seed=seed, statistic=statistic,
+            shape,
+            device=dev,
+            experts_per_gpu=cluster.slots_per_gpu,
+            max_tokens=max(1, busiest),
+            tile=64 if tile is None else tile,
+            repeats=repeats,
+            warmup=warmup,
+            speeds=emulated.tolist(),
+            threads=threads,
+            quiet=quiet,
+            seed=seed,
+            statistic=statistic,
         )
         base_profile = run.profile
-        modelled_info = {"source": "measured", "tile": base_profile.tile, "unit": "ms",
-                         "sampling_seconds": run.seconds["tile"]}
+        modelled_info = {
+            "source": "measured",
+            "tile": base_profile.tile,
+            "unit": "ms",
+            "sampling_seconds": run.seconds["tile"],
+        }
     modelled_profile = base_profile
     if modelled_profile.meta.get("note"):  # e.g. "profile: one GPU broadcast to G identical GPUs"
         modelled_info["note"] = modelled_profile.meta["note"]
@@ -572,8 +587,7 @@ def validate(
             raise MoeoptError(f"{src}: {exc}") from None
     names = _unique([n for n, _, _ in entries])
     loads = [
-        plan_loads(n, plan, evaluation, cluster, seed=seed)
-        for n, (_, _, plan) in zip(names, entries, strict=True)
+        plan_loads(n, plan, evaluation, cluster, seed=seed) for n, (_, _, plan) in zip(names, entries, strict=True)
     ]
 
     busiest_group = max(int(pl.per_expert[:, :steps].max()) for pl in loads)
@@ -588,23 +602,25 @@ def validate(
         s_mod, p90_mod, per_mod = straggler(pl.step_loads[:, :steps], modelled_profile)
         per_meas_step = meas.sum(axis=0)
         s_meas = float(meas.sum())
-        plan_reports.append({
-            "name": name,
-            "source": src,
-            "measured_straggler_ms": s_meas,
-            "modelled_straggler": s_mod,
-            "measured_over_modelled": s_meas / s_mod if s_mod > 0 else None,
-            "measured_p90_ms": float(np.percentile(per_meas_step, 90)),
-            "modelled_p90": p90_mod,
-            "measured_improvement_vs_linear": None,
-            "modelled_improvement_vs_linear": None,
-            "step_correlation": _corr(meas, per_mod),
-            "measured_per_step_ms": per_meas_step.tolist(),
-            "modelled_per_step": per_mod.sum(axis=0).tolist(),
-            "assignments": int(pl.per_expert[:, :steps].sum()),
-            "max_gpu_tokens": int(pl.step_loads[:, :steps].max()),
-            "measure_seconds": measure_seconds / len(loads),
-        })
+        plan_reports.append(
+            {
+                "name": name,
+                "source": src,
+                "measured_straggler_ms": s_meas,
+                "modelled_straggler": s_mod,
+                "measured_over_modelled": s_meas / s_mod if s_mod > 0 else None,
+                "measured_p90_ms": float(np.percentile(per_meas_step, 90)),
+                "modelled_p90": p90_mod,
+                "measured_improvement_vs_linear": None,
+                "modelled_improvement_vs_linear": None,
+                "step_correlation": _corr(meas, per_mod),
+                "measured_per_step_ms": per_meas_step.tolist(),
+                "modelled_per_step": per_mod.sum(axis=0).tolist(),
+                "assignments": int(pl.per_expert[:, :steps].sum()),
+                "max_gpu_tokens": int(pl.step_loads[:, :steps].max()),
+                "measure_seconds": measure_seconds / len(loads),
+            }
+        )
 
     _improvements(plan_reports)
     info = device_info(dev, threads)
@@ -680,8 +696,14 @@ def _maybe_all_to_all(
     if ranks < 2:
         raise MoeoptError(f"--world: the all-to-all needs at least 2 ranks, got {ranks}")
     return time_all_to_all(
-        loads, world=ranks, backend=mode, steps=steps, d_model=shape.d_model, dtype=shape.dtype,
-        repeats=repeats, warmup=warmup,
+        loads,
+        world=ranks,
+        backend=mode,
+        steps=steps,
+        d_model=shape.d_model,
+        dtype=shape.dtype,
+        repeats=repeats,
+        warmup=warmup,
     )
 
 

@@ -192,8 +192,15 @@ def _load_repair(problem: Grouping, home: np.ndarray) -> np.ndarray | None:
 
 
 def grouping_heuristic(
-    g: Grouping, rng: np.random.Generator, *, repair: bool = True, refine: bool = True, iterations: int = 1000,
-    patience: int = 200, kick_swaps: int | None = None, hint: np.ndarray | None = None,
+    g: Grouping,
+    rng: np.random.Generator,
+    *,
+    repair: bool = True,
+    refine: bool = True,
+    iterations: int = 1000,
+    patience: int = 200,
+    kick_swaps: int | None = None,
+    hint: np.ndarray | None = None,
     deadline: float | None = None,
 ) -> tuple[np.ndarray, dict]:
     """One layer's plan: spectral clusters, capacity repair, iterated local search.
@@ -225,7 +232,13 @@ def grouping_heuristic(
         home = np.asarray(hint, dtype=np.int64)
     if refine:
         home, counters = iterated_local_search(
-            g, home, rng, iterations=iterations, patience=patience, kick_swaps=kick_swaps, deadline=deadline,
+            g,
+            home,
+            rng,
+            iterations=iterations,
+            patience=patience,
+            kick_swaps=kick_swaps,
+            deadline=deadline,
         )
         info.update(counters)
     return home, info

@@ -264,4 +264,3 @@ def node_affinity(graph: np.ndarray, home: np.ndarray, gpus_per_node: int) -> fl
     node = home // gpus_per_node
     mask = (node[:, None] == node[None, :]) & (home[:, None] != home[None, :])
     return float(np.triu(graph * mask, k=1).sum())
-

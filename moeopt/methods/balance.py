@@ -193,8 +193,13 @@ class Balance:
                 moves.append(core.count_moves(cur, slots[l]))
                 frontier.append(
                     core.migration_frontier(
-                        cur, load[l], FRONTIER_BUDGETS, allow_colocated=allow, seed=ctx.seed,
-                        iterations=params.iterations, unconstrained=free,
+                        cur,
+                        load[l],
+                        FRONTIER_BUDGETS,
+                        allow_colocated=allow,
+                        seed=ctx.seed,
+                        iterations=params.iterations,
+                        unconstrained=free,
                     )
                 )
             elif params.robust != "none":

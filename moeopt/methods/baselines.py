@@ -100,9 +100,7 @@ class Random(Baseline):
         )
 
 
-def hottest_replicas(
-    load: np.ndarray, home: np.ndarray, gpus: int, replica_slots: int, budget: int
-) -> np.ndarray:
+def hottest_replicas(load: np.ndarray, home: np.ndarray, gpus: int, replica_slots: int, budget: int) -> np.ndarray:
     """EPLB-style replication: give the expert with the highest per-copy load one more copy,
     on the least-loaded GPU with a free replica slot that lacks it; repeat ``budget`` times.
 

@@ -123,7 +123,10 @@ class Eplb:
     layerwise: ClassVar[bool] = False
     uses_trace: ClassVar[bool] = True
     stats_rules: ClassVar[dict] = {
-        "eplb_wall_time": "sum", "num_groups": "same", "num_nodes": "same", "num_replicas": "same",
+        "eplb_wall_time": "sum",
+        "num_groups": "same",
+        "num_nodes": "same",
+        "num_replicas": "same",
         "max_copies": "max",
     }
 

@@ -169,7 +169,11 @@ class Gem:
             # rounds and patience bound the search; the layer's share of the budget only caps it
             cap = ctx.budget.child(1.0 / (problem.layers - l)).cap()
             home, s, st = search_layer(
-                util.counts[l], problem.profile, slots, replace(settings, time_limit=cap), seed=ctx.seed + 7919 * l,
+                util.counts[l],
+                problem.profile,
+                slots,
+                replace(settings, time_limit=cap),
+                seed=ctx.seed + 7919 * l,
                 hint=hint,
             )
             capped += int(st.capped)
@@ -179,8 +183,7 @@ class Gem:
             moves += st.moves
             rounds += st.rounds
             ctx.say(
-                f"{self.name} layer {l}: feasible plan, S {s:.4f} (best start {min(st.initial):.4f}), "
-                f"{st.moves} swaps"
+                f"{self.name} layer {l}: feasible plan, S {s:.4f} (best start {min(st.initial):.4f}), {st.moves} swaps"
             )
         stats = {
             "steps": util.steps,

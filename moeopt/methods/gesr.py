@@ -298,7 +298,11 @@ def certificate_hook(plan: Plan, instance: Instance, wl: Workloads, metrics: dic
     if key not in _HOOK_CACHE:
         _HOOK_CACHE.clear()  # one entry: a benchmark evaluates several plans on one base
         _HOOK_CACHE[key] = replication_certificate(
-            plan.home, loads, G, slots, hints=plan.replicas,
+            plan.home,
+            loads,
+            G,
+            slots,
+            hints=plan.replicas,
             time_limit=params.get("certificate_time_limit") or certificate_time(plan.layers),
         )
     metrics.update(certificate_stats(_HOOK_CACHE[key], metrics.get("maxvio")))

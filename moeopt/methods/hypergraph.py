@@ -621,8 +621,17 @@ def resolve_eps_load(eps_load: float | None, load: np.ndarray, gpus: int, slots:
     return (None if math.isinf(eps_load) else eps_load), False
 
 
-def limited_search(starts: list[np.ndarray], gain, gpus: int, slots: int, *, load: np.ndarray,
-                   eps_load: float | None, automatic: bool, **kwargs) -> tuple[np.ndarray, SearchLog, float | None]:
+def limited_search(
+    starts: list[np.ndarray],
+    gain,
+    gpus: int,
+    slots: int,
+    *,
+    load: np.ndarray,
+    eps_load: float | None,
+    automatic: bool,
+    **kwargs,
+) -> tuple[np.ndarray, SearchLog, float | None]:
     """:func:`constrained_search` under ``eps_load``; an automatic limit that repair cannot
     reach is relaxed step by step, so the default always yields a plan."""
     limit = load_limit(eps_load, gpus, load)

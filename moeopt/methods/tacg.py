@@ -39,9 +39,7 @@ DEFAULT_TIME_LIMIT = 10.0
 
 
 # ----------------------------------------------------------------------------- graph
-def family_preference(
-    usage: np.ndarray, global_usage: np.ndarray, tau: float, eps: float = LIFT_EPS
-) -> np.ndarray:
+def family_preference(usage: np.ndarray, global_usage: np.ndarray, tau: float, eps: float = LIFT_EPS) -> np.ndarray:
     """``F * p[f, l, e]``: family preferences scaled so that uniform preferences are exactly 1.
 
     ``s[f, e] = log((u[f, e] + eps) / (ubar[e] + eps))`` and ``p = softmax_f(s / tau)``;
@@ -204,7 +202,11 @@ def layer_problems(problem: Problem, params: TacgParams) -> tuple[np.ndarray, li
 
 # ----------------------------------------------------------------------------- heuristic
 def heuristic_home(
-    g: Grouping, params: TacgParams, rng: np.random.Generator, *, hint: np.ndarray | None = None,
+    g: Grouping,
+    params: TacgParams,
+    rng: np.random.Generator,
+    *,
+    hint: np.ndarray | None = None,
     deadline: float | None = None,
 ) -> tuple[np.ndarray, dict]:
     """One layer's plan: spectral clusters, capacity repair, iterated local search.
@@ -222,8 +224,15 @@ def heuristic_home(
         Optional plan for the layer; used as the start when feasible and better.
     """
     return grouping_heuristic(
-        g, rng, repair=params.repair, refine=params.refine, iterations=params.iterations,
-        patience=params.patience, kick_swaps=params.kick, hint=hint, deadline=deadline,
+        g,
+        rng,
+        repair=params.repair,
+        refine=params.refine,
+        iterations=params.iterations,
+        patience=params.patience,
+        kick_swaps=params.kick,
+        hint=hint,
+        deadline=deadline,
     )
 
 
@@ -246,8 +255,9 @@ def top_down_home(
         idx = np.flatnonzero(node == n)
         if not len(idx):
             continue
-        sub = Grouping(graph=g.graph[np.ix_(idx, idx)], load=g.load[idx], groups=gpus_per_node, cap=g.cap,
-                       load_limit=g.load_limit)
+        sub = Grouping(
+            graph=g.graph[np.ix_(idx, idx)], load=g.load[idx], groups=gpus_per_node, cap=g.cap, load_limit=g.load_limit
+        )
         sub.check_load_limit()
         local, _ = heuristic_home(sub, params, rng, deadline=deadline)
         home[idx] = n * gpus_per_node + local
@@ -278,8 +288,16 @@ class TacgBase:
         return True
 
     def _result(
-        self, problem: Problem, params: TacgParams, graph: np.ndarray, groupings: list[Grouping],
-        homes: list[np.ndarray], statuses: list[Status], bounds: list[float], stats: dict, eps: list[float],
+        self,
+        problem: Problem,
+        params: TacgParams,
+        graph: np.ndarray,
+        groupings: list[Grouping],
+        homes: list[np.ndarray],
+        statuses: list[Status],
+        bounds: list[float],
+        stats: dict,
+        eps: list[float],
         termination: Termination | None = None,
     ) -> Result:
         home = np.stack(homes)
@@ -295,9 +313,16 @@ class TacgBase:
         if c.gpus_per_node < c.gpus:
             stats["node_affinity"] = sum(node_affinity(graph[l], home[l], c.gpus_per_node) for l in range(len(homes)))
         return Result(
-            method=self.name, status=combine_status(statuses), plan=problem.plan(home), objective=objective,
-            bound=float(sum(bounds)), sense="max", objective_name="affinity", params=vars(params).copy(),
-            stats=stats, termination=termination,
+            method=self.name,
+            status=combine_status(statuses),
+            plan=problem.plan(home),
+            objective=objective,
+            bound=float(sum(bounds)),
+            sense="max",
+            objective_name="affinity",
+            params=vars(params).copy(),
+            stats=stats,
+            termination=termination,
         )
 
 
@@ -335,8 +360,15 @@ class Tacg(TacgBase):
                 cert = colgen_certificate(g, home, ctx, problem.layers - l)
                 if cert.home is not None and cert.objective > g.objective(home):
                     home = cert.home
-                certs.append({"bound": cert.bound, "objective": cert.objective, "proven": cert.proven,
-                              "columns": cert.columns, "seconds": cert.history[-1][0]})
+                certs.append(
+                    {
+                        "bound": cert.bound,
+                        "objective": cert.objective,
+                        "proven": cert.proven,
+                        "columns": cert.columns,
+                        "seconds": cert.history[-1][0],
+                    }
+                )
             modes.append(mode)
             homes.append(_finish(home, g, gpn, rng) if mode == "flat" else home)
             b, kind = grouping_bound(
@@ -356,8 +388,12 @@ class Tacg(TacgBase):
                 f"{self.name} layer {l}: {statuses[-1].solution} plan, affinity {g.objective(home):.6g}, "
                 f"bound {b:.6g} ({kind})"
             )
-        stats = {"bound_kind": kinds, "spectral_affinity": float(sum(spectral)), "ils_rounds": rounds,
-                 "node_mode": modes}
+        stats = {
+            "bound_kind": kinds,
+            "spectral_affinity": float(sum(spectral)),
+            "ils_rounds": rounds,
+            "node_mode": modes,
+        }
         if certs:
             stats["colgen"] = certs
         termination = None
@@ -471,8 +507,15 @@ class TacgExact(TacgBase):
         termination = combine_termination(terminations)
         if Status.NO_SOLUTION in statuses:
             return Result(
-                method=self.name, status=Status.NO_SOLUTION, plan=None, bound=float(sum(bounds)), sense="max",
-                objective_name="affinity", params=vars(params).copy(), stats=stats, termination=termination,
+                method=self.name,
+                status=Status.NO_SOLUTION,
+                plan=None,
+                bound=float(sum(bounds)),
+                sense="max",
+                objective_name="affinity",
+                params=vars(params).copy(),
+                stats=stats,
+                termination=termination,
             )
         return self._result(problem, params, graph, groupings, homes, statuses, bounds, stats, eps, termination)
 

@@ -486,9 +486,7 @@ def solve_cpsat(
     # The model minimizes rounded latencies q = round(C * scale): each step's z_t can sit up to
     # `err` units above the true latency, so the true optimum is at least (bound - T err)/scale.
     err = float(np.abs(q - model.table[:, : q.shape[1]] * scale).max()) if q.size else 0.0
-    bound = (
-        (solver.best_objective_bound - model.steps * err) / scale if status != cp_model.INFEASIBLE else None
-    )
+    bound = (solver.best_objective_bound - model.steps * err) / scale if status != cp_model.INFEASIBLE else None
     return ExactOutcome(
         home=home,
         objective=objective,

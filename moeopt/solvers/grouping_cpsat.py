@@ -73,7 +73,8 @@ def check_size(g: Grouping, time_limit: float) -> None:
     most = int(TERMS_PER_SECOND * max(time_limit, 1.0))
     if n > most:
         raise InputError(
-            None, None,
+            None,
+            None,
             f"tacg-cpsat: E={g.experts}, G={g.groups} gives about {n} model terms, too many for a "
             f"{time_limit:g} s limit (at most {most}); raise --time-limit or use the heuristic 'tacg'",
         )
@@ -147,8 +148,14 @@ def build_model(g: Grouping) -> CpsatModel:
 
 
 def solve(
-    g: Grouping, *, time_limit: float, hint: np.ndarray | None = None, threads: int = 2, seed: int = 0,
-    log: bool = False, refuse: bool = True,
+    g: Grouping,
+    *,
+    time_limit: float,
+    hint: np.ndarray | None = None,
+    threads: int = 2,
+    seed: int = 0,
+    log: bool = False,
+    refuse: bool = True,
 ) -> ExactOutcome:
     """Solve ``g`` with CP-SAT.
 

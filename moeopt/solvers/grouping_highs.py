@@ -117,21 +117,39 @@ def build_arrays(g: Grouping) -> MilpArrays:
         # pair linearization: y[p, k] - x[i, k] <= 0 and y[p, k] - x[j, k] <= 0
         r = np.arange(P * G)
         for end in (pi, pj):
-            block(np.concatenate([r, r]), np.concatenate([Y.ravel(), X[end].ravel()]),
-                  np.concatenate([np.ones(P * G), -np.ones(P * G)]), P * G, -np.inf, 0.0)
+            block(
+                np.concatenate([r, r]),
+                np.concatenate([Y.ravel(), X[end].ravel()]),
+                np.concatenate([np.ones(P * G), -np.ones(P * G)]),
+                P * G,
+                -np.inf,
+                0.0,
+            )
         # star cuts per (e, k): sum_{p ni e} y[p, k] <= (cap - 1) x[e, k]
         ends = np.concatenate([pi, pj])
         other = np.concatenate([pj, pi])
         pp = np.concatenate([np.arange(P), np.arange(P)])
         star_r = (ends[:, None] * G + np.arange(G)[None, :]).ravel()
         star_c = Y[pp].ravel()
-        block(np.concatenate([star_r, np.arange(nx)]), np.concatenate([star_c, X.ravel()]),
-              np.concatenate([np.ones(len(star_r)), np.full(nx, -(cap - 1.0))]), nx, -np.inf, 0.0)
+        block(
+            np.concatenate([star_r, np.arange(nx)]),
+            np.concatenate([star_c, X.ravel()]),
+            np.concatenate([np.ones(len(star_r)), np.full(nx, -(cap - 1.0))]),
+            nx,
+            -np.inf,
+            0.0,
+        )
         if g.limited:
             # sum_{p ni e} w[other] y[p, k] <= (L - w[e]) x[e, k]
             wv = np.repeat(g.load[other], G)
-            block(np.concatenate([star_r, np.arange(nx)]), np.concatenate([star_c, X.ravel()]),
-                  np.concatenate([wv, -np.repeat(g.load_limit - g.load, G)]), nx, -np.inf, 0.0)
+            block(
+                np.concatenate([star_r, np.arange(nx)]),
+                np.concatenate([star_c, X.ravel()]),
+                np.concatenate([wv, -np.repeat(g.load_limit - g.load, G)]),
+                nx,
+                -np.inf,
+                0.0,
+            )
     # value precedence: x[e, k] - sum_{k-1 <= f < e} x[f, k-1] <= 0 for 1 <= k <= e
     ek = np.argwhere((kk >= 1) & (kk <= ee))
     if len(ek):
@@ -140,11 +158,15 @@ def build_arrays(g: Grouping) -> MilpArrays:
         r = np.repeat(np.arange(len(ek)), cnt)
         start = np.repeat(np.cumsum(cnt) - cnt, cnt)
         f = np.repeat(k_ - 1, cnt) + (np.arange(cnt.sum()) - start)
-        block(np.concatenate([np.arange(len(ek)), r]), np.concatenate([X[e_, k_], X[f, np.repeat(k_ - 1, cnt)]]),
-              np.concatenate([np.ones(len(ek)), -np.ones(len(r))]), len(ek), -np.inf, 0.0)
-    matrix = sp.csr_matrix(
-        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, ncol)
-    )
+        block(
+            np.concatenate([np.arange(len(ek)), r]),
+            np.concatenate([X[e_, k_], X[f, np.repeat(k_ - 1, cnt)]]),
+            np.concatenate([np.ones(len(ek)), -np.ones(len(r))]),
+            len(ek),
+            -np.inf,
+            0.0,
+        )
+    matrix = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, ncol))
     return MilpArrays(cost, col_lo, col_hi, integer, matrix, np.concatenate(lo), np.concatenate(hi), pi, pj)
 
 
@@ -176,8 +198,14 @@ def build_model(g: Grouping, arrays: MilpArrays | None = None):
 
 
 def solve(
-    g: Grouping, *, time_limit: float, hint: np.ndarray | None = None, threads: int = 2, seed: int = 0,
-    log: bool = False, refuse: bool = True,
+    g: Grouping,
+    *,
+    time_limit: float,
+    hint: np.ndarray | None = None,
+    threads: int = 2,
+    seed: int = 0,
+    log: bool = False,
+    refuse: bool = True,
 ) -> ExactOutcome:
     """Solve ``g`` with HiGHS through highspy.
 

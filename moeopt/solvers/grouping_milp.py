@@ -84,14 +84,16 @@ def build_model(g: Grouping):
         w, lim = g.load, g.load_limit
         m.star_load = pyo.Constraint(
             with_pairs,
-            rule=lambda m, e, k: sum(float(w[o]) * m.y[p, k] for p, o in incident[e])
-            <= (lim - float(w[e])) * m.x[e, k],
+            rule=lambda m, e, k: (
+                sum(float(w[o]) * m.y[p, k] for p, o in incident[e]) <= (lim - float(w[e])) * m.x[e, k]
+            ),
         )
     prec = [(e, k) for e in range(1, E) for k in range(1, min(e + 1, G))]
     m.precedence = pyo.Constraint(prec, rule=lambda m, e, k: m.x[e, k] <= sum(m.x[f, k - 1] for f in range(k - 1, e)))
     weights = {p: float(pw[p]) for p in range(P)}
-    m.obj = pyo.Objective(expr=sum(weights[p] * m.y[p, k] for p in range(P) for k in range(G)) if P else 0.0,
-                          sense=pyo.maximize)
+    m.obj = pyo.Objective(
+        expr=sum(weights[p] * m.y[p, k] for p in range(P) for k in range(G)) if P else 0.0, sense=pyo.maximize
+    )
     m._pairs = list(zip(pi.tolist(), pj.tolist(), strict=True))
     return m
 
@@ -121,8 +123,14 @@ def _warm_start(opt, m, home: np.ndarray, g: Grouping) -> bool:
 
 
 def solve(
-    g: Grouping, *, time_limit: float, hint: np.ndarray | None = None, threads: int = 2, seed: int = 0,
-    log: bool = False, refuse: bool = True,
+    g: Grouping,
+    *,
+    time_limit: float,
+    hint: np.ndarray | None = None,
+    threads: int = 2,
+    seed: int = 0,
+    log: bool = False,
+    refuse: bool = True,
 ) -> ExactOutcome:
     """Solve ``g`` with HiGHS through Pyomo's solver API v2.
 

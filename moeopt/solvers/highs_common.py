@@ -94,7 +94,8 @@ def refuse_large(g: Grouping, time_limit: float, backend: str, rate: float) -> N
     nnz = estimate_nonzeros(g)
     if nnz > rate * max(time_limit, 1.0):
         raise InputError(
-            None, None,
+            None,
+            None,
             f"{backend}: E={g.experts}, G={g.groups} gives about {nnz} matrix nonzeros, too many for a "
             f"{time_limit:g} s limit (at most {int(rate * max(time_limit, 1.0))}); raise --time-limit, "
             "use 'tacg-cpsat' or the heuristic 'tacg'",

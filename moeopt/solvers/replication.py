@@ -112,9 +112,7 @@ def build_model(home: np.ndarray, load: np.ndarray, gpus: int, slots: int) -> Re
     cols.append(y_col)
     vals.append(np.ones(P))
     n_row = gpus + E + P + gpus
-    matrix = sp.csc_matrix(
-        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_row, n_col)
-    )
+    matrix = sp.csc_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_row, n_col))
     row_upper = np.concatenate([-home_load, w, np.zeros(P), np.full(gpus, float(slots))])
     row_lower = np.full(n_row, -np.inf)
     cost = np.zeros(n_col)
@@ -122,9 +120,7 @@ def build_model(home: np.ndarray, load: np.ndarray, gpus: int, slots: int) -> Re
     col_lower = np.zeros(n_col)
     col_upper = np.concatenate([[np.inf], w[pe], np.ones(P)])
     integrality = np.concatenate([np.zeros(1 + P, dtype=np.int64), np.ones(P, dtype=np.int64)])
-    return ReplicationModel(
-        pairs, cost, col_lower, col_upper, integrality, matrix, row_lower, row_upper, mean
-    )
+    return ReplicationModel(pairs, cost, col_lower, col_upper, integrality, matrix, row_lower, row_upper, mean)
 
 
 @dataclass(frozen=True)
@@ -179,9 +175,7 @@ def solve_replication_bound(
     P = len(m.pairs)
     if P == 0:  # no replica can be placed: the base plan's MaxVio is the answer
         vio = float(np.bincount(home, weights=load, minlength=gpus).max() / m.mean - 1.0)
-        return ReplicationBound(
-            Status.OPTIMAL, vio, vio, np.zeros((0, 2), np.int64), time.perf_counter() - t0
-        )
+        return ReplicationBound(Status.OPTIMAL, vio, vio, np.zeros((0, 2), np.int64), time.perf_counter() - t0)
     # incumbent: the better of the hint and a load-balancing greedy, each split optimally;
     # when it reaches z = mean (MaxVio 0) it is optimal and HiGHS is not needed
     starts = [balancing_replicas(home, load, gpus, slots)]
@@ -191,30 +185,30 @@ def solve_replication_bound(
     best_col = min(cols, key=lambda c: c[0]) if cols else None
     if best_col is not None and best_col[0] <= 1.0 + 1e-9:
         reps = m.pairs[best_col[1 + P :] > 0.5]
-        return ReplicationBound(
-            Status.OPTIMAL, 0.0, max(best_col[0] - 1.0, 0.0), reps, time.perf_counter() - t0
-        )
+        return ReplicationBound(Status.OPTIMAL, 0.0, max(best_col[0] - 1.0, 0.0), reps, time.perf_counter() - t0)
     # the count bound (normalized) as the lower bound of z: the LP relaxation alone says mean
     z_floor = replica_count_bound(home, load / m.mean, gpus, slots)
     if best_col is not None and best_col[0] <= z_floor * (1 + 1e-9):
         reps = m.pairs[best_col[1 + P :] > 0.5]
         return ReplicationBound(
-            Status.OPTIMAL, max(z_floor - 1.0, 0.0), max(best_col[0] - 1.0, 0.0), reps,
+            Status.OPTIMAL,
+            max(z_floor - 1.0, 0.0),
+            max(best_col[0] - 1.0, 0.0),
+            reps,
             time.perf_counter() - t0,
         )
     # first a pure feasibility model at z = z_floor (no objective): HiGHS finds a plan that
     # reaches the floor much faster this way than by minimizing z, and such a plan is optimal
     at_floor = replace(
-        m, cost=np.zeros_like(m.cost),
+        m,
+        cost=np.zeros_like(m.cost),
         col_upper=np.concatenate([[z_floor * (1 + 1e-7)], m.col_upper[1:]]),
     )
     _, _, col = _run_highs(at_floor, z_floor, None, FEASIBILITY_SHARE * time_limit, threads)
     if col is not None:
         reps = m.pairs[col[1 + P :] > 0.5]
         best = float(optimal_split_maxvio(home, reps, load, gpus))
-        return ReplicationBound(
-            Status.OPTIMAL, max(z_floor - 1.0, 0.0), best, reps, time.perf_counter() - t0
-        )
+        return ReplicationBound(Status.OPTIMAL, max(z_floor - 1.0, 0.0), best, reps, time.perf_counter() - t0)
     remaining = time_limit - (time.perf_counter() - t0)
     status, bound, col = _run_highs(m, z_floor, best_col, remaining, threads)
     best, reps = None, np.zeros((0, 2), np.int64)
@@ -326,9 +320,7 @@ def balancing_replicas(home: np.ndarray, load: np.ndarray, gpus: int, slots: int
     return best
 
 
-def _shed_to(
-    z: float, home: np.ndarray, w: np.ndarray, base: np.ndarray, gpus: int, slots: int
-) -> np.ndarray | None:
+def _shed_to(z: float, home: np.ndarray, w: np.ndarray, base: np.ndarray, gpus: int, slots: int) -> np.ndarray | None:
     """Replicas bringing every GPU to at most ``z`` by greedy shedding, or None."""
     gpu_load = base.copy()
     at_home = w.copy()
@@ -357,9 +349,7 @@ def _shed_to(
     return np.array(reps, dtype=np.int64).reshape(-1, 2)
 
 
-def _pour_to(
-    z: float, home: np.ndarray, w: np.ndarray, base: np.ndarray, gpus: int, slots: int
-) -> np.ndarray | None:
+def _pour_to(z: float, home: np.ndarray, w: np.ndarray, base: np.ndarray, gpus: int, slots: int) -> np.ndarray | None:
     """Replicas bringing every GPU to at most ``z`` by pouring, or None.
 
     McNaughton's wrap-around: the excess of the GPUs above z (largest first) is poured into
@@ -417,9 +407,7 @@ def _hint_solution(
     return col
 
 
-def _split_lp(
-    home: np.ndarray, reps: np.ndarray, w: np.ndarray, gpus: int
-) -> tuple[float, np.ndarray]:
+def _split_lp(home: np.ndarray, reps: np.ndarray, w: np.ndarray, gpus: int) -> tuple[float, np.ndarray]:
     """Min-max split of fixed copies: ``(z, flow per replica row)`` by linear programming."""
     R = len(reps)
     home_load = np.bincount(home, weights=w, minlength=gpus)
@@ -441,9 +429,7 @@ def _split_lp(
     return float(res.x[0]), res.x[1:]
 
 
-def optimal_split_maxvio(
-    home: np.ndarray, replicas: np.ndarray, load: np.ndarray, gpus: int
-) -> float:
+def optimal_split_maxvio(home: np.ndarray, replicas: np.ndarray, load: np.ndarray, gpus: int) -> float:
     """MaxVio of fixed copies when every expert's tokens are split optimally among them.
 
     Parameters
@@ -507,6 +493,7 @@ def solve_replication_bound_pyomo(
         return own - out + inflow <= m.z
 
     m.gpu_load = pyo.Constraint(range(gpus), rule=gpu_load)
+
     def home_share(_, e: int):
         terms = [m.x[p] for p, (ee, _g) in enumerate(pairs) if ee == e]
         return sum(terms) <= float(w[e]) if terms else pyo.Constraint.Skip
@@ -521,8 +508,13 @@ def solve_replication_bound_pyomo(
     opt = SolverFactory("highs")
     res = run_interruptible(
         lambda: opt.solve(
-            m, raise_exception_on_nonoptimal_result=False, load_solutions=False,
-            time_limit=max(0.1, time_limit), threads=highs_threads(1), rel_gap=1e-7, abs_gap=1e-9,
+            m,
+            raise_exception_on_nonoptimal_result=False,
+            load_solutions=False,
+            time_limit=max(0.1, time_limit),
+            threads=highs_threads(1),
+            rel_gap=1e-7,
+            abs_gap=1e-9,
         ),
         lambda: cancel_pyomo_highs(opt),
     )
@@ -532,9 +524,7 @@ def solve_replication_bound_pyomo(
     best, reps = None, np.zeros((0, 2), np.int64)
     if res.solution_status in (SolutionStatus.feasible, SolutionStatus.optimal):
         res.solution_loader.load_vars()
-        reps = np.array(
-            [pairs[p] for p in m.P if pyo.value(m.y[p]) > 0.5], dtype=np.int64
-        ).reshape(-1, 2)
+        reps = np.array([pairs[p] for p in m.P if pyo.value(m.y[p]) > 0.5], dtype=np.int64).reshape(-1, 2)
         best = float(optimal_split_maxvio(home, reps, load, gpus))
     status = Status.OPTIMAL if optimal else Status.TIME_LIMIT
     return ReplicationBound(status, bound, best, reps, time.perf_counter() - t0)
