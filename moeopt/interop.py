@@ -222,6 +222,11 @@ def plan_from_physical(
     E = int(table.max()) + 1 if experts is None else int(experts)
     if table.max() >= E:
         raise InputError(source, field, f"logical id {int(table.max())} out of range [0, {E - 1}] (E = {E})")
+    if E > P:  # checked before the [L, E] table below: a huge id must not allocate
+        what = f"logical id {E - 1}" if experts is None else f"{E} experts"
+        raise InputError(
+            source, field, f"{what} cannot fit: {P} physical slots per layer hold at most {P} logical experts"
+        )
     present = np.zeros((L, E), dtype=bool)
     present[np.repeat(np.arange(L), P), table.ravel()] = True
     if not present.all():

@@ -397,6 +397,8 @@ def test_bad_vllm_ascend_maps():
     [
         ([[0, 1, 2]], 2, "do not split evenly over 2 GPUs"),
         ([[0, 1, 1, 3]], 2, "logical expert 2 has no physical slot"),
+        # a huge id (a float in the JSON) is refused before any [L, E] table is allocated
+        ([[2287638016.0, 1, 2, 3]], 2, "logical id 2287638016 cannot fit: 4 physical slots"),
         ([[0, -1]], 1, "is negative"),
         ([0, 1], 1, "expected [layers, physical slots]"),
         ([[0, 1], [0]], 1, "rectangular"),
@@ -415,7 +417,9 @@ def test_sglang_experts_from_instance():
     data = {"physical_to_logical_map": [[0, 1, 2, 3]]}
     with pytest.raises(InputError, match=r"logical id 3 out of range \[0, 2\]"):
         interop.from_sglang(data, 2, experts=3)
-    with pytest.raises(InputError, match="logical expert 4 has no physical slot"):
+    with pytest.raises(InputError, match="logical expert 2 has no physical slot"):
+        interop.from_sglang({"physical_to_logical_map": [[0, 1, 1, 3]]}, 2, experts=4)
+    with pytest.raises(InputError, match="5 experts cannot fit: 4 physical slots"):
         interop.from_sglang(data, 2, experts=5)
 
 
