@@ -29,9 +29,9 @@ def top_sum(values: np.ndarray, count: int) -> np.ndarray:
     n = values.shape[-1]
     if count <= 0:
         return np.zeros(values.shape[:-1])
-    if count >= n:
-        return values.sum(axis=-1)
-    return np.partition(values, n - count, axis=-1)[..., n - count :].sum(axis=-1)
+    top = values if count >= n else np.partition(values, n - count, axis=-1)[..., n - count :]
+    total: np.ndarray = top.sum(axis=-1)
+    return total
 
 
 def star_bound(problem: Grouping, multipliers: int = 24) -> float:

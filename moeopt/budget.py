@@ -133,7 +133,8 @@ def run_interruptible(solve: Callable[[], T], stop: Callable[[], object] | None 
         raise
     if "error" in box:
         raise box["error"]
-    return box["value"]
+    value: T = box["value"]
+    return value
 
 
 @contextmanager

@@ -46,7 +46,7 @@ from scipy.optimize import linprog
 
 from moeopt.errors import InputError
 from moeopt.instance import Cluster
-from moeopt.plan import Plan
+from moeopt.plan import Dispatch, Plan
 from moeopt.topology import hop_cost_sum, hop_costs
 from moeopt.trace import Trace
 
@@ -89,7 +89,7 @@ def static_map(plan: Plan, gpus_per_node: int | None = None, seed: int = STATIC_
             chosen = np.full(G, -1, dtype=np.int64)
             gs, at = np.unique(gpu_of, return_index=True)
             chosen[gs] = cand[at]  # first copy on the rank's own GPU
-            if node_slots is not None:
+            if node_slots is not None and gpus_per_node is not None:
                 node_of = cand // node_slots
                 first_in_node = np.full(G // gpus_per_node, -1, dtype=np.int64)
                 ns, at = np.unique(node_of, return_index=True)
@@ -105,10 +105,10 @@ def static_map(plan: Plan, gpus_per_node: int | None = None, seed: int = STATIC_
                 drawn.append((l, e, cand.tolist(), left))
     for r in range(G):
         rng = random.Random(seed)
-        for l, e, cand, left in drawn:
+        for l, e, slots_of_e, left in drawn:
             if out[r, l, e] >= 0:
                 continue  # this rank's table holds only its near copy: no draw
-            picks = _fair_choices(cand, len(left), rng)
+            picks = _fair_choices(slots_of_e, len(left), rng)
             out[r, l, e] = picks[int(np.searchsorted(left, r))]
     out.setflags(write=False)
     return out
@@ -138,7 +138,7 @@ def static_share(plan: Plan, gpus_per_node: int | None = None) -> np.ndarray:
 def even_share(plan: Plan) -> np.ndarray:
     """float ``[L, E, G]``: copies of e on g divided by e's copies (colocated copies count twice)."""
     on = plan.copies_on_gpu.astype(np.float64)
-    return on / plan.copy_counts[:, :, None]
+    return np.asarray(on / plan.copy_counts[:, :, None])
 
 
 # ----------------------------------------------------------------------------- lp
@@ -210,9 +210,9 @@ def count_loads(plan: Plan, counts: np.ndarray, cluster: Cluster) -> np.ndarray:
     counts = np.asarray(counts, dtype=np.float64)
     kind = plan.dispatch.kind
     if kind in ("even", "locality"):
-        return np.einsum("l...e,leg->l...g", counts, even_share(plan))
+        return np.asarray(np.einsum("l...e,leg->l...g", counts, even_share(plan)))
     if kind == "static":
-        return np.einsum("l...e,leg->l...g", counts, static_share(plan, cluster.gpus_per_node))
+        return np.asarray(np.einsum("l...e,leg->l...g", counts, static_share(plan, cluster.gpus_per_node)))
     L, E, G = counts.shape[0], counts.shape[-1], plan.gpus
     holds = plan.copies_on_gpu > 0
     flat = counts.reshape(L, -1, E)
@@ -225,9 +225,9 @@ def count_flows(plan: Plan, counts: np.ndarray, cluster: Cluster) -> np.ndarray:
     counts = np.asarray(counts, dtype=np.float64)
     kind = plan.dispatch.kind
     if kind in ("even", "locality"):
-        return counts[..., None] * even_share(plan)[:, None]
+        return np.asarray(counts[..., None] * even_share(plan)[:, None])
     if kind == "static":
-        return counts[..., None] * static_share(plan, cluster.gpus_per_node)[:, None]
+        return np.asarray(counts[..., None] * static_share(plan, cluster.gpus_per_node)[:, None])
     holds = plan.copies_on_gpu > 0
     return np.stack([lp_layer_loads(counts[l], holds[l])[1] for l in range(plan.layers)])
 
@@ -278,7 +278,7 @@ def _assign_by_quota(ids: np.ndarray, step: np.ndarray, E: int, quota: np.ndarra
     cum = np.cumsum(quota.reshape(T * E, G), axis=1)  # [T*E, G]
     # GPU = number of cumulative quotas <= rank
     g = (cum[key] <= rank[:, None]).sum(axis=1)
-    return g.reshape(ids.shape)
+    return np.asarray(g.reshape(ids.shape))
 
 
 def _integer_quota(flow: np.ndarray) -> np.ndarray:
@@ -417,7 +417,9 @@ def communication_of(
     return distinct, remote.astype(np.float64), weighted.astype(np.float64)
 
 
-def _expected_comm_static(ids: np.ndarray, dest: np.ndarray, cluster: Cluster, chunk: int = 4096):
+def _expected_comm_static(
+    ids: np.ndarray, dest: np.ndarray, cluster: Cluster, chunk: int = 4096
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per token, the expectation over a uniform home h of (distinct GPUs, remote GPUs,
     weighted remote cost) when source GPU h sends expert e to ``dest[h, e]``."""
     G, cost_of = cluster.gpus, hop_costs(cluster)
@@ -443,7 +445,7 @@ def guard_layer(
     step: np.ndarray,
     copies: np.ndarray,
     gpus: int,
-    guard,
+    guard: Dispatch,
     token_home: np.ndarray | None = None,
 ) -> np.ndarray:
     """GPU executing each token-slot ``[tokens, k]`` of one layer under the online guard.
@@ -480,12 +482,13 @@ def guard_layer(
     numpy.ndarray
         int ``[tokens, k]``: a GPU holding each chosen expert.
     """
-    base = copies[topk, 0]
+    base: np.ndarray = copies[topk, 0]
     if copies.shape[1] == 1 or not len(topk):
         return base
     E, k = copies.shape[0], topk.shape[1]
-    chosen = base.copy()
-    needs_choice = (copies[:, 1:] >= 0).any(axis=1)[topk]  # [n, k]
+    chosen: np.ndarray = base.copy()
+    replicated = np.asarray((copies[:, 1:] >= 0).any(axis=1))
+    needs_choice = replicated[topk]  # [n, k]
     holds = np.zeros((E, gpus), dtype=bool)
     e_idx, w_idx = np.nonzero(copies >= 0)
     holds[e_idx, copies[e_idx, w_idx]] = True

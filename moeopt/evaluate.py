@@ -95,8 +95,10 @@ def evaluate(
         routing = route_trace(plan, workload, cluster)
         if routing.comm is not None:
             distinct, remote, weighted = routing.comm
-        else:
+        elif routing.gpu is not None:
             distinct, remote, weighted = communication(routing.gpu, cluster, workload.home)
+        else:  # Routing's contract: without per-home expectations the GPUs are known
+            raise ValueError("route_trace returned neither GPUs nor communication")
         m["gpus_per_token"] = float(distinct.mean())
         m["comm_per_token"] = float(remote.mean())
         m["comm_weighted_per_token"] = float(weighted.mean())

@@ -332,9 +332,7 @@ def _check_shape(w: Trace | Stats, model: Model, src: str) -> Trace | Stats:
         return replace(w, num_experts=E)
     pad = E - experts
 
-    def widen(a: np.ndarray | None, axes: tuple[int, ...]) -> np.ndarray | None:
-        if a is None:
-            return None
+    def widen(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
         width = [(0, 0)] * a.ndim
         for ax in axes:
             width[ax] = (0, pad)
@@ -343,8 +341,8 @@ def _check_shape(w: Trace | Stats, model: Model, src: str) -> Trace | Stats:
     return replace(
         w,
         counts=widen(w.counts, (2,)),
-        step_counts=widen(w.step_counts, (2,)),
-        coactivation=widen(w.coactivation, (2, 3)),
+        step_counts=None if w.step_counts is None else widen(w.step_counts, (2,)),
+        coactivation=None if w.coactivation is None else widen(w.coactivation, (2, 3)),
     )
 
 
@@ -540,7 +538,7 @@ def read_sglang_dump(path: str | Path, *, top_k: int | None = None, trusted: boo
 def write_counts(path: str | Path, stats: Stats) -> None:
     """Write count-only statistics as a counts ``.npz`` (``counts``, ``top_k``,
     ``family_names``, and ``step_counts`` when known), readable by ``read_workload_file``."""
-    arrays = {
+    arrays: dict[str, Any] = {  # np.savez_compressed's **kwds (typed as its keyword options)
         "counts": stats.counts,
         "top_k": np.array(stats.top_k),
         "family_names": np.array(stats.family_names),
@@ -766,7 +764,7 @@ def read_trace(path: str | Path) -> Trace:
         weights = array("weights")
         if weights.dtype.kind not in "iuf" or weights.shape != topk.shape or not np.isfinite(weights).all():
             raise InputError(src, "weights", f"expected finite floats of shape {topk.shape}")
-    home = vector("home", None) if "home" in data.files else None
+    home = vector("home", np.zeros(0, dtype=np.int32)) if "home" in data.files else None
     return Trace(
         topk=topk.astype(np.int16 if num_experts < 2**15 else np.int32),
         family=family,
@@ -779,7 +777,7 @@ def read_trace(path: str | Path) -> Trace:
 
 
 def write_trace(path: str | Path, trace: Trace) -> None:
-    arrays = {
+    arrays: dict[str, Any] = {  # np.savez_compressed's **kwds (typed as its keyword options)
         "topk": trace.topk,
         "family": trace.family,
         "step": trace.step,

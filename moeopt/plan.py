@@ -176,8 +176,8 @@ class Plan:
         W = need if width is None else int(width)
         if need > W:
             l = next(i for i, c in enumerate(counts) if c.max() > W)
-            g = int(np.argmax(counts[l]))
-            raise PlanError(f"plan: layer {l} puts {counts[l][g]} copies on GPU {g}, which has {W} slots")
+            worst = int(np.argmax(counts[l]))
+            raise PlanError(f"plan: layer {l} puts {counts[l][worst]} copies on GPU {worst}, which has {W} slots")
         slots = np.full((L, gpus, W), -1, dtype=np.int64)
         for l, (g, extra, e) in enumerate(per_layer):
             order = np.lexsort((e, extra, g))
@@ -301,11 +301,11 @@ class Plan:
 
     def physical(self, layer: int) -> np.ndarray:
         """int ``[G * W]``: the layer's slots flattened (slot ``p`` on GPU ``p // W``)."""
-        return self.slots[layer].reshape(-1)
+        return np.asarray(self.slots[layer].reshape(-1))
 
     def experts_per_gpu(self) -> np.ndarray:
         """int ``[L, G]``: filled slots on each GPU."""
-        return (self.slots >= 0).sum(axis=2)
+        return np.asarray((self.slots >= 0).sum(axis=2))
 
     def same_layout(self, other: Plan) -> bool:
         """Whether two plans hold the same multiset of experts on every GPU of every layer."""

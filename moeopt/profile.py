@@ -63,7 +63,7 @@ class Profile:
         """Relative speed of each GPU: inverse of its latency slope, normalised to mean 1."""
         slope = (self.latency[:, -1] - self.latency[:, 0]) / self.max_tiles
         inv = 1.0 / np.maximum(slope, 1e-15)
-        return inv / inv.mean()
+        return np.asarray(inv / inv.mean())
 
     def tiles(self, tokens: np.ndarray) -> np.ndarray:
         return np.ceil(np.asarray(tokens, dtype=np.float64) / self.tile - 1e-9).astype(np.int64).clip(0)
@@ -75,7 +75,7 @@ class Profile:
         g = np.broadcast_to(np.arange(self.gpus), j.shape)
         inside = self.latency[g, np.minimum(j, K)]
         step = self.latency[:, K] - self.latency[:, K - 1]
-        return inside + np.maximum(j - K, 0) * step[g]
+        return np.asarray(inside + np.maximum(j - K, 0) * step[g])
 
     def broadcast(self, gpus: int) -> Profile:
         """This one-GPU profile repeated for ``gpus`` identical GPUs (a measured single GPU used on a
@@ -101,7 +101,7 @@ class Profile:
 
     def table(self, tiles: int) -> np.ndarray:
         """``[G, tiles + 1]`` latencies at 0..tiles tile counts (extended past K if needed)."""
-        return self(np.arange(tiles + 1)[:, None] * self.tile * np.ones((1, self.gpus))).T
+        return np.asarray(self(np.arange(tiles + 1)[:, None] * self.tile * np.ones((1, self.gpus))).T)
 
 
 def synthetic_profile(

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from moeopt.errors import InputError
 
@@ -137,7 +138,7 @@ _EXPECTED = {
 }
 
 
-def _expected(err: dict) -> str:
+def _expected(err: ErrorDetails) -> str:
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind in _EXPECTED:
         return _EXPECTED[kind]
@@ -186,7 +187,7 @@ def input_error(
     # union branches appear as extra loc parts ('str', 'constrained-str', 'ProfileSpecSchema', ...)
     keep_last = err["type"] == "extra_forbidden"  # the user's own key
     loc = tuple(p for i, p in enumerate(loc) if not _is_branch_tag(p) or (keep_last and i == len(loc) - 1))
-    parts = []
+    parts: list[str] = []
     for p in loc:
         if isinstance(p, int) and parts:
             parts[-1] += f"[{p}]"
@@ -524,14 +525,14 @@ class PlanSchema(Strict):
 def check_plan(data: Any, source: str) -> PlanSchema:
     """Validate a plan file's JSON object (types, sizes); the plan's own check follows."""
     if isinstance(data, dict):
-        g, lay, e = data.get("gpus"), data.get("layers"), data.get("experts")
-        w = data.get("slots_per_gpu")
-        ints = [v for v in (g, lay, e, w) if isinstance(v, int) and not isinstance(v, bool) and v > 0]
-        if len(ints) == 4:
+        sizes = {k: data.get(k) for k in ("gpus", "layers", "experts", "slots_per_gpu")}
+        ok = {k: v for k, v in sizes.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+        g, lay, e, w = ok.get("gpus"), ok.get("layers"), ok.get("experts"), ok.get("slots_per_gpu")
+        if lay is not None and g is not None and w is not None:
             check_size(f"layers x gpus x slots ({lay} x {g} x {w})", lay * g * w, source, "slots_per_gpu")
-        if e in ints and lay in ints:
+        if lay is not None and e is not None:
             check_size(f"layers x experts ({lay} x {e})", lay * e, source, "experts")
-        if g in ints and lay in ints:
+        if lay is not None and g is not None:
             check_size(f"layers x gpus ({lay} x {g})", lay * g, source, "gpus")
     try:
         return PlanSchema.model_validate(data)

@@ -89,7 +89,7 @@ def add_relative_metrics(metrics: dict, base: dict) -> None:
         a, b = metrics.get(key), base.get(key)
         if a is None or b is None or b == 0:
             return None
-        return 100.0 * (b - a) / b
+        return float(100.0 * (b - a) / b)
 
     metrics["comm_reduction_vs_linear"] = pct("comm_per_token")
     metrics["comm_weighted_reduction_vs_linear"] = pct("comm_weighted_per_token")

@@ -64,13 +64,13 @@ def cluster_graph(cluster: Cluster) -> nx.Graph:
     """
     tree = levels(cluster)
     graph = nx.Graph()
-    below = [("gpu", g) for g in range(cluster.gpus)]
+    below: list[tuple[str | int, ...]] = [("gpu", g) for g in range(cluster.gpus)]
     graph.add_nodes_from(below, kind="gpu")
     previous_weight = 0.0
     for i, level in enumerate(tree):
         size = len(below) if level.size is None else level.size
         step = (level.weight - previous_weight) / 2
-        switches = [("switch", i, j) for j in range(len(below) // size)]
+        switches: list[tuple[str | int, ...]] = [("switch", i, j) for j in range(len(below) // size)]
         graph.add_nodes_from(switches, kind="switch", level=i)
         graph.add_weighted_edges_from((v, switches[m // size], step) for m, v in enumerate(below))
         below, previous_weight = switches, level.weight
@@ -116,7 +116,7 @@ def hop_costs(cluster: Cluster) -> np.ndarray:
     snap = np.asarray([0.0, *weights])
     cost = snap[np.abs(cost[..., None] - snap).argmin(axis=-1)]
     cost.setflags(write=False)
-    return cost
+    return np.asarray(cost)
 
 
 def hop_cost_sum(cluster: Cluster) -> float:

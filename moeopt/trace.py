@@ -79,12 +79,12 @@ class Trace:
         bincount; the same attribute as :attr:`Stats.step_counts`)."""
         L, T, E = self.layers, self.steps, self.num_experts
         key = (np.arange(L)[None, :, None] * T + self.step[:, None, None]) * E + self.topk.astype(np.int64)
-        return np.bincount(key.ravel(), minlength=L * T * E).reshape(L, T, E).astype(np.float64)
+        return np.asarray(np.bincount(key.ravel(), minlength=L * T * E).reshape(L, T, E), dtype=np.float64)
 
     @property
     def expert_load(self) -> np.ndarray:
         """Token-slots routed to each expert, ``[L, E]`` (as :attr:`Stats.expert_load`)."""
-        return self.step_counts.sum(axis=1)
+        return np.asarray(self.step_counts.sum(axis=1))
 
     def subset(self, mask: np.ndarray) -> Trace:
         """The tokens selected by a boolean mask (steps renumbered, families kept)."""
@@ -169,19 +169,19 @@ class Stats:
     @cached_property
     def global_usage(self) -> np.ndarray:
         """ubar[l, e] = sum_f pi_f u[f, l, e]."""
-        return np.einsum("f,fle->le", self.family_share, self.usage)
+        return np.asarray(np.einsum("f,fle->le", self.family_share, self.usage))
 
     @cached_property
     def expert_load(self) -> np.ndarray:
         """Token-slots routed to each expert over all families, ``[L, E]``."""
-        return self.counts.sum(axis=0)
+        return np.asarray(self.counts.sum(axis=0))
 
     @cached_property
     def affinity(self) -> np.ndarray | None:
         """Task-agnostic coactivation graph A[l] = sum_f pi_f C[f, l], ``[L, E, E]``."""
         if self.coactivation is None:
             return None
-        return np.einsum("f,flij->lij", self.family_share, self.coactivation)
+        return np.asarray(np.einsum("f,flij->lij", self.family_share, self.coactivation))
 
     @property
     def has_coactivation(self) -> bool:

@@ -87,7 +87,7 @@ def utilization_trace(step_counts: np.ndarray, steps: int | None = DEFAULT_STEPS
     group = (np.arange(t_src) * steps) // t_src
     sizes = np.bincount(group, minlength=steps)
     sums = np.zeros((sc.shape[0], steps, sc.shape[2]))
-    np.add.at(sums, (slice(None), group), sc)
+    np.add.at(np.moveaxis(sums, 1, 0), group, np.moveaxis(sc, 1, 0))  # a view: adds into sums
     return Utilization(sums / sizes[None, :, None], group, sizes)
 
 
@@ -117,14 +117,14 @@ class ExpertClasses:
 
     @property
     def heavy(self) -> np.ndarray:
-        return self.consistent | self.temporal
+        return np.asarray(self.consistent | self.temporal)
 
     def partners(self) -> np.ndarray:
         """bool ``[E, E]``: symmetric adjacency of the correlated temporal pairs."""
         E = len(self.consistent)
         adj = np.zeros((E, E), dtype=bool)
         adj[self.pairs[:, 0], self.pairs[:, 1]] = True
-        return adj | adj.T
+        return np.asarray(adj | adj.T)
 
 
 def classify_experts(
@@ -244,7 +244,7 @@ def step_lower_bound(
             bound = np.maximum(
                 bound, profile(np.broadcast_to(floor[..., None], floor.shape + (profile.gpus,))).max(axis=-1)
             )
-    return bound
+    return np.asarray(bound)
 
 
 def straggler_lower_bound(
