@@ -72,7 +72,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -260,10 +260,10 @@ def copy_counts(load: ArrayLike, copies_total: int, max_copies: int | ArrayLike 
     heap = [(-float(L[e]), 1, e) for e in range(E) if cap[e] > 1]  # pragma: no cover - huge inputs only
     heapq.heapify(heap)
     for _ in range(extra):
-        _, k, e = heapq.heappop(heap)
+        _, had, e = heapq.heappop(heap)
         counts[e] += 1
         if counts[e] < cap[e]:
-            heapq.heappush(heap, (-float(L[e]) / (k + 1), k + 1, e))
+            heapq.heappush(heap, (-float(L[e]) / (had + 1), had + 1, e))
     return counts
 
 
@@ -313,6 +313,14 @@ def _pigeonhole_feasible(L: FloatArray, T: float, G: int, W: int, cap: int) -> b
     return True
 
 
+@overload
+def lower_bound(
+    load: ArrayLike, G: int, W: int, allow_colocated: bool = False, *, details: Literal[False] = False
+) -> float: ...
+@overload
+def lower_bound(
+    load: ArrayLike, G: int, W: int, allow_colocated: bool = False, *, details: Literal[True]
+) -> dict[str, float]: ...
 def lower_bound(
     load: ArrayLike, G: int, W: int, allow_colocated: bool = False, *, details: bool = False
 ) -> float | dict[str, float]:
@@ -445,6 +453,13 @@ class _Layout:
             setattr(new, name, v.copy() if isinstance(v, np.ndarray) and name not in ("gf", "load") else v)
         return new
 
+    @property
+    def placed(self) -> IntArray:
+        """Item indices per bin, ``[G, W]`` (a layout built with ``item=``)."""
+        if self.item is None:
+            raise RuntimeError("_Layout.placed needs a layout built with item=")
+        return self.item
+
     # -- moves ------------------------------------------------------------------------------------
     def swap(self, g1: int, i1: int, g2: int, i2: int) -> None:
         e1, e2 = self.e[g1, i1], self.e[g2, i2]
@@ -461,6 +476,8 @@ class _Layout:
         self.s[g2] += w1 - w2
 
     def replace(self, g: int, i: int, x: int) -> None:
+        if self.load is None or self.c is None:
+            raise RuntimeError("_Layout.replace needs per-expert loads (a layout built with load=)")
         a = self.e[g, i]
         self.e[g, i] = x
         self.M[g, a] -= 1
@@ -783,7 +800,7 @@ def lpt_pack(
             heapq.heappush(heap, (sm + wl[it], g))
     if not allow_colocated and np.any(_presence(e[out], E) > 1):
         lay = _Layout(e[out], w[out], E, allow=False, item=out)
-        out = lay.item if lay.repair() else _round_robin(w, e, G, W)
+        out = lay.placed if lay.repair() else _round_robin(w, e, G, W)
     return out
 
 
@@ -818,7 +835,7 @@ def _kk_pack(w: FloatArray, e: IntArray, G: int, W: int, E: int, allow: bool) ->
     out = heap[0][2]
     if not allow and np.any(_presence(e[out], E) > 1):
         lay = _Layout(e[out], w[out], E, allow=False, item=out)
-        out = lay.item if lay.repair() else _round_robin(w, e, G, W)
+        out = lay.placed if lay.repair() else _round_robin(w, e, G, W)
     return out
 
 
@@ -909,7 +926,7 @@ def pack(
     lay = _Layout(e[start], w[start], E, allow=allow_colocated, item=start)
     rng = np.random.default_rng(seed)
     lay = _ils(lay, rng, iterations, max_moves=max_moves or 4 * G * W, smooth_moves=smooth_moves)
-    return lay.item
+    return lay.placed
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1021,15 +1038,15 @@ def plan_layer(
     return _plan_flat(L, G, W, allow_colocated, seed, iterations, smooth_moves, lookahead)
 
 
-def plan_layers(loads: ArrayLike, G: int, W: int, **kwargs: object) -> IntArray:
+def plan_layers(loads: ArrayLike, G: int, W: int, **kwargs: Any) -> IntArray:
     """:func:`plan_layer` for every layer of ``loads[L, E]``; returns ``slots[L, G, W]``.
 
     Layer ``l`` uses seed ``seed + l`` so layers are independent but the whole result is
     deterministic.
     """
     arr = _as_load(loads, ndim=2)
-    seed = int(kwargs.pop("seed", 0))  # type: ignore[arg-type]
-    return np.stack([plan_layer(arr[l], G, W, seed=seed + l, **kwargs) for l in range(arr.shape[0])])  # type: ignore[arg-type]
+    seed = int(kwargs.pop("seed", 0))
+    return np.stack([plan_layer(arr[l], G, W, seed=seed + l, **kwargs) for l in range(arr.shape[0])])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1302,8 +1319,10 @@ def plan_layer_robust(
     lay = _RobustLayout(pooled, Ss, _cap(E, G, W, allow_colocated), allow_colocated, objective == "worst")
     lay.search(max_moves if max_moves is not None else 2 * G * W, n_try)
     out = lay.e
-    kw = {"objective": objective, "normalize": normalize}
-    if robust_objective(out, S, **kw) > robust_objective(pooled, S, **kw):  # pragma: no cover - safety net
+    worse = robust_objective(out, S, objective=objective, normalize=normalize) > robust_objective(
+        pooled, S, objective=objective, normalize=normalize
+    )
+    if worse:  # pragma: no cover - safety net
         return pooled
     return out
 
@@ -1401,7 +1420,7 @@ def _greedy_migration(
         b = int(np.argmax(lay.s))
         second = float(np.partition(lay.s, -2)[-2]) if lay.G > 1 else -np.inf
         smax = float(lay.s[b])
-        options = []
+        options: list[tuple[float, float, str, tuple[float, int, int] | tuple[float, int, int, int]]] = []
         # score: reduction of the global maximum per moved slot, then of the heaviest GPU's load
         sw = lay.best_swap(b)
         if sw is not None:
@@ -1423,9 +1442,9 @@ def _greedy_migration(
         stall = 0
         options.sort(key=lambda o: (-o[0], -o[1]))
         applied = False
-        for _, _, kind, mv in options:
+        for _, _, _, mv in options:
             trial = lay.copy()
-            if kind == "swap":
+            if len(mv) == 3:  # a swap (gain, slot i, slot j); else a replace (gain, g, i, x)
                 _, i, j = mv
                 lay.swap(b, i, j // lay.W, j % lay.W)
             else:

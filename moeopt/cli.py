@@ -11,7 +11,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -63,6 +63,7 @@ def _fmt(v: Any) -> str:
 
 
 def report_dict(result: Result, instance_name: str) -> dict:
+    assert result.termination is not None  # Result.__post_init__ sets it
     return {
         "instance": instance_name,
         "method": result.method,
@@ -81,7 +82,7 @@ def report_dict(result: Result, instance_name: str) -> dict:
     }
 
 
-def metrics_table(columns: dict[str, dict], extra: list[tuple[str, list[str]]] = ()) -> str:
+def metrics_table(columns: dict[str, dict], extra: Sequence[tuple[str, list[str]]] = ()) -> str:
     """The metric rows of several plans side by side, plus ``extra`` rows (label, cells)."""
     names = list(columns)
     rows = []
@@ -114,6 +115,7 @@ def metrics_report(name: str, metrics: dict) -> str:
 
 
 def _solve_table(result: Result) -> str:
+    assert result.termination is not None  # Result.__post_init__ sets it
     head = (
         f"{result.method}: {result.termination.value}, {result.status.solution} plan"
         f"; objective {result.objective_name} = {_fmt(result.objective)}"

@@ -163,6 +163,13 @@ class LayerOutcome:
     cpu_time: float = 0.0  # CPU seconds of the process that solved it
     error: tuple | None = None  # (class, message, attributes, traceback text)
 
+    @property
+    def solved(self) -> Result:
+        """The layer's result (an outcome without an error has one)."""
+        if self.result is None:
+            raise RuntimeError(f"layer {self.layer}: no result")
+        return self.result
+
 
 def _layer_stats(stats: Stats, l: int, coactivation: bool = True) -> Stats:
     """Layer ``l`` of ``stats`` as one-layer statistics (family token totals unchanged)."""
@@ -272,9 +279,10 @@ def run_layer(task: LayerTask) -> LayerOutcome:
     )
 
 
-def _raise(outcome: LayerOutcome) -> None:
-    """Raise a layer's error again in this process, as the class it was raised as."""
-    cls, msg, attrs, tb = outcome.error
+def _raise(layer: int, error: tuple) -> None:
+    """Raise a layer's error (``LayerOutcome.error``) again in this process, as the class it was
+    raised as."""
+    cls, msg, attrs, tb = error
     try:
         exc = cls.__new__(cls)
         exc.args = (msg,)
@@ -282,10 +290,10 @@ def _raise(outcome: LayerOutcome) -> None:
     except Exception:  # noqa: BLE001
         exc = None
     if not isinstance(exc, BaseException):
-        raise RuntimeError(f"layer {outcome.layer}: {cls.__name__}: {msg}")
+        raise RuntimeError(f"layer {layer}: {cls.__name__}: {msg}")
     if isinstance(exc, MoeoptError):
         raise exc
-    raise exc from RuntimeError(f"in the worker of layer {outcome.layer}:\n{tb}")
+    raise exc from RuntimeError(f"in the worker of layer {layer}:\n{tb}")
 
 
 # ----------------------------------------------------------------------------- backends
@@ -465,19 +473,20 @@ def combine_stats(per_layer: list[dict], combine: str, rules: dict[str, str] | N
 
 
 def _combine_number(values: list[float | None], rule: str) -> float | None:
-    if not values or any(v is None for v in values):
+    numbers = [v for v in values if v is not None]
+    if not values or len(numbers) < len(values):
         return None
-    return float(sum(values)) if rule == "sum" else float(np.mean(values))
+    return float(sum(numbers)) if rule == "sum" else float(np.mean(numbers))
 
 
 def combine(method: Any, outcomes: list[LayerOutcome], params: Any) -> Result:
     """One result for the whole model from the layers' results (in layer order)."""
-    results = [o.result for o in outcomes]
+    results = [o.solved for o in outcomes]
     rule = method.combine
     first = results[0]
-    plans = [r.plan for r in results]
+    plans = [r.plan for r in results if r.plan is not None]
     plan = None
-    if all(p is not None for p in plans):
+    if len(plans) == len(results):
         plan = Plan(
             slots=np.concatenate([p.slots for p in plans], axis=0), experts=plans[0].experts, dispatch=plans[0].dispatch
         )
@@ -508,7 +517,8 @@ def combine(method: Any, outcomes: list[LayerOutcome], params: Any) -> Result:
 def _history_point(outcome: LayerOutcome, seconds: float) -> dict[str, Any]:
     """A finished layer as one point of the run's history: when (seconds since the run
     started), its objective (incumbent) and bound, and why it stopped."""
-    r = outcome.result
+    r = outcome.solved
+    assert r.termination is not None  # Result.__post_init__ sets it
     return {
         "layer": outcome.layer,
         "seconds": round(seconds, 4),
@@ -521,7 +531,8 @@ def _history_point(outcome: LayerOutcome, seconds: float) -> dict[str, Any]:
 
 def _layer_line(name: str, outcome: LayerOutcome) -> str:
     """The progress line of a finished layer, in the words of :mod:`moeopt.result`."""
-    r = outcome.result
+    r = outcome.solved
+    assert r.termination is not None  # Result.__post_init__ sets it
 
     def num(v: float | None) -> str:
         return "-" if v is None else f"{v:.6g}"
@@ -568,7 +579,7 @@ def run(
             for line in outcome.lines:
                 say(line)
         if outcome.error is not None:
-            _raise(outcome)
+            _raise(outcome.layer, outcome.error)
         outcomes[outcome.layer] = outcome
         history.append(_history_point(outcome, time.perf_counter() - start))
         if not ctx.quiet and not outcome.lines:  # a layer that said nothing: its outcome, in one line

@@ -134,6 +134,7 @@ def point_of(
         instance, method=method, params=params, time_limit=time_limit, seed=seed, workloads=wl, workers=workers, ray=ray
     )
     wall = time.perf_counter() - t0
+    assert result.termination is not None  # Result.__post_init__ sets it
     if result.plan is None:  # e.g. a load limit the method could not reach: a point without a plan
         return FrontierPoint(
             method,
@@ -175,14 +176,10 @@ def point_of(
 
 def mark_pareto(points: Sequence[FrontierPoint]) -> None:
     """Flag the points no other point dominates in (communication, held-out MaxVio)."""
-    ok = [p for p in points if p.error is None and p.comm_per_token is not None]
-    for p in ok:
+    ok = [(p, p.comm_per_token) for p in points if p.error is None and p.comm_per_token is not None]
+    for p, pc in ok:
         p.pareto = not any(
-            q is not p
-            and q.comm_per_token <= p.comm_per_token
-            and q.maxvio <= p.maxvio
-            and (q.comm_per_token < p.comm_per_token or q.maxvio < p.maxvio)
-            for q in ok
+            q is not p and qc <= pc and q.maxvio <= p.maxvio and (qc < pc or q.maxvio < p.maxvio) for q, qc in ok
         )
 
 
@@ -430,7 +427,7 @@ def plot(points: Sequence[FrontierPoint], path: Any, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from moeopt.io import atomic_path
+    from moeopt.outputs import atomic_path
 
     ok = [p for p in points if p.error is None and p.comm_reduction is not None]
     methods = list(dict.fromkeys(p.method for p in ok))

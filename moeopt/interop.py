@@ -176,7 +176,7 @@ def engine_slots(plan: Plan, load: np.ndarray | None = None) -> np.ndarray:
     Slot ``p`` lies on GPU ``p // W``; fill rule of :func:`fill_empty_slots`.
     """
     filled, _ = fill_empty_slots(plan, load)
-    return filled.slots.reshape(plan.layers, -1).copy()
+    return np.array(filled.slots.reshape(plan.layers, -1))
 
 
 # ----------------------------------------------------------------------------- slots -> plan

@@ -125,9 +125,10 @@ def _mapping(data: Any, src: str, field: str, allowed: set[str] | None = None) -
     return data
 
 
-def _int(data: dict, key: str, src: str, field: str, default: Any = ..., minimum: int = 1) -> int:
+def _int(data: dict, key: str, src: str, field: str, default: int | None = None, minimum: int = 1) -> int:
+    """``data[key]``, an integer >= ``minimum``; ``default`` when absent (None: required)."""
     if key not in data or data[key] is None:
-        if default is ...:
+        if default is None:
             raise InputError(src, f"{field}.{key}", "required field is missing")
         return default
     v = data[key]
@@ -138,7 +139,7 @@ def _int(data: dict, key: str, src: str, field: str, default: Any = ..., minimum
 
 def _choice(data: dict, key: str, src: str, field: str, choices: tuple[str, ...], default: str) -> str:
     value = data.get(key, default)
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise InputError(src, f"{field}.{key}", f"expected one of {', '.join(choices)}, got {value!r}")
     return value
 
@@ -201,7 +202,7 @@ def load_instance(path: str | Path) -> Instance:
     gpus = _int(c, "gpus", src, "cluster")
     topology = checked.cluster.topology  # validated by the schema: sizes below the top, weights rising
     tree = None if topology is None else tuple(TopologyLevel(t.size, float(t.weight)) for t in topology.levels)
-    gpn = _int(c, "gpus_per_node", src, "cluster", gpus if tree is None else tree[0].size)
+    gpn = _int(c, "gpus_per_node", src, "cluster", gpus if tree is None or tree[0].size is None else tree[0].size)
     if gpus % gpn:
         raise InputError(src, "cluster.gpus_per_node", f"must divide gpus={gpus}, got {gpn}")
     cluster = Cluster(
@@ -718,7 +719,7 @@ def read_trace(path: str | Path) -> Trace:
 
     def array(key: str) -> np.ndarray:
         try:
-            return data[key]
+            return np.asarray(data[key])
         except _NPZ_ERRORS as exc:  # object arrays need pickle
             raise InputError(src, key, f"expected a plain numeric array, found one numpy cannot read ({exc})") from None
 

@@ -118,7 +118,7 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: str | Path) -> None:
-    from moeopt.io import atomic_path
+    from moeopt.outputs import atomic_path
 
     suffix = Path(path).suffix.lower().lstrip(".") or "png"
     with atomic_path(path) as tmp:

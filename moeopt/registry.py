@@ -6,7 +6,7 @@ import dataclasses
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
@@ -53,6 +53,11 @@ class Problem:
         return Plan.from_homes(home, replicas, gpus=c.gpus, width=c.width, dispatch=dispatch)
 
 
+#: Context's default ``budget``: replaced by a budget of its ``time_limit`` (a sentinel, never used
+#: as a clock)
+_NO_BUDGET = Budget(None)
+
+
 @dataclass
 class Context:
     """Run-time settings common to every method."""
@@ -69,10 +74,10 @@ class Context:
     model_layers: int | None = None
     #: the clock every phase takes its share from (:mod:`moeopt.budget`); default: a budget of
     #: ``time_limit`` started when the context is made
-    budget: Budget | None = None
+    budget: Budget = _NO_BUDGET
 
     def __post_init__(self) -> None:
-        if self.budget is None:
+        if self.budget is _NO_BUDGET:
             self.budget = Budget(self.time_limit)
 
     def say(self, line: str) -> None:
@@ -110,10 +115,12 @@ class Method(Protocol):
     def solve(self, problem: Problem, params: Any, ctx: Context) -> Result: ...
 
 
-_REGISTRY: dict[str, type] = {}
+_REGISTRY: dict[str, type[Any]] = {}
+
+M = TypeVar("M", bound=type[Any])
 
 
-def register(cls: type) -> type:
+def register(cls: M) -> M:
     """Class decorator: make a method available by its ``name``."""
     if cls.name in _REGISTRY:
         raise RuntimeError(f"method {cls.name!r} registered twice")

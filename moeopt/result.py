@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -115,9 +116,11 @@ def bound_closes(objective: float, bound: float) -> bool:
     return abs(bound - objective) <= OPTIMALITY_TOLERANCE * max(abs(bound), abs(objective), 1e-12)
 
 
-def combine_termination(values: list[Termination]) -> Termination:
-    """The termination of a multi-layer solve: the worst of its layers."""
-    return min(values, key=_TERMINATION_SEVERITY.index) if values else Termination.COMPLETED
+def combine_termination(values: Sequence[Termination | None]) -> Termination:
+    """The termination of a multi-layer solve: the worst of its layers (None: not known, skipped;
+    a :class:`Result`'s termination is never None)."""
+    known = [v for v in values if v is not None]
+    return min(known, key=_TERMINATION_SEVERITY.index) if known else Termination.COMPLETED
 
 
 class Status(str, Enum):

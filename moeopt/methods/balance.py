@@ -205,7 +205,13 @@ class Balance:
             elif params.robust != "none":
                 assert steps is not None
                 slots[l] = core.plan_layer_robust(
-                    steps[l], G, W, params.robust, allow_colocated=allow, seed=ctx.seed, iterations=params.iterations
+                    steps[l],
+                    G,
+                    W,
+                    "worst" if params.robust == "worst" else "mean",
+                    allow_colocated=allow,
+                    seed=ctx.seed,
+                    iterations=params.iterations,
                 )
             else:
                 slots[l] = core.plan_layer(

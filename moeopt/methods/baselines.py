@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -48,6 +48,7 @@ class NoParams:
 class Baseline:
     """Shared parts of the baselines: no requirements, always available, maxvio objective."""
 
+    name: ClassVar[str]
     requires: ClassVar[frozenset[str]] = frozenset()
     Params: ClassVar[type] = NoParams
     #: solved layer by layer (moeopt.execute); the objective is a mean over layers
@@ -60,10 +61,10 @@ class Baseline:
     def available(self) -> bool:
         return True
 
-    def homes(self, problem: Problem, params: object, ctx: Context) -> Plan:
+    def homes(self, problem: Problem, params: Any, ctx: Context) -> Plan:
         raise NotImplementedError
 
-    def solve(self, problem: Problem, params: object, ctx: Context) -> Result:
+    def solve(self, problem: Problem, params: Any, ctx: Context) -> Result:
         t0 = time.perf_counter()
         return baseline_result(self.name, self.homes(problem, params, ctx), problem, params, t0)
 
@@ -152,7 +153,6 @@ class Greedy(Baseline):
             if self.replicas is not None and self.replicas < 0:
                 raise ValueError(f"replicas must be >= 0, got {self.replicas}")
 
-    Params: ClassVar[type] = Params
 
     def homes(self, problem: Problem, params: Params, ctx: Context) -> Plan:
         c = problem.instance.cluster

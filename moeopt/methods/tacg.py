@@ -76,11 +76,11 @@ def task_modulated_graph(stats: Stats, tau: float = 1.0, beta: float = 1.0) -> n
     beta
         Blend β in [0, 1] (0: the task-agnostic graph A).
     """
-    if stats.coactivation is None:
+    A = stats.affinity
+    if A is None or stats.coactivation is None:
         raise ValueError("the task-modulated graph needs coactivation statistics (a token trace)")
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must lie in [0, 1], got {beta}")
-    A = stats.affinity
     if beta == 0.0:
         return A.copy()
     q = family_preference(stats.usage, stats.global_usage, tau)  # [F, L, E]
@@ -302,11 +302,13 @@ class TacgBase:
     ) -> Result:
         home = np.stack(homes)
         c = problem.instance.cluster
-        objective = sum(grouping_affinity(graph[l], home[l]) for l in range(len(homes)))
+        objective = sum((grouping_affinity(graph[l], home[l]) for l in range(len(homes))), 0.0)
         agnostic = problem.stats.affinity
+        if agnostic is None:
+            raise ValueError("tacg needs coactivation statistics (a token trace)")
         stats = {
             **stats,
-            "agnostic_affinity": sum(grouping_affinity(agnostic[l], home[l]) for l in range(len(homes))),
+            "agnostic_affinity": sum((grouping_affinity(agnostic[l], home[l]) for l in range(len(homes))), 0.0),
             "eps_load": eps,
             "max_load_share": [float(g.group_loads(h).max() * g.groups) for g, h in zip(groupings, homes, strict=True)],
         }
