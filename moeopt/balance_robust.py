@@ -35,7 +35,7 @@ under ``lp``; ~0.16-0.28 under ``even``, so do not use ``dispatch="lp"`` plans w
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -162,7 +162,7 @@ def plan_layer_oos(
     return slots
 
 
-def plan_layers_oos(loads: ArrayLike, G: int, W: int, *, seed: int = 0, **kwargs: object) -> IntArray:
+def plan_layers_oos(loads: ArrayLike, G: int, W: int, *, seed: int = 0, **kwargs: Any) -> IntArray:
     """:func:`plan_layer_oos` for every layer of ``loads[L, E]`` (layer ``l`` uses seed ``seed + l``)."""
     arr = np.asarray(loads, dtype=np.float64)
     if arr.ndim != 2:
@@ -221,7 +221,7 @@ def choose_alpha(
     if S.ndim != 3 or S.shape[0] < 2:
         raise ValueError("snapshots must be [K >= 2, L, E] or [K >= 2, E]")
     K, nL, _ = S.shape
-    score = []
+    score: list[float] = []
     for a in grid:
         v = []
         for k in range(K):
@@ -231,5 +231,5 @@ def choose_alpha(
                     continue
                 sl = plan_layer_oos(cal[l], G, W, dispatch=dispatch, alpha=a, seed=seed + l, iterations=iterations)
                 v.append(layer_maxvio(sl, S[k, l], dispatch))
-        score.append(np.mean(v) if v else 0.0)
+        score.append(float(np.mean(v)) if v else 0.0)
     return float(grid[int(np.argmin(score))])

@@ -153,7 +153,6 @@ class Greedy(Baseline):
             if self.replicas is not None and self.replicas < 0:
                 raise ValueError(f"replicas must be >= 0, got {self.replicas}")
 
-
     def homes(self, problem: Problem, params: Params, ctx: Context) -> Plan:
         c = problem.instance.cluster
         loads = problem.stats.expert_load

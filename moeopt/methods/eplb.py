@@ -148,7 +148,6 @@ class Eplb:
                 if self.policy != "hierarchical":
                     raise ValueError("eplb num_groups applies only to policy: hierarchical")
 
-
     def available(self) -> bool:
         try:
             load_deepseek_eplb()
