@@ -123,6 +123,13 @@ class JointLayer:
         object.__setattr__(self, "pair_weight", w)
 
     @property
+    def weights(self) -> np.ndarray:
+        """float ``[n, k]``: ``pair_weight``, ones when none was given (set by ``__post_init__``)."""
+        if self.pair_weight is None:
+            raise RuntimeError("pair_weight is set by __post_init__")
+        return self.pair_weight
+
+    @property
     def tokens(self) -> int:
         return int(self.topk.shape[0])
 
@@ -158,7 +165,7 @@ class JointLayer:
     @property
     def expert_load(self) -> np.ndarray:
         """float ``[E]``: load of each expert (weighted sampled pairs)."""
-        return np.bincount(self.topk.ravel(), weights=self.pair_weight.ravel(), minlength=self.experts)
+        return np.bincount(self.topk.ravel(), weights=self.weights.ravel(), minlength=self.experts)
 
     def coactivation(self) -> np.ndarray:
         """float ``[E, E]``: tokens choosing both e and e' (zero diagonal)."""
@@ -220,7 +227,7 @@ def subsample(layer: JointLayer, tokens: int, rng: np.random.Generator) -> Joint
     E, F = layer.experts, layer.families
     idx = np.sort(rng.choice(n, size=tokens, replace=False))
     key = layer.family[:, None] * E + layer.topk
-    full = np.bincount(key.ravel(), weights=layer.pair_weight.ravel(), minlength=F * E)
+    full = np.bincount(key.ravel(), weights=layer.weights.ravel(), minlength=F * E)
     part = np.bincount(key[idx].ravel(), minlength=F * E).astype(np.float64)
     tok_full = np.bincount(layer.family, minlength=F).astype(np.float64)
     tok_part = np.bincount(layer.family[idx], minlength=F).astype(np.float64)
@@ -557,7 +564,7 @@ class SampleCost:
             else None
         )
         #: each token's tie rotation (fixed: a plan's value does not depend on history)
-        self.rot = np.random.default_rng([seed, 1]).integers(0, layer.gpus, n)
+        self.rot = np.asarray(np.random.default_rng([seed, 1]).integers(0, layer.gpus, size=n))
         self._bits = np.left_shift(_ONE, np.arange(layer.gpus, dtype=np.uint64))
         order = np.argsort(layer.topk.ravel(), kind="stable")
         self._tok = (order // k).astype(np.int64)
@@ -587,7 +594,7 @@ class SampleCost:
         if cand is not None:
             fam = cand * F + fam
             F = F * C
-        w = self.layer.pair_weight[rows].ravel()
+        w = self.layer.weights[rows].ravel()
         key = (fam[:, None] * G + gpu).ravel()
         load = np.bincount(key, weights=w, minlength=F * G).reshape(F, G)
         a = alt.ravel()
@@ -750,7 +757,7 @@ class SampleCost:
         remove = np.where(has_alt, alt_cost, layer.penalty * G)
         remove = np.bincount(p, weights=remove, minlength=P)  # [P]
         # per workload (calibration, then families): pairs served, moving to b, redirected
-        pw = layer.pair_weight.ravel()
+        pw = layer.weights.ravel()
         selw = by(fam * P + p, F * P, pw)
         served = np.asarray(selw.sum(axis=1)).reshape(F, P)
         moved_to = (selw @ to_b).reshape(F, P, G)
@@ -766,7 +773,7 @@ class SampleCost:
             np.concatenate([a.sum(axis=0, keepdims=True), a]) for a in (served, moved_to, redirect, joins)
         )
         scale = self._wts / self._ntok  # weight of one GPU (or pair) per workload
-        live = np.nonzero(scale > 0)[0]
+        live = [int(w) for w in np.nonzero(scale > 0)[0]]
         lim = (1.0 + self._eps) * load.sum(axis=1) / G  # [Wk]
         pen = layer.penalty
 
@@ -1088,7 +1095,9 @@ def _try_moves(
     order = [int(t) for t in np.argsort(gains, kind="stable") if gains[t] < -TOL]
     dirty = False
     if combine and len(order) > 1:
-        trial, touched_g, touched_e, n = current.copy(), set(), set(), 0
+        trial, n = current.copy(), 0
+        touched_g: set[int] = set()
+        touched_e: set[int] = set()
         for t in order:
             m = part[t]
             gs = {m.a} if m.kind == "replace" else {m.a, m.b}
@@ -1323,7 +1332,7 @@ def solve_exact(layer: JointLayer, *, time_limit: float | None = None, max_colum
                 for g in range(G):
                     rs = np.nonzero(allr[:, pos] == g)[0]
                     rows += [row] * (len(rs) + 1)
-                    cols += list(base + rs) + [e * G + g]
+                    cols += (base + rs).tolist() + [e * G + g]
                     vals += [1.0] * len(rs) + [-wk[m, c]]
                     lo.append(-np.inf)
                     hi.append(0.0)
@@ -1340,7 +1349,7 @@ def solve_exact(layer: JointLayer, *, time_limit: float | None = None, max_colum
                 base = start + mi * nR
                 n_on = (allr == g).sum(axis=1)
                 nz = np.nonzero(n_on)[0]
-                idx += list(base + nz)
+                idx += (base + nz).tolist()
                 coef += list(n_on[nz].astype(np.float64))
             rows += [row] * (len(idx) + 1)
             cols += idx + [exc + g]
@@ -1355,7 +1364,7 @@ def solve_exact(layer: JointLayer, *, time_limit: float | None = None, max_colum
     integrality[:ny] = 1
     ub = np.full(n, np.inf)
     ub[:ny] = 1.0
-    options = {"disp": False}
+    options: dict[str, bool | float] = {"disp": False}
     if time_limit is not None:  # the model's build counts
         options["time_limit"] = max(float(time_limit) - (time.perf_counter() - t0), 0.05)
     # SciPy's HiGHS cannot be cancelled: on Ctrl-C the solve is left behind and the run stops

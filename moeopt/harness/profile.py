@@ -32,12 +32,12 @@ from moeopt.harness import require_torch, resolve_device, torch_dtype
 from moeopt.profile import Profile
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
+    from torch import Tensor
 
 #: FFN sizes and dtype used on the CPU when none are given: tiny, so CI runs in seconds.
-CPU_DEFAULTS = {"d_model": 64, "d_ff": 128, "dtype": "fp32"}
+CPU_DEFAULTS: dict[str, Any] = {"d_model": 64, "d_ff": 128, "dtype": "fp32"}
 #: ... and on a GPU (Mixtral-like expert width, bf16).
-CUDA_DEFAULTS = {"d_model": 4096, "d_ff": 14336, "dtype": "bf16"}
+CUDA_DEFAULTS: dict[str, Any] = {"d_model": 4096, "d_ff": 14336, "dtype": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class FFNShape:
         width = 4 if self.dtype in ("fp32", "float32") else 2
         return 3 * self.d_model * self.d_ff * width
 
-    def flops(self, tokens: int) -> float:
+    def flops(self, tokens: float) -> float:
         """Floating-point operations of one expert on ``tokens`` tokens (3 GEMMs)."""
         return 6.0 * tokens * self.d_model * self.d_ff
 
@@ -260,7 +260,7 @@ class ExpertBank:
         gen = torch.Generator(device=device).manual_seed(seed)
         d, f = shape.d_model, shape.d_ff
 
-        def weights(rows: int, cols: int) -> torch.Tensor:
+        def weights(rows: int, cols: int) -> Tensor:
             w = torch.randn(self.pool, rows, cols, generator=gen, device=device, dtype=dtype)
             return w.mul_(1.0 / math.sqrt(rows))
 
@@ -451,7 +451,7 @@ def measure_profile(
     def sweep(points: np.ndarray, label: str) -> tuple[np.ndarray, float]:
         t0 = time.perf_counter()
         fns = [(lambda counts=split_tokens(int(n), experts_per_gpu): bank.run(ids, counts)) for n in points]
-        bar_args = dict(desc=f"profile ({label})", unit="run", quiet=quiet, leave=False)
+        bar_args: dict[str, Any] = dict(desc=f"profile ({label})", unit="run", quiet=quiet, leave=False)
         with console.bar(total=len(fns) * repeats, **bar_args) as bar:
             out = timer.rounds(fns, progress=bar.update)
         return out, time.perf_counter() - t0

@@ -412,7 +412,8 @@ def time_all_to_all(
     width = {"fp32": 4, "float32": 4}.get(dtype, 2)
     with tempfile.TemporaryDirectory(prefix="moeopt-a2a-") as tmp:
         path = os.path.join(tmp, "traffic.npz")
-        arrays = {f"traffic{p}": rank_traffic(pl.traffic[:, :steps], world) for p, pl in enumerate(usable)}
+        traffic = [pl.traffic for pl in usable if pl.traffic is not None]  # all of them
+        arrays: dict[str, Any] = {f"traffic{p}": rank_traffic(t[:, :steps], world) for p, t in enumerate(traffic)}
         np.savez(path, names=np.array([pl.name for pl in usable]), **arrays)
         mp.spawn(
             _all_to_all_worker,
@@ -572,6 +573,8 @@ def validate(
             "unit": "ms",
             "sampling_seconds": run.seconds["tile"],
         }
+    if base_profile is None:  # every branch above sets one
+        raise RuntimeError("validate: no profile to model the plans with")
     modelled_profile = base_profile
     if modelled_profile.meta.get("note"):  # e.g. "profile: one GPU broadcast to G identical GPUs"
         modelled_info["note"] = modelled_profile.meta["note"]

@@ -270,10 +270,10 @@ def replication_certificate(
 def certificate_stats(bounds: list[ReplicationBound], measured: float | None, prefix: str = "replication") -> dict:
     """Summary of per-layer certificates: mean bound, best found, status, gap to ``measured``."""
     bound = float(np.mean([b.bound for b in bounds])) if bounds else 0.0
-    best = [b.best for b in bounds]
+    best = [b.best for b in bounds if b.best is not None]
     out = {
         f"{prefix}_bound_maxvio": bound,
-        f"{prefix}_best_maxvio": None if any(v is None for v in best) else float(np.mean(best)),
+        f"{prefix}_best_maxvio": None if len(best) < len(bounds) else float(np.mean(best)),
         f"{prefix}_bound_status": combine_status([b.status for b in bounds]).value,
         f"{prefix}_bound_time": float(sum(b.wall_time for b in bounds)),
         f"{prefix}_bound_per_layer": [b.bound for b in bounds],
@@ -409,6 +409,8 @@ class _Replication:
     ) -> Result:
         """Add this method's replicas to the plan of a base result (its replicas dropped)."""
         t0 = time.perf_counter() if t0 is None else t0
+        if base.plan is None:
+            raise ValueError(f"{self.name}: the base result {base.method!r} has no plan to replicate")
         home = base.plan.home
         c = problem.instance.cluster
         G, S = c.gpus, c.replica_slots_per_gpu
@@ -477,7 +479,7 @@ class Gesr(_Replication):
         stats = problem.stats
         score = generic_score(stats.usage[:, l], stats.family_share, a=params.a, b=params.b, c=params.c)
         selected = select_generic(score, budget // params.copies_each, params.centrality_floor)
-        affinity = stats.affinity[l] if stats.has_coactivation else None
+        affinity = stats.affinity[l] if stats.affinity is not None else None
         c = problem.instance.cluster
         return place_replicas(
             selected,

@@ -193,7 +193,12 @@ def grouping_starts(problem: Problem, ctx: Context, eps_load: float | None = Non
     impl = get_method("agnostic")
     sub = Context(time_limit=ctx.time_limit, seed=ctx.seed, budget=ctx.budget.child(0.25))
     given = {} if eps_load is None else {"eps_load": eps_load}
-    home = impl.solve(problem, parse_params(impl, given), sub).plan.home
+    start = impl.solve(problem, parse_params(impl, given), sub)
+    if start.plan is None:  # e.g. a load limit it could not reach
+        src = str(problem.instance.source) if problem.instance.source else None
+        why = start.termination.value if start.termination is not None else start.status.value
+        raise InputError(src, "method.eps_load", f"the agnostic start found no plan ({why})")
+    home = start.plan.home
     c = problem.instance.cluster
     load = problem.stats.expert_load
     reps = [
@@ -282,15 +287,15 @@ def choose_dispatch(
             else:
                 lo = mid + 1
         if hi > 0:  # refine in log space between the last infeasible and the first feasible λ
-            a, b = LAM_GRID[hi - 1], LAM_GRID[hi]
+            a, b = float(LAM_GRID[hi - 1]), float(LAM_GRID[hi])
             for _ in range(REFINE_STEPS):
                 if budget.expired():
                     break
-                mid = math.sqrt(a * b)
-                if score(params.guard(mid))["maxvio"] <= params.eps + tol:
-                    b = mid
+                geo = math.sqrt(a * b)
+                if score(params.guard(geo))["maxvio"] <= params.eps + tol:
+                    b = geo
                 else:
-                    a = mid
+                    a = geo
     elif params.dispatch == "auto":
         score(Dispatch(kind="lp"))
     feasible = [r for r in cache.values() if r["maxvio"] <= params.eps + tol]
@@ -301,12 +306,14 @@ def choose_dispatch(
     return DispatchChoice(best["dispatch"], best["comm_per_token"], best["maxvio"], bool(feasible), tried)
 
 
-def _need_trace(problem: Problem, name: str) -> None:
+def _need_trace(problem: Problem, name: str) -> Trace:
+    """The problem's token trace, or a one-line error naming the method that needs it."""
     if problem.trace is None:
         src = str(problem.instance.source) if problem.instance.source else None
         raise InputError(
             src, "workload.calibration", f"method {name!r} needs a token trace; this workload is count-only"
         )
+    return problem.trace
 
 
 def finish(
@@ -322,7 +329,7 @@ def finish(
 ) -> Result:
     """Pick the dispatch (within ``budget``), score on calibration, build the result."""
     plan = Plan(slots=slots, experts=problem.experts)
-    choice = choose_dispatch(plan, problem.trace, problem, params, budget)
+    choice = choose_dispatch(plan, _need_trace(problem, name), problem, params, budget)
     plan = plan.with_dispatch(choice.dispatch)
     stats = {
         **stats,
@@ -384,7 +391,7 @@ class Joint:
         search = ctx.budget.child(0.8)
         for l in ctx.layers(problem.layers, self.name):
             layer = layers[l]
-            runs = {}
+            runs: dict[str, tuple[float, jm.SlotState, Any]] = {}
             weight = {"grouping": 2.0, "balance": 1.0, "hint": 1.0}
             total = sum(weight[k] for k in starts)
             per_layer = min(params.time_per_layer, search.remaining() / (problem.layers - l))
@@ -454,7 +461,9 @@ class JointExact(Joint):
     )
     Params: ClassVar[type] = JointExactParams
 
-    def solve(self, problem: Problem, params: JointExactParams, ctx: Context) -> Result:
+    def solve(self, problem: Problem, params: JointParams, ctx: Context) -> Result:
+        if not isinstance(params, JointExactParams):
+            raise TypeError(f"{self.name} takes JointExactParams, got {type(params).__name__}")
         t0 = time.perf_counter()
         _need_trace(problem, self.name)
         src = str(problem.instance.source) if problem.instance.source else None
@@ -470,14 +479,18 @@ class JointExact(Joint):
         own = params.exact_time_limit or (None if ctx.budget.limited else 60.0)
         exact = ctx.budget.child(0.4)
         load = problem.stats.expert_load
-        slots, statuses, bounds, values, fallback = [], [], [], [], None
+        slots, statuses, bounds, fallback = [], [], [], None
+        values: list[float | None] = []
         for l in ctx.layers(problem.layers, self.name):
             limit = exact.cap(min(own or math.inf, exact.remaining() / (problem.layers - l)), floor=0.05)
             res = jm.solve_exact(layers[l], time_limit=limit, max_columns=params.max_columns)
             if res.slots is None:  # no incumbent in time: the local search's plan for this layer
                 if fallback is None:
                     # only its slots are used: a fixed λ spares the dispatch choice
-                    fallback = Joint().solve(problem, replace(params, lam=1.0), ctx).plan.slots
+                    searched = Joint().solve(problem, replace(params, lam=1.0), ctx).plan
+                    if searched is None:
+                        raise RuntimeError(f"{self.name}: the local search found no plan for layer {l}")
+                    fallback = searched.slots
                 slots.append(fallback[l])
                 statuses.append(Status.TIME_LIMIT)
                 values.append(None)
