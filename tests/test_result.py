@@ -205,7 +205,9 @@ def test_result_accepts_exactly_the_valid_bounds(objective, bound, sense):
             Result("m", Status.FEASIBLE, _plan(), objective=objective, bound=bound, sense=sense)
     else:
         r = Result("m", Status.FEASIBLE, _plan(), objective=objective, bound=bound, sense=sense)
-        assert r.gap is not None and r.gap >= 0.0 and math.isfinite(r.gap)
+        assert r.gap == relative_gap(objective, bound, sense) and math.isfinite(r.gap)
+        if bound > objective if sense == "min" else bound < objective:  # wrong side, within tolerance
+            assert r.gap == 0.0
 
 
 # ----------------------------------------------------------------------------- gaps
@@ -214,7 +216,6 @@ def test_relative_gap(objective, slack, sense):
     """gap = |bound - objective| / max(|objective|, 1e-9), zero when the bound meets the objective."""
     bound = objective - slack if sense == "min" else objective + slack
     gap = relative_gap(objective, bound, sense)
-    assert gap >= 0.0
     assert gap == pytest.approx(abs(bound - objective) / max(abs(objective), 1e-9), rel=1e-9, abs=1e-12)
     assert relative_gap(objective, objective, sense) == 0.0
     assert relative_gap(None, bound, sense) is None and relative_gap(objective, None, sense) is None
@@ -258,3 +259,32 @@ def test_summary_lists_the_result():
     assert "objective (maxvio, min)" in text
     empty = Result("greedy", Status.NO_SOLUTION, None).summary()
     assert "-" in empty.splitlines()[2]
+
+
+# ----------------------------------------------------------------------------- replace, unknown terminations
+def test_replace_checks_the_new_result_and_keeps_the_old():
+    """Result.replace returns a new, re-validated result; the original is unchanged."""
+    r = Result("m", Status.FEASIBLE, _plan(), objective=2.0, bound=1.0, wall_time=3.0)
+    tighter = r.replace(bound=1.5)
+    assert tighter.bound == 1.5 and tighter.objective == 2.0 and tighter.wall_time == 3.0
+    assert tighter.gap == pytest.approx(0.25) and r.bound == 1.0 and r.gap == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="not a valid bound"):
+        r.replace(bound=2.5)  # above the objective of a minimization
+    with pytest.raises(ValueError, match="needs a plan"):
+        r.replace(plan=None)
+    with pytest.raises(ValueError, match="sense"):
+        r.replace(sense="largest")
+
+
+def test_replace_keeps_an_explicit_termination():
+    """A replaced result keeps the termination it had (it is a field, not re-derived from the status)."""
+    r = Result("m", Status.TIME_LIMIT, _plan(), objective=2.0)
+    assert r.termination is Termination.TIME_LIMIT
+    assert r.replace(objective=1.0).termination is Termination.TIME_LIMIT
+
+
+def test_combine_termination_skips_unknown_layers():
+    """None (a termination not known) is skipped; nothing known is a completed run."""
+    assert combine_termination([None, Termination.TIME_LIMIT, Termination.OPTIMAL]) is Termination.TIME_LIMIT
+    assert combine_termination([None]) is Termination.COMPLETED
+    assert combine_termination([]) is Termination.COMPLETED
