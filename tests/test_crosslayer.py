@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from moeopt.cli import main
 from moeopt.errors import InputError
 from moeopt.evaluate import evaluate
+from moeopt.heuristics.hyperedges import token_hyperedges
+from moeopt.heuristics.local_search import load_limit, resolve_eps_load
 from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
 from moeopt.io import load_instance
 from moeopt.methods.crosslayer import (
@@ -24,7 +26,6 @@ from moeopt.methods.crosslayer import (
     plan_remote,
     stay_edges,
 )
-from moeopt.methods.hypergraph import load_limit, resolve_eps_load, token_hyperedges
 from moeopt.plan import Plan
 from moeopt.profile import Profile
 from moeopt.relabel import relabel_gpus, speed_classes
@@ -50,7 +51,7 @@ def layer_limits(wl, G: int, S: int) -> tuple[list[np.ndarray], list[float | Non
     loads, limits = [], []
     for u in wl.calibration_stats.global_usage:
         u = u / u.sum()
-        eps, _ = resolve_eps_load(None, u, G, S)
+        eps = resolve_eps_load(None, u, G, S)
         loads.append(u)
         limits.append(load_limit(eps, G, u))
     return loads, limits
