@@ -126,10 +126,16 @@ def _excess(x: np.ndarray, limit: float) -> np.ndarray:
 
 
 def _steps(
-    move_score: np.ndarray, swap_score: np.ndarray, home: np.ndarray, gpus: int, *, threshold: float, batch: bool
+    move_score: np.ndarray | None,
+    swap_score: np.ndarray | None,
+    home: np.ndarray,
+    gpus: int,
+    *,
+    threshold: float,
+    batch: bool,
 ) -> list[tuple[int, int, int]]:
     """The steps of one round: ``(kind, e, x)``, kind 0 = move e to GPU x, kind 1 = swap e
-    with expert x; candidates scoring ``<= threshold`` are skipped.
+    with expert x; candidates scoring ``<= threshold`` are skipped (None: no candidates).
 
     Without ``batch``: the best move (first in row-major order on ties), replaced by the best
     swap only when that gains strictly more. With ``batch``: the best steps on pairwise
@@ -137,17 +143,17 @@ def _steps(
     the load potential) of a step depend only on those GPUs, so steps on disjoint pairs keep
     their exact gains when applied together.
     """
+    scores = [(kind, score) for kind, score in ((0, move_score), (1, swap_score)) if score is not None]
     if not batch:
-        im, js = int(np.argmax(move_score)), int(np.argmax(swap_score))
         best: tuple[float, int, int, int] | None = None
-        if move_score.flat[im] > threshold:
-            best = (float(move_score.flat[im]), 0, *divmod(im, move_score.shape[1]))
-        if swap_score.flat[js] > (threshold if best is None else best[0]):
-            best = (float(swap_score.flat[js]), 1, *divmod(js, swap_score.shape[1]))
+        for kind, score in scores:  # a swap replaces the best move only when it gains strictly more
+            i = int(np.argmax(score))
+            if score.flat[i] > (threshold if best is None else best[0]):
+                best = (float(score.flat[i]), kind, *divmod(i, score.shape[1]))
         return [] if best is None else [best[1:]]
     want = 4 * gpus
     cands: list[tuple[float, int, int, int]] = []
-    for kind, score in ((0, move_score), (1, swap_score)):
+    for kind, score in scores:
         flat = score.ravel()
         n = min(want, flat.size)
         top = np.argpartition(-flat, n - 1)[:n] if n < flat.size else np.arange(flat.size)
@@ -241,7 +247,6 @@ def local_search(
     lim = np.inf if limit is None else float(limit)
     idx = np.arange(E)
     gid = np.arange(gpus)
-    no_swaps = np.full((E, E), -np.inf)
 
     def state() -> tuple[np.ndarray, np.ndarray]:
         return np.bincount(home, minlength=gpus), np.bincount(home, weights=load, minlength=gpus)
@@ -269,7 +274,7 @@ def local_search(
         within = gl[None, :] + load[:, None] <= lim + TOL
         s_move = np.where(ok, move + np.where(within, 0.0, -1e18), -np.inf)
         # one move per over-full source and destination GPU per round keeps counts exact
-        apply(_steps(s_move, no_swaps, home, gpus, threshold=-np.inf, batch=batch), "repair")
+        apply(_steps(s_move, None, home, gpus, threshold=-np.inf, batch=batch), "repair")
 
     # 2. load limit
     if limit is not None:
@@ -317,7 +322,10 @@ def local_search(
                 break
             count, gl = state()
             move, pair = gain.gains(home, gpus)
-            ok_m = (count < slots)[None, :] & (gl[None, :] + load[:, None] <= lim + TOL)
+            free = count < slots
+            move_score = None  # no GPU has a free slot: no moves (the common case E = G slots)
+            if free.any():
+                move_score = np.where(free[None, :] & (gl[None, :] + load[:, None] <= lim + TOL), move, -np.inf)
             he = gl[home]
             hr = home[rows]
             dw = load[None, :] - load[rows, None]  # load change of the row expert's GPU
@@ -326,11 +334,14 @@ def local_search(
             block = np.where(ok_s, block, -np.inf)
             swap_score[rows] = block
             swap_score[:, rows] = block.T
-            steps = _steps(np.where(ok_m, move, -np.inf), swap_score, home, gpus, threshold=tol, batch=batch)
+            steps = _steps(move_score, swap_score, home, gpus, threshold=tol, batch=batch)
             if not steps:
                 break
             touched = apply(steps, "refine")
-            rows = np.flatnonzero(np.isin(home, touched)) if local else idx
+            if local:
+                hit = np.zeros(gpus, dtype=bool)
+                hit[touched] = True
+                rows = np.flatnonzero(hit[home])
     return home, log
 
 

@@ -12,6 +12,8 @@ Every function returns homes ``[E]`` with at most ``slots`` experts per GPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -33,15 +35,28 @@ def balanced_homes(load: np.ndarray, gpus: int, slots: int, speed: np.ndarray | 
     numpy.ndarray
         int ``[E]`` homes; ties go to the lowest GPU id.
     """
-    load = np.asarray(load, dtype=np.float64)
     speed = np.ones(gpus) if speed is None else np.asarray(speed, dtype=np.float64)
+
+    def earliest_finish(e: int, w: float, loads: np.ndarray, free: np.ndarray) -> int:
+        return int(np.argmin(np.where(free, (loads + w) / speed, np.inf)))
+
+    return _heaviest_first(load, gpus, slots, earliest_finish)
+
+
+def _heaviest_first(
+    load: np.ndarray, gpus: int, slots: int, choose: Callable[[int, float, np.ndarray, np.ndarray], int]
+) -> np.ndarray:
+    """Greedy packing: experts by decreasing load (stable), each onto ``choose(e, w_e, loads,
+    free)``, a GPU among those with a free slot (``free`` bool ``[G]``, ``loads`` so far)."""
+    load = np.asarray(load, dtype=np.float64)
     home = np.empty(len(load), dtype=np.int64)
-    acc = np.zeros(gpus)
-    used = np.zeros(gpus, dtype=np.int64)
+    loads = np.zeros(gpus)
+    sizes = np.zeros(gpus, dtype=np.int64)
     for e in np.argsort(-load, kind="stable"):
-        finish = np.where(used < slots, (acc + load[e]) / speed, np.inf)
-        g = int(np.argmin(finish))
-        home[e], acc[g], used[g] = g, acc[g] + load[e], used[g] + 1
+        g = choose(int(e), float(load[e]), loads, sizes < slots)
+        home[e] = g
+        loads[g] += load[e]
+        sizes[g] += 1
     return home
 
 
@@ -101,18 +116,13 @@ def first_fit(load: np.ndarray, preferred: np.ndarray, gpus: int, slots: int, li
     numpy.ndarray
         int ``[E]`` homes within the slot capacities.
     """
-    load = np.asarray(load, dtype=np.float64)
-    home = np.empty(len(load), dtype=np.int64)
-    loads = np.zeros(gpus)
-    sizes = np.zeros(gpus, dtype=np.int64)
-    for e in np.argsort(-load, kind="stable"):
+
+    def preferred_or_least_loaded(e: int, w: float, loads: np.ndarray, free: np.ndarray) -> int:
         g = int(preferred[e])
-        if sizes[g] >= slots or loads[g] + load[e] > limit:
-            free = sizes < slots
-            fits = free & (loads + load[e] <= limit)
-            pool = fits if fits.any() else free
-            g = int(np.flatnonzero(pool)[np.argmin(loads[pool])])
-        home[e] = g
-        loads[g] += load[e]
-        sizes[g] += 1
-    return home
+        if free[g] and loads[g] + w <= limit:
+            return g
+        fits = free & (loads + w <= limit)
+        pool = fits if fits.any() else free
+        return int(np.flatnonzero(pool)[np.argmin(loads[pool])])
+
+    return _heaviest_first(load, gpus, slots, preferred_or_least_loaded)
