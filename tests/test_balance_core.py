@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moeopt import balance as B
+from moeopt.balance.loads import _cap
 from tests.strategies import float_arrays, int_arrays
 
 # --------------------------------------------------------------------------------------------------
@@ -133,7 +134,7 @@ def test_copy_counts_gives_copies_to_hottest():
 def test_pack_never_worse_than_lpt(case, seed):
     load, G, W, allow = case
     E = load.size
-    c = B.copy_counts(load, G * W, B._cap(E, G, W, allow))
+    c = B.copy_counts(load, G * W, _cap(E, G, W, allow))
     e = np.repeat(np.arange(E), c)
     w = (load / c)[e]
     lpt = B.lpt_pack(w, e, G, W, allow)
@@ -164,7 +165,7 @@ def test_plan_layer_valid_and_never_worse_than_lpt(case, seed):
     E = load.size
     slots = B.plan_layer(load, G, W, allow_colocated=allow, seed=seed, iterations=4)
     check_plan(slots, E, G, W, allow)
-    c = B.copy_counts(load, G * W, B._cap(E, G, W, allow))
+    c = B.copy_counts(load, G * W, _cap(E, G, W, allow))
     e = np.repeat(np.arange(E), c)
     lpt = e[B.lpt_pack((load / c)[e], e, G, W, allow)]
     assert max_load(slots, load) <= max_load(lpt, load) + 1e-9
