@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     ("scoring", ["dispatch", "evaluate", "scoring", "utilization"]),
-    ("models", ["bounds", "balance", "balance.*", "joint", "relabel", "synth"]),
+    ("models", ["bounds", "balance", "balance.*", "joint", "joint.*", "relabel", "synth"]),
     ("search", ["heuristics", "heuristics.*", "solvers", "solvers.*", "colgen"]),
     ("methods", ["registry", "execute", "methods", "methods.*"]),
     ("files", ["io", "interop", "outputs"]),
