@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "trace",
             "profile",
             "result",
+            "outcome",
         ],
     ),
     ("scoring", ["dispatch", "evaluate", "scoring", "utilization"]),
