@@ -334,6 +334,30 @@ def test_crosslayer_never_worse_than_its_starts(planned):
         assert start["final"] <= start["start"] + 1e-12
 
 
+@pytest.mark.parametrize(("structure_seed", "dep", "successors"), [(0, 0.9, 2), (3, 0.5, 3)])
+def test_crosslayer_never_worse_than_relabeled_agnostic_with_successors(structure_seed, dep, successors):
+    """On expert-level dependent traces the planner (a descent from the relabeled agnostic
+    plan) is never worse than agnostic + relabel on the calibration trace, within the same
+    load limit."""
+    inst = synth_instance(L=3, E=16, k=2, G=4, dep=dep, tokens=1024, successors=successors)
+    inst = replace(
+        inst,
+        workload=Workload(
+            WorkloadSource(synthetic={**inst.workload.calibration.synthetic, "structure_seed": structure_seed})
+        ),
+    )
+    wl = load_workloads(inst)
+    ag = solve(inst, method="agnostic", workloads=wl)
+    cl = solve(inst, method="crosslayer", workloads=wl, params={"starts": "agnostic", "kicks": 20})
+    before = evaluate(ag.plan, wl.calibration, inst.cluster)["comm_per_token"]
+    after = evaluate(cl.plan, wl.calibration, inst.cluster)["comm_per_token"]
+    assert after <= before + 1e-12
+    c = inst.cluster
+    loads, limits = layer_limits(wl, c.gpus, c.slots_per_gpu)
+    for l in range(inst.model.layers):
+        assert np.bincount(cl.plan.home[l], weights=loads[l], minlength=c.gpus).max() <= limits[l] + 1e-9
+
+
 def test_crosslayer_keeps_the_automatic_load_limit(planned):
     inst, wl, res = planned
     c = inst.cluster
