@@ -124,6 +124,21 @@ def test_infeasible_load_limit_names_the_smallest_eps() -> None:
         assert "use eps_load >=" in str(exc)
 
 
+def test_relax_eps_load_only_when_asked() -> None:
+    """A limit the repair misses fails by default; relax_eps_load meets a relaxed one and notes it."""
+    q = make_problem(E=16, G=4, k=2, seed=0)
+    with pytest.raises(InfeasibleError, match="use eps_load >="):
+        run("tacg", q, eps_load=0.0)
+    r = run("tacg", q, eps_load=0.0, relax_eps_load=True)
+    assert "relax_eps_load" in r.stats["note"]
+    usage = q.stats.global_usage
+    for l, (eps, steps) in enumerate(zip(r.stats["eps_load"], r.stats["eps_load_relaxed"], strict=True)):
+        assert steps >= 1 and eps == pytest.approx(1.1**steps - 1)
+        assert np.bincount(r.plan.home[l], weights=usage[l], minlength=4).max() <= (1 + eps) / 4 + LOAD_TOL
+    with pytest.raises(InputError, match="relax_eps_load"):
+        parse_params(get_method("tacg-cpsat"), {"relax_eps_load": True})
+
+
 def test_grouping_load_check_message() -> None:
     """A single expert heavier than the limit is reported with the needed eps_load."""
     W = np.ones((4, 4)) - np.eye(4)
