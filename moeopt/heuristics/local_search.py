@@ -7,8 +7,8 @@ moves into the gain of a swap; an objective supplies those through the :class:`G
 
 * :class:`AffinityGain`: the pairwise grouping objective ``Σ_g Σ_{e<e' in g} W[e, e']``
   (tacg, agnostic, metis), kept up to date incrementally between steps;
-* :class:`moeopt.heuristics.hyperedges.ConnectivityGain`: the (λ − 1) objective (hypergraph).
-
+* :class:`moeopt.heuristics.hyperedges.ConnectivityGain`: the (λ − 1) objective (hypergraph;
+  ``crosslayer`` wraps it with fixed home pins and a next-layer term);
 * :class:`LoadBalanceGain`: minus ``Σ_g load_g²`` (the balanced start, :func:`balanced_start`).
 
 On top of it: :func:`constrained_search` (several starts, keep the best), the ``eps_load``
@@ -50,7 +50,16 @@ RELAX_TRIES = 10
 
 # ============================================================================ gains
 class Gain(Protocol):
-    """An objective to improve by moves and swaps (larger gain = better)."""
+    """A gain model: an objective to improve by moves and swaps (larger gain = better).
+
+    The engine asks for the gains at the current plan once per round, after applying the
+    previous round's steps; the first call gives the initial gains, and a model may keep
+    state between calls and update it from the experts whose GPU changed since the last
+    call (:class:`AffinityGain` does, in ``O(E)`` per moved expert). A model may set a
+    class attribute ``local = True`` when the swap gain of e and f depends only on the
+    plan's contents of their two GPUs: the engine then recomputes only the swap gains of
+    experts on the GPUs a step touched.
+    """
 
     def gains(self, home: np.ndarray, gpus: int) -> tuple[np.ndarray, np.ndarray]:
         """``move[e, g]``: gain of moving e to g (0 at its home); ``pair[e, f]``: correction
