@@ -2,7 +2,9 @@
 
 Synthetic task-structured traces with layer-to-layer dependency (``layer_dependency`` 0, 0.5,
 0.9: the chance a token's community at layer l follows its layer l - 1 top-1 expert's
-community through a fixed link), 4 MoE layers, on three shapes: 8 GPUs x 32 experts
+community through a fixed link; the dependent cells add expert-level dependency,
+``successors`` 2: a following token also favours 2 successor experts of its previous top-1
+expert), 4 MoE layers, on three shapes: 8 GPUs x 32 experts
 (top-4), 16 GPUs x 64 experts (top-6) and 64 GPUs x 128 experts (top-8), 8 GPUs per node,
 ``ceil(E / G)`` slots per GPU (4, 4, 2). Calibrate on seed 0, evaluate on seed 1 (same
 structure, fresh tokens).
@@ -13,7 +15,8 @@ Methods, every plan scored by the one scorer:
 * ``agnostic``: TACG on the task-agnostic graph, as planned (``solve --no-relabel``);
 * ``agnostic + relabel``: the same plan with the free GPU relabeling of ``solve``;
 * ``crosslayer``: the cross-layer planner (starts ``agnostic`` and ``hypergraph``, each
-  relabeled, then sweeps), under the same automatic load limit as ``agnostic``; its
+  relabeled, then sweeps and ``KICKS`` rounds of iterated local search within a
+  ``TIME_LIMIT`` per layer), under the same automatic load limit as ``agnostic``; its
   ``agnostic`` start is the plan computed above, passed as the hint (the plan
   ``starts=agnostic`` would compute), to save time;
 * ``crosslayer, no load limit`` (``eps_load=.inf``): what the load limit costs.
@@ -25,7 +28,7 @@ top-1 expert; layer 0 uniform), the topology-weighted figure under ``previous-la
 workload, mean over layers), the calibration figure under ``previous-layer`` and the wall
 time.
 
-Run: ``python benchmarks/crosslayer.py`` (about 5 min on 2 cores). Writes
+Run: ``python benchmarks/crosslayer.py`` (about 10 min on 2 shared cores). Writes
 ``benchmarks/results/crosslayer.json``, ``crosslayer.md`` and ``crosslayer.png``.
 """
 
@@ -50,7 +53,12 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 SHAPES = ((8, 32, 4), (16, 64, 6), (64, 128, 8))  # (GPUs, experts, top-k)
 DEPENDENCIES = (0.0, 0.5, 0.9)
+#: expert-level successors of the dependent cells (0 for the control, dependency 0)
+SUCCESSORS = 2
 LAYERS, TOKENS, GPUS_PER_NODE = 4, 4096, 8
+#: iterated local search of the cross-layer planner after its sweeps (rounds, patience), and
+#: its time limit per layer (seconds): the kicks stop there
+KICKS, PATIENCE, TIME_LIMIT = 150, 40, 5.0
 LABELS = ("linear", "agnostic", "agnostic + relabel", "crosslayer", "crosslayer, no load limit")
 
 
@@ -60,7 +68,14 @@ def machine() -> dict:
 
 
 def instance(G: int, E: int, k: int, dep: float) -> Instance:
-    synthetic = {"tokens": TOKENS, "steps": 16, "layer_dependency": dep, "structure_seed": 0, "seed": 0}
+    synthetic = {
+        "tokens": TOKENS,
+        "steps": 16,
+        "layer_dependency": dep,
+        "successors": SUCCESSORS if dep > 0 else 0,
+        "structure_seed": 0,
+        "seed": 0,
+    }
     return Instance(
         name=f"crosslayer-{G}x{E}-dep{dep}",
         model=Model(LAYERS, E, k),
@@ -113,7 +128,8 @@ def run_cell(G: int, E: int, k: int, dep: float, log, workers: int = 1) -> list[
     t0 = time.perf_counter()  # what solve() does after agnostic under previous-layer
     relabeled, _ = relabel_gpus(ag.plan, wl.calibration, inst.cluster, wl.profile)
     out.append(row("agnostic + relabel", G, E, k, dep, relabeled, t_ag + time.perf_counter() - t0, inst, wl))
-    cl, t_cl = timed("crosslayer", hint=ag.plan, params={"starts": "hypergraph"})
+    kicks = {"kicks": KICKS, "patience": PATIENCE}
+    cl, t_cl = timed("crosslayer", hint=ag.plan, params={"starts": "hypergraph", **kicks}, time_limit=TIME_LIMIT)
     out.append(row("crosslayer", G, E, k, dep, cl.plan, t_ag + t_cl, inst, wl))
     out[-1]["best_start"] = "agnostic" if cl.stats.get("best_start") == "hint" else cl.stats.get("best_start")
     free, t_free = timed("crosslayer", params={"eps_load": float("inf"), "starts": "agnostic"})
@@ -180,7 +196,11 @@ def markdown(rows: list[dict], info: dict) -> str:
             "",
             f"{LAYERS} MoE layers, synthetic task-structured traces ({TOKENS} tokens; calibrate seed 0, "
             "evaluate seed 1), `layer_dependency` = chance a token's community follows its previous "
-            "top-1 expert's community. Remote GPUs per token per layer on the held-out trace; "
+            f"top-1 expert's community; the dependent cells use `successors: {SUCCESSORS}` (a following "
+            f"token also favours {SUCCESSORS} successor experts of its previous top-1 expert: expert-level "
+            "dependency). `crosslayer`: starts agnostic (relabeled) and hypergraph, sweeps, then "
+            f"at most {KICKS} kicks (patience {PATIENCE}, {TIME_LIMIT:g} s per layer). "
+            "Remote GPUs per token per layer on the held-out trace; "
             "`uniform`: expectation over uniform homes; `previous-layer`: a token lives on the GPU of "
             "its previous-layer top-1 expert (layer 0 uniform); weighted: inter-node hop = 4 "
             f"({GPUS_PER_NODE} GPUs per node). MaxVio: held-out, whole workload, mean over layers.",

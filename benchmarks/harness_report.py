@@ -11,7 +11,7 @@ import json
 
 from machine_info import machine  # benchmarks/ is on the path when run as a script
 
-from moeopt.harness.run import report_markdown
+from moeopt.harness.report import report_markdown
 from moeopt.io import read_profile, write_json, write_text
 
 

@@ -48,17 +48,14 @@ from moeopt.evaluate import (  # noqa: E402
     grouping_affinity,  # noqa: E402
     linear_plan,
 )
+from moeopt.heuristics.local_search import AffinityGain, constrained_search  # noqa: E402
 from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource  # noqa: E402
 from moeopt.io import load_instance, read_workload_file, write_json, write_text  # noqa: E402
-from moeopt.methods.hypergraph import (  # noqa: E402
-    AffinityGain,
-    constrained_search,
-    hypergraph_layer,
-    metis_partition,
-)
+from moeopt.methods.hypergraph import hypergraph_layer  # noqa: E402
 from moeopt.plan import Plan  # noqa: E402
 from moeopt.scoring import add_relative_metrics  # noqa: E402
 from moeopt.solve import Workloads, load_workloads, solve  # noqa: E402
+from moeopt.solvers.partitioners import metis_partition  # noqa: E402
 from moeopt.synth import SynthSpec, synthesize, trace_from_counts  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -386,6 +386,7 @@ def cmd_trace_synth(args: argparse.Namespace) -> int:
         only_family=args.family,
         family_communities=args.family_communities,
         layer_dependency=args.layer_dependency,
+        successors=args.successors,
         structure_seed=args.structure_seed,
         seed=args.seed,
     )
@@ -823,6 +824,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_fraction,
         default=0.0,
         help="chance in [0, 1] that a token's community follows its previous top-1 expert's",
+    )
+    ts.add_argument(
+        "--successors",
+        type=_nonneg_int,
+        default=0,
+        help="a following token also favours this many successor experts of its previous top-1 (0: none)",
     )
     ts.add_argument("--structure-seed", type=_nonneg_int, default=0, help="seed of the hidden expert structure")
     ts.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the token sample")

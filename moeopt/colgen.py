@@ -39,7 +39,7 @@ from moeopt.errors import InfeasibleError
 from moeopt.grouping import LOAD_TOL, Grouping
 from moeopt.heuristics.spectral import grouping_heuristic
 from moeopt.result import Termination
-from moeopt.solvers.highs_common import highs_threads, new_highs
+from moeopt.solvers.highs_common import highs_threads, new_highs, set_start
 
 #: reduced costs below this (relative to the largest affinity) count as zero
 RC_TOL = 1e-7
@@ -635,14 +635,12 @@ def restricted_milp(
     h.changeColsIntegrality(C, np.arange(C, dtype=np.int32), np.full(C, highspy.HighsVarType.kInteger))
     if start is not None:
         keys = {np.packbits(np.isin(np.arange(E), s)).tobytes(): c for c, s in enumerate(groups)}
-        sol = highspy.HighsSolution()
         col = np.zeros(C)
         for g in np.unique(start):
             c = keys.get(np.packbits(start == g).tobytes())
             if c is not None:
                 col[c] = 1.0
-        sol.col_value = col.tolist()
-        h.setSolution(sol)
+        set_start(h, col)
     h.run()
     if h.getInfo().primal_solution_status != 2:  # kSolutionStatusFeasible
         return None

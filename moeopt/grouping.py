@@ -10,13 +10,12 @@ recomputes on the final plan.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from moeopt.errors import InfeasibleError
-from moeopt.result import Status, Termination, relative_gap
 
 #: Absolute slack on the load limit (loads sum to 1): exact backends work with rounded
 #: (CP-SAT) or tolerance-checked (HiGHS, 1e-7) loads; every plan is checked against it.
@@ -168,26 +167,3 @@ def pairs(graph: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Index arrays ``(i, j, weight)`` of the pairs i < j with positive affinity."""
     i, j = np.nonzero(np.triu(graph, k=1) > 0)
     return i, j, graph[i, j]
-
-
-@dataclass(frozen=True, eq=False)
-class ExactOutcome:
-    """What an exact grouping backend returns for one layer.
-
-    ``incumbent`` is the backend's objective of ``home`` (None without a plan), ``bound`` its
-    proved upper bound; ``status`` is OPTIMAL, TIME_LIMIT (a plan, stopped early),
-    NO_SOLUTION or INFEASIBLE.
-    """
-
-    status: Status
-    home: np.ndarray | None
-    incumbent: float | None
-    bound: float | None
-    wall_time: float
-    build_time: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)
-    termination: Termination = Termination.COMPLETED  # why the backend stopped (one word for all)
-
-    @property
-    def gap(self) -> float | None:
-        return relative_gap(self.incumbent, self.bound, "max")

@@ -417,6 +417,7 @@ class SynthSchema(Strict):
     burst: PosFloat = 2.0
     burst_fraction: Probability = 0.1
     layer_dependency: Probability = 0.0
+    successors: NonNegInt = 0
     structure_seed: NonNegInt = 0
     seed: NonNegInt = 0
 

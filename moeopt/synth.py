@@ -12,6 +12,7 @@ and evaluation splits share the structure and differ in ``seed``; a single-famil
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,7 @@ class SynthSpec:
     burst: float = 2.0  # multiplicative boost of bursting experts
     burst_fraction: float = 0.1  # share of experts bursting in a given step
     layer_dependency: float = 0.0  # chance a token's community follows its previous top-1's
+    successors: int = 0  # > 0: a following token also favours its previous top-1's successor experts
     structure_seed: int = 0
     seed: int = 0
 
@@ -51,7 +53,8 @@ class SynthSpec:
         cls, data: dict, *, source: str | None = None, field_prefix: str = "workload.synthetic"
     ) -> SynthSpec:
         checked = check_synthetic(dict(data), source, field_prefix)
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in checked.model_dump().items()})
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in checked.model_dump().items()}
+        return cls(**values)
 
     def validate(self, source: str | None = None, prefix: str = "workload.synthetic") -> None:
         """Check every field (types, ranges, sizes); ``prefix="--"`` names CLI options."""
@@ -68,6 +71,7 @@ class _LayerStructure:
     preference: np.ndarray  # [F, C] family -> community probabilities
     bursts: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [T, E] multipliers
     link: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [C] prev -> this community
+    successor: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [F, E_prev, s] this layer's
 
 
 def _structure(spec: SynthSpec, rng: np.random.Generator) -> list[_LayerStructure]:
@@ -94,6 +98,41 @@ def _structure(spec: SynthSpec, rng: np.random.Generator) -> list[_LayerStructur
         # rest of the structure does not depend on it)
         link = np.random.default_rng([spec.structure_seed, 1, l]).permutation(C)
         out.append(_LayerStructure(base, community, preference, bursts, link))
+    if spec.successors > 0:
+        for l in range(1, spec.layers):
+            prev = out[l - 1].community
+            if spec.family_communities == "shared":
+                # one transition structure for every family, as the communities
+                prev = prev[:1]
+            succ = _successors(prev, out[l], spec.successors, spec.structure_seed, l)
+            out[l].successor = np.broadcast_to(succ, (len(spec.families), *succ.shape[1:]))
+    return out
+
+
+def _successors(prev_community: np.ndarray, s: _LayerStructure, count: int, structure_seed: int, l: int) -> np.ndarray:
+    """int ``[F, E, count]``: per family, the layer-l successors of each layer l - 1 expert
+    (F = 1 with shared communities: one structure for every family).
+
+    Expert e of community c at layer l - 1 leads to ``count`` distinct experts of the linked
+    community ``link[c]`` at layer l (all of them when it has fewer; generic experts lead to
+    the generic ones). Drawn from its own stream, so the rest of the structure is the same
+    with or without successors.
+    """
+    rng = np.random.default_rng([structure_seed, 2, l])
+    F, E = prev_community.shape
+    C = len(s.link)
+    # the community each (family, previous expert) leads to; -1 (generic) leads to the generic experts
+    target = np.where(prev_community >= 0, s.link[np.maximum(prev_community, 0) % C], -1)  # [F, E]
+    member = s.community[:F, None, :] == target[:, :, None]  # [F, E_prev, E]
+    empty = ~member.any(axis=2)
+    member[empty] = True  # no such experts: any expert
+    # a random order of the members first (random keys, non-members last), then the first `count`
+    keys = np.where(member, rng.random((F, E, s.community.shape[1])), 2.0)
+    order = np.argsort(keys, axis=2, kind="stable")
+    n = member.sum(axis=2)  # [F, E_prev]
+    # fewer members than count: repeat them cyclically (boosted once)
+    idx = np.arange(count)[None, None, :] % n[:, :, None]
+    out = np.take_along_axis(order, idx, axis=2).astype(np.int64)
     return out
 
 
@@ -126,6 +165,13 @@ def synthesize(spec: SynthSpec) -> Trace:
         member = s.community[:, None, :] == np.arange(C)[None, :, None]  # [F, C, E]
         logboost = np.where(member, np.log(spec.community_boost), 0.0)
         logw = np.log(s.base)[None, :] + logboost[family, comm] + np.log(s.bursts)[step]
+        if l > 0 and spec.layer_dependency > 0 and spec.successors > 0:
+            # expert-level dependency: a following token also favours its previous top-1
+            # expert's successors (inside the linked community) by another community_boost
+            succ = s.successor[family, topk[:, l - 1, 0]]  # [N, s]
+            extra = np.zeros((N, E))
+            np.put_along_axis(extra, succ, np.log(spec.community_boost), axis=1)
+            logw = logw + np.where(follow[:, None], extra, 0.0)
         scores = logw + rng.gumbel(size=(N, E))
         part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
         # ordered by router score, as engines record them: position 0 is the top-1 expert

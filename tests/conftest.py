@@ -1,4 +1,4 @@
-"""Shared fixtures and the hypothesis profile used in CI."""
+"""Shared fixtures and the hypothesis profiles: ``ci`` (default, derandomized), ``explore`` and ``dev`` (random)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,16 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-settings.register_profile(
-    "ci", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow], derandomize=True
-)
-settings.register_profile("dev", deadline=None, max_examples=100)
+#: examples per property test in the default profile; ``examples(n)`` in tests/strategies.py
+#: scales a test's own ``max_examples`` by the loaded profile's share of this
+BASE_EXAMPLES = 25
+# The default profile (what CI runs) is derandomized: the same examples on every run, so a
+# green main stays green; the data is drawn by hypothesis itself, so a failure shrinks to a
+# minimal example. ``explore`` draws fresh random data (3x the examples) for local bug hunts.
+_common = {"deadline": None, "print_blob": True, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("ci", max_examples=BASE_EXAMPLES, derandomize=True, database=None, **_common)
+settings.register_profile("explore", max_examples=3 * BASE_EXAMPLES, derandomize=False, **_common)
+settings.register_profile("dev", max_examples=4 * BASE_EXAMPLES, derandomize=False, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Whole-model planner (moeopt.balance_batch): same plans' invariants as the per-layer planner."""
+"""Whole-model planner (moeopt.balance.batch): same plans' invariants as the per-layer planner."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moeopt import balance as B
-from moeopt import balance_batch as BB
+from moeopt.balance import batch as BB
+from moeopt.balance.layout import _Layout
+from moeopt.balance.loads import _cap
 
 REAL = Path(__file__).resolve().parents[1] / "instances" / "real" / "deepseek_v3_prefill_in1024.json"
 
@@ -33,7 +35,7 @@ def layers(draw, max_l: int = 4, max_e: int = 12, max_g: int = 6, max_w: int = 4
 def lpt_reference(load: np.ndarray, G: int, W: int, allow: bool) -> np.ndarray:
     """Plain LPT with the water-filled copy counts, from the per-layer module."""
     E = load.size
-    c = B.copy_counts(load, G * W, B._cap(E, G, W, allow))
+    c = B.copy_counts(load, G * W, _cap(E, G, W, allow))
     e = np.repeat(np.arange(E), c)
     return e[B.lpt_pack((load / c)[e], e, G, W, allow)]
 
@@ -60,7 +62,7 @@ def real_loads(n: int = 8) -> np.ndarray:
 def test_copy_counts_batch_equals_per_layer(case):
     loads, G, W, allow = case
     E = loads.shape[1]
-    cap = B._cap(E, G, W, allow)
+    cap = _cap(E, G, W, allow)
     got = BB.copy_counts_batch(loads, G * W, cap)
     for l, row in enumerate(loads):
         assert got[l].tolist() == B.copy_counts(row, G * W, cap).tolist()
@@ -82,7 +84,7 @@ def test_copy_counts_batch_caps_ties_and_errors():
 def test_lpt_pack_batch_equals_per_layer(case):
     loads, G, W, allow = case
     E = loads.shape[1]
-    c = BB.copy_counts_batch(loads, G * W, B._cap(E, G, W, allow))
+    c = BB.copy_counts_batch(loads, G * W, _cap(E, G, W, allow))
     got = BB.lpt_pack_batch(loads, c, G, W, allow)
     for l, row in enumerate(loads):
         assert np.array_equal(got[l], lpt_reference(row, G, W, allow))
@@ -148,7 +150,7 @@ def test_swap_descent_reaches_local_optimum_of_per_layer_descent():
     G, W = 32, 9
     out = BB.plan_layers_fast(loads, G, W)
     for l, row in enumerate(loads):
-        lay = B._Layout(out[l], None, 256, allow=False, load=row, cap=G)
+        lay = _Layout(out[l], None, 256, allow=False, load=row, cap=G)
         assert lay.best_swap(int(np.argmax(lay.s))) is None
 
 

@@ -1,11 +1,11 @@
-"""Invariants of the out-of-sample planner (moeopt.balance_robust)."""
+"""Invariants of the out-of-sample planner (moeopt.balance.shift)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from moeopt.balance_robust import (
+from moeopt.balance.shift import (
     choose_alpha,
     layer_maxvio,
     plan_layer_oos,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest
@@ -28,25 +27,9 @@ from moeopt.errors import InputError
 from moeopt.grouping import LOAD_TOL, Grouping
 from moeopt.result import Status, Termination
 from tests.grouping_cases import brute_force, make_problem, random_grouping, run
+from tests.strategies import groupings
 
 TOL = 1e-9
-
-
-@st.composite
-def groupings(draw: st.DrawFn, max_experts: int = 8) -> Grouping:
-    """A tiny grouping: W and w drawn as arrays, G and cap with E <= G cap, maybe a load limit."""
-    E = draw(st.integers(2, max_experts))
-    W = draw(arrays(np.float64, (E, E), elements=st.floats(0.0, 1.0, allow_subnormal=False)))
-    sparse = draw(arrays(np.bool_, (E, E)))
-    W = np.triu(W * sparse, 1)
-    load = draw(arrays(np.float64, E, elements=st.floats(0.01, 1.0)))
-    load = load / load.sum()
-    G = draw(st.integers(1, min(4, E)))
-    cap = draw(st.integers(math.ceil(E / G), math.ceil(E / G) + 2))
-    g = Grouping(W + W.T, load=load, groups=G, cap=cap)
-    if draw(st.booleans()):
-        g = g.replace(load_limit=g.min_max_load() * draw(st.floats(1.0, 1.5)))
-    return g
 
 
 def brute_pricing(g: Grouping, pi: np.ndarray) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import replace
 
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 from moeopt.cli import main
 from moeopt.errors import InputError
 from moeopt.evaluate import evaluate
+from moeopt.heuristics.hyperedges import token_hyperedges
+from moeopt.heuristics.local_search import load_limit, resolve_eps_load
 from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
 from moeopt.io import load_instance
 from moeopt.methods.crosslayer import (
@@ -24,7 +27,6 @@ from moeopt.methods.crosslayer import (
     plan_remote,
     stay_edges,
 )
-from moeopt.methods.hypergraph import load_limit, resolve_eps_load, token_hyperedges
 from moeopt.plan import Plan
 from moeopt.profile import Profile
 from moeopt.relabel import relabel_gpus, speed_classes
@@ -50,7 +52,7 @@ def layer_limits(wl, G: int, S: int) -> tuple[list[np.ndarray], list[float | Non
     loads, limits = [], []
     for u in wl.calibration_stats.global_usage:
         u = u / u.sum()
-        eps, _ = resolve_eps_load(None, u, G, S)
+        eps = resolve_eps_load(None, u, G, S)
         loads.append(u)
         limits.append(load_limit(eps, G, u))
     return loads, limits
@@ -197,6 +199,88 @@ def test_layer_dependency_validated():
         SynthSpec.from_mapping({"layer_dependency": 1.5})
 
 
+def successor_share(successors: int, dep: float = 0.9) -> float:
+    """Share of layer l >= 1 top-k entries that are successors of the token's layer l - 1 top-1."""
+    spec = SynthSpec(layers=3, experts=32, top_k=4, tokens=4096, layer_dependency=dep, successors=2, structure_seed=2)
+    structure = _structure(spec, np.random.default_rng(spec.structure_seed))
+    trace = synthesize(replace(spec, successors=successors))
+    hits = []
+    for l in range(1, spec.layers):
+        succ = structure[l].successor[trace.family, trace.topk[:, l - 1, 0]]  # [N, 2]
+        hits.append((trace.topk[:, l, :, None] == succ[:, None, :]).any(axis=2).mean())
+    return float(np.mean(hits))
+
+
+def test_successors_make_tokens_follow_their_previous_expert():
+    """With successors, a token's experts are more often its previous top-1's successors."""
+    assert successor_share(2) > successor_share(0) + 0.1
+
+
+def test_successors_zero_keeps_the_community_trace():
+    """successors only adds structure on its own stream: the structure is the same."""
+    a = _structure(SynthSpec(layers=3, experts=32, top_k=4, layer_dependency=0.5), np.random.default_rng(0))
+    b = _structure(
+        SynthSpec(layers=3, experts=32, top_k=4, layer_dependency=0.5, successors=3), np.random.default_rng(0)
+    )
+    for x, y in zip(a, b, strict=True):
+        assert np.array_equal(x.community, y.community) and np.array_equal(x.link, y.link)
+    assert b[1].successor.shape == (4, 32, 3) and a[1].successor.size == 0
+
+
+#: sha256 (first 16 hex digits) of topk, family and step of traces drawn before successors
+#: existed: successors=0 (the default) must keep every earlier trace bit-identical
+OLD_TRACES = [
+    (
+        {
+            "layers": 3,
+            "experts": 32,
+            "top_k": 4,
+            "tokens": 2048,
+            "layer_dependency": 0.7,
+            "structure_seed": 3,
+            "seed": 1,
+        },
+        "03d4840570e7264c",
+    ),
+    ({"layers": 2, "experts": 16, "top_k": 2, "tokens": 1024}, "50694965dae8956a"),
+]
+
+
+def trace_digest(trace: Trace) -> str:
+    return hashlib.sha256(trace.topk.tobytes() + trace.family.tobytes() + trace.step.tobytes()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize(("spec", "digest"), OLD_TRACES)
+def test_successors_zero_reproduces_the_old_traces(spec, digest):
+    assert trace_digest(synthesize(SynthSpec(**spec))) == digest
+    # without layer dependency no token follows: successors change nothing either
+    if spec.get("layer_dependency", 0.0) == 0.0:
+        assert trace_digest(synthesize(SynthSpec(**spec, successors=3))) == digest
+    else:
+        assert trace_digest(synthesize(SynthSpec(**spec, successors=3))) != digest
+
+
+def test_successors_lie_in_the_linked_community():
+    spec = SynthSpec(layers=3, experts=32, top_k=4, layer_dependency=0.5, successors=3, structure_seed=4)
+    structure = _structure(spec, np.random.default_rng(spec.structure_seed))
+    for l in (1, 2):
+        prev, s = structure[l - 1], structure[l]
+        C = len(s.link)
+        for f in range(len(spec.families)):
+            for e in range(spec.experts):
+                succ = s.successor[f, e]
+                c = prev.community[f, e]
+                target = s.link[c % C] if c >= 0 else -1  # generic experts lead to the generic ones
+                assert (s.community[f, succ] == target).all()
+                # distinct unless the community has fewer members (then each one, repeated)
+                assert len(set(succ.tolist())) == min(3, int((s.community[f] == target).sum()))
+
+
+def test_successors_validated():
+    with pytest.raises(InputError, match="successors"):
+        SynthSpec.from_mapping({"successors": -1})
+
+
 # ----------------------------------------------------------------------------- gains
 @settings(max_examples=30)
 @given(st.integers(0, 2**31 - 1), st.booleans())
@@ -249,6 +333,30 @@ def test_crosslayer_never_worse_than_its_starts(planned):
     assert cl.objective == pytest.approx(calib["crosslayer"])
     for start in cl.stats["starts"].values():
         assert start["final"] <= start["start"] + 1e-12
+
+
+@pytest.mark.parametrize(("structure_seed", "dep", "successors"), [(0, 0.9, 2), (3, 0.5, 3)])
+def test_crosslayer_never_worse_than_relabeled_agnostic_with_successors(structure_seed, dep, successors):
+    """On expert-level dependent traces the planner (a descent from the relabeled agnostic
+    plan) is never worse than agnostic + relabel on the calibration trace, within the same
+    load limit."""
+    inst = synth_instance(L=3, E=16, k=2, G=4, dep=dep, tokens=1024, successors=successors)
+    inst = replace(
+        inst,
+        workload=Workload(
+            WorkloadSource(synthetic={**inst.workload.calibration.synthetic, "structure_seed": structure_seed})
+        ),
+    )
+    wl = load_workloads(inst)
+    ag = solve(inst, method="agnostic", workloads=wl)
+    cl = solve(inst, method="crosslayer", workloads=wl, params={"starts": "agnostic", "kicks": 20})
+    before = evaluate(ag.plan, wl.calibration, inst.cluster)["comm_per_token"]
+    after = evaluate(cl.plan, wl.calibration, inst.cluster)["comm_per_token"]
+    assert after <= before + 1e-12
+    c = inst.cluster
+    loads, limits = layer_limits(wl, c.gpus, c.slots_per_gpu)
+    for l in range(inst.model.layers):
+        assert np.bincount(cl.plan.home[l], weights=loads[l], minlength=c.gpus).max() <= limits[l] + 1e-9
 
 
 def test_crosslayer_keeps_the_automatic_load_limit(planned):

@@ -14,7 +14,7 @@ from moeopt.evaluate import evaluate
 from moeopt.instance import Cluster
 from moeopt.plan import Dispatch, Plan
 from moeopt.trace import Trace, stats_from_counts
-from tests.strategies import random_slots, small_case
+from tests.strategies import examples, int_arrays, random_slots, slot_layouts, small_case
 
 
 def brute_force_min_max(counts: np.ndarray, holds: np.ndarray) -> float:
@@ -34,16 +34,14 @@ def layer_and_counts(draw, colocated: bool = False):
     E = draw(st.integers(1, 6))
     G = draw(st.integers(1, 4))
     W = -(-E // G) + draw(st.integers(0, 2))
-    seed = draw(st.integers(0, 2**31 - 1))
-    rng = np.random.default_rng(seed)
-    slots = random_slots(E, G, W, 1, rng, fill=rng.random(), colocated=colocated)
+    slots = draw(slot_layouts(E, G, W, 1, fill=None, colocated=colocated))
     T = draw(st.integers(1, 3))
-    counts = rng.integers(0, 20, size=(1, T, E)).astype(float)
+    counts = draw(int_arrays((1, T, E), 0, 19)).astype(float)
     cluster = Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=W)
     return Plan(slots=slots, experts=E), counts, cluster
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(layer_and_counts(colocated=True))
 def test_lp_matches_brute_force(case):
     """lp's largest GPU load per batch equals the brute-force fractional optimum."""
@@ -56,7 +54,7 @@ def test_lp_matches_brute_force(case):
     assert (flow[:, ~(plan.copies_on_gpu[0] > 0)] <= 1e-9).all()
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(layer_and_counts(colocated=True), st.sampled_from(["even", "static"]))
 def test_lp_never_worse(case, other):
     """On the same plan, lp's per-batch largest load is never above even's or static's."""
@@ -67,7 +65,7 @@ def test_lp_never_worse(case, other):
     assert np.allclose(lp.sum(axis=-1), counts.sum(axis=-1))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60))
 @given(small_case(replicas=True, colocated=True))
 def test_lp_never_worse_on_traces(case):
     """On token traces too: per-step MaxVio under lp <= under even, same total load."""
@@ -133,7 +131,7 @@ def test_static_expectation_over_homes():
     assert avg["gpus_per_token"] == pytest.approx(np.mean([m["gpus_per_token"] for m in per_home]))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40))
 @given(small_case(replicas=True, colocated=True, dispatch=None))
 def test_counts_and_trace_agree(case):
     """For even, static (no homes) and lp, a trace's loads equal those from its per-step counts."""

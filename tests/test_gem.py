@@ -20,6 +20,7 @@ from moeopt.registry import Context, Problem, get_method, method_names
 from moeopt.solve import load_workloads, solve
 from moeopt.trace import stats_from_counts
 from moeopt.utilization import classify_experts, step_lower_bound, utilization_trace
+from tests.strategies import float_arrays, int_arrays, stepped_profiles
 
 INSTANCES = Path(__file__).resolve().parents[1] / "instances"
 EXACT = ["gem-milp", "gem-cpsat"]
@@ -101,21 +102,23 @@ def test_classification_finds_consistent_temporal_and_correlated_pairs():
 
 
 # ----------------------------------------------------------------------------- lower bound
-@given(st.integers(1, 6), st.integers(2, 4), st.integers(1, 3), st.integers(0, 10_000), st.booleans())
-def test_lower_bound_never_exceeds_any_plan(T, G, slots, seed, affine):
-    """The per-step bound is at most S of random slot-feasible plans, and of split loads."""
-    rng = np.random.default_rng(seed)
-    E = int(rng.integers(1, G * slots + 1))
-    n = rng.integers(0, 120, size=(T, E)).astype(float)
-    prof = synthetic_profile(G, variability=0.3, seed=seed, tile=16) if affine else stepped_profile(G, 24, rng)
+@given(st.integers(1, 6), st.integers(2, 4), st.integers(1, 3), st.data(), st.booleans())
+def test_lower_bound_never_exceeds_any_plan(T, G, slots, data, affine):
+    """The per-step bound is at most S of drawn slot-feasible plans, and of split loads."""
+    E = data.draw(st.integers(1, G * slots), label="E")
+    n = data.draw(int_arrays((T, E), 0, 119), label="n").astype(float)
+    if affine:
+        prof = synthetic_profile(G, variability=0.3, seed=data.draw(st.integers(0, 999), label="seed"), tile=16)
+    else:
+        prof = data.draw(stepped_profiles(G, 24), label="profile")
     lb = step_lower_bound(n, prof, slots=slots).sum()
     assert lb >= step_lower_bound(n, prof).sum() - 1e-12
-    for _ in range(5):
-        home = rng.permutation(np.repeat(np.arange(G), slots))[:E]
+    for _ in range(3):
+        home = np.array(data.draw(st.permutations(np.repeat(np.arange(G), slots).tolist()), label="home")[:E])
         assert lb <= layer_straggler(n, home, prof) + 1e-9
     # replicas may split an expert's load anywhere: only the fractional part must hold
-    split = rng.dirichlet(np.ones(G), size=E)  # [E, G]
-    X = n @ split
+    split = data.draw(float_arrays((E, G), 0.0, 1.0), label="split") + 1e-3
+    X = n @ (split / split.sum(axis=1, keepdims=True))  # [E, G] rows sum to one
     assert step_lower_bound(n, prof, single_expert=False).sum() <= prof(X).max(axis=-1).sum() + 1e-9
 
 
@@ -418,22 +421,20 @@ def test_quadratic_gains_match_recomputed_phi():
         assert dphi[k, p, q] == pytest.approx(phi(h) - phi(home), rel=1e-9, abs=1e-6)
 
 
-@given(st.integers(0, 10_000))
-def test_canonical_hint_satisfies_symmetry_breaking(seed):
+@given(st.integers(2, 4), st.integers(0, 999), st.booleans(), st.data())
+def test_canonical_hint_satisfies_symmetry_breaking(G, seed, identical, data):
     """Relabelling identical GPUs makes any plan satisfy the symmetry-breaking fixings, keeps
     S, and leaves GPUs with distinct profiles alone."""
     from moeopt.solvers.gem_models import canonical_home, layer_model, symmetry_pairs
 
-    rng = np.random.default_rng(seed)
-    G = int(rng.integers(2, 5))
     lat = synthetic_profile(G, variability="high", seed=seed).latency
-    lat[1:] = lat[0] if rng.random() < 0.5 else lat[1:]  # sometimes all identical
+    lat[1:] = lat[0] if identical else lat[1:]  # sometimes all identical
     lat[-1] = lat[-1] if G < 3 else lat[0]  # GPU G-1 shares GPU 0's profile
     prof = Profile(tile=64, latency=lat)
-    E = int(rng.integers(1, 3 * G + 1))
-    n = rng.integers(0, 300, size=(4, E)).astype(float)
+    E = data.draw(st.integers(1, 3 * G), label="E")
+    n = data.draw(int_arrays((4, E), 0, 299), label="n").astype(float)
     model = layer_model(n, prof, 3)
-    home = rng.permutation(np.repeat(np.arange(G), 3))[:E]
+    home = np.array(data.draw(st.permutations(np.repeat(np.arange(G), 3).tolist()), label="home")[:E])
     canon = canonical_home(model, home)
     assert all(canon[e] != g for e, g in symmetry_pairs(model))
     assert layer_straggler(n, canon, prof) == pytest.approx(layer_straggler(n, home, prof))

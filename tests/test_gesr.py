@@ -33,7 +33,7 @@ from moeopt.solvers.replication import (
 from moeopt.synth import SynthSpec, synthesize
 from moeopt.trace import stats_from_counts
 from tests.conftest import INSTANCES
-from tests.strategies import small_case
+from tests.strategies import float_arrays, int_arrays, small_case
 
 REPLICATION = ("gesr", "hottest-replication", "random-replication")
 
@@ -76,17 +76,33 @@ def test_generic_score_terms():
 
 
 # ----------------------------------------------------------------------------- placement
-@given(st.integers(0, 2**31 - 1), st.integers(2, 6), st.integers(0, 3), st.integers(1, 3))
-@settings(max_examples=30)
-def test_place_replicas_respects_slots(seed, G, S, r):
-    """Structural placement: at most S per GPU, never on the home GPU, never twice on a GPU."""
-    rng = np.random.default_rng(seed)
-    E = int(rng.integers(G, 3 * G + 1))
-    home = rng.integers(0, G, E)
-    a = rng.random((E, E))
+@st.composite
+def replica_cases(draw: st.DrawFn) -> tuple:
+    """(G, S, r, order, home, load, affinity): a drawn layer for structural replica placement."""
+    G = draw(st.integers(2, 6))
+    E = draw(st.integers(G, 3 * G))
+    a = draw(float_arrays((E, E), 0.0, 1.0))
     a = a + a.T
     np.fill_diagonal(a, 0)
-    reps = place_replicas(rng.permutation(E), home, rng.random(E), G, S, copies_each=r, affinity=a)
+    order = np.array(draw(st.permutations(range(E))), dtype=np.int64)
+    return (
+        G,
+        draw(st.integers(0, 3)),
+        draw(st.integers(1, 3)),
+        order,
+        draw(int_arrays(E, 0, G - 1)),
+        draw(float_arrays(E, 0.0, 1.0)),
+        a,
+    )
+
+
+@given(replica_cases())
+@settings(max_examples=30)
+def test_place_replicas_respects_slots(case):
+    """Structural placement: at most S per GPU, never on the home GPU, never twice on a GPU."""
+    G, S, r, order, home, load, a = case
+    E = len(home)
+    reps = place_replicas(order, home, load, G, S, copies_each=r, affinity=a)
     cluster = Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=E, replica_slots_per_gpu=S)
     Plan.from_homes(home[None], (reps,), gpus=G).check(cluster, own=True)
     assert len(reps) == min(G * S, len(reps))
@@ -105,14 +121,18 @@ def test_placement_follows_structural_fit_then_load():
     assert place_replicas(np.array([0]), np.array([0, 2, 1, 1]), load, 3, 1).tolist() == [[0, 2]]
 
 
-@given(st.integers(0, 2**31 - 1), st.sampled_from(REPLICATION), st.integers(0, 3), st.booleans())
+@given(
+    st.integers(2, 5).flatmap(lambda G: st.tuples(st.just(G), st.integers(G, 4 * G))),
+    st.integers(0, 999),
+    st.sampled_from(REPLICATION),
+    st.integers(0, 3),
+    st.booleans(),
+)
 @settings(max_examples=12)
-def test_replica_constraints_hold(seed, name, S, counts_only):
+def test_replica_constraints_hold(shape, seed, name, S, counts_only):
     """Every replication method's plan passes Plan.check for any budget, trace or counts."""
-    rng = np.random.default_rng(seed)
-    G = int(rng.integers(2, 6))
-    E = int(rng.integers(G, 4 * G + 1))
-    p = synthetic_problem(E=E, G=G, k=min(2, E), S=S, tokens=256, seed=seed % 1000, counts_only=counts_only)
+    G, E = shape
+    p = synthetic_problem(E=E, G=G, k=min(2, E), S=S, tokens=256, seed=seed, counts_only=counts_only)
     res = run(name, p)
     res.plan.check(p.instance.cluster, layers=p.layers, experts=p.experts)
     assert all(len(r) <= G * S for r in res.plan.replicas)
@@ -246,15 +266,14 @@ BACKENDS = {"highspy": solve_replication_bound, "pyomo": solve_replication_bound
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@given(st.integers(0, 2**31 - 1), st.integers(2, 3), st.integers(1, 2), st.booleans())
+@given(st.data(), st.integers(2, 3), st.integers(1, 2), st.booleans())
 @settings(max_examples=12)
-def test_certificate_matches_brute_force(backend, seed, G, S, crowded):
+def test_certificate_matches_brute_force(backend, data, G, S, crowded):
     """The MILP's optimum equals the brute-force optimum over all replica choices."""
-    rng = np.random.default_rng(seed)
-    E = int(rng.integers(G, 5 if S == 1 else 4))
+    E = data.draw(st.integers(G, 4 if S == 1 else 3), label="E")
     # crowded: every expert on GPU 0, so the budget binds and the optimum is often above 0
-    home = np.zeros(E, dtype=np.int64) if crowded else rng.integers(0, G, E)
-    load = np.round(rng.pareto(1.0, E) * 10 + 1)
+    home = np.zeros(E, dtype=np.int64) if crowded else data.draw(int_arrays(E, 0, G - 1), label="home")
+    load = data.draw(int_arrays(E, 1, 60), label="load").astype(float)  # integer loads, skewed by the draw
     exact = brute_force(home, load, G, S)
     cert = BACKENDS[backend](home, load, G, S, time_limit=20)
     assert cert.status.value == "optimal"

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.grouping import Grouping
+from moeopt.heuristics.local_search import iterated_local_search
 from moeopt.heuristics.spectral import capacity_repair, spectral_labels
-from moeopt.heuristics.swap import iterated_local_search
 from moeopt.methods.tacg import TacgExact, layer_problems
 from moeopt.registry import get_method, method_names, parse_params
 from moeopt.result import Status

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from moeopt.cli import main
 from moeopt.dispatch import route_trace
 from moeopt.evaluate import communication, evaluate, linear_plan
+from moeopt.harness.alltoall import rank_traffic
 from moeopt.harness.profile import monotone_fit, split_tokens, step_function_error
-from moeopt.harness.run import PLAN_KEYS, REPORT_KEYS, plan_loads, rank_traffic, ranking
+from moeopt.harness.run import PLAN_KEYS, REPORT_KEYS, plan_loads, ranking
 from moeopt.instance import Cluster
 from moeopt.io import load_instance, read_profile, write_plan
 from moeopt.plan import Dispatch, Plan
@@ -176,7 +177,7 @@ def test_import_and_cli_work_without_torch() -> None:
     """import moeopt, the harness modules and a plain CLI command need no torch."""
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "import moeopt, moeopt.cli, moeopt.harness.profile, moeopt.harness.run\n"
+        "import moeopt, moeopt.cli, moeopt.harness.profile, moeopt.harness.run, moeopt.harness.alltoall\n"
         "assert moeopt.cli.main(['methods']) == 0\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
@@ -430,7 +431,7 @@ def test_all_to_all_gloo_path(torch, quickstart_path: Path) -> None:
 
     if not dist.is_available():
         pytest.skip("torch.distributed not built")
-    from moeopt.harness.run import time_all_to_all
+    from moeopt.harness.alltoall import time_all_to_all
 
     inst = load_instance(quickstart_path)
     wl = load_workloads(inst)

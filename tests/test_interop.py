@@ -30,6 +30,7 @@ from moeopt.io import (
 from moeopt.plan import Dispatch, Plan
 from moeopt.trace import Stats, Trace, stats_from_counts
 from tests.conftest import ROOT
+from tests.strategies import slot_layouts
 
 SCORED = ("even", "static", "lp")  # dispatches that score count data exactly
 #: dispatches a neutral fill leaves unchanged (static re-draws SGLang's seeded choices)
@@ -49,19 +50,7 @@ def slot_plans(draw, *, empty: bool = False, colocated: bool = False, max_expert
         W = max(W, 2)
     elif not empty:
         W = min(W, E)  # every slot can hold an expert not yet on its GPU
-    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
-    slots = np.full((L, G, W), -1, dtype=np.int64)
-    for l in range(L):
-        flat = slots[l].reshape(-1)
-        flat[rng.permutation(G * W)[:E]] = rng.permutation(E)
-        for p in np.flatnonzero(flat < 0):
-            if empty and rng.random() < 0.5:
-                continue
-            g = p // W
-            here = set(flat[g * W : (g + 1) * W].tolist())
-            options = [e for e in range(E) if colocated or e not in here]
-            if options:
-                flat[p] = rng.choice(options)
+    slots = draw(slot_layouts(E, G, W, L, fill=None if empty else True, colocated=colocated))
     plan = Plan(slots=slots, experts=E)
     if not empty:
         assume((plan.slots >= 0).all())

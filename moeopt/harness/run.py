@@ -13,18 +13,15 @@ all plans are timed in interleaved rounds and each keeps its median, so slow dri
 device (clock, temperature) or a burst of contention does not favour one plan.
 
 Where several CUDA devices are visible, the plan's token all-to-all is also timed with
-NCCL (:func:`time_all_to_all`). That path has been exercised on the CPU with the gloo
-backend only; it has not run on a multi-GPU machine.
+NCCL (:mod:`moeopt.harness.alltoall`). That path has been exercised on the CPU with the gloo
+backend only; it has not run on a multi-GPU machine. The report's Markdown is
+:mod:`moeopt.harness.report`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
-import socket
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +34,8 @@ from moeopt import console
 from moeopt.dispatch import count_flows, route_trace
 from moeopt.errors import InputError, MoeoptError
 from moeopt.evaluate import straggler
+from moeopt.harness.alltoall import maybe_all_to_all
+from moeopt.harness.report import report_markdown
 from moeopt.instance import Cluster, Instance
 from moeopt.plan import Plan
 from moeopt.profile import Profile
@@ -289,149 +288,6 @@ def _corr(x: np.ndarray, y: np.ndarray) -> float | None:
     return float(np.corrcoef(x, y)[0, 1])
 
 
-# ----------------------------------------------------------------------------- all-to-all
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def rank_traffic(traffic: np.ndarray, world: int) -> np.ndarray:
-    """``[L, T, W, W]``: emulated GPUs folded onto ``world`` ranks (g -> g mod W), local dropped."""
-    L, T, G, _ = traffic.shape
-    ranks = np.arange(G) % world
-    onehot = np.zeros((G, world), dtype=np.int64)
-    onehot[np.arange(G), ranks] = 1
-    folded = np.einsum("ltij,ia,jb->ltab", traffic, onehot, onehot)
-    idx = np.arange(world)
-    folded[:, :, idx, idx] = 0
-    return folded
-
-
-def _all_to_all_worker(
-    rank: int, world: int, backend: str, port: int, path: str, d_model: int, dtype: str, repeats: int, warmup: int
-) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from moeopt.harness import torch_dtype
-
-    data = np.load(path)
-    names = [str(n) for n in data["names"]]
-    cuda = backend == "nccl"
-    device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        dt = torch_dtype(dtype)
-
-        def once(traffic: np.ndarray) -> float:
-            send = traffic[rank].tolist()
-            recv = traffic[:, rank].tolist()
-            inp = torch.ones(sum(send), d_model, device=device, dtype=dt)
-            out = torch.empty(sum(recv), d_model, device=device, dtype=dt)
-            dist.barrier()
-            if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                dist.all_to_all_single(out, inp, recv, send)
-                end.record()
-                torch.cuda.synchronize(device)
-                ms = start.elapsed_time(end)
-            else:
-                t0 = time.perf_counter()
-                dist.all_to_all_single(out, inp, recv, send)
-                ms = 1e3 * (time.perf_counter() - t0)
-            # the step's all-to-all ends when its slowest rank ends
-            step = torch.tensor([ms], dtype=torch.float64, device=device)
-            dist.all_reduce(step, op=dist.ReduceOp.MAX)
-            return float(step.item())
-
-        # untimed first exchanges: connection set-up and buffer allocation are not traffic
-        first = data["traffic0"].reshape(-1, world, world)
-        for _ in range(max(1, warmup)):
-            once(first[int(first.sum(axis=(1, 2)).argmax())])
-        results = {}
-        for p, name in enumerate(names):
-            traffic = data[f"traffic{p}"]  # [L, T, W, W]
-            total = 0.0
-            for l in range(traffic.shape[0]):
-                for t in range(traffic.shape[1]):
-                    total += float(np.median([once(traffic[l, t]) for _ in range(repeats)]))
-            results[name] = total
-        if rank == 0:
-            Path(path).with_suffix(".json").write_text(json.dumps(results))
-    finally:
-        dist.destroy_process_group()
-
-
-def time_all_to_all(
-    loads: Sequence[PlanLoads],
-    *,
-    world: int,
-    backend: str,
-    steps: int,
-    d_model: int,
-    dtype: str,
-    repeats: int = 3,
-    warmup: int = 1,
-) -> dict[str, Any]:
-    """Time each plan's token all-to-all on ``world`` real ranks (torch.distributed).
-
-    Emulated GPU g is rank ``g mod world``; a step's all-to-all sends each token's hidden
-    state (``d_model`` values) from its home rank to every distinct remote rank holding one
-    of its experts, timed per step (CUDA events for NCCL; the median of ``repeats`` after
-    ``warmup`` untimed exchanges, the slowest rank's time) and summed over layers and steps.
-
-    Parameters
-    ----------
-    loads
-        Plans with ``traffic`` (token traces).
-    world
-        Ranks (processes, one per CUDA device for NCCL).
-    backend
-        ``"nccl"`` (several CUDA devices) or ``"gloo"`` (CPU; used to test this code path).
-    steps
-        Steps measured.
-    d_model, dtype
-        Size and dtype of one token's hidden state.
-    repeats, warmup
-        Timed exchanges per step (median) and untimed exchanges before any timing.
-
-    Returns
-    -------
-    dict
-        ``ran``, ``backend``, ``world``, ``ms`` (per plan name) and ``bytes`` (per plan).
-    """
-    import torch.multiprocessing as mp
-
-    usable = [pl for pl in loads if pl.traffic is not None]
-    if not usable:
-        return {"ran": False, "reason": "count-only workload: no token traffic"}
-    width = {"fp32": 4, "float32": 4}.get(dtype, 2)
-    with tempfile.TemporaryDirectory(prefix="moeopt-a2a-") as tmp:
-        path = os.path.join(tmp, "traffic.npz")
-        traffic = [pl.traffic for pl in usable if pl.traffic is not None]  # all of them
-        arrays: dict[str, Any] = {f"traffic{p}": rank_traffic(t[:, :steps], world) for p, t in enumerate(traffic)}
-        np.savez(path, names=np.array([pl.name for pl in usable]), **arrays)
-        mp.spawn(
-            _all_to_all_worker,
-            args=(world, backend, _free_port(), path, d_model, dtype, repeats, warmup),
-            nprocs=world,
-            join=True,
-        )
-        ms = json.loads(Path(path).with_suffix(".json").read_text())
-    return {
-        "ran": True,
-        "backend": backend,
-        "repeats": repeats,
-        "world": world,
-        "ms": ms,
-        "bytes": {pl.name: int(arrays[f"traffic{p}"].sum()) * d_model * width for p, pl in enumerate(usable)},
-    }
-
-
 # ----------------------------------------------------------------------------- validate
 def _speeds(text_speeds: Sequence[float] | None, profile: Profile | None, gpus: int) -> tuple[np.ndarray, str]:
     if text_speeds is not None:
@@ -627,7 +483,7 @@ def validate(
 
     _improvements(plan_reports)
     info = device_info(dev, threads)
-    a2a = _maybe_all_to_all(loads, all_to_all, world, dev, info, steps, shape, repeats, warmup)
+    a2a = maybe_all_to_all(loads, all_to_all, world, dev, info, steps, shape, repeats, warmup)
     return {
         "format": REPORT_FORMAT,
         "instance": instance.name,
@@ -668,48 +524,6 @@ def _step_totals(workload: Trace | Stats) -> np.ndarray:
     return np.asarray(workload.step_counts).sum(axis=-1)
 
 
-def _maybe_all_to_all(
-    loads: Sequence[PlanLoads],
-    mode: str,
-    world: int | None,
-    dev: str,
-    info: dict,
-    steps: int,
-    shape: Any,
-    repeats: int,
-    warmup: int,
-) -> dict[str, Any]:
-    if mode not in ("auto", "off", "nccl", "gloo"):
-        raise MoeoptError(f"--all-to-all: expected auto, off, nccl or gloo, got {mode!r}")
-    if mode == "off":
-        return {"ran": False, "reason": "disabled (--all-to-all off)"}
-    import torch.distributed as dist
-
-    if mode == "auto":
-        if not (dev.startswith("cuda") and info["count"] > 1):
-            return {"ran": False, "reason": f"needs several CUDA devices; {info['count']} visible"}
-        mode = "nccl"
-    if mode == "nccl" and (info["count"] < 2 or not dist.is_nccl_available()):
-        raise MoeoptError("--all-to-all nccl: needs at least two CUDA devices and NCCL")
-    if not dist.is_available():
-        raise MoeoptError("--all-to-all: this torch build has no torch.distributed")
-    ranks = world or (info["count"] if mode == "nccl" else 2)
-    if mode == "nccl":
-        ranks = min(ranks, info["count"])
-    if ranks < 2:
-        raise MoeoptError(f"--world: the all-to-all needs at least 2 ranks, got {ranks}")
-    return time_all_to_all(
-        loads,
-        world=ranks,
-        backend=mode,
-        steps=steps,
-        d_model=shape.d_model,
-        dtype=shape.dtype,
-        repeats=repeats,
-        warmup=warmup,
-    )
-
-
 def _unique(names: Sequence[str]) -> list[str]:
     seen: dict[str, int] = {}
     out = []
@@ -732,58 +546,6 @@ def solve_here(instance: Instance, workloads: Any, *, seed: int = 0) -> list[tup
             raise MoeoptError(f"method {name!r} found no plan for {instance.name}: {result.status.value}")
         out.append((name, f"solved:{name}", result.plan))
     return out
-
-
-# ----------------------------------------------------------------------------- reporting
-def report_markdown(report: dict[str, Any]) -> str:
-    """A Markdown summary of a validate report (device, table of plans, ranking)."""
-    dev, ffn = report["device"], report["ffn"]
-    unit = report["modelled_profile"]["unit"]
-    lines = [
-        f"# Measured plan runs: {report['instance']}",
-        "",
-        f"- device: **{dev['name']}** ({dev['type']}; torch {dev['torch']}, {dev['threads']} thread(s))",
-        f"- expert FFN: SwiGLU d_model={ffn['d_model']}, d_ff={ffn['d_ff']}, {ffn['dtype']}",
-        f"- emulated: {report['gpus']} GPUs, {report['layers']} layer(s) x {report['steps']} step(s); "
-        f"speeds ({report['speed_source']}): {', '.join(f'{s:.3f}' for s in report['speeds'])}",
-        f"- timing: {report['timing']['timer']}, {report['timing']['statistic']} of "
-        f"{report['timing']['repeats']} interleaved rounds after "
-        f"{report['timing']['warmup']} warm-up run(s)",
-        f"- modelled: evaluator's S with the {report['modelled_profile']['source']} profile ({unit})"
-        + (f"; {report['modelled_profile']['note']}" if report["modelled_profile"].get("note") else ""),
-        "",
-        "| plan | measured S (ms) | modelled S | measured / modelled | vs linear, measured | "
-        "vs linear, modelled | measured p90 (ms) | per-step corr. |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-
-    def num(v: float | None, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-
-    for p in report["plans"]:
-        lines.append(
-            f"| {p['name']} | {p['measured_straggler_ms']:.3f} | {p['modelled_straggler']:.3f} | "
-            f"{num(p['measured_over_modelled'], '.3f')} | {num(p['measured_improvement_vs_linear'], '+.1f')} % | "
-            f"{num(p['modelled_improvement_vs_linear'], '+.1f')} % | {p['measured_p90_ms']:.3f} | "
-            f"{num(p['step_correlation'], '.3f')} |"
-        )
-    r = report["ranking"]
-    tau = "-" if r["kendall_tau"] is None else f"{r['kendall_tau']:.3f}"
-    agrees = {True: "yes", False: "no", None: "-"}[r["agrees"]]
-    lines += [
-        "",
-        f"Ranking (best first): measured {' < '.join(r['measured'])}; modelled {' < '.join(r['modelled'])}; "
-        f"Kendall tau {tau}; agrees: {agrees}.",
-    ]
-    a2a = report["all_to_all"]
-    if a2a.get("ran"):
-        lines.append(
-            f"All-to-all ({a2a['backend']}, {a2a['world']} ranks): "
-            + ", ".join(f"{k} {v:.3f} ms" for k, v in a2a["ms"].items())
-        )
-    else:
-        lines.append(f"All-to-all not timed: {a2a['reason']}.")
-    return "\n".join(lines) + "\n"
 
 
 def validate_command(args: Any) -> int:

@@ -5,12 +5,13 @@
 2. :func:`capacity_repair`: min-cost assignment of experts to the ``G * cap`` slots (cost =
    minus the affinity of the expert to each cluster, ``scipy.optimize.linear_sum_assignment``),
    then :func:`load_repair`.
-3. :func:`load_repair`: while a group exceeds the load limit, the move or swap out of an
-   overloaded group with the least affinity loss that lowers its load and keeps the other
-   group within the limit.
+3. :func:`load_repair`: while a group exceeds the load limit, the move or swap with the
+   least affinity loss that lowers the total squared overload (the one engine's load repair,
+   :mod:`moeopt.heuristics.local_search`).
 
 :func:`first_fit` is the affinity-blind fix used by the ``repair=false`` ablation;
-:func:`grouping_heuristic` chains the steps with the swap search of :mod:`moeopt.heuristics.swap`.
+:func:`grouping_heuristic` chains the steps with the iterated swap search of
+:mod:`moeopt.heuristics.local_search`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from scipy.optimize import linear_sum_assignment
 
 from moeopt.errors import InfeasibleError
 from moeopt.grouping import LOAD_TOL, Grouping
-from moeopt.heuristics.swap import iterated_local_search
+from moeopt.heuristics import packing
+from moeopt.heuristics.local_search import iterated_local_search, repair_load
 
 
 def spectral_embedding(graph: np.ndarray, dims: int) -> np.ndarray:
@@ -76,47 +78,33 @@ def capacity_repair(problem: Grouping, labels: np.ndarray) -> np.ndarray:
 
 def first_fit(problem: Grouping, labels: np.ndarray) -> np.ndarray:
     """Affinity-blind fix (ablation ``repair=false``): heaviest expert first, into its cluster
-    when it has a slot and room, else into the least-loaded group with a slot; then
-    :func:`load_repair` if the limit still fails."""
-    E, G, cap = problem.experts, problem.groups, problem.cap
-    home = np.empty(E, dtype=np.int64)
-    loads = np.zeros(G)
-    sizes = np.zeros(G, dtype=np.int64)
-    limit = problem.load_limit + LOAD_TOL
-    for e in np.argsort(-problem.load, kind="stable"):
-        g = int(labels[e])
-        if sizes[g] >= cap or loads[g] + problem.load[e] > limit:
-            free = sizes < cap
-            fits = free & (loads + problem.load[e] <= limit)
-            pool = fits if fits.any() else free
-            g = int(np.flatnonzero(pool)[np.argmin(loads[pool])])
-        home[e] = g
-        loads[g] += problem.load[e]
-        sizes[g] += 1
+    when it has a slot and room, else into the least-loaded group with a slot
+    (:func:`moeopt.heuristics.packing.first_fit`); then :func:`load_repair` if the limit
+    still fails."""
+    home = packing.first_fit(problem.load, labels, problem.groups, problem.cap, problem.load_limit + LOAD_TOL)
     return load_repair(problem, home)
 
 
 def load_repair(problem: Grouping, home: np.ndarray) -> np.ndarray:
     """Moves and swaps with the least affinity loss until every group meets the load limit.
 
-    Each step takes an expert e out of an overloaded group a, either to a group with a free
-    slot or in exchange for a lighter expert of group b, keeping the receiving group within
-    the limit; the total overload strictly decreases, so the repair ends. If no such step
-    exists, it restarts from a load-balanced packing (heaviest first onto the least-loaded
-    group) before giving up.
+    The load repair of the one engine (:func:`moeopt.heuristics.local_search.repair_load`):
+    each step is the move or swap with the largest affinity gain among those that lower the
+    total squared overload. If it stalls, it restarts from a load-balanced packing (heaviest
+    first onto the least-loaded group) before giving up.
 
     Raises
     ------
     InfeasibleError
-        When neither start reaches the limit (the message gives the best eps_load reached).
+        When neither start reaches the limit (the message gives the eps_load that would do).
     """
     if not problem.limited:
         return np.asarray(home, dtype=np.int64)
-    out = _load_repair(problem, np.asarray(home, dtype=np.int64).copy())
+    out = repair_load(problem, np.asarray(home, dtype=np.int64))
     if out is not None:
         return out
-    packed = _balanced_packing(problem)
-    out = _load_repair(problem, packed)
+    packed = packing.balanced_homes(problem.load, problem.groups, problem.cap)
+    out = repair_load(problem, packed)
     if out is not None:
         return out
     reached = float(problem.group_loads(packed).max())
@@ -126,69 +114,6 @@ def load_repair(problem: Grouping, home: np.ndarray) -> np.ndarray:
         f"use eps_load >= {reached * G - 1:.4g} (met by a load-balanced packing); "
         f"no plan can meet eps_load < {problem.min_max_load() * G - 1:.4g}"
     )
-
-
-def _balanced_packing(problem: Grouping) -> np.ndarray:
-    home = np.empty(problem.experts, dtype=np.int64)
-    loads = np.zeros(problem.groups)
-    sizes = np.zeros(problem.groups, dtype=np.int64)
-    for e in np.argsort(-problem.load, kind="stable"):
-        g = int(np.argmin(np.where(sizes < problem.cap, loads, np.inf)))
-        home[e] = g
-        loads[g] += problem.load[e]
-        sizes[g] += 1
-    return home
-
-
-def _load_repair(problem: Grouping, home: np.ndarray) -> np.ndarray | None:
-    W, w = problem.graph, problem.load
-    E, G = problem.experts, problem.groups
-    limit = problem.load_limit + LOAD_TOL
-    onehot = np.zeros((E, G))
-    onehot[np.arange(E), home] = 1.0
-    S = W @ onehot
-    loads = onehot.T @ w
-    sizes = onehot.sum(axis=0)
-    for _ in range(4 * E * G + 10):
-        over = loads > limit
-        if not over.any():
-            return home
-        own = S[np.arange(E), home]
-        src = over[home]  # experts in overloaded groups
-        # moves e -> g
-        mgain = S - own[:, None]
-        mok = src[:, None] & (sizes[None, :] < problem.cap) & (loads[None, :] + w[:, None] <= limit)
-        mgain = np.where(mok, mgain, -np.inf)
-        # swaps e (overloaded group) <-> f (lighter, other group)
-        Q = S[:, home] - own[:, None]
-        sgain = Q + Q.T - 2.0 * W
-        lf = loads[home]
-        sok = (
-            src[:, None]
-            & (home[:, None] != home[None, :])
-            & (w[None, :] < w[:, None])
-            & (lf[None, :] - w[None, :] + w[:, None] <= limit)
-        )
-        sgain = np.where(sok, sgain, -np.inf)
-        im, js = int(np.argmax(mgain)), int(np.argmax(sgain))
-        if not np.isfinite(mgain.flat[im]) and not np.isfinite(sgain.flat[js]):
-            return None
-        if mgain.flat[im] >= sgain.flat[js]:
-            e, g = divmod(im, G)
-            pairs = [(e, g)]
-        else:
-            e, f = divmod(js, E)
-            pairs = [(e, int(home[f])), (f, int(home[e]))]
-        for e, g in pairs:
-            a = int(home[e])
-            S[:, a] -= W[:, e]
-            S[:, g] += W[:, e]
-            loads[a] -= w[e]
-            loads[g] += w[e]
-            sizes[a] -= 1
-            sizes[g] += 1
-            home[e] = g
-    return None
 
 
 def grouping_heuristic(
@@ -214,7 +139,7 @@ def grouping_heuristic(
     repair, refine
         False: :func:`first_fit` instead of :func:`capacity_repair`; no swap search.
     iterations, patience, kick_swaps
-        Of :func:`moeopt.heuristics.swap.iterated_local_search`.
+        Of :func:`moeopt.heuristics.local_search.iterated_local_search`.
     hint
         Optional plan; used as the start when feasible and better.
     deadline

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from moeopt import balance as core
-from moeopt.balance_batch import plan_layers_fast
-from moeopt.balance_robust import shrink_loads
+from moeopt.balance.batch import plan_layers_fast
+from moeopt.balance.shift import shrink_loads
 from moeopt.errors import InputError
 from moeopt.evaluate import maxvio
 from moeopt.instance import Instance

@@ -43,31 +43,28 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from moeopt.errors import InfeasibleError, InputError
-from moeopt.methods.hypergraph import (
-    _TOL,
-    AUTO_RELAX_STEP,
-    AUTO_RELAX_TRIES,
-    ConnectivityGain,
-    Hyperedges,
-    _available,
-    _mtkahypar,
+from moeopt.heuristics.hyperedges import ConnectivityGain, Hyperedges, token_hyperedges
+from moeopt.heuristics.local_search import (
+    RELAX_STEP,
+    RELAX_TRIES,
+    TOL,
     limited_search,
     load_limit,
     local_search,
-    mtkahypar_partition,
     resolve_eps_load,
-    token_hyperedges,
 )
+from moeopt.methods.hypergraph import _available
 from moeopt.registry import Context, Problem, register
 from moeopt.relabel import relabel_gpus, speed_classes, stay_counts
 from moeopt.result import Result, Status, Termination
+from moeopt.solvers.partitioners import fixed_home_partition, mtkahypar_partition
 
 
 class StayGain:
     """(λ − 1) gains of the real experts on hyperedges that also hold fixed home pins.
 
     Experts ``0..E-1`` move; pins ``E..E+G-1`` are the G home GPUs, fixed. The gains of
-    :class:`~moeopt.methods.hypergraph.ConnectivityGain` on the extended hypergraph are
+    :class:`~moeopt.heuristics.hyperedges.ConnectivityGain` on the extended hypergraph are
     computed with the home pins in place and restricted to the real experts, so the search
     never moves a home.
     """
@@ -87,25 +84,6 @@ def stay_edges(topk_layer: np.ndarray, token_home: np.ndarray, experts: int, gpu
     """Hyperedges ``topk ∪ {home}``: vertex ``E + g`` stands for GPU g, where the token lives."""
     aug = np.concatenate([np.asarray(topk_layer, dtype=np.int64), experts + token_home[:, None]], axis=1)
     return token_hyperedges(aug, experts + gpus)
-
-
-def fixed_home_partition(
-    edges: Hyperedges, experts: int, gpus: int, slots: int, *, seed: int = 0, preset: str = "default"
-) -> np.ndarray:
-    """Mt-KaHyPar on experts plus G home vertices fixed to their GPUs (km1 = remote GPUs)."""
-    mtk, init = _mtkahypar(1)
-    ctx = init.context_from_preset(getattr(mtk.PresetType, preset.upper()))
-    ctx.set_partitioning_parameters(gpus, 0.0, mtk.Objective.KM1)
-    ctx.set_individual_target_block_weights([int(slots) + 1] * gpus)  # + the fixed home vertex
-    ctx.logging = False
-    mtk.set_seed(int(seed))
-    n = experts + gpus
-    hg = init.create_hypergraph(
-        ctx, n, len(edges.pins), edges.pins, [1] * n, np.rint(edges.weight).astype(np.int64).tolist()
-    )
-    hg.add_fixed_vertices([-1] * experts + list(range(gpus)), gpus)
-    part = np.asarray(hg.partition(ctx).get_partition(), dtype=np.int64)
-    return part[:experts]
 
 
 # ============================================================================ the cross-layer objective
@@ -159,7 +137,7 @@ class CrossGain:
     uniform homes, ``λ (1 - 1/G)`` of the plain top-k sets), and (b) layer l + 1's, where a
     token lives on the GPU of its layer-l top-1 expert: a linear term, ``-B[e, P(e)]`` of
     :func:`next_layer_benefit`. Gains of (b) add to the move gains and leave the swap
-    correction alone, so :func:`~moeopt.methods.hypergraph.local_search` runs unchanged.
+    correction alone, so :func:`~moeopt.heuristics.local_search.local_search` runs unchanged.
     """
 
     def __init__(self, edges: Hyperedges, experts: int, gpus: int, *, fixed: bool, benefit: np.ndarray | None) -> None:
@@ -200,12 +178,12 @@ def permute_layer(
     if home_next is not None:
         value += stay_counts(home_l[ids[:, 0]], home_next[topk[:, l + 1, :].astype(np.int64)], gpus).T
     value[classes[:, None] != classes[None, :]] = -1e18
-    if (value[np.arange(gpus), np.arange(gpus)] >= value.max(axis=1) - _TOL).all() and np.all(
-        value[np.arange(gpus), np.arange(gpus)] >= value.max(axis=0) - _TOL
+    if (value[np.arange(gpus), np.arange(gpus)] >= value.max(axis=1) - TOL).all() and np.all(
+        value[np.arange(gpus), np.arange(gpus)] >= value.max(axis=0) - TOL
     ):
         return home_l
     g_new, h_old = linear_sum_assignment(value, maximize=True)
-    if value[g_new, h_old].sum() <= value[np.arange(gpus), np.arange(gpus)].sum() + _TOL:
+    if value[g_new, h_old].sum() <= value[np.arange(gpus), np.arange(gpus)].sum() + TOL:
         return home_l
     new_of_old = np.empty(gpus, dtype=np.int64)
     new_of_old[h_old] = g_new
@@ -221,7 +199,10 @@ class CrossLayerParams:
     eps_load
         Load limit per layer, as ``agnostic``'s: each GPU's share of the layer's load at most
         ``(1 + eps_load) / G``; None (default): the automatic limit of ``tacg`` / ``agnostic``;
-        ``.inf``: none.
+        ``.inf``: none. Hard, as in every method.
+    relax_eps_load
+        Relax a limit that repair cannot meet (by ``x1.1`` steps) instead of failing; the
+        starts get it too, and a note reports any relaxation.
     starts
         Comma-separated starting plans: ``agnostic`` (the ``agnostic`` method's plan),
         ``hypergraph`` (the ``hypergraph`` method's plan), ``forward`` (layer by layer,
@@ -245,6 +226,7 @@ class CrossLayerParams:
     """
 
     eps_load: float | None = field(default=None, metadata={"inf": True})
+    relax_eps_load: bool = False
     starts: str = "agnostic,hypergraph"
     sweeps: int = 6
     tolerance: float = 1e-4
@@ -302,19 +284,18 @@ class CrossLayer:
         topk = trace.topk.astype(np.int64)
         first = trace.home
         classes = speed_classes(G, problem.profile)
-        loads, limits, automatic = [], [], []
+        loads, limits, relax = [], [], []
         for l in range(L):
             u = problem.stats.global_usage[l]
             load = u / u.sum() if u.sum() > 0 else np.full(E, 1.0 / E)
-            eps, auto = resolve_eps_load(params.eps_load, load, G, S)
             loads.append(load)
-            limits.append(load_limit(eps, G, load))
-            automatic.append(auto)
+            limits.append(load_limit(resolve_eps_load(params.eps_load, load, G, S), G, load))
+            relax.append(params.relax_eps_load)
         starts: dict[str, np.ndarray] = {}
         if ctx.hint is not None:
             starts["hint"] = ctx.hint.home
         for kind in params.start_names:
-            starts[kind] = self._start(kind, problem, params, ctx, loads, limits, automatic)
+            starts[kind] = self._start(kind, problem, params, ctx, loads, limits, relax)
         for kind, homes in starts.items():
             # the free relabeling every method gets in solve(): the sweeps only improve on it
             relabeled, _ = relabel_gpus(problem.plan(homes), trace, c, problem.profile)
@@ -324,11 +305,11 @@ class CrossLayer:
             before = float(plan_remote(homes, topk, first, G).sum())
             rng = np.random.default_rng([ctx.seed + params.seed, len(report)])
             deadline = ctx.budget.child(1.0 / (len(starts) - i)).deadline  # this start's share of what is left
-            homes, info = self.sweep(homes, topk, first, G, S, loads, limits, automatic, classes, params, rng, deadline)
+            homes, info = self.sweep(homes, topk, first, G, S, loads, limits, relax, classes, params, rng, deadline)
             cost = float(plan_remote(homes, topk, first, G).sum())
             report[kind] = {"start": before / trace.tokens / L, "final": cost / trace.tokens / L, **info}
             ctx.say(f"crosslayer start {kind}: {before / trace.tokens / L:.4f} -> {cost / trace.tokens / L:.4f}")
-            if cost < best_cost - _TOL:
+            if cost < best_cost - TOL:
                 best_kind, best, best_cost = kind, homes, cost
         assert best is not None
         plan = problem.plan(best)
@@ -353,7 +334,7 @@ class CrossLayer:
         )
 
     # ---------------------------------------------------------------- starts
-    def _start(self, kind, problem, params, ctx, loads, limits, automatic) -> np.ndarray:
+    def _start(self, kind, problem, params, ctx, loads, limits, relax) -> np.ndarray:
         from moeopt import execute
         from moeopt.registry import get_method, parse_params
 
@@ -361,6 +342,8 @@ class CrossLayer:
         if kind in ("agnostic", "hypergraph"):
             impl = get_method(kind)
             given = {} if params.eps_load is None else {"eps_load": params.eps_load}
+            if params.relax_eps_load:
+                given["relax_eps_load"] = True
             if kind == "hypergraph":
                 given["preset"] = params.preset
             # the starts share 60 % of the budget (L x --time-limit); the sweeps get the rest
@@ -395,7 +378,7 @@ class CrossLayer:
                 S,
                 load=loads[l],
                 eps_load=eps,
-                automatic=automatic[l],
+                relax=relax[l],
                 refine=False,
                 score=lambda x: 0.0,
                 balanced=True,
@@ -406,7 +389,7 @@ class CrossLayer:
 
     # ---------------------------------------------------------------- sweeps
     @staticmethod
-    def sweep(homes, topk, first, G, S, loads, limits, automatic, classes, params, rng=None, deadline=None):
+    def sweep(homes, topk, first, G, S, loads, limits, relax, classes, params, rng=None, deadline=None):
         """Alternating forward/backward passes of :func:`improve_layer` until a pass saves
         less than ``tolerance``, then ``kicks`` rounds of iterated local search."""
         homes = np.array(homes, dtype=np.int64, copy=True)
@@ -418,7 +401,7 @@ class CrossLayer:
         for p in range(params.sweeps):
             order = range(L) if p % 2 == 0 else range(L - 1, -1, -1)
             for l in order:
-                improve_layer(homes, l, topk, first, G, S, loads, limits, automatic, classes)
+                improve_layer(homes, l, topk, first, G, S, loads, limits, relax, classes)
             passes += 1
             new_total = float(plan_remote(homes, topk, first, G).sum())
             if total - new_total <= params.tolerance * max(total, 1.0):
@@ -444,11 +427,11 @@ class CrossLayer:
                 )
                 for m in (l, l - 1, l + 1, l):
                     if 0 <= m < L:
-                        improve_layer(cand, m, topk, first, G, S, loads, limits, automatic, classes)
+                        improve_layer(cand, m, topk, first, G, S, loads, limits, relax, classes)
                 val = float(plan_remote(cand, topk, first, G).sum())
-                if val <= cur_total + _TOL:
+                if val <= cur_total + TOL:
                     cur, cur_total = cand, val
-                if val < total - _TOL:
+                if val < total - TOL:
                     homes, total = cand.copy(), val
                     improvements += 1
                     since = 0
@@ -463,7 +446,7 @@ class CrossLayer:
         }
 
 
-def improve_layer(homes, l, topk, first, G, S, loads, limits, automatic, classes) -> None:
+def improve_layer(homes, l, topk, first, G, S, loads, limits, relax, classes) -> None:
     """Re-plan layer l in place knowing its neighbours: the best free GPU renumbering
     (:func:`permute_layer`), then swap/move search on the layer's share of the objective
     (:class:`CrossGain`) within the slot and load limits."""
@@ -480,8 +463,8 @@ def improve_layer(homes, l, topk, first, G, S, loads, limits, automatic, classes
     gain = CrossGain(edges, E, G, fixed=fixed, benefit=benefit)
     h, log = local_search(homes[l], gain, G, S, load=loads[l], limit=limits[l], refine=True)
     tries = 0
-    while not log.limit_met and automatic[l] and limits[l] is not None and tries < AUTO_RELAX_TRIES:
-        limits[l] *= AUTO_RELAX_STEP  # the start itself breaks the automatic limit
+    while not log.limit_met and relax[l] and limits[l] is not None and tries < RELAX_TRIES:
+        limits[l] *= RELAX_STEP  # relax_eps_load: the start itself breaks the limit
         tries += 1
         h, log = local_search(homes[l], gain, G, S, load=loads[l], limit=limits[l], refine=True)
     if log.limit_met:
@@ -495,7 +478,7 @@ def kick_layer(
     home = home.copy()
     G = int(home.max()) + 1
     gl = np.bincount(home, weights=load, minlength=G)
-    lim = np.inf if limit is None else limit + _TOL
+    lim = np.inf if limit is None else limit + TOL
     E = len(home)
     for _ in range(swaps):
         for _try in range(20):
@@ -527,7 +510,7 @@ def layer_placements(
     ok = (counts <= slots).all(axis=1)
     if limit is not None and load is not None:
         gl = np.stack([((grids == g) * load[None, :]).sum(axis=1) for g in range(gpus)], axis=1)
-        ok &= (gl <= limit + _TOL).all(axis=1)
+        ok &= (gl <= limit + TOL).all(axis=1)
     return grids[ok]
 
 

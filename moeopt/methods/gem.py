@@ -28,6 +28,8 @@ from moeopt.evaluate import layer_straggler
 from moeopt.heuristics.gem_search import SearchSettings, search_layer, speed_greedy_homes
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, Termination, bound_closes, combine_status, combine_termination
+from moeopt.solvers import CPSAT, PYOMO_HIGHS
+from moeopt.solvers import available as solver_available
 from moeopt.utilization import (
     DEFAULT_STEPS,
     Utilization,
@@ -292,10 +294,10 @@ class _GemExact:
             statuses.append(Status.OPTIMAL if closed else Status.TIME_LIMIT)
             layer_stats.append(
                 {
-                    "status": out.status,
-                    "solver_objective": out.objective,
+                    "status": out.solver_status,
+                    "solver_objective": out.incumbent,
                     "solver_bound": out.bound,
-                    "time": round(out.time, 3),
+                    "time": round(out.wall_time, 3),
                     "warm_start": out.warm_start,
                     "kept": "solver" if best == 0 and out.home is not None else "hint",
                     "encoding": "tile counts"
@@ -354,13 +356,7 @@ class GemMilp(_GemExact):
     backend: ClassVar[str] = "milp"
 
     def available(self) -> bool:
-        try:
-            import pyomo.environ  # noqa: F401  (registers the solver plugins)
-            from pyomo.contrib.solver.common.factory import SolverFactory
-
-            return bool(SolverFactory("highs").available())
-        except Exception:  # noqa: BLE001  (any import or licence problem means unavailable)
-            return False
+        return solver_available(PYOMO_HIGHS)
 
     def run_layer(self, model, limit, hint, params, ctx, util):
         from moeopt.solvers.gem_models import solve_milp
@@ -377,11 +373,7 @@ class GemCpsat(_GemExact):
     backend: ClassVar[str] = "cpsat"
 
     def available(self) -> bool:
-        try:
-            import ortools.sat.python.cp_model  # noqa: F401
-        except ImportError:
-            return False
-        return True
+        return solver_available(CPSAT)
 
     def run_layer(self, model, limit, hint, params, ctx, util):
         from moeopt.solvers.gem_models import solve_cpsat

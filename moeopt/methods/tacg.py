@@ -26,8 +26,9 @@ from moeopt.bounds import grouping_bound
 from moeopt.errors import InfeasibleError
 from moeopt.evaluate import grouping_affinity
 from moeopt.grouping import AUTO_LOAD_SLACK, Grouping
+from moeopt.heuristics.local_search import eps_load_report, relax_until_met
+from moeopt.heuristics.nodes import arrange_nodes, node_affinity
 from moeopt.heuristics.spectral import grouping_heuristic
-from moeopt.heuristics.swap import arrange_nodes, node_affinity
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, Termination, bound_closes, combine_status, combine_termination
 from moeopt.trace import LIFT_EPS, Stats, log_lift
@@ -106,6 +107,13 @@ class TacgParams:
         ``(1 + eps_load) / G``. None (default): per layer, 10 % above the least largest-GPU
         share any plan can reach (``1.1 * Grouping.min_max_load()``), so the limit binds but
         stays reachable; ``.inf``: no limit.
+        Hard either way: when repair finds no plan within it, solving fails and says which
+        eps_load would do (the rule of every grouping method, see
+        :mod:`moeopt.heuristics.local_search`).
+    relax_eps_load
+        Heuristics only: relax a limit that repair cannot meet by ``x1.1`` steps (at most 10)
+        instead of failing; ``stats.eps_load`` then holds the limits met,
+        ``stats.eps_load_relaxed`` the steps per layer, and a note says so.
     repair, refine
         Affinity-aware capacity repair (false: affinity-blind first fit) and the swap
         search (false: none); the ablations of SPEC 3.4.
@@ -132,6 +140,7 @@ class TacgParams:
     tau: float = 1.0
     beta: float = 1.0
     eps_load: float | None = field(default=None, metadata={"inf": True})
+    relax_eps_load: bool = False
     repair: bool = True
     refine: bool = True
     iterations: int = 1000
@@ -170,6 +179,11 @@ class ExactParams(TacgParams):
 
     warm_start: bool = True
     threads: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.relax_eps_load:
+            raise ValueError("relax_eps_load: exact methods keep the limit (they prove whether it can be met)")
 
 
 def layer_problems(problem: Problem, params: TacgParams) -> tuple[np.ndarray, list[Grouping], list[float]]:
@@ -234,6 +248,35 @@ def heuristic_home(
         hint=hint,
         deadline=deadline,
     )
+
+
+def relaxed_heuristic(
+    g: Grouping,
+    eps_load: float,
+    params: TacgParams,
+    rng: np.random.Generator,
+    hint: np.ndarray | None,
+    deadline: float | None,
+) -> tuple[Grouping, float, int, tuple[np.ndarray, dict]]:
+    """:func:`heuristic_home` under ``relax_eps_load``: when repair cannot meet the limit,
+    retry with it relaxed (:func:`moeopt.heuristics.local_search.relax_until_met`).
+
+    Returns
+    -------
+    tuple
+        The layer's problem with the limit met, that eps_load, the relaxation steps and
+        :func:`heuristic_home`'s plan and counters.
+    """
+
+    def attempt(eps: float) -> tuple[Grouping, tuple[np.ndarray, dict]] | None:
+        trial = g if eps == eps_load else g.replace(load_limit=(1.0 + eps) / g.groups)
+        try:
+            return trial, heuristic_home(trial, params, rng, hint=hint, deadline=deadline)
+        except InfeasibleError:
+            return None
+
+    (g, out), used, steps = relax_until_met(attempt, eps_load, relax=True)
+    return g, used, steps, out
 
 
 def top_down_home(
@@ -340,6 +383,7 @@ class Tacg(TacgBase):
         graph, groupings, eps = layer_problems(problem, params)
         gpn = problem.instance.cluster.gpus_per_node
         homes, bounds, kinds, spectral, rounds, statuses, modes = [], [], [], [], [], [], []
+        relaxed: list[int] = []
         certs: list[dict] = []
         capped = 0
         for l in ctx.layers(problem.layers, self.name):
@@ -349,7 +393,12 @@ class Tacg(TacgBase):
             # the search is bounded by its iterations; the clock (the layer's share) only caps it
             most = None if ctx.budget.limited else DEFAULT_TIME_LIMIT
             deadline = ctx.budget.child(1.0 / (problem.layers - l), most=most).deadline
-            home, info = heuristic_home(g, params, rng, hint=hint, deadline=deadline)
+            if params.relax_eps_load:
+                g, eps[l], steps, (home, info) = relaxed_heuristic(g, eps[l], params, rng, hint, deadline)
+                groupings[l] = g
+                relaxed.append(steps)
+            else:
+                home, info = heuristic_home(g, params, rng, hint=hint, deadline=deadline)
             mode = "flat"
             if params.nodes == "top-down" and gpn < g.groups:
                 try:
@@ -399,9 +448,16 @@ class Tacg(TacgBase):
         if certs:
             stats["colgen"] = certs
         termination = None
+        notes = []
+        if params.relax_eps_load:
+            report = eps_load_report(eps, relaxed)
+            stats["eps_load_relaxed"] = relaxed
+            notes += [report["note"]] if "note" in report else []
         if capped:  # the clock, not the iterations, ended a search: the plan depends on the machine's speed
-            stats["note"] = f"time limit cut the search short in {capped} layer(s)"
+            notes.append(f"time limit cut the search short in {capped} layer(s)")
             termination = Termination.TIME_LIMIT
+        if notes:
+            stats["note"] = "; ".join(notes)
         return self._result(problem, params, graph, groupings, homes, statuses, bounds, stats, eps, termination)
 
 

@@ -1,1 +1,42 @@
-"""Solvers: building blocks used by the methods (no registration here)."""
+"""Solvers: building blocks used by the methods (no registration here).
+
+:func:`available` tells whether an optional solver backend can be used: every backend module
+and method asks it rather than trying the import itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: CP-SAT (OR-Tools)
+CPSAT = "ortools.sat.python.cp_model"
+#: HiGHS through highspy's own API
+HIGHSPY = "highspy"
+#: HiGHS through Pyomo's solver API v2
+PYOMO_HIGHS = "pyomo-highs"
+
+
+def available(backend: str) -> bool:
+    """Whether the optional solver backend ``backend`` can be used.
+
+    Parameters
+    ----------
+    backend
+        :data:`PYOMO_HIGHS` (Pyomo's solver API v2 with a usable HiGHS), or the name of the
+        module the backend needs (:data:`CPSAT`, :data:`HIGHSPY`, ``"pymetis"``, ...).
+
+    Returns
+    -------
+    bool
+        False when the import or the solver's own check fails, whatever the reason.
+    """
+    try:
+        if backend == PYOMO_HIGHS:
+            import pyomo.environ  # noqa: F401  (registers the solver plugins)
+            from pyomo.contrib.solver.common.factory import SolverFactory
+
+            return bool(SolverFactory("highs").available())
+        importlib.import_module(backend)
+    except Exception:  # noqa: BLE001  (a missing or broken install, a licence problem: unavailable)
+        return False
+    return True

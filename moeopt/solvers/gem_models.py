@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from moeopt.budget import run_interruptible
 from moeopt.errors import InputError
+from moeopt.outcome import ExactOutcome
 from moeopt.profile import Profile
-from moeopt.result import Termination, cpsat_termination, pyomo_termination
-from moeopt.solvers.highs_common import cancel_pyomo_highs, highs_threads
+from moeopt.result import cpsat_termination, pyomo_termination
+from moeopt.solvers.highs_common import cancel_pyomo_highs, highs_threads, pyomo_highs_start
 from moeopt.utilization import step_lower_bound
 
 #: Largest model accepted, in constraint-matrix nonzeros (load rows E*G*T plus levels).
@@ -164,21 +165,6 @@ def canonical_home(model: LayerModel, home: np.ndarray) -> np.ndarray:
     return out
 
 
-@dataclass
-class ExactOutcome:
-    """What one layer's exact solve returned."""
-
-    home: np.ndarray | None
-    objective: float | None  # the backend's own number
-    bound: float | None
-    optimal: bool
-    status: str  # the backend's own word (kept in the report's stats)
-    time: float
-    warm_start: bool = False
-    info: dict = field(default_factory=dict)
-    termination: Termination = Termination.COMPLETED  # why it stopped, in moeopt's words
-
-
 # ----------------------------------------------------------------------------- MILP (Pyomo)
 def build_milp(model: LayerModel):
     """The Pyomo MILP of one layer (see ``formulations/gem.md``).
@@ -290,31 +276,14 @@ def solve_milp(
     ExactOutcome
         The plan (if any), HiGHS's objective and dual bound, whether it proved optimality.
     """
-    import highspy
     import pyomo.environ as pe
     from pyomo.contrib.solver.common.factory import SolverFactory
-    from pyomo.contrib.solver.common.results import TerminationCondition
 
     t0 = time.perf_counter()
     m = build_milp(model)
+    build = time.perf_counter() - t0
     opt = SolverFactory("highs")
-    warm = False
-    if hint is not None:
-        hint = canonical_home(model, hint)
-        # Pyomo's HiGHS interface has no warm-start option: load the model, then hand the
-        # plan to HiGHS directly (solve() below reuses the loaded model unchanged).
-        try:
-            opt.set_instance(m)
-            cols = opt._pyomo_var_to_solver_var_map
-            sol = highspy.HighsSolution()
-            values = np.zeros(opt._solver_model.getNumCol())
-            for var, val in _milp_values(m, model, hint):
-                values[cols[id(var)]] = val
-            sol.col_value = values.tolist()
-            sol.value_valid = True
-            warm = opt._solver_model.setSolution(sol) == highspy.HighsStatus.kOk
-        except (AttributeError, KeyError, TypeError):
-            warm = False
+    warm = hint is not None and pyomo_highs_start(opt, m, _milp_values(m, model, canonical_home(model, hint)))
     res = run_interruptible(
         lambda: opt.solve(
             m,
@@ -326,24 +295,22 @@ def solve_milp(
         ),
         lambda: cancel_pyomo_highs(opt),
     )
-    optimal = res.termination_condition == TerminationCondition.convergenceCriteriaSatisfied
     home = None
     if res.incumbent_objective is not None:
         res.solution_loader.load_vars()
         x = np.array([[pe.value(m.x[e, g]) for g in range(model.gpus)] for e in range(model.experts)])
         home = x.argmax(axis=1)
     bound = res.objective_bound
-    if bound is not None and not math.isfinite(bound):
-        bound = None
-    return ExactOutcome(
+    return ExactOutcome.from_termination(
+        pyomo_termination(res.termination_condition.name),
         home=home,
-        objective=res.incumbent_objective,
-        bound=bound,
-        optimal=optimal,
-        status=res.termination_condition.name,
-        time=time.perf_counter() - t0,
+        incumbent=res.incumbent_objective,
+        bound=None if bound is None or not math.isfinite(bound) else bound,
+        sense="min",
+        wall_time=time.perf_counter() - t0,
+        build_time=build,
+        solver_status=res.termination_condition.name,
         warm_start=warm,
-        termination=pyomo_termination(res.termination_condition.name),
     )
 
 
@@ -457,6 +424,7 @@ def solve_cpsat(
 
     t0 = time.perf_counter()
     cp, x, k, lat, z, q, scale = build_cpsat(model, denominator)
+    build = time.perf_counter() - t0
     if hint is not None:
         hint = canonical_home(model, hint)
         kk = tile_counts(model, hint)
@@ -478,22 +446,21 @@ def solve_cpsat(
     solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the run, not just this search
     status = run_interruptible(lambda: solver.solve(cp), solver.stop_search)
     home = None
-    objective = None
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         xs = np.array([[solver.value(x[e][g]) for g in range(model.gpus)] for e in range(model.experts)])
         home = xs.argmax(axis=1)
-        objective = solver.objective_value / scale
     # The model minimizes rounded latencies q = round(C * scale): each step's z_t can sit up to
     # `err` units above the true latency, so the true optimum is at least (bound - T err)/scale.
     err = float(np.abs(q - model.table[:, : q.shape[1]] * scale).max()) if q.size else 0.0
-    bound = (solver.best_objective_bound - model.steps * err) / scale if status != cp_model.INFEASIBLE else None
-    return ExactOutcome(
+    wall = time.perf_counter() - t0
+    return ExactOutcome.from_termination(
+        cpsat_termination(solver.status_name(status), wall, time_limit),
         home=home,
-        objective=objective,
-        bound=bound,
-        optimal=status == cp_model.OPTIMAL,
-        status=solver.status_name(status),
-        termination=cpsat_termination(solver.status_name(status), time.perf_counter() - t0, time_limit),
-        time=time.perf_counter() - t0,
+        incumbent=solver.objective_value / scale,
+        bound=(solver.best_objective_bound - model.steps * err) / scale,
+        sense="min",
+        wall_time=wall,
+        build_time=build,
+        solver_status=solver.status_name(status),
         warm_start=hint is not None,
     )

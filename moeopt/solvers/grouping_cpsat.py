@@ -22,8 +22,11 @@ import numpy as np
 
 from moeopt.budget import run_interruptible
 from moeopt.errors import InputError
-from moeopt.grouping import ExactOutcome, Grouping, pairs
-from moeopt.result import Status, Termination, cpsat_termination
+from moeopt.grouping import Grouping, pairs
+from moeopt.outcome import ExactOutcome
+from moeopt.result import cpsat_termination
+from moeopt.solvers import CPSAT
+from moeopt.solvers import available as solver_available
 
 #: integer scale of the largest affinity in the objective
 WEIGHT_SCALE = 1_000_000
@@ -36,11 +39,8 @@ TERMS_PER_SECOND = 20_000
 
 
 def available() -> bool:
-    try:
-        import ortools.sat.python.cp_model  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether CP-SAT can be used."""
+    return solver_available(CPSAT)
 
 
 @dataclass
@@ -207,15 +207,18 @@ def solve(
     solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the run, not just this search
     code = run_interruptible(lambda: solver.solve(m), solver.stop_search)
     wall = time.perf_counter() - t0
-    info = {"pairs": len(cm.z), "cpsat_status": solver.status_name(code)}
-    term = cpsat_termination(solver.status_name(code), wall, time_limit)
-    if code == cp_model.INFEASIBLE:
-        return ExactOutcome(Status.INFEASIBLE, None, None, None, wall, cm.build_time, info, term)
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    home = None
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        home = np.array([int(solver.value(v)) for v in cm.h], dtype=np.int64)
+    return ExactOutcome.from_termination(
+        cpsat_termination(solver.status_name(code), wall, time_limit),
+        home=home,
+        incumbent=solver.objective_value / cm.scale,
         # without a solution CP-SAT's bound field is not a proved bound (it reads 0)
-        status = Status.ERROR if term is Termination.ERROR else Status.NO_SOLUTION
-        return ExactOutcome(status, None, None, None, wall, cm.build_time, info, term)
-    bound = solver.best_objective_bound / cm.scale + cm.rounding
-    home = np.array([int(solver.value(v)) for v in cm.h], dtype=np.int64)
-    status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.TIME_LIMIT
-    return ExactOutcome(status, home, solver.objective_value / cm.scale, bound, wall, cm.build_time, info, term)
+        bound=None if home is None else solver.best_objective_bound / cm.scale + cm.rounding,
+        wall_time=wall,
+        build_time=cm.build_time,
+        solver_status=solver.status_name(code),
+        warm_start=hint is not None,
+        info={"pairs": len(cm.z)},
+    )

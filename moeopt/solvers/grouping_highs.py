@@ -13,19 +13,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from moeopt.budget import run_interruptible
-from moeopt.grouping import ExactOutcome, Grouping, pairs
-from moeopt.result import Status, Termination, highs_termination
+from moeopt.grouping import Grouping, pairs
+from moeopt.outcome import ExactOutcome
+from moeopt.result import highs_termination
+from moeopt.solvers import HIGHSPY
+from moeopt.solvers import available as solver_available
 from moeopt.solvers.highs_common import (  # noqa: F401  (estimate_nonzeros: public here before)
     GROUPING_OPTIONS,
     estimate_nonzeros,
+    highs_milp,
     highs_threads,
-    new_highs,
     refuse_large,
+    set_start,
 )
 
 #: matrix nonzeros per second of time limit before refusing: the array build runs at about
@@ -34,11 +39,8 @@ NONZEROS_PER_SECOND = 500_000
 
 
 def available() -> bool:
-    try:
-        import highspy  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether highspy can be used."""
+    return solver_available(HIGHSPY)
 
 
 @dataclass
@@ -170,31 +172,10 @@ def build_arrays(g: Grouping) -> MilpArrays:
     return MilpArrays(cost, col_lo, col_hi, integer, matrix, np.concatenate(lo), np.concatenate(hi), pi, pj)
 
 
-def build_model(g: Grouping, arrays: MilpArrays | None = None):
+def build_model(g: Grouping, arrays: MilpArrays | None = None) -> Any:
     """A ``highspy.Highs`` object holding the MILP of ``g`` (not solved)."""
-    import highspy
-
     a = arrays or build_arrays(g)
-    lp = highspy.HighsLp()
-    lp.num_col_ = len(a.cost)
-    lp.num_row_ = a.matrix.shape[0]
-    lp.col_cost_ = a.cost
-    lp.col_lower_ = a.col_lo
-    lp.col_upper_ = a.col_hi
-    lp.row_lower_ = a.row_lo
-    lp.row_upper_ = a.row_hi
-    lp.sense_ = highspy.ObjSense.kMaximize
-    csc = a.matrix.tocsc()
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.num_col_ = lp.num_col_
-    lp.a_matrix_.num_row_ = lp.num_row_
-    lp.a_matrix_.start_ = csc.indptr.astype(np.int32)
-    lp.a_matrix_.index_ = csc.indices.astype(np.int32)
-    lp.a_matrix_.value_ = csc.data
-    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in a.integer]
-    h = new_highs()
-    h.passModel(lp)
-    return h
+    return highs_milp(a.cost, a.col_lo, a.col_hi, a.matrix, a.row_lo, a.row_hi, a.integer, maximize=True)
 
 
 def solve(
@@ -222,8 +203,6 @@ def solve(
     refuse
         Raise InputError (before building) when the model is too large for ``time_limit``.
     """
-    import highspy
-
     if refuse:
         check_size(g, time_limit)
     t0 = time.perf_counter()
@@ -236,27 +215,23 @@ def solve(
     h.setOptionValue("random_seed", seed)
     for option, value in GROUPING_OPTIONS.items():
         h.setOptionValue(option, value)
-    if hint is not None:
-        sol = highspy.HighsSolution()
-        sol.col_value = arrays.point(g.canonical(hint), g.groups).tolist()
-        sol.value_valid = True
-        h.setSolution(sol)
+    warm = hint is not None and set_start(h, arrays.point(g.canonical(hint), g.groups))
     run_interruptible(h.run, h.cancelSolve)
-    wall = time.perf_counter() - t0
     model_status = h.getModelStatus()
     info = h.getInfo()
-    MS = highspy.HighsModelStatus
-    extra = {"nonzeros": arrays.nonzeros, "highs_status": h.modelStatusToString(model_status)}
-    term = highs_termination(model_status.name)
-    if model_status == MS.kInfeasible:
-        return ExactOutcome(Status.INFEASIBLE, None, None, None, wall, build, extra, term)
     bound = float(info.mip_dual_bound)
-    bound = bound if np.isfinite(bound) else None
-    has = info.primal_solution_status == 2  # kSolutionStatusFeasible
-    if not has:
-        status = Status.ERROR if term is Termination.ERROR else Status.NO_SOLUTION
-        return ExactOutcome(status, None, None, bound, wall, build, extra, term)
-    x = np.asarray(h.getSolution().col_value[: g.experts * g.groups]).reshape(g.experts, g.groups)
-    home = x.argmax(axis=1).astype(np.int64)
-    status = Status.OPTIMAL if model_status == MS.kOptimal else Status.TIME_LIMIT
-    return ExactOutcome(status, home, float(info.objective_function_value), bound, wall, build, extra, term)
+    home = None
+    if info.primal_solution_status == 2:  # kSolutionStatusFeasible
+        x = np.asarray(h.getSolution().col_value[: g.experts * g.groups]).reshape(g.experts, g.groups)
+        home = x.argmax(axis=1).astype(np.int64)
+    return ExactOutcome.from_termination(
+        highs_termination(model_status.name),
+        home=home,
+        incumbent=float(info.objective_function_value),
+        bound=bound if np.isfinite(bound) else None,
+        wall_time=time.perf_counter() - t0,
+        build_time=build,
+        solver_status=h.modelStatusToString(model_status),
+        warm_start=warm,
+        info={"nonzeros": arrays.nonzeros},
+    )

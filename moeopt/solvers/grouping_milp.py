@@ -10,13 +10,24 @@ start through the persistent interface when it exposes the highspy model.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 from moeopt.budget import run_interruptible
-from moeopt.grouping import ExactOutcome, Grouping, pairs
-from moeopt.result import Status, Termination, pyomo_termination
-from moeopt.solvers.highs_common import GROUPING_OPTIONS, cancel_pyomo_highs, highs_threads, refuse_large
+from moeopt.grouping import Grouping, pairs
+from moeopt.outcome import ExactOutcome
+from moeopt.result import pyomo_termination
+from moeopt.solvers import PYOMO_HIGHS
+from moeopt.solvers import available as solver_available
+from moeopt.solvers.highs_common import (
+    GROUPING_OPTIONS,
+    cancel_pyomo_highs,
+    highs_threads,
+    pyomo_highs_start,
+    refuse_large,
+)
 
 #: matrix nonzeros per second of time limit before refusing: Pyomo builds about 270k/s on one
 #: core, so a model within this rate leaves at least 60 % of the limit to HiGHS
@@ -24,14 +35,8 @@ NONZEROS_PER_SECOND = 100_000
 
 
 def available() -> bool:
-    try:
-        import pyomo.environ  # noqa: F401
-        from pyomo.contrib.solver.common.factory import SolverFactory
-
-        opt = SolverFactory("highs")
-        return bool(opt is not None and opt.available())
-    except Exception:  # an unusable Pyomo/HiGHS install means "not available"
-        return False
+    """Whether Pyomo with HiGHS can be used."""
+    return solver_available(PYOMO_HIGHS)
 
 
 def check_size(g: Grouping, time_limit: float) -> None:
@@ -98,28 +103,13 @@ def build_model(g: Grouping):
     return m
 
 
-def _warm_start(opt, m, home: np.ndarray, g: Grouping) -> bool:
-    """Pass ``home`` to HiGHS through the persistent Pyomo interface (private attributes:
-    skipped, returning False, when they are not there)."""
-    try:
-        import highspy
-
-        opt.set_instance(m)
-        highs = opt._solver_model
-        colmap = opt._pyomo_var_to_solver_var_map
-    except (AttributeError, ImportError):
-        return False
-    values = np.zeros(highs.getNumCol())
+def start_values(m: Any, home: np.ndarray) -> Iterator[tuple[Any, float]]:
+    """``(variable, value)`` pairs of the plan ``home`` in the model ``m`` (for the warm start)."""
     for (e, k), var in m.x.items():
-        values[colmap[id(var)]] = float(home[e] == k)
+        yield var, float(home[e] == k)
     for (p, k), var in m.y.items():
         i, j = m._pairs[p]
-        values[colmap[id(var)]] = float(home[i] == k and home[j] == k)
-    sol = highspy.HighsSolution()
-    sol.col_value = values.tolist()
-    sol.value_valid = True
-    highs.setSolution(sol)
-    return True
+        yield var, float(home[i] == k and home[j] == k)
 
 
 def solve(
@@ -149,7 +139,7 @@ def solve(
     """
     import pyomo.environ as pyo
     from pyomo.contrib.solver.common.factory import SolverFactory
-    from pyomo.contrib.solver.common.results import SolutionStatus, TerminationCondition
+    from pyomo.contrib.solver.common.results import SolutionStatus
 
     if refuse:
         check_size(g, time_limit)
@@ -157,7 +147,7 @@ def solve(
     m = build_model(g)
     build = time.perf_counter() - t0
     opt = SolverFactory("highs")
-    warm = _warm_start(opt, m, g.canonical(hint), g) if hint is not None else False
+    warm = hint is not None and pyomo_highs_start(opt, m, start_values(m, g.canonical(hint)))
     res = run_interruptible(
         lambda: opt.solve(
             m,
@@ -171,20 +161,21 @@ def solve(
         lambda: cancel_pyomo_highs(opt),
     )
     wall = time.perf_counter() - t0
-    info = {"termination": res.termination_condition.name, "warm_start": warm}
-    term = pyomo_termination(res.termination_condition.name)
-    if res.termination_condition in (TerminationCondition.provenInfeasible, TerminationCondition.infeasibleOrUnbounded):
-        return ExactOutcome(Status.INFEASIBLE, None, None, None, wall, build, info, term)
+    home = None
+    if res.solution_status in (SolutionStatus.feasible, SolutionStatus.optimal):
+        res.solution_loader.load_vars()
+        x = np.zeros((g.experts, g.groups))
+        for (e, k), var in m.x.items():
+            x[e, k] = pyo.value(var)
+        home = x.argmax(axis=1).astype(np.int64)
     bound = res.objective_bound
-    bound = float(bound) if bound is not None and np.isfinite(bound) else None
-    if res.solution_status not in (SolutionStatus.feasible, SolutionStatus.optimal):
-        status = Status.ERROR if term is Termination.ERROR else Status.NO_SOLUTION
-        return ExactOutcome(status, None, None, bound, wall, build, info, term)
-    res.solution_loader.load_vars()
-    x = np.zeros((g.experts, g.groups))
-    for (e, k), var in m.x.items():
-        x[e, k] = pyo.value(var)
-    home = x.argmax(axis=1).astype(np.int64)
-    optimal = res.termination_condition == TerminationCondition.convergenceCriteriaSatisfied
-    status = Status.OPTIMAL if optimal else Status.TIME_LIMIT
-    return ExactOutcome(status, home, float(res.incumbent_objective), bound, wall, build, info, term)
+    return ExactOutcome.from_termination(
+        pyomo_termination(res.termination_condition.name),
+        home=home,
+        incumbent=None if res.incumbent_objective is None else float(res.incumbent_objective),
+        bound=float(bound) if bound is not None and np.isfinite(bound) else None,
+        wall_time=wall,
+        build_time=build,
+        solver_status=res.termination_condition.name,
+        warm_start=warm,
+    )

@@ -11,16 +11,22 @@ a solution. Anything may have sized it before (another backend, the user's own H
 code), so every HiGHS call in moeopt goes through :func:`highs_threads`, which resets the
 scheduler first; rebuilding a thread pool costs far less than any solve.
 
-The grouping MILP's options and size check (:func:`refuse_large`) live here too, so the
-highspy and Pyomo backends share them without importing each other.
+The assembly of a MILP from arrays (:func:`highs_milp`), the hand-over of a starting plan
+(:func:`set_start`, and :func:`pyomo_highs_start` for Pyomo's HiGHS interface), the grouping
+MILP's options and its size check (:func:`refuse_large`) live here too, so the backends share
+them without importing each other.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
 
 from moeopt.errors import InputError
 from moeopt.grouping import Grouping, pairs
@@ -70,6 +76,85 @@ def new_highs():
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     return h
+
+
+def highs_milp(
+    cost: np.ndarray,
+    col_lower: np.ndarray,
+    col_upper: np.ndarray,
+    matrix: sp.spmatrix,
+    row_lower: np.ndarray,
+    row_upper: np.ndarray,
+    integer: np.ndarray,
+    *,
+    maximize: bool = False,
+) -> Any:
+    """A silent ``highspy.Highs`` holding ``min (max) cost^T v`` s.t. ``row_lower <= matrix v <= row_upper``.
+
+    Parameters
+    ----------
+    cost, col_lower, col_upper
+        float ``[n]``: objective and column bounds.
+    matrix
+        ``[m, n]`` constraint matrix (any scipy sparse format; passed column-wise).
+    row_lower, row_upper
+        float ``[m]``: row bounds (``-inf``/``inf`` for none).
+    integer
+        ``[n]``: true (non-zero) for integer columns.
+    maximize
+        Maximize instead of minimize.
+    """
+    import highspy
+
+    csc = sp.csc_matrix(matrix)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = csc.shape[1], csc.shape[0]
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost, col_lower, col_upper
+    lp.row_lower_, lp.row_upper_ = row_lower, row_upper
+    if maximize:
+        lp.sense_ = highspy.ObjSense.kMaximize
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = lp.num_col_, lp.num_row_
+    lp.a_matrix_.start_ = csc.indptr.astype(np.int32)
+    lp.a_matrix_.index_ = csc.indices.astype(np.int32)
+    lp.a_matrix_.value_ = csc.data
+    kind = highspy.HighsVarType
+    lp.integrality_ = [kind.kInteger if v else kind.kContinuous for v in np.asarray(integer).tolist()]
+    h = new_highs()
+    h.passModel(lp)
+    return h
+
+
+def set_start(h: Any, values: np.ndarray) -> bool:
+    """Hand HiGHS the column values ``values`` as its starting solution; whether it took them."""
+    import highspy
+
+    sol = highspy.HighsSolution()
+    sol.col_value = np.asarray(values, dtype=np.float64).tolist()
+    sol.value_valid = True
+    return bool(h.setSolution(sol) == highspy.HighsStatus.kOk)
+
+
+def pyomo_highs_start(opt: Any, model: Any, values: Iterable[tuple[Any, float]]) -> bool:
+    """Hand a starting plan to the HiGHS model behind a Pyomo v2 ``highs`` solver.
+
+    Pyomo's HiGHS interface has no public warm start (Pyomo 6.10: no ``warmstart`` option,
+    no accessor for the highspy model or the column of a variable), so this is the one place
+    that reaches into its private attributes: load ``model`` into ``opt`` (the later
+    ``opt.solve(model)`` reuses it unchanged), then give HiGHS the ``(variable, value)`` pairs
+    directly. Returns False, starting nothing, when the attributes are not there (another
+    Pyomo version) or HiGHS refuses the values.
+    """
+    try:
+        opt.set_instance(model)
+        highs = opt._solver_model
+        column = opt._pyomo_var_to_solver_var_map
+        start = np.zeros(highs.getNumCol())
+        for var, value in values:
+            start[column[id(var)]] = value
+    except (AttributeError, KeyError, TypeError):
+        return False
+    return set_start(highs, start)
 
 
 def cancel_pyomo_highs(opt) -> None:

@@ -20,14 +20,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-import highspy
 import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
 from moeopt.budget import run_interruptible
 from moeopt.result import Status, Termination, highs_termination
-from moeopt.solvers.highs_common import cancel_pyomo_highs, highs_threads, new_highs
+from moeopt.solvers.highs_common import cancel_pyomo_highs, highs_milp, highs_threads, set_start
 
 #: share of the time limit spent looking for a plan that reaches the count bound exactly
 FEASIBILITY_SHARE = 0.5
@@ -225,27 +224,13 @@ def _run_highs(
     m: ReplicationModel, z_floor: float, start: np.ndarray | None, time_limit: float, threads: int
 ) -> tuple[Status, float, np.ndarray | None]:
     """Solve a replication model with HiGHS: (status, proved bound on z, column values)."""
-    h = new_highs()
-    h.setOptionValue("output_flag", False)
+    col_lower = np.concatenate([[z_floor], m.col_lower[1:]])
+    h = highs_milp(m.cost, col_lower, m.col_upper, m.matrix, m.row_lower, m.row_upper, m.integrality)
     h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
     h.setOptionValue("threads", highs_threads(threads))
     h.setOptionValue("mip_rel_gap", 1e-6)
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = m.matrix.shape[1], m.matrix.shape[0]
-    lp.col_cost_, lp.col_upper_ = m.cost, m.col_upper
-    lp.col_lower_ = np.concatenate([[z_floor], m.col_lower[1:]])
-    lp.row_lower_, lp.row_upper_ = m.row_lower, m.row_upper
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = m.matrix.indptr
-    lp.a_matrix_.index_ = m.matrix.indices
-    lp.a_matrix_.value_ = m.matrix.data
-    lp.integrality_ = [highspy.HighsVarType(int(v)) for v in m.integrality]
-    h.passModel(lp)
     if start is not None:
-        sol = highspy.HighsSolution()
-        sol.col_value = start.tolist()
-        sol.value_valid = True
-        h.setSolution(sol)
+        set_start(h, start)
     run_interruptible(h.run, h.cancelSolve)
     status = _STATUS_OF.get(highs_termination(h.getModelStatus().name), Status.ERROR)
     info = h.getInfo()

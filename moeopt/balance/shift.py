@@ -40,7 +40,8 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from moeopt import balance as core
+from moeopt.balance.loads import DEFAULT_ITERATIONS, maxvio
+from moeopt.balance.planner import plan_layer
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -119,7 +120,7 @@ def plan_layer_oos(
     alpha: float | None = None,
     kappa: float = 0.0,
     seed: int = 0,
-    iterations: int = core.DEFAULT_ITERATIONS,
+    iterations: int = DEFAULT_ITERATIONS,
     max_moves: int | None = None,
 ) -> IntArray:
     """Plan one layer for balance on loads *other than* the calibration ones.
@@ -155,7 +156,7 @@ def plan_layer_oos(
         raise ValueError(f"load must be 1-D, got shape {L.shape}")
     a = DEFAULT_ALPHA[dispatch] if alpha is None else float(alpha)
     hat = shrink_loads(L, a)
-    slots = core.plan_layer(hat, G, W, seed=seed, iterations=iterations)
+    slots = plan_layer(hat, G, W, seed=seed, iterations=iterations)
     if kappa > 0 and hat.sum() > 0:
         c = np.bincount(slots.ravel(), minlength=L.size)
         slots = _variance_descent(slots, hat / c, float(kappa), max_moves or 2 * G * W)
@@ -175,7 +176,7 @@ def layer_maxvio(slots: ArrayLike, load: ArrayLike, dispatch: Dispatch = "even")
     s = np.asarray(slots, dtype=np.int64)
     L = np.asarray(load, dtype=np.float64)
     if dispatch == "even":
-        return float(core.maxvio(s, L))
+        return float(maxvio(s, L))
     from moeopt.dispatch import lp_layer_loads
 
     G = s.shape[0]

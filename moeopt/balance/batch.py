@@ -46,7 +46,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from moeopt import balance as _B
+from moeopt.balance.copies import copy_counts
+from moeopt.balance.loads import _RTOL, DEFAULT_ITERATIONS, _as_load, _cap, _check_shape, gpu_loads
+from moeopt.balance.packing import lpt_pack
+from moeopt.balance.planner import plan_layer
 
 __all__ = [
     "copy_counts_batch",
@@ -61,7 +64,7 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 #: relative tolerance (times the mean GPU load) for a strict improvement; as in moeopt.balance
-_TOL = _B._RTOL * 8
+_TOL = _RTOL * 8
 #: weight that makes an exchange inadmissible (finite, so no inf - inf)
 _HUGE = 1e300
 #: lightest GPUs searched first by the swap descent
@@ -69,7 +72,7 @@ DEFAULT_PARTNERS = 8
 
 
 def _as_loads(loads: ArrayLike) -> FloatArray:
-    return _B._as_load(loads, ndim=2)
+    return _as_load(loads, ndim=2)
 
 
 def gpu_loads_batch(slots: ArrayLike, loads: ArrayLike) -> FloatArray:
@@ -140,7 +143,7 @@ def copy_counts_batch(loads: ArrayLike, copies_total: int, max_copies: int | Non
     if K < cap - 1:  # a left-out value load_e / (K + 1) above the threshold: recompute that layer
         bad = np.flatnonzero((Ld.max(axis=1) / (K + 1) > thr) | (counts.sum(axis=1) != total))
         for l in bad:
-            counts[l] = _B.copy_counts(Ld[l], total, cap)
+            counts[l] = copy_counts(Ld[l], total, cap)
     return counts
 
 
@@ -204,7 +207,7 @@ def lpt_pack_batch(loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_co
         bad |= (srt[:, :, 1:] == srt[:, :, :-1]).any(axis=(1, 2))
     for l in np.flatnonzero(bad):
         e = np.repeat(np.arange(E), c[l])
-        out[l] = e[_B.lpt_pack((Ld[l] / c[l])[e], e, G, W, allow_colocated)]
+        out[l] = e[lpt_pack((Ld[l] / c[l])[e], e, G, W, allow_colocated)]
     return out
 
 
@@ -392,7 +395,7 @@ def plan_layers_fast(
     max_rounds: int | None = None,
     partners: int | None = DEFAULT_PARTNERS,
     polish_above: float | None = None,
-    polish_iterations: int = _B.DEFAULT_ITERATIONS,
+    polish_iterations: int = DEFAULT_ITERATIONS,
 ) -> IntArray:
     """Plan every layer of ``loads[L, E]`` at once; returns expert ids ``slots[L, G, W]``.
 
@@ -426,8 +429,8 @@ def plan_layers_fast(
     """
     Ld = _as_loads(loads)
     nL, E = Ld.shape
-    _B._check_shape(E, G, W, allow_colocated)
-    cap = _B._cap(E, G, W, allow_colocated)
+    _check_shape(E, G, W, allow_colocated)
+    cap = _cap(E, G, W, allow_colocated)
     c = copy_counts_batch(Ld, G * W, cap)
     start = lpt_pack_batch(Ld, c, G, W, allow_colocated)
     out, _ = swap_descent_batch(
@@ -436,7 +439,7 @@ def plan_layers_fast(
     if polish_above is not None:
         mv = maxvio_batch(out, Ld)
         for l in np.flatnonzero(mv > polish_above):
-            alt = _B.plan_layer(Ld[l], G, W, allow_colocated=allow_colocated, seed=int(l), iterations=polish_iterations)
-            if _B.gpu_loads(alt, Ld[l]).max() < _B.gpu_loads(out[l], Ld[l]).max():
+            alt = plan_layer(Ld[l], G, W, allow_colocated=allow_colocated, seed=int(l), iterations=polish_iterations)
+            if gpu_loads(alt, Ld[l]).max() < gpu_loads(out[l], Ld[l]).max():
                 out[l] = alt
     return out

@@ -1,0 +1,398 @@
+"""Migration-aware re-planning: few moved slots from a current plan, and the moves-vs-MaxVio frontier.
+
+Part of :mod:`moeopt.balance` (the algorithm is described there).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.optimize import linear_sum_assignment
+
+from moeopt.balance.layout import _Layout
+from moeopt.balance.loads import (
+    DEFAULT_ITERATIONS,
+    FloatArray,
+    IntArray,
+    _as_load,
+    _cap,
+    _check_shape,
+    _presence,
+    gpu_loads,
+    maxvio,
+)
+from moeopt.balance.planner import plan_layer
+
+
+def count_moves(current: ArrayLike, new: ArrayLike) -> int:
+    """Slots whose expert changes from ``current`` to ``new``, ignoring slot order inside a GPU.
+
+    Parameters
+    ----------
+    current, new : array_like of int, shape (G, W)
+
+    Returns
+    -------
+    int
+        ``sum_g (W - |multiset(current[g]) & multiset(new[g])|)``.
+    """
+    c = np.asarray(current, dtype=np.int64)
+    n = np.asarray(new, dtype=np.int64)
+    if c.shape != n.shape:
+        raise ValueError(f"plans differ in shape: {c.shape} vs {n.shape}")
+    E = int(max(c.max(), n.max())) + 1
+    return int(c.size - np.minimum(_presence(c, E), _presence(n, E)).sum())
+
+
+def relabel(new: ArrayLike, current: ArrayLike) -> IntArray:
+    """Permute ``new``'s GPUs and slot positions to match ``current`` as closely as possible.
+
+    GPUs are matched by maximum total overlap (``linear_sum_assignment``), then experts that stay on
+    a GPU keep their current slot position. The plan's loads are unchanged (GPUs are identical).
+
+    Parameters
+    ----------
+    new, current : array_like of int, shape (G, W)
+
+    Returns
+    -------
+    ndarray of int, shape (G, W)
+        Same per-GPU multisets as ``new`` (GPU order permuted) with minimal :func:`count_moves`
+        over GPU permutations.
+    """
+    nw = np.asarray(new, dtype=np.int64)
+    cu = np.asarray(current, dtype=np.int64)
+    G, W = cu.shape
+    E = int(max(nw.max(), cu.max())) + 1
+    Mn, Mc = _presence(nw, E), _presence(cu, E)
+    overlap = np.minimum(Mn[:, None, :], Mc[None, :, :]).sum(axis=2)
+    rows, cols = linear_sum_assignment(-overlap)
+    out = np.empty_like(cu)
+    for r, h in zip(rows, cols, strict=True):
+        left = Counter(nw[r].tolist())
+        row = [-1] * W
+        for pos, x in enumerate(cu[h].tolist()):
+            if left[x] > 0:
+                row[pos] = x
+                left[x] -= 1
+        rest = list(left.elements())
+        for pos in range(W):
+            if row[pos] < 0:
+                row[pos] = rest.pop(0)
+        out[h] = row
+    return out
+
+
+def _greedy_migration(
+    current: IntArray,
+    L: FloatArray,
+    cap: int,
+    allow: bool,
+    budget: int,
+    target: float | None,
+    max_stall: int = 32,
+) -> list[tuple[int, float, IntArray]]:
+    """Best-gain-per-moved-slot replace/swap moves from ``current``; returns the trajectory."""
+    E = L.size
+    lay = _Layout(current, None, E, allow=allow, load=L, cap=cap)
+    mean = float(L.sum()) / lay.G
+    M0 = _presence(current, E)
+
+    def vio() -> float:
+        return float(lay.s.max()) / mean - 1.0 if mean > 0 else 0.0
+
+    def moves() -> int:
+        return int(current.size - np.minimum(M0, lay.M).sum())
+
+    traj = [(0, vio(), lay.e.copy())]
+    if mean <= 0:
+        return traj
+    stall = 0
+    while traj[-1][0] < budget and (target is None or traj[-1][1] > target):
+        b = int(np.argmax(lay.s))
+        second = float(np.partition(lay.s, -2)[-2]) if lay.G > 1 else -np.inf
+        smax = float(lay.s[b])
+        options: list[tuple[float, float, str, tuple[float, int, int] | tuple[float, int, int, int]]] = []
+        # score: reduction of the global maximum per moved slot, then of the heaviest GPU's load
+        sw = lay.best_swap(b)
+        if sw is not None:
+            options.append(((smax - max(sw[0], second)) / 2.0, (smax - sw[0]) / 2.0, "swap", sw))
+        rp = lay.best_replace(b)
+        if rp is not None:
+            options.append((smax - max(rp[0], second), smax - rp[0], "replace", rp))
+        if not options:
+            # local optimum: one smoothing swap (never raises the maximum) to reshape the plateau
+            if stall >= max_stall:
+                break
+            trial = lay.copy()
+            if not trial.smooth(1) or int(current.size - np.minimum(M0, trial.M).sum()) > budget:
+                break
+            lay = trial
+            stall += 1
+            traj.append((moves(), vio(), lay.e.copy()))
+            continue
+        stall = 0
+        options.sort(key=lambda o: (-o[0], -o[1]))
+        applied = False
+        for _, _, _, mv in options:
+            trial = lay.copy()
+            if len(mv) == 3:  # a swap (gain, slot i, slot j); else a replace (gain, g, i, x)
+                _, i, j = mv
+                lay.swap(b, i, j // lay.W, j % lay.W)
+            else:
+                _, g, i, x = mv
+                lay.replace(g, i, x)
+            if moves() <= budget:
+                applied = True
+                break
+            lay = trial
+        if not applied:
+            break
+        traj.append((moves(), vio(), lay.e.copy()))
+    return traj
+
+
+def _check_current(current: ArrayLike, L: FloatArray) -> IntArray:
+    cur = np.asarray(current, dtype=np.int64)
+    if cur.ndim != 2:
+        raise ValueError(f"current plan must be [G, W], got shape {cur.shape}")
+    gpu_loads(cur, L)  # validates ids and copies
+    return cur
+
+
+def replan_from(
+    current: ArrayLike,
+    load: ArrayLike,
+    *,
+    max_moves: int | None = None,
+    target_maxvio: float | None = None,
+    allow_colocated: bool = False,
+    seed: int = 0,
+    iterations: int = DEFAULT_ITERATIONS,
+    unconstrained: ArrayLike | None = None,
+) -> IntArray:
+    """Re-plan a layer from ``current`` moving few expert weights.
+
+    Parameters
+    ----------
+    current : array_like of int, shape (G, W)
+        Plan in service (may contain colocated copies, e.g. from EPLB).
+    load : array_like of float, shape (E,)
+        New loads.
+    max_moves : int, optional
+        Budget of changed slots (:func:`count_moves`); ``None`` = unlimited; ``0`` returns ``current``.
+    target_maxvio : float, optional
+        Stop as soon as MaxVio <= target (fewest moves found that reach it).
+    allow_colocated : bool
+        Whether the moves may create colocated copies.
+    seed, iterations : int
+        For the unconstrained plan (:func:`plan_layer`).
+    unconstrained : array_like of int, shape (G, W), optional
+        A precomputed unconstrained plan for ``load`` (skips the :func:`plan_layer` call).
+
+    Returns
+    -------
+    ndarray of int, shape (G, W)
+
+    Notes
+    -----
+    Candidates, all within the budget:
+
+    * greedy path: from the heaviest GPU, the best swap (2 moved slots) or replacement (1 moved
+      slot) by reduction of the largest load per moved slot; at a local optimum a few
+      sum-of-squares smoothing swaps (never raising the maximum) reshape the plateau;
+    * the unconstrained plan (:func:`plan_layer`) relabeled onto ``current`` (:func:`relabel`), and
+      the plans met while reverting its slots to ``current`` one swap/replacement at a time.
+
+    The best candidate is returned (with a target: the one with the fewest moves among those that
+    reach it, else the best). With no budget and no target this is at least as good as
+    :func:`plan_layer`. Colocated copies already in ``current`` may stay; moves never create new
+    ones unless ``allow_colocated``.
+    """
+    L = _as_load(load)
+    cur = _check_current(current, L)
+    G, W = cur.shape
+    _check_shape(L.size, G, W, allow_colocated)
+    budget = cur.size if max_moves is None else int(max_moves)
+    if budget <= 0:
+        return cur.copy()
+    full = _unconstrained(L, G, W, cur, allow_colocated, seed, iterations, unconstrained)
+    cands = _migration_candidates(cur, L, budget, target_maxvio, allow_colocated, full)
+    return _pick(cands, target_maxvio)[2]
+
+
+def _revert_path(cur: IntArray, full: IntArray, L: FloatArray, allow: bool) -> list[tuple[int, float, IntArray]]:
+    """From ``full`` (relabeled onto ``cur``), revert single slots to ``cur`` one at a time.
+
+    Each step reverts the slot whose reversal raises the largest GPU load the least (the expert it
+    drops must keep a copy; no new colocation unless allowed). Returns ``(moves, MaxVio, plan)``
+    with strictly decreasing moves: plans in between the current and the unconstrained one.
+    """
+    E = int(max(L.size, cur.max() + 1))
+    G, W = cur.shape
+    lay = _Layout(full, None, E, allow=allow, load=L, cap=G * W)
+    M0 = _presence(cur, E)
+    mean = float(L.sum()) / G
+    if mean <= 0:
+        return []
+
+    def moves() -> int:
+        return int(cur.size - np.minimum(M0, lay.M).sum())
+
+    def rest_max(g1: IntArray, g2: IntArray) -> FloatArray:
+        """Largest GPU load outside ``{g1, g2}`` (vectorized over pairs)."""
+        order = np.argsort(-lay.s, kind="stable")[:3]
+        out = np.full(g1.shape, -np.inf)
+        done = np.zeros(g1.shape, dtype=bool)
+        for g in order:
+            take = ~done & (g1 != g) & (g2 != g)
+            out = np.where(take, lay.s[g], out)
+            done |= take
+        return out
+
+    out = [(moves(), float(lay.s.max()) / mean - 1.0, lay.e.copy())]
+    while out[-1][0] > 0:
+        gi, ii = np.nonzero(lay.e != cur)
+        x = lay.e[gi, ii]
+        a = cur[gi, ii]
+        c, M, s = lay.c, lay.M, lay.s
+        best_v, best_mv = np.inf, None
+        # swap-revert: slot p takes back its current expert a from a differing slot q that holds a
+        P_, Q_ = np.nonzero((x[None, :] == a[:, None]) & (gi[:, None] != gi[None, :]))
+        if P_.size:
+            gp, gq = gi[P_], gi[Q_]
+            ok = np.ones(P_.size, dtype=bool)
+            if not allow:
+                ok = (M[gq, x[P_]] == 0) & (M[gp, a[P_]] == 0)
+            if ok.any():
+                P_, Q_, gp, gq = P_[ok], Q_[ok], gp[ok], gq[ok]
+                dw = L[a[P_]] / c[a[P_]] - L[x[P_]] / c[x[P_]]
+                val = np.maximum(np.maximum(s[gp] + dw, s[gq] - dw), rest_max(gp, gq))
+                k = int(np.argmin(val))
+                best_v, best_mv = float(val[k]), ("swap", int(P_[k]), int(Q_[k]))
+        # single revert: slot p takes back its current expert (counts change)
+        ok = c[x] >= 2
+        if not allow:
+            ok &= M[gi, a] == 0
+        if ok.any():
+            idx = np.flatnonzero(ok)
+            xo, ao, go = x[idx], a[idx], gi[idx]
+            new_x = L[xo] / np.maximum(c[xo] - 1, 1)
+            new_a = L[ao] / (c[ao] + 1)
+            tot = (
+                s[None, :]
+                + (new_x - L[xo] / c[xo])[:, None] * M[:, xo].T
+                + (new_a - L[ao] / c[ao])[:, None] * M[:, ao].T
+            )
+            tot[np.arange(idx.size), go] += new_a - new_x
+            vals = tot.max(axis=1)
+            k = int(np.argmin(vals))
+            if vals[k] < best_v:
+                best_v, best_mv = float(vals[k]), ("replace", int(idx[k]), -1)
+        if best_mv is None:
+            break
+        kind, p, q = best_mv
+        if kind == "swap":
+            lay.swap(int(gi[p]), int(ii[p]), int(gi[q]), int(ii[q]))
+        else:
+            lay.replace(int(gi[p]), int(ii[p]), int(a[p]))
+        m = moves()
+        if m >= out[-1][0]:
+            break
+        out.append((m, float(lay.s.max()) / mean - 1.0, lay.e.copy()))
+    return out
+
+
+def _unconstrained(
+    L: FloatArray, G: int, W: int, cur: IntArray, allow: bool, seed: int, iterations: int, given: ArrayLike | None
+) -> IntArray:
+    """The unconstrained plan (given or :func:`plan_layer`), relabeled onto ``cur``."""
+    if given is None:
+        plan = plan_layer(L, G, W, allow_colocated=allow, seed=seed, iterations=iterations)
+    else:
+        plan = np.asarray(given, dtype=np.int64)
+        if plan.shape != cur.shape:
+            raise ValueError(f"unconstrained plan has shape {plan.shape}, expected {cur.shape}")
+        gpu_loads(plan, L)  # validates ids and copies
+    return relabel(plan, cur)
+
+
+def _migration_candidates(
+    cur: IntArray,
+    L: FloatArray,
+    budget: int,
+    target: float | None,
+    allow: bool,
+    full: IntArray,
+    path: list[tuple[int, float, IntArray]] | None = None,
+) -> list[tuple[int, float, IntArray]]:
+    G, W = cur.shape
+    cap = _cap(L.size, G, W, allow)
+    cands = _greedy_migration(cur, L, cap, allow, budget, target)
+    if path is None:
+        path = _revert_path(cur, full, L, allow)
+    cands += [p for p in path if p[0] <= budget]
+    nm = count_moves(cur, full)
+    if nm <= budget:
+        cands.append((nm, float(maxvio(full, L)), full))
+    return cands
+
+
+def _pick(cands: list[tuple[int, float, IntArray]], target: float | None) -> tuple[int, float, IntArray]:
+    if target is not None:
+        hit = [c for c in cands if c[1] <= target]
+        if hit:
+            return min(hit, key=lambda c: (c[0], c[1]))
+    return min(cands, key=lambda c: (c[1], c[0]))
+
+
+def migration_frontier(
+    current: ArrayLike,
+    load: ArrayLike,
+    budgets: Sequence[int],
+    *,
+    allow_colocated: bool = False,
+    seed: int = 0,
+    iterations: int = DEFAULT_ITERATIONS,
+    unconstrained: ArrayLike | None = None,
+) -> list[tuple[int, float]]:
+    """Moves used vs MaxVio reached, for each budget.
+
+    Parameters
+    ----------
+    current : array_like of int, shape (G, W)
+    load : array_like of float, shape (E,)
+    budgets : sequence of int
+        Budgets of moved slots (``0`` gives the current plan's MaxVio).
+    allow_colocated, seed, iterations, unconstrained
+        As in :func:`replan_from`.
+
+    Returns
+    -------
+    list of (int, float)
+        ``(moves used, MaxVio)`` per budget, in the order given: the best plan with at most that
+        many moves among one greedy trajectory run to the largest budget, the revert path of the
+        unconstrained plan and that plan itself (so MaxVio never increases with the budget). One
+        greedy run serves all budgets; :func:`replan_from` with ``max_moves=b`` runs its own greedy,
+        which may differ near the budget (it can still fit a 1-slot move where a swap does not).
+    """
+    L = _as_load(load)
+    cur = _check_current(current, L)
+    G, W = cur.shape
+    _check_shape(L.size, G, W, allow_colocated)
+    if not budgets:
+        return []
+    full = _unconstrained(L, G, W, cur, allow_colocated, seed, iterations, unconstrained)
+    top = max(int(b) for b in budgets)
+    cands = [(0, float(maxvio(cur, L)), cur)]
+    if top > 0:
+        path = _revert_path(cur, full, L, allow_colocated)
+        cands += _migration_candidates(cur, L, top, None, allow_colocated, full, path)
+    best: dict[int, tuple[int, float]] = {}
+    for b in sorted({int(x) for x in budgets}):
+        m, v, _ = _pick([c for c in cands if c[0] <= b], None)
+        best[b] = (m, v)
+    return [best[int(b)] for b in budgets]

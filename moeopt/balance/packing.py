@@ -1,0 +1,217 @@
+"""Packing the copies into G bins of exactly W slots: LPT, balanced differencing, iterated local search.
+
+Part of :mod:`moeopt.balance` (the algorithm is described there).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.optimize import linear_sum_assignment
+
+from moeopt.balance.layout import _Layout
+from moeopt.balance.loads import (
+    DEFAULT_ITERATIONS,
+    FloatArray,
+    IntArray,
+    _as_load,
+    _presence,
+)
+
+
+def _items(w: ArrayLike, e: ArrayLike, G: int, W: int) -> tuple[FloatArray, IntArray, int]:
+    wa = _as_load(w)
+    ea = np.asarray(e, dtype=np.int64)
+    if ea.shape != wa.shape:
+        raise ValueError("items_weight and items_expert must have the same shape")
+    if wa.size != G * W:
+        raise ValueError(f"need exactly G*W = {G * W} items, got {wa.size}")
+    if ea.size and ea.min() < 0:
+        raise ValueError("expert ids must be >= 0")
+    return wa, ea, int(ea.max()) + 1 if ea.size else 0
+
+
+def _round_robin(w: FloatArray, e: IntArray, G: int, W: int) -> IntArray:
+    """Items grouped by expert dealt round-robin: always feasible when every expert has <= G items."""
+    order = np.lexsort((e, -w))
+    out = np.empty((G, W), dtype=np.int64)
+    out[np.arange(G * W) % G, np.arange(G * W) // G] = order
+    return out
+
+
+def lpt_pack(
+    items_weight: ArrayLike, items_expert: ArrayLike, G: int, W: int, allow_colocated: bool = False
+) -> IntArray:
+    """Plain LPT for exactly ``W`` items per bin.
+
+    Heaviest item first (copies of one expert adjacent) onto the lightest bin that has a free slot
+    and does not hold that expert. If no such bin is left, the lightest bin with a free slot takes
+    it and colocations are then removed by swaps (falling back to a round-robin deal).
+
+    Parameters
+    ----------
+    items_weight : array_like of float, shape (G*W,)
+    items_expert : array_like of int, shape (G*W,)
+    G, W : int
+    allow_colocated : bool
+
+    Returns
+    -------
+    ndarray of int, shape (G, W)
+        Item indices per bin.
+    """
+    w, e, E = _items(items_weight, items_expert, G, W)
+    order = np.lexsort((e, -w)).tolist()
+    wl, el = w.tolist(), e.tolist()
+    heap = [(0.0, g) for g in range(G)]  # (bin sum, bin) of bins with a free slot
+    fill = [0] * G
+    has: list[set[int]] = [set() for _ in range(G)]
+    out = np.empty((G, W), dtype=np.int64)
+    for it in order:
+        x = el[it]
+        skipped = []
+        while heap:
+            sm, g = heapq.heappop(heap)
+            if allow_colocated or x not in has[g]:
+                break
+            skipped.append((sm, g))
+        else:  # every bin with a free slot holds x: take the lightest, repaired below
+            sm, g = skipped.pop(0)
+        for item in skipped:
+            heapq.heappush(heap, item)
+        out[g, fill[g]] = it
+        fill[g] += 1
+        has[g].add(x)
+        if fill[g] < W:
+            heapq.heappush(heap, (sm + wl[it], g))
+    if not allow_colocated and np.any(_presence(e[out], E) > 1):
+        lay = _Layout(e[out], w[out], E, allow=False, item=out)
+        out = lay.placed if lay.repair() else _round_robin(w, e, G, W)
+    return out
+
+
+def _kk_pack(w: FloatArray, e: IntArray, G: int, W: int, E: int, allow: bool) -> IntArray:
+    """Balanced largest differencing (Karmarkar--Karp) for ``G`` bins of exactly ``W`` items."""
+    order = np.lexsort((e, -w))
+    mean = float(w.mean()) if w.size else 1.0
+    wn = w / (mean if mean > 0 else 1.0)
+    heap: list[tuple[float, int, IntArray]] = []
+    for r in range(W):
+        part = order[r * G : (r + 1) * G][:, None]
+        sw = wn[part].sum(axis=1)
+        heap.append((-(float(sw.max() - sw.min())), r, part))
+    heapq.heapify(heap)
+    tick = W
+    rows = np.arange(G)[:, None]
+    while len(heap) > 1:
+        _, _, A = heapq.heappop(heap)
+        _, _, B = heapq.heappop(heap)
+        sa, sb = wn[A].sum(axis=1), wn[B].sum(axis=1)
+        cost = (sa[:, None] + sb[None, :]) ** 2
+        if not allow:
+            pb = np.zeros((G, E), dtype=bool)
+            pb[rows, e[B]] = True
+            conflict = pb[:, e[A]].any(axis=2).T  # [bin of A, bin of B]
+            cost = cost + conflict * (1.0 + float(cost.max())) * 4.0
+        r, c = linear_sum_assignment(cost)
+        C = np.concatenate([A[r], B[c]], axis=1)
+        sc = wn[C].sum(axis=1)
+        heapq.heappush(heap, (-(float(sc.max() - sc.min())), tick, C))
+        tick += 1
+    out = heap[0][2]
+    if not allow and np.any(_presence(e[out], E) > 1):
+        lay = _Layout(e[out], w[out], E, allow=False, item=out)
+        out = lay.placed if lay.repair() else _round_robin(w, e, G, W)
+    return out
+
+
+def _ils(
+    lay: _Layout,
+    rng: np.random.Generator,
+    iterations: int,
+    *,
+    max_moves: int,
+    smooth_moves: int,
+    replace_every: int = 0,
+    lookahead: int = 4,
+    lookahead_rounds: int = 2,
+) -> _Layout:
+    """Descent, then iterated local search keeping the best layout (by largest bin).
+
+    Perturbation rounds use swaps only (replace moves every ``replace_every`` rounds, 0 = never);
+    the best layout gets a final joint (swap + replace) descent, then up to ``lookahead_rounds``
+    rounds of replace-with-lookahead (the ``lookahead`` most promising count changes, each repaired
+    by a swap descent, the best kept if it lowers the maximum).
+    """
+    lay.joint_descent(max_moves, smooth_moves)
+    best = lay
+    best_max = float(best.s.max())
+    for it in range(iterations):
+        cur = best.copy()
+        cur.perturb(rng, n_bins=2 + it % 3, n_swaps=2 + it % 4)
+        cur.joint_descent(max_moves, smooth_moves, replace=replace_every > 0 and (it + 1) % replace_every == 0)
+        m = float(cur.s.max())
+        if m < best_max - best.tol:
+            best, best_max = cur, m
+    if iterations:
+        best.joint_descent(max_moves, smooth_moves)
+    if best.load is not None:
+        for _ in range(lookahead_rounds):
+            nxt = best.replace_lookahead(lookahead, max_moves)
+            if nxt is None:
+                break
+            best = nxt
+            best.joint_descent(max_moves, smooth_moves)
+    return best
+
+
+def pack(
+    items_weight: ArrayLike,
+    items_expert: ArrayLike,
+    G: int,
+    W: int,
+    allow_colocated: bool = False,
+    *,
+    seed: int = 0,
+    iterations: int = DEFAULT_ITERATIONS,
+    max_moves: int | None = None,
+    smooth_moves: int = 0,
+) -> IntArray:
+    """Partition ``G*W`` items into ``G`` bins of exactly ``W`` items minimizing the largest bin sum.
+
+    Parameters
+    ----------
+    items_weight : array_like of float, shape (G*W,)
+        Item weights (per-copy loads).
+    items_expert : array_like of int, shape (G*W,)
+        Expert id of every item; two items of one expert never share a bin unless
+        ``allow_colocated``. Every expert must have at most ``G`` items then.
+    G, W : int
+        Bins and items per bin.
+    allow_colocated : bool
+    seed : int
+        Seed of the perturbation rounds (the result is a deterministic function of the inputs).
+    iterations : int
+        Perturbation rounds of the iterated local search (0: LPT/KK start plus descent).
+    max_moves : int, optional
+        Cap on swaps per descent (default ``4 * G * W``).
+    smooth_moves : int
+        Cap on sum-of-squares smoothing swaps per plateau (0 disables smoothing).
+
+    Returns
+    -------
+    ndarray of int, shape (G, W)
+        Item indices per bin. Never worse (largest bin) than :func:`lpt_pack`.
+    """
+    w, e, E = _items(items_weight, items_expert, G, W)
+    if not allow_colocated and E and np.bincount(e).max() > G:
+        raise ValueError("an expert has more than G items; set allow_colocated=True")
+    starts = [lpt_pack(w, e, G, W, allow_colocated), _kk_pack(w, e, G, W, E, allow_colocated)]
+    sums = [float(w[s].sum(axis=1).max()) for s in starts]
+    start = starts[int(np.argmin(sums))]
+    lay = _Layout(e[start], w[start], E, allow=allow_colocated, item=start)
+    rng = np.random.default_rng(seed)
+    lay = _ils(lay, rng, iterations, max_moves=max_moves or 4 * G * W, smooth_moves=smooth_moves)
+    return lay.placed

@@ -1,0 +1,530 @@
+"""Pricing a plan: locality-first routing on a token sample with load shedding
+(:class:`SampleCost`), with incremental move gains.
+
+Part of :mod:`moeopt.joint` (the model is described there).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import numpy as np
+import scipy.sparse as sp
+
+from moeopt.joint.data import JointLayer, subsample
+from moeopt.joint.state import Move, SlotState
+
+
+class Cost(Protocol):
+    """Prices a plan (:meth:`reset`) and the change a move would make (:meth:`delta`)."""
+
+    def reset(self, state: SlotState) -> float: ...
+
+    def delta(self, state: SlotState, move: Move) -> float: ...
+
+
+def _popcount(x: np.ndarray) -> np.ndarray:
+    """Set bits of each uint64."""
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(x).astype(np.int64)
+    b = np.ascontiguousarray(x).view(np.uint8).reshape(x.shape + (8,))  # pragma: no cover - numpy < 2
+    return _BYTE_POP[b].sum(axis=-1).astype(np.int64)  # pragma: no cover
+
+
+_BYTE_POP = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+_ONE = np.uint64(1)
+
+
+def _lowest_bit(x: np.ndarray) -> np.ndarray:
+    """Index of the lowest set bit of each (non-zero) uint64."""
+    return _popcount((x & (~x + _ONE)) - _ONE)
+
+
+def holder_masks(holds: np.ndarray) -> np.ndarray:
+    """uint64 ``[E]``: bit g set when GPU g holds a copy of the expert (``holds [E, G]``)."""
+    G = holds.shape[1]
+    if G > 64:
+        raise ValueError("the joint planner's routing handles at most 64 GPUs per layer")
+    bits = np.left_shift(_ONE, np.arange(G, dtype=np.uint64))
+    return np.bitwise_or.reduce(np.where(holds, bits[None, :], np.uint64(0)), axis=1)
+
+
+def _pick(mask: np.ndarray, rot: np.ndarray, G: int) -> np.ndarray:
+    """One GPU of each (non-zero) mask: the first set bit at or after ``rot`` (cyclically in
+    ``G`` bits), so that ties spread evenly over the tied GPUs across tokens."""
+    r = rot.astype(np.uint64)
+    full = np.uint64((1 << G) - 1) if G < 64 else np.uint64(0xFFFFFFFFFFFFFFFF)
+    rotated = (np.right_shift(mask, r) | np.left_shift(mask, (np.uint64(G) - r) % np.uint64(64))) & full
+    rotated = np.where(r == 0, mask, rotated)
+    return (_lowest_bit(rotated) + rot) % G
+
+
+def route_masks(
+    tok_masks: np.ndarray, rot: np.ndarray, G: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Locality-first routing on holder masks ``[n, k]``, as the online guard of SPEC 4.3
+    routes at small λ.
+
+    An expert with one copy runs there. The others are decided one top-k position after
+    another, each on the holder with the most of the token's other experts (decided ones
+    where they run, undecided ones on every holder); ties go to the first tied GPU at or
+    after the token's ``rot`` (spreading tied load evenly, as the guard's load pressure does).
+
+    Returns
+    -------
+    gpu
+        int ``[n, k]``: the GPU of each pair.
+    alt
+        float ``[n, k]``: the cost of diverting the pair to its next-best holder: 0 when the
+        holder is as local and the token already uses it (or the pair was alone on its GPU),
+        1 when it is at most one co-located expert less local, inf when it has no other
+        holder or is less local than that (a guard diverts it only at a very large λ).
+    alt_gpu
+        int ``[n, k]``: that holder (-1: none).
+    distinct
+        int ``[n]``: distinct GPUs each token uses.
+    """
+    gpu, used, fixed = _route(tok_masks, rot, G)
+    alt, alt_gpu = _alternatives(tok_masks, gpu, used, fixed, rot, G)
+    return gpu, alt, alt_gpu, _popcount(used)
+
+
+def _planes(k: int) -> int:
+    return max(1, int(math.ceil(math.log2(k + 1))))
+
+
+def _count_planes(contrib: np.ndarray, skip: int, nplanes: int) -> list[np.ndarray]:
+    """Bit-sliced sum over positions ``!= skip`` of masks ``contrib [m, k]``: plane ``i`` holds
+    bit ``i`` of each GPU's count (saturating at ``2**nplanes - 1``)."""
+    m, k = contrib.shape
+    planes = [np.zeros(m, dtype=np.uint64) for _ in range(nplanes)]
+    for j in range(k):
+        if j == skip:
+            continue
+        carry = contrib[:, j]
+        for i in range(nplanes):
+            nxt = planes[i] & carry
+            planes[i] = planes[i] ^ carry
+            carry = nxt
+        for i in range(nplanes):  # saturate: a carry out of the top plane sets every plane
+            planes[i] |= carry
+    return planes
+
+
+def _most(cand: np.ndarray, planes: list[np.ndarray]) -> np.ndarray:
+    """The bits of ``cand`` with the largest count (bit-sliced ``planes``)."""
+    zero = np.uint64(0)
+    best = cand.copy()
+    for plane in reversed(planes):
+        x = best & plane
+        best = np.where(x != zero, x, best)
+    return best
+
+
+def _count_at(planes: list[np.ndarray], b: np.ndarray) -> np.ndarray:
+    """The count of GPU ``b`` in bit-sliced ``planes``."""
+    bb = b.astype(np.uint64)
+    return sum(((np.right_shift(pl, bb) & _ONE).astype(np.int64) << i) for i, pl in enumerate(planes))
+
+
+def _route(tok_masks: np.ndarray, rot: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The routing of :func:`route_masks`: GPUs ``[n, k]``, used-GPU masks ``[n]``, and which
+    pairs have a single holder ``[n, k]``."""
+    n, k = tok_masks.shape
+    zero = np.uint64(0)
+    fixed = _popcount(tok_masks) == 1
+    gpu = np.where(fixed, _lowest_bit(tok_masks), -1)
+    used = np.bitwise_or.reduce(np.where(fixed, tok_masks, zero), axis=1)
+    rows = np.nonzero((~fixed).any(axis=1))[0]
+    if not len(rows):
+        return gpu, used, fixed
+    nplanes = _planes(k)
+    contrib = tok_masks[rows].copy()  # decided: the GPU's bit; undecided: every holder
+    for j in range(k):
+        r = np.nonzero(~fixed[rows, j])[0]
+        if not len(r):
+            continue
+        planes = _count_planes(contrib[r], j, nplanes)
+        g = _pick(_most(contrib[r, j], planes), rot[rows[r]], G)
+        gpu[rows[r], j] = g
+        contrib[r, j] = np.left_shift(_ONE, g.astype(np.uint64))
+        used[rows[r]] |= contrib[r, j]
+    return gpu, used, fixed
+
+
+def _alternatives(
+    tok_masks: np.ndarray, gpu: np.ndarray, used: np.ndarray, fixed: np.ndarray, rot: np.ndarray, G: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each routed pair's next-best holder (most co-located experts, ties spread by ``rot``):
+    the cost of diverting it there ``[n, k]`` (see :func:`route_masks`) and the GPU."""
+    n, k = tok_masks.shape
+    zero = np.uint64(0)
+    alt = np.full((n, k), np.inf)
+    alt_gpu = np.full((n, k), -1, dtype=np.int64)
+    rows = np.nonzero((~fixed).any(axis=1))[0]
+    if not len(rows):
+        return alt, alt_gpu
+    nplanes = _planes(k)
+    contrib = np.left_shift(_ONE, gpu[rows].astype(np.uint64))  # where each pair runs
+    for j in range(k):
+        r = np.nonzero(~fixed[rows, j])[0]
+        if not len(r):
+            continue
+        t = rows[r]
+        planes = _count_planes(contrib[r], j, nplanes)
+        b = gpu[t, j]
+        opts = tok_masks[t, j] & ~np.left_shift(_ONE, b.astype(np.uint64))
+        has = opts != zero
+        ab = _pick(np.where(has, _most(opts, planes), _ONE), rot[t], G)
+        drop = _count_at(planes, b) - _count_at(planes, ab)  # co-located experts lost
+        alone = (gpu[t] == b[:, None]).sum(axis=1) == 1
+        on_used = (np.right_shift(used[t], ab.astype(np.uint64)) & _ONE) == _ONE
+        cost = np.where((drop <= 0) & (on_used | alone), 0.0, np.where(drop <= 1, 1.0, np.inf))
+        alt[t, j] = np.where(has, cost, np.inf)
+        alt_gpu[t, j] = np.where(has, ab, -1)
+    return alt, alt_gpu
+
+
+def route_locality_first(
+    topk: np.ndarray, holds: np.ndarray, rot: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`route_masks` on tokens ``topk [n, k]`` and holders ``holds [E, G]`` (ties from
+    ``rot``, default: the lowest GPU id); returns GPUs, alternative costs, distinct GPUs."""
+    G = holds.shape[1]
+    rot = np.zeros(len(topk), dtype=np.int64) if rot is None else rot
+    gpu, alt, _, distinct = route_masks(holder_masks(holds)[topk], rot, G)
+    return gpu, alt, distinct
+
+
+def _shed_cost(load: np.ndarray, free: np.ndarray, paid: np.ndarray, eps: np.ndarray, penalty: float) -> np.ndarray:
+    """Per workload (rows): pairs moved at cost 1 plus ``penalty`` per pair left over a limit.
+
+    ``load`` ``[Wk, G]``; ``free, paid`` ``[Wk, G, G]``: pairs on GPU g whose cheapest other
+    holder is g' at no cost / at one GPU; ``eps`` ``[Wk]``. Each GPU over its limit sheds
+    free pairs, then paid ones; the shed pairs land on their other holders, and whatever
+    then exceeds a limit (left on the source, or pushed over on a receiver) costs
+    ``penalty`` per pair.
+    """
+    G = load.shape[1]
+    lim = (1.0 + eps[:, None]) * load.sum(axis=1, keepdims=True) / G
+    over = np.maximum(load - lim, 0.0)
+    f_out, p_out = free.sum(axis=2), paid.sum(axis=2)
+    m0 = np.minimum(over, f_out)
+    m1 = np.minimum(over - m0, p_out)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r0 = np.where(f_out > 0, m0 / f_out, 0.0)
+        r1 = np.where(p_out > 0, m1 / p_out, 0.0)
+    received = np.einsum("wg,wgh->wh", r0, free) + np.einsum("wg,wgh->wh", r1, paid)
+    after = load - m0 - m1 + received
+    return m1.sum(axis=1) + penalty * np.maximum(after - lim, 0.0).sum(axis=1)
+
+
+class SampleCost:
+    """The joint objective on a token sample, with incremental move gains.
+
+    Tokens are routed locality first (:func:`route_masks`, ties spread by a fixed per-token
+    rotation); per workload (calibration and each family) a GPU over its limit sheds pairs
+    to their next-best holders, free ones first (:func:`_shed_cost`). :meth:`delta` routes
+    again only the tokens that chose an expert whose holders the move changes, and updates
+    the per-family aggregates by their difference, so it equals the change of :meth:`reset`'s
+    value exactly.
+    """
+
+    def __init__(self, layer: JointLayer, coarse_tokens: int | None = 2048, seed: int = 0) -> None:
+        self.layer = layer
+        n, k = layer.topk.shape
+        E = layer.experts
+        #: a cheaper cost on a sub-sample that ranks many moves before they are priced here
+        self.coarse = (
+            SampleCost(subsample(layer, coarse_tokens, np.random.default_rng(seed)), None)
+            if coarse_tokens is not None and n >= 3 * coarse_tokens
+            else None
+        )
+        #: each token's tie rotation (fixed: a plan's value does not depend on history)
+        self.rot = np.asarray(np.random.default_rng([seed, 1]).integers(0, layer.gpus, size=n))
+        self._bits = np.left_shift(_ONE, np.arange(layer.gpus, dtype=np.uint64))
+        order = np.argsort(layer.topk.ravel(), kind="stable")
+        self._tok = (order // k).astype(np.int64)
+        self._start = np.searchsorted(layer.topk.ravel()[order], np.arange(E + 1))
+        self._eps = layer.limits
+        self._wts = layer.workload_weights
+        ntok = layer.family_tokens
+        self._ntok = np.concatenate([[max(float(ntok.sum()), 1.0)], np.maximum(ntok, 1.0)])
+        self.value = math.inf
+
+    def tokens_of(self, experts: tuple[int, ...]) -> np.ndarray:
+        """Sample tokens that chose any of ``experts`` (ascending)."""
+        parts = [self._tok[self._start[e] : self._start[e + 1]] for e in experts]
+        if len(parts) == 1:
+            return parts[0]
+        mark = np.zeros(self.layer.tokens, dtype=bool)
+        for part in parts:
+            mark[part] = True
+        return np.flatnonzero(mark)
+
+    def _aggregate(self, rows, gpu, alt, alt_gpu, distinct, cand=None, C=None):
+        """Per family: load ``[F, G]``, free and paid movable load by source and target GPU
+        ``[F, G, G]``, distinct GPUs summed over tokens ``[F]``; with candidate ids ``cand``
+        of the rows, the same per candidate (a leading axis of ``C``)."""
+        F, G = self.layer.families, self.layer.gpus
+        fam = self.layer.family[rows]
+        if cand is not None:
+            fam = cand * F + fam
+            F = F * C
+        w = self.layer.weights[rows].ravel()
+        key = (fam[:, None] * G + gpu).ravel()
+        load = np.bincount(key, weights=w, minlength=F * G).reshape(F, G)
+        a = alt.ravel()
+        movable = np.isfinite(a)
+        key2 = key[movable] * G + alt_gpu.ravel()[movable]
+        a, w = a[movable], w[movable]
+        free = np.bincount(key2, weights=w * (a <= 0.0), minlength=F * G * G).reshape(F, G, G)
+        paid = np.bincount(key2, weights=w * (a == 1.0), minlength=F * G * G).reshape(F, G, G)
+        dsum = np.bincount(fam, weights=distinct, minlength=F).astype(np.float64)
+        if cand is None:
+            return load, free, paid, dsum
+        Fo = self.layer.families
+        return load.reshape(C, Fo, G), free.reshape(C, Fo, G, G), paid.reshape(C, Fo, G, G), dsum.reshape(C, Fo)
+
+    def _value(self, load, free, paid, dsum) -> tuple[float, np.ndarray]:
+        """J from per-family aggregates; also the per-workload values ``[1 + F]``."""
+        wl = np.concatenate([load.sum(axis=0, keepdims=True), load])
+        wf = np.concatenate([free.sum(axis=0, keepdims=True), free])
+        wp = np.concatenate([paid.sum(axis=0, keepdims=True), paid])
+        ds = np.concatenate([[dsum.sum()], dsum])
+        comm = (ds + _shed_cost(wl, wf, wp, self._eps, self.layer.penalty)) / self._ntok
+        return float(self._wts @ comm), comm
+
+    def _values(self, load, free, paid, dsum) -> np.ndarray:
+        """J of a batch of aggregates (leading axis C): ``[C]``."""
+        C, F, G = load.shape
+        wl = np.concatenate([load.sum(axis=1, keepdims=True), load], axis=1).reshape(-1, G)
+        wf = np.concatenate([free.sum(axis=1, keepdims=True), free], axis=1).reshape(-1, G, G)
+        wp = np.concatenate([paid.sum(axis=1, keepdims=True), paid], axis=1).reshape(-1, G, G)
+        ds = np.concatenate([dsum.sum(axis=1, keepdims=True), dsum], axis=1)
+        shed = _shed_cost(wl, wf, wp, np.tile(self._eps, C), self.layer.penalty).reshape(C, F + 1)
+        return ((ds + shed) / self._ntok[None, :]) @ self._wts
+
+    def _route_rows(self, masks: np.ndarray, rows: np.ndarray):
+        return route_masks(masks[self.layer.topk[rows]], self.rot[rows], self.layer.gpus)
+
+    def reset(self, state: SlotState) -> float:
+        """Route every sampled token on ``state``; return J."""
+        layer = self.layer
+        self.masks = holder_masks(state.holds)
+        rows = np.arange(layer.tokens)
+        self.gpu, self.alt, self.alt_gpu, self.distinct = self._route_rows(self.masks, rows)
+        self.agg = self._aggregate(rows, self.gpu, self.alt, self.alt_gpu, self.distinct)
+        self.value, self.per_workload = self._value(*self.agg)
+        if self.coarse is not None:
+            self.coarse.reset(state)
+        return self.value
+
+    def price(self, state: SlotState) -> float:
+        """J of ``state`` without changing this cost (what :meth:`delta` adds to J)."""
+        rows = np.arange(self.layer.tokens)
+        return self._value(*self._aggregate(rows, *self._route_rows(holder_masks(state.holds), rows)))[0]
+
+    def prescreen(self, state: SlotState, moves: list[Move], chunk: int = 64) -> list[Move]:
+        """``moves`` ordered by their gain on the coarse sub-sample (as given without one)."""
+        if self.coarse is None or len(moves) <= 1:
+            return moves
+        gains = np.concatenate(
+            [self.coarse.delta_many(state, moves[i : i + chunk]) for i in range(0, len(moves), chunk)]
+        )
+        return [moves[int(t)] for t in np.argsort(gains, kind="stable")]
+
+    def delta(self, state: SlotState, move: Move) -> float:
+        """J after ``move`` minus J now (``state`` is the plan of the last :meth:`reset`); only
+        the tokens that chose an expert whose holders change are routed again."""
+        return float(self.delta_many(state, [move])[0])
+
+    def _masks_after(self, state: SlotState, move: Move) -> dict[int, np.uint64]:
+        """The holder masks a move changes, ``{expert: new mask}``."""
+        masks, bits = self.masks, self._bits
+        out: dict[int, np.uint64] = {}
+        if move.kind == "swap":
+            e, f = int(state.slots[move.a, move.i]), int(state.slots[move.b, move.j])
+            if e >= 0:
+                out[e] = (masks[e] & ~bits[move.a]) | bits[move.b]
+            if f >= 0:
+                out[f] = (masks[f] & ~bits[move.b]) | bits[move.a]
+        else:
+            e, f = int(state.slots[move.a, move.i]), move.expert
+            if e >= 0:
+                out[e] = masks[e] & ~bits[move.a]
+            out[f] = masks[f] | bits[move.a]
+        return out
+
+    def delta_many(self, state: SlotState, moves: list[Move]) -> np.ndarray:
+        """:meth:`delta` of several moves at once: their tokens are routed in one call."""
+        C = len(moves)
+        if not C:
+            return np.zeros(0)
+        topk = self.layer.topk
+        rows_l, cand_l, tok_l = [], [], []
+        for ci, move in enumerate(moves):
+            changed = self._masks_after(state, move)
+            rows = self.tokens_of(tuple(changed))
+            if not len(rows):
+                continue
+            ids = topk[rows]
+            tok = self.masks[ids]
+            for x, mx in changed.items():
+                tok[ids == x] = mx
+            rows_l.append(rows)
+            cand_l.append(np.full(len(rows), ci))
+            tok_l.append(tok)
+        if not rows_l:
+            return np.zeros(C)
+        rows, cand, tok = np.concatenate(rows_l), np.concatenate(cand_l), np.concatenate(tok_l)
+        new = self._aggregate(rows, *route_masks(tok, self.rot[rows], self.layer.gpus), cand, C)
+        old = self._aggregate(rows, self.gpu[rows], self.alt[rows], self.alt_gpu[rows], self.distinct[rows], cand, C)
+        agg = tuple(a[None] - o + w for a, o, w in zip(self.agg, old, new, strict=True))
+        return self._values(*agg) - self.value
+
+    # ------------------------------------------------------------------ move screening
+    def screen(self, state: SlotState, rng: np.random.Generator, count: int) -> list[Move]:
+        """About ``count`` promising moves, by first-order gains of the current routing.
+
+        Communication: for every (token, expert) pair served by the copy in slot ``p`` and
+        every GPU ``b``, the token's change in distinct GPUs if the pair ran on ``b`` (or on
+        its expert's cheapest other holder, when that is cheaper); summed per slot this
+        prices moving a copy (``[P, G]``), and pairs that could join a GPU their token
+        already uses price adding a copy (``[E, G]``). Load, per workload: a moved or removed
+        copy's pairs go to ``b`` or to their cheapest other holder, an added copy draws the
+        pairs that join it; the new loads are priced with the current shed costs. A swap is
+        two moves, a replacement a removal and an addition. The best swaps and replacements
+        by the weighted sum, plus a few random swaps, are returned (best first).
+        """
+        layer = self.layer
+        N, k = layer.topk.shape
+        G, W = state.slots.shape
+        P, E, F = G * W, layer.experts, layer.families
+        gpu, topk = self.gpu, layer.topk
+        NK = N * k
+        used = np.zeros((N, G), dtype=bool)
+        used[np.repeat(np.arange(N), k), gpu.ravel()] = True
+        alone = (gpu[:, :, None] == gpu[:, None, :]).sum(axis=2) == 1  # [N, k]
+        slot_of = np.full((E, G), -1, dtype=np.int64)
+        g_idx, w_idx = np.nonzero(state.slots >= 0)
+        slot_of[state.slots[g_idx, w_idx], g_idx] = g_idx * W + w_idx
+        p = slot_of[topk, gpu].ravel()  # slot serving each pair
+        fam = np.repeat(layer.family, k)
+        # cost of each pair on each GPU; its cheapest other holder (ties to the preferred GPU)
+        c = (~used)[:, None, :].astype(np.float64) - alone[:, :, None]  # [N, k, G]
+        other = np.where(state.holds[topk], c, np.inf)
+        other[np.arange(N)[:, None], np.arange(k)[None, :], gpu] = np.inf
+        other = other.reshape(NK, G)
+        alt_gpu = np.argmin(other, axis=1)
+        alt_cost = other[np.arange(NK), alt_gpu]
+        has_alt = np.isfinite(alt_cost)
+        c = np.minimum(c.reshape(NK, G), alt_cost[:, None])
+        to_b = (c <= alt_cost[:, None]).astype(np.float64)  # the pair would run on b
+
+        def by(rows: np.ndarray, nrows: int, vals: np.ndarray | None = None) -> sp.csr_matrix:
+            v = np.ones(NK) if vals is None else vals
+            return sp.csr_matrix((v, (rows, np.arange(NK))), shape=(nrows, NK))
+
+        sel = by(p, P)
+        move = sel @ c  # [P, G] communication of moving slot p's copy to GPU b
+        join = -(alone[:, :, None] & used[:, None, :]).reshape(NK, G).astype(np.float64)
+        add = by(topk.ravel(), E) @ join  # [E, G]: adding a copy of e on g
+        add_slot = sel @ join  # [P, G]: the part of it from pairs on slot p
+        remove = np.where(has_alt, alt_cost, layer.penalty * G)
+        remove = np.bincount(p, weights=remove, minlength=P)  # [P]
+        # per workload (calibration, then families): pairs served, moving to b, redirected
+        pw = layer.weights.ravel()
+        selw = by(fam * P + p, F * P, pw)
+        served = np.asarray(selw.sum(axis=1)).reshape(F, P)
+        moved_to = (selw @ to_b).reshape(F, P, G)
+        redirect = (
+            (selw @ sp.csr_matrix((has_alt.astype(np.float64), (np.arange(NK), alt_gpu)), shape=(NK, G)))
+            .toarray()
+            .reshape(F, P, G)
+        )
+        joins = (by(fam * E + topk.ravel(), F * E, pw) @ -join).reshape(F, E, G)  # load of e joining g
+        agg = (self.agg[0], self.agg[1].sum(axis=2), self.agg[2].sum(axis=2))
+        load, free, paid = (np.concatenate([a.sum(axis=0, keepdims=True), a]) for a in agg)
+        served, moved_to, redirect, joins = (
+            np.concatenate([a.sum(axis=0, keepdims=True), a]) for a in (served, moved_to, redirect, joins)
+        )
+        scale = self._wts / self._ntok  # weight of one GPU (or pair) per workload
+        live = [int(w) for w in np.nonzero(scale > 0)[0]]
+        lim = (1.0 + self._eps) * load.sum(axis=1) / G  # [Wk]
+        pen = layer.penalty
+
+        def shed(x: np.ndarray, w: int) -> np.ndarray:  # x [..., G] loads of workload w
+            over = np.maximum(x - lim[w], 0.0)
+            m0 = np.minimum(over, free[w])
+            m1 = np.minimum(over - m0, paid[w])
+            return (m1 + pen * (over - m0 - m1)).sum(axis=-1)
+
+        flat = state.slots.reshape(-1)
+        gpu_of = np.repeat(np.arange(G), W)
+        e_of = np.maximum(flat, 0)
+        filled = flat >= 0
+        multi = filled & (state.copies[e_of] >= 2)
+        onehot = np.eye(G)[gpu_of]  # [P, G]
+        # swaps p <-> q: p's copy to GPU b = gpu(q), q's copy to GPU a = gpu(p)
+        comm = move[:, gpu_of] + move[:, gpu_of].T
+        extra = np.where(multi[:, None], add[e_of][:, gpu_of] - add_slot[:, gpu_of], 0.0)
+        swap = scale[0] * 0 + (comm + extra + extra.T) * self._wts[0] / self._ntok[0]
+        for w in live:
+            # leaving pairs of p: to b (moved_to) or to their other holder (redirect, scaled)
+            srv = np.maximum(served[w], 1e-12)
+            mv = moved_to[w][:, gpu_of]  # [P, Q]: pairs of p that run on q's GPU
+            keep = (served[w][:, None] - mv) / srv[:, None]  # share redirected elsewhere
+            delta = (-served[w][:, None] * onehot)[:, None, :] + (mv[:, :, None] * onehot[None, :, :])
+            delta = delta + keep[:, :, None] * redirect[w][:, None, :]
+            # ... and the same for q's copy moving to p's GPU (transpose)
+            delta = delta + np.transpose(delta, (1, 0, 2))
+            base = shed(load[w], w)
+            swap = swap + scale[w] * (shed(load[w][None, None, :] + delta, w) - base)
+            if w > 0:
+                continue
+        holds_pq = state.holds[e_of][:, gpu_of] & filled[:, None]  # p's expert already on q's GPU
+        bad = (gpu_of[:, None] == gpu_of[None, :]) | (flat[:, None] == flat[None, :]) | holds_pq | holds_pq.T
+        bad |= ~filled[:, None] & ~filled[None, :]
+        swap = np.where(bad, np.inf, swap)
+        iu = np.triu_indices(P, 1)
+        sv = swap[iu]
+        n_swap = max(2 * count // 3, 1)
+        top = np.argpartition(sv, min(n_swap, len(sv) - 1))[:n_swap] if len(sv) else np.zeros(0, int)
+        moves: list[tuple[float, Move]] = []
+        for t in top:
+            if np.isfinite(sv[t]):
+                pp, qq = int(iu[0][t]), int(iu[1][t])
+                moves.append((float(sv[t]), Move("swap", pp // W, pp % W, qq // W, qq % W)))
+        # replacements: slot p (a spare copy or an empty slot) := f
+        spare = np.nonzero(multi | ~filled)[0]
+        if len(spare):
+            ga = gpu_of[spare]
+            rep = (remove[spare][:, None] + add[:, ga].T) * self._wts[0] / self._ntok[0]  # [s, E]
+            for w in live:
+                delta = np.zeros((len(spare), E, G))
+                delta[np.arange(len(spare)), :, ga] += joins[w][:, ga].T - served[w][spare][:, None]
+                delta += redirect[w][spare][:, None, :]
+                rep = rep + scale[w] * (shed(load[w][None, None, :] + delta, w) - shed(load[w], w))
+            rep = np.where(state.holds[:, ga].T, np.inf, rep)
+            n_rep = max(count // 3, 1)
+            rv = rep.ravel()
+            top = np.argpartition(rv, min(n_rep, len(rv) - 1))[:n_rep]
+            for t in top:
+                if np.isfinite(rv[t]):
+                    i, f = divmod(int(t), E)
+                    pp = int(spare[i])
+                    moves.append((float(rv[t]), Move("replace", pp // W, pp % W, expert=f)))
+        for _ in range(max(count // 12, 1)):
+            x, y = rng.choice(G, size=2, replace=False) if G > 1 else (0, 0)
+            moves.append((np.inf, Move("swap", int(x), int(rng.integers(W)), int(y), int(rng.integers(W)))))
+        moves.sort(key=lambda t: t[0])
+        moves = [(v, m) for v, m in moves if state.valid(m)]
+        self.last_proxy = np.array([v for v, _ in moves])
+        return [m for _, m in moves]
+
+    def loads(self) -> np.ndarray:
+        """float ``[1 + F, G]``: locality-first loads of the calibration and family workloads."""
+        load = self.agg[0]
+        return np.concatenate([load.sum(axis=0, keepdims=True), load])

@@ -1,0 +1,310 @@
+"""The local search over slot contents: neighbourhoods, screening, kicks (iterated local search).
+
+Part of :mod:`moeopt.joint` (the model is described there).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moeopt.joint.costs import (
+    Cost,
+)
+from moeopt.joint.data import TOL
+from moeopt.joint.state import Move, SlotState
+
+
+@dataclass
+class SearchStats:
+    """Counters of one search."""
+
+    rounds: int = 0
+    moves: int = 0
+    kicks: int = 0
+    evaluated: int = 0
+    start_value: float = math.nan
+    value: float = math.nan
+    wall_time: float = 0.0
+    capped: bool = False  # the deadline, not the work bounds, ended the search
+    trajectory: list[float] = field(default_factory=list)
+    accepted: list[tuple[str, int]] = field(default_factory=list)  # (kind, screening rank)
+
+
+def neighbourhood(state: SlotState) -> list[Move]:
+    """Every valid move: swaps of two slots on different GPUs, replacements of a spare copy
+    (or an empty slot) by an expert the GPU lacks."""
+    G, W = state.slots.shape
+    E = state.experts
+    out = []
+    slots = [(g, w) for g in range(G) for w in range(W)]
+    for (a, i), (b, j) in itertools.combinations(slots, 2):
+        m = Move("swap", a, i, b, j)
+        if state.valid(m):
+            out.append(m)
+    for a, i in slots:
+        e = int(state.slots[a, i])
+        if e >= 0 and state.copies[e] < 2:
+            continue
+        for f in range(E):
+            m = Move("replace", a, i, expert=f)
+            if state.valid(m):
+                out.append(m)
+    return out
+
+
+def screened_moves(
+    state: SlotState, affinity: np.ndarray, loads: np.ndarray, rng: np.random.Generator, count: int
+) -> list[Move]:
+    """About ``count`` promising moves of a large neighbourhood.
+
+    * swaps with the best affinity gain (each copy weighted by 1 / its expert's copies);
+    * moves off the most loaded GPU of the worst workload (swaps with lighter slots,
+      replacements of its spare copies, a copy of its heaviest experts elsewhere);
+    * replacements adding a copy of an expert next to its partners;
+    * a few uniformly random swaps and replacements.
+    """
+    G, W = state.slots.shape
+    E = state.experts
+    flat = state.slots.reshape(-1)
+    gpu_of = np.repeat(np.arange(G), W)
+    e = np.maximum(flat, 0)
+    filled = flat >= 0
+    S = affinity @ state.holds  # [E, G] affinity of each expert with each GPU's contents
+    wgt = np.where(filled, 1.0 / np.maximum(state.copies[e], 1), 0.0)
+    own = np.where(filled, S[e, gpu_of], 0.0)
+    # swap gain proxy [P, P]: slot p's expert to q's GPU and back
+    to_other = S[e][:, gpu_of] - affinity[e][:, e]  # [p, q]: e_p's affinity to GPU of q, minus e_q
+    to_other = np.where(filled[:, None], to_other, 0.0)
+    gain = wgt[:, None] * (to_other - own[:, None]) + (wgt[:, None] * (to_other - own[:, None])).T
+    bad = (gpu_of[:, None] == gpu_of[None, :]) | (flat[:, None] == flat[None, :])
+    hold_other = np.where(filled[:, None], state.holds[e][:, gpu_of], False)  # e_p already on GPU of q
+    bad |= hold_other | hold_other.T
+    gain = np.where(bad, -np.inf, gain)
+    iu = np.triu_indices(len(flat), 1)
+    g_up = gain[iu]
+    moves: list[Move] = []
+    n_top = max(count // 3, 1)
+    best = np.argsort(-g_up)[:n_top]
+    for t in best:
+        if np.isfinite(g_up[t]):
+            p, q = iu[0][t], iu[1][t]
+            moves.append(Move("swap", int(gpu_of[p]), int(p % W), int(gpu_of[q]), int(q % W)))
+    # the hottest GPU of the worst workload
+    rel = loads / np.maximum(loads.mean(axis=1, keepdims=True), 1e-12)
+    hot = int(np.unravel_index(np.argmax(rel), rel.shape)[1])
+    cold = np.argsort(loads[0])
+    hot_slots = [(hot, w) for w in range(W)]
+    for a, i in hot_slots:
+        for _ in range(2):
+            b = int(cold[rng.integers(0, max(G // 2, 1))])
+            j = int(rng.integers(0, W))
+            moves.append(Move("swap", a, i, b, j))
+        ea = int(state.slots[a, i])
+        if ea >= 0:  # give the hot expert a copy on a light GPU (replace a spare copy there)
+            for b in cold[: max(G // 4, 1)]:
+                spare = [w for w in range(W) if state.slots[b, w] < 0 or state.copies[state.slots[b, w]] >= 2]
+                if spare:
+                    moves.append(Move("replace", int(b), int(rng.choice(spare)), expert=ea))
+        f = int(rng.integers(0, E))
+        moves.append(Move("replace", a, i, expert=f))
+    # a copy of an expert next to its partners, in a spare slot
+    spare_slots = [p for p in range(len(flat)) if flat[p] < 0 or state.copies[flat[p]] >= 2]
+    if spare_slots:
+        sp_g = gpu_of[spare_slots]
+        fit = S[:, sp_g] - np.where(filled[spare_slots], affinity[:, e[spare_slots]], 0.0)  # [E, s]
+        fit = np.where(state.holds[:, sp_g], -np.inf, fit)
+        flat_best = np.argsort(-fit.ravel())[: max(count // 6, 1)]
+        for t in flat_best:
+            x, s = divmod(int(t), len(spare_slots))
+            if np.isfinite(fit[x, s]):
+                p = spare_slots[s]
+                moves.append(Move("replace", int(gpu_of[p]), int(p % W), expert=x))
+    for _ in range(max(count // 6, 1)):
+        a, b = rng.choice(G, size=2, replace=False) if G > 1 else (0, 0)
+        moves.append(Move("swap", int(a), int(rng.integers(W)), int(b), int(rng.integers(W))))
+        moves.append(Move("replace", int(rng.integers(G)), int(rng.integers(W)), expert=int(rng.integers(E))))
+    seen, out = set(), []
+    for m in moves:
+        key = (m.kind, m.a, m.i, m.b, m.j, m.expert)
+        if m.kind == "swap" and (m.b, m.j) < (m.a, m.i):
+            key = (m.kind, m.b, m.j, m.a, m.i, m.expert)
+        if key not in seen and state.valid(m):
+            seen.add(key)
+            out.append(m)
+    return out
+
+
+def kick(state: SlotState, rng: np.random.Generator, swaps: int) -> SlotState:
+    """A copy of ``state`` after ``swaps`` random valid slot swaps."""
+    out = state.copy()
+    G, W = out.slots.shape
+    done, tries = 0, 0
+    while done < swaps and tries < 50 * swaps and G > 1:
+        tries += 1
+        a, b = rng.choice(G, size=2, replace=False)
+        m = Move("swap", int(a), int(rng.integers(W)), int(b), int(rng.integers(W)))
+        if out.valid(m):
+            out.apply(m)
+            done += 1
+    return out
+
+
+def _try_moves(
+    current: SlotState, value: float, part: list[Move], gains: np.ndarray, cost: Cost, confirm: int, combine: bool
+) -> tuple[SlotState, float, int, int]:
+    """Apply the improving moves of a priced chunk: first all of them that touch disjoint
+    GPUs and experts (their gains about add up), else the ``confirm`` best one by one; a
+    change is kept only when the re-priced plan is better (a cost's gains may rest on
+    quantities fixed at its last reset, e.g. SampleCost's tie order). Returns the plan, its
+    value, the moves applied (0: none) and the index in ``part`` of the first one."""
+    order = [int(t) for t in np.argsort(gains, kind="stable") if gains[t] < -TOL]
+    dirty = False
+    if combine and len(order) > 1:
+        trial, n = current.copy(), 0
+        touched_g: set[int] = set()
+        touched_e: set[int] = set()
+        for t in order:
+            m = part[t]
+            gs = {m.a} if m.kind == "replace" else {m.a, m.b}
+            es = set(trial.changed_experts(m))
+            if gs & touched_g or es & touched_e or not trial.valid(m):
+                continue
+            trial.apply(m)
+            touched_g |= gs
+            touched_e |= es
+            n += 1
+        if n > 1:
+            new_value = cost.reset(trial)
+            dirty = True
+            if new_value < value - TOL:
+                return trial, new_value, n, order[0]
+    for t in order[:confirm]:
+        trial = current.copy()
+        trial.apply(part[t])
+        new_value = cost.reset(trial)
+        dirty = True
+        if new_value < value - TOL:
+            return trial, new_value, 1, t
+    if dirty:
+        cost.reset(current)
+    return current, value, 0, -1
+
+
+def _price(cost: Cost, state: SlotState, moves: list[Move], deadline: float | None, chunk: int = 64):
+    """The gains of ``moves``, priced ``chunk`` at a time so that a deadline is noticed within a
+    chunk (None once it has passed); the same gains as one call."""
+    one = cost.delta_many if hasattr(cost, "delta_many") else (lambda s, ms: [cost.delta(s, m) for m in ms])
+    parts = []
+    for i in range(0, len(moves), chunk):
+        if i and deadline is not None and time.perf_counter() > deadline:
+            return None
+        parts.append(np.asarray(one(state, moves[i : i + chunk]), dtype=float))
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def local_search(
+    state: SlotState,
+    cost: Cost,
+    rng: np.random.Generator,
+    *,
+    affinity: np.ndarray | None = None,
+    rounds: int = 100_000,
+    patience: int = 2,
+    kicks: int = 8,
+    kick_swaps: int = 2,
+    candidates: int = 96,
+    exhaustive_below: int = 2500,
+    confirm: int = 3,
+    chunk: int = 16,
+    deadline: float | None = None,
+    evaluations: int | None = None,
+) -> tuple[SlotState, float, SearchStats]:
+    """Iterated improvement search over slot contents.
+
+    Small layers (a neighbourhood of at most ``exhaustive_below`` moves): each round prices
+    every move and applies the best improving one. Larger layers: moves are screened (the
+    cost's ``screen`` and ``prescreen``, else :func:`screened_moves`) into a ranked queue,
+    priced ``chunk`` at a time, and the improving ones applied (:func:`_try_moves`); the
+    queue is rebuilt when used up, wider (``candidates * 2**misses``) after a queue built on
+    the current plan held no improving move. After ``patience`` such misses (one on small
+    layers) the plan is a local optimum: a kick of ``kick_swaps`` random swaps from the best
+    plan starts a new descent, at most ``kicks`` times, and the search stops after
+    ``evaluations`` priced moves (None: no such bound). The work bounds fix the result for a
+    seed; ``deadline`` (a ``time.perf_counter()`` value) is only a cap, and ``stats.capped``
+    says when it ended the search. Returns the best plan, its value and the search's counters.
+    """
+    t0 = time.perf_counter()
+    stats = SearchStats()
+    current = state.copy()
+    value = cost.reset(current)
+    stats.start_value = value
+    best, best_value = current.copy(), value
+    if affinity is None:
+        affinity = np.zeros((state.experts, state.experts))
+    P = current.slots.size
+    small = P * (P - 1) // 2 + current.experts * P <= exhaustive_below
+    kicks_left, misses = kicks, 0
+    queue: list[Move] = []
+    fresh = False  # the queue was built on the current plan
+    while stats.rounds < rounds:
+        if evaluations is not None and stats.evaluated >= evaluations:
+            break
+        if deadline is not None and time.perf_counter() > deadline:
+            stats.capped = True
+            break
+        stats.rounds += 1
+        if small:
+            part = neighbourhood(current)
+            queue, fresh = [], True
+        else:
+            if not queue:
+                if hasattr(cost, "screen"):
+                    queue = cost.screen(current, rng, candidates * 2**misses)
+                    if hasattr(cost, "prescreen"):
+                        queue = cost.prescreen(current, queue)
+                else:
+                    loads = cost.loads() if hasattr(cost, "loads") else np.ones((1, current.gpus))
+                    queue = screened_moves(current, affinity, loads, rng, candidates * 2**misses)
+                fresh = True
+            part = []
+            while queue and len(part) < chunk:
+                m = queue.pop(0)
+                if current.valid(m):
+                    part.append(m)
+        if part:
+            gains = _price(cost, current, part, deadline)
+            if gains is None:  # the deadline fell while pricing a whole neighbourhood
+                stats.capped = True
+                break
+            stats.evaluated += len(part)
+            current, value, n, first = _try_moves(current, value, part, gains, cost, confirm, not small)
+            if n:
+                stats.moves += n
+                stats.accepted.append((part[first].kind, stats.evaluated - len(part) + first))
+                misses, fresh = 0, False
+                if value < best_value - TOL:
+                    best, best_value = current.copy(), value
+                stats.trajectory.append(best_value)
+                continue
+        if queue or not fresh:
+            continue  # more of this queue to price, or a stale queue used up: rebuild
+        misses += 1
+        if not small and misses < patience:
+            continue
+        if kicks_left <= 0:
+            break
+        kicks_left -= 1
+        stats.kicks += 1
+        misses = 0
+        current = kick(best, rng, kick_swaps)
+        value = cost.reset(current)
+        queue, fresh = [], False
+    cost.reset(best)
+    stats.value = best_value
+    stats.wall_time = time.perf_counter() - t0
+    return best, best_value, stats

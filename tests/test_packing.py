@@ -1,0 +1,62 @@
+"""Packing experts onto GPUs by load (moeopt.heuristics.packing) and the balanced start."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from moeopt.heuristics.local_search import balanced_start
+from moeopt.heuristics.packing import balanced_homes, first_fit, round_robin_lpt
+
+
+def _case(seed: int) -> tuple[np.ndarray, int, int]:
+    rng = np.random.default_rng(seed)
+    G = int(rng.integers(1, 6))
+    slots = int(rng.integers(1, 5))
+    E = int(rng.integers(1, G * slots + 1))
+    return rng.random(E) ** 3, G, slots
+
+
+@given(st.integers(0, 2**31 - 1))
+def test_every_packing_places_each_expert_within_the_slots(seed: int) -> None:
+    """LPT, round-robin LPT, first fit and the balanced start put every expert on a GPU with at most `slots` experts."""
+    load, G, slots = _case(seed)
+    preferred = np.random.default_rng(seed).integers(0, G, len(load))
+    for home in (
+        balanced_homes(load, G, slots),
+        round_robin_lpt(load, G, slots),
+        first_fit(load, preferred, G, slots, limit=0.5 * load.sum()),
+        balanced_start(load, G, slots),
+    ):
+        assert home.shape == load.shape and home.min() >= 0 and home.max() < G
+        assert np.bincount(home, minlength=G).max() <= slots
+
+
+def test_lpt_matches_the_hand_computed_packing() -> None:
+    """Heaviest first onto the least-loaded GPU with a free slot (ties to the lowest id)."""
+    load = np.array([0.1, 0.5, 0.25, 0.4, 0.3, 0.05])
+    # 0.5 -> 0, 0.4 -> 1, 0.3 -> 1 (0.7), 0.25 -> 0 (0.75), 0.1 -> 1 (full), 0.05 -> 0
+    assert balanced_homes(load, 2, 3).tolist() == [1, 0, 0, 1, 1, 0]
+    # with speeds the earliest finish wins: GPU 1 is twice as fast (0.4 -> 1 at 0.2; 0.3 -> 0 at 0.3 < 0.35)
+    assert balanced_homes(np.array([0.4, 0.3]), 2, 2, speed=np.array([1.0, 2.0])).tolist() == [1, 0]
+
+
+def test_first_fit_keeps_the_preferred_gpu_when_it_has_room() -> None:
+    """Without a binding limit every expert stays on its preferred GPU while that GPU has slots."""
+    load = np.array([0.3, 0.2, 0.2, 0.1, 0.1, 0.1])
+    preferred = np.array([0, 0, 0, 1, 1, 1])
+    assert first_fit(load, preferred, 2, 3).tolist() == [0, 0, 0, 1, 1, 1]
+    # a limit of 0.55 pushes the lightest of GPU 0's three (heaviest first: 0.3, 0.2, then 0.2 > room) away
+    assert first_fit(load, preferred, 2, 3, limit=0.55).tolist() == [0, 0, 1, 1, 1, 0]
+
+
+@given(st.integers(0, 2**31 - 1))
+def test_balanced_start_never_worse_than_its_round_robin_start(seed: int) -> None:
+    """The descent on the sum of squared GPU loads only lowers it."""
+    load, G, slots = _case(seed)
+
+    def square(h: np.ndarray) -> float:
+        return float((np.bincount(h, weights=load, minlength=G) ** 2).sum())
+
+    assert square(balanced_start(load, G, slots)) <= square(round_robin_lpt(load, G, slots)) + 1e-12
