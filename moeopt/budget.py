@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 __all__ = ["Budget", "deferred_interrupt", "run_interruptible"]
 
@@ -88,6 +88,10 @@ class Budget:
             seconds = min(seconds, most)
         return Budget(seconds, deadline=self.deadline)
 
+    @overload
+    def cap(self, seconds: float, *, floor: float = 0.0) -> float: ...
+    @overload
+    def cap(self, seconds: None = None, *, floor: float = 0.0) -> float | None: ...
     def cap(self, seconds: float | None = None, *, floor: float = 0.0) -> float | None:
         """``min(seconds, remaining())`` for a solver's own time limit, not below ``floor``
         (backends refuse 0); None when both are unlimited."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -585,7 +585,7 @@ def limited_search(
     return home, log, used
 
 
-def eps_load_report(eps_load: list[float | None], relaxed: list[int]) -> dict[str, Any]:
+def eps_load_report(eps_load: Sequence[float | None], relaxed: Sequence[int]) -> dict[str, Any]:
     """Result stats of the eps_load rule: the eps_load each layer meets, how often its limit
     was relaxed (only with ``relax_eps_load``), and a note when any was.
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -300,7 +300,8 @@ class CrossLayer:
             # the free relabeling every method gets in solve(): the sweeps only improve on it
             relabeled, _ = relabel_gpus(problem.plan(homes), trace, c, problem.profile)
             starts[kind] = relabeled.home
-        best_kind, best, best_cost, report = None, None, np.inf, {}
+        best_kind, best, best_cost = None, None, np.inf
+        report: dict[str, dict[str, Any]] = {}
         for i, (kind, homes) in enumerate(starts.items()):
             before = float(plan_remote(homes, topk, first, G).sum())
             rng = np.random.default_rng([ctx.seed + params.seed, len(report)])
@@ -365,7 +366,7 @@ class CrossLayer:
             if token_home is None:
                 edges = token_hyperedges(ids, E)
                 h, _ = mtkahypar_partition(edges, G, S, seed=ctx.seed + params.seed + l, preset=params.preset)
-                gain = ConnectivityGain(edges)
+                gain: ConnectivityGain | StayGain = ConnectivityGain(edges)
             else:
                 edges = stay_edges(ids, token_home, E, G)
                 h = fixed_home_partition(edges, E, G, S, seed=ctx.seed + params.seed + l, preset=params.preset)

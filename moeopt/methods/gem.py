@@ -139,8 +139,6 @@ class Gem:
         accept: float = 0.0  # walk on to local optima up to this fraction worse than the best
         rho: float = 0.5  # Pearson threshold of correlated temporal pairs
 
-    Params: ClassVar[type] = Params
-
     def available(self) -> bool:
         return True
 
@@ -243,8 +241,6 @@ class _GemExact:
         warm_start: bool = True  # hint the exact model with gem's plan
         threads: int = 2  # solver threads
 
-    Params: ClassVar[type] = Params
-
     def available(self) -> bool:
         raise NotImplementedError
 
@@ -272,7 +268,8 @@ class _GemExact:
         elif ctx.hint is not None:
             hints = ctx.hint.home
         hint_objective = None if hints is None else plan_straggler(hints, util, problem)
-        homes, statuses, bounds, layer_stats = [], [], [], []
+        homes: list[np.ndarray | None] = []  # None: a layer without a plan
+        statuses, bounds, layer_stats = [], [], []
         terminations: list[Termination] = []
         for l in ctx.layers(problem.layers, self.name):
             limit = budget.cap(budget.remaining() / (problem.layers - l), floor=0.05)
@@ -329,7 +326,7 @@ class _GemExact:
                 params=vars(params),
                 stats=stats,
             )
-        home = np.stack(homes)
+        home = np.stack([h for h in homes if h is not None])  # every layer has one (checked above)
         objective = plan_straggler(home, util, problem)
         bound = float(sum(bounds))  # valid by construction (CP-SAT's rounding is corrected)
         return Result(
@@ -399,8 +396,6 @@ class SpeedGreedy:
     @dataclass
     class Params:
         steps: int = DEFAULT_STEPS  # utilization-trace steps T for the reported objective
-
-    Params: ClassVar[type] = Params
 
     def available(self) -> bool:
         return True

@@ -228,8 +228,6 @@ class Hypergraph:
         refine: bool = True  # (lambda-1) swap/move refinement after repair
         threads: int = 1
 
-    Params: ClassVar[type] = Params
-
     def available(self) -> bool:
         return _available("mtkahypar")
 
@@ -309,8 +307,6 @@ class Metis:
         ufactor: int = 1  # METIS imbalance in 1/1000
         refine: bool = False  # pairwise swap refinement after repair (off: METIS as is)
 
-    Params: ClassVar[type] = Params
-
     def available(self) -> bool:
         return _available("pymetis")
 
@@ -318,6 +314,8 @@ class Metis:
         t0 = time.perf_counter()
         c = problem.instance.cluster
         A = problem.stats.affinity
+        if A is None:  # requires = coactivation: the registry checks it before solve
+            raise ValueError("metis needs coactivation statistics (a token trace)")
         ubar = problem.stats.global_usage
         homes, cut, log, eps_used, relaxed = [], 0, SearchLog(), [], []
         for l in ctx.layers(problem.layers, "metis"):
@@ -348,7 +346,7 @@ class Metis:
             method=self.name,
             status=Status.FEASIBLE,
             plan=plan,
-            objective=sum(grouping_affinity(A[l], plan.home[l]) for l in range(problem.layers)),
+            objective=sum((grouping_affinity(A[l], plan.home[l]) for l in range(problem.layers)), 0.0),
             objective_name="intra_affinity",
             sense="max",
             wall_time=time.perf_counter() - t0,

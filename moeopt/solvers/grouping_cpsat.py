@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,9 @@ from moeopt.outcome import ExactOutcome
 from moeopt.result import cpsat_termination
 from moeopt.solvers import CPSAT
 from moeopt.solvers import available as solver_available
+
+if TYPE_CHECKING:  # ortools stays a lazy import at run time
+    from ortools.sat.python.cp_model import CpModel, IntVar
 
 #: integer scale of the largest affinity in the objective
 WEIGHT_SCALE = 1_000_000
@@ -47,11 +51,11 @@ def available() -> bool:
 class CpsatModel:
     """A built CP-SAT model with its variables and scales."""
 
-    model: object
-    x: list[list[object]]
-    used: list[list[object]]
-    h: list[object]
-    z: list[object]
+    model: CpModel
+    x: list[list[IntVar]]
+    used: list[list[IntVar]]
+    h: list[IntVar]
+    z: list[IntVar]
     pair_i: np.ndarray
     pair_j: np.ndarray
     weight_int: np.ndarray
@@ -190,15 +194,15 @@ def solve(
     cm = build_model(g)
     m = cm.model
     if hint is not None:
-        home = g.canonical(hint)
+        canon = g.canonical(hint)
         for e in range(g.experts):
             for k, var in enumerate(cm.x[e]):
-                m.add_hint(var, int(home[e] == k))
-            m.add_hint(cm.h[e], int(home[e]))
+                m.add_hint(var, int(canon[e] == k))
+            m.add_hint(cm.h[e], int(canon[e]))
             for k, var in enumerate(cm.used[e]):
-                m.add_hint(var, int((home[: e + 1] == k).any()))
+                m.add_hint(var, int((canon[: e + 1] == k).any()))
         for zp, i, j in zip(cm.z, cm.pair_i.tolist(), cm.pair_j.tolist(), strict=True):
-            m.add_hint(zp, int(home[i] == home[j]))
+            m.add_hint(zp, int(canon[i] == canon[j]))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.1, time_limit - (time.perf_counter() - t0))
     solver.parameters.num_workers = max(1, threads)
@@ -207,7 +211,7 @@ def solve(
     solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the run, not just this search
     code = run_interruptible(lambda: solver.solve(m), solver.stop_search)
     wall = time.perf_counter() - t0
-    home = None
+    home: np.ndarray | None = None
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         home = np.array([int(solver.value(v)) for v in cm.h], dtype=np.int64)
     return ExactOutcome.from_termination(

@@ -210,14 +210,15 @@ def solve_replication_bound(
         return ReplicationBound(Status.OPTIMAL, max(z_floor - 1.0, 0.0), best, reps, time.perf_counter() - t0)
     remaining = time_limit - (time.perf_counter() - t0)
     status, bound, col = _run_highs(m, z_floor, best_col, remaining, threads)
-    best, reps = None, np.zeros((0, 2), np.int64)
+    found: float | None = None
+    reps = np.zeros((0, 2), np.int64)
     if col is not None:
         reps = m.pairs[col[1 + P :] > 0.5]
-        best = float(optimal_split_maxvio(home, reps, load, gpus))
+        found = float(optimal_split_maxvio(home, reps, load, gpus))
     # z >= z_floor >= mean always holds, whatever HiGHS reports
     bound = max(bound if np.isfinite(bound) else z_floor, z_floor) - 1.0
     bound = max(bound, 0.0)
-    return ReplicationBound(status, bound, best, reps, time.perf_counter() - t0)
+    return ReplicationBound(status, bound, found, reps, time.perf_counter() - t0)
 
 
 def _run_highs(
