@@ -1,0 +1,207 @@
+"""Serving-engine files: SGLang dumps and placement maps, EPLB tensors, vLLM-Ascend maps (``.pt`` via torch).
+
+Part of :mod:`moeopt.io`, the only package that reads and writes files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moeopt import interop
+from moeopt.errors import InputError, PlanError
+from moeopt.io.files import (
+    _NPZ_ERRORS,
+    _read_json,
+    write_text,
+)
+from moeopt.outputs import atomic_path
+from moeopt.plan import Dispatch, Plan
+from moeopt.trace import Stats, Trace
+
+
+def _torch_load(path: Path, *, trusted: bool = False) -> Any:
+    """``torch.load``: tensors and plain containers only unless ``trusted`` (arbitrary pickles
+    run code); InputError without torch."""
+    try:
+        import torch
+    except ImportError:
+        raise InputError(str(path), None, "reading .pt files needs torch: pip install -e '.[torch]'") from None
+    if not path.is_file():
+        raise InputError(str(path), None, "file not found")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=not trusted)
+    except Exception as exc:  # torch raises many types for a bad file
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = "" if trusted else "; if it holds other objects and you trust it, use --trust-pickle"
+        raise InputError(str(path), None, f"not a readable torch file of tensors ({msg}){hint}") from None
+
+
+def _torch_save(path: str | Path, obj: dict[str, np.ndarray]) -> None:
+    try:
+        import torch
+    except ImportError:
+        raise InputError(str(path), None, "writing .pt files needs torch: pip install -e '.[torch]'") from None
+    with atomic_path(path) as tmp:
+        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in obj.items()}, tmp)
+
+
+def read_sglang_dump(path: str | Path, *, top_k: int | None = None, trusted: bool = False) -> Trace | Stats:
+    """Read an SGLang expert-distribution recorder dump (``.pt``, needs torch).
+
+    ``per_token`` dumps give a :class:`Trace` (physical ids mapped to logical experts),
+    ``stat`` dumps count-only :class:`Stats` with per-step counts (``top_k`` required);
+    see :mod:`moeopt.interop` for the rules (dense all-zero layers are dropped). Only
+    tensors and plain containers are unpickled unless ``trusted``.
+    """
+    path = Path(path)
+    return interop.read_sglang_dump(_torch_load(path, trusted=trusted), top_k=top_k, source=str(path))
+
+
+def write_counts(path: str | Path, stats: Stats) -> None:
+    """Write count-only statistics as a counts ``.npz`` (``counts``, ``top_k``,
+    ``family_names``, and ``step_counts`` when known), readable by ``read_workload_file``."""
+    arrays: dict[str, Any] = {  # np.savez_compressed's **kwds (typed as its keyword options)
+        "counts": stats.counts,
+        "top_k": np.array(stats.top_k),
+        "family_names": np.array(stats.family_names),
+    }
+    if stats.step_counts is not None:
+        arrays["step_counts"] = stats.step_counts
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez_compressed(fh, **arrays)
+
+
+def write_engine_plan(
+    path: str | Path,
+    plan: Plan,
+    format: str,
+    *,
+    load: np.ndarray | None = None,
+    dense_layers: int = 0,
+) -> list[str]:
+    """Write a plan for a serving engine (atomically; layout rules in :mod:`moeopt.interop`).
+
+    Parameters
+    ----------
+    path
+        Output file: ``.json`` or ``.pt`` for ``sglang``, ``.npz`` or ``.pt`` for ``eplb``,
+        ``.json`` for ``vllm-ascend``.
+    plan
+        The plan; physical slot ``p`` of layer ``l`` is ``plan.slots[l].reshape(-1)[p]``.
+    format
+        ``sglang``, ``eplb`` or ``vllm-ascend``.
+    load
+        Optional float ``[L, E]`` expert loads, used only to fill an empty slot that no
+        score-neutral copy can fill (:func:`moeopt.interop.fill_empty_slots`).
+    dense_layers
+        SGLang only: dense hidden layers to put before the MoE layers.
+
+    Returns
+    -------
+    list of str
+        One-line notes for the user (fills that shift load, colocated copies written once).
+
+    Raises
+    ------
+    InputError
+        On an unknown format, a wrong suffix, a plan the engine cannot represent, or a
+        ``.pt`` path without torch.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    allowed = {"sglang": (".json", ".pt"), "eplb": (".npz", ".pt"), "vllm-ascend": (".json",)}
+    if format not in allowed:
+        raise InputError(None, "format", f"expected one of {', '.join(interop.ENGINE_FORMATS)}, got {format!r}")
+    if suffix not in allowed[format]:
+        raise InputError(str(path), None, f"{format} plans are written as {' or '.join(allowed[format])}")
+    try:
+        if format == "vllm-ascend":
+            _, notes = interop.vllm_ascend_layout(plan)
+            data: dict[str, Any] = interop.to_vllm_ascend(plan)
+        else:
+            _, notes = interop.fill_empty_slots(plan, load)
+            if format == "sglang":
+                data = interop.to_sglang(plan, dense_layers=dense_layers, load=load)
+            else:
+                data = interop.to_eplb(plan, load=load)
+    except PlanError as exc:
+        raise InputError(str(path), None, str(exc)) from None
+    if suffix == ".pt":
+        _torch_save(path, {k: np.asarray(v) for k, v in data.items()})
+    elif suffix == ".npz":
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **data)
+    else:
+        write_text(path, json.dumps(data, separators=(",", ":")) + "\n")
+    return notes
+
+
+def read_engine_plan(
+    path: str | Path,
+    format: str,
+    *,
+    gpus: int | None = None,
+    experts: int | None = None,
+    dense_layers: int = 0,
+    dispatch: str | None = None,
+) -> Plan:
+    """Read a serving-engine plan file into a plan, slot for slot (nothing merged).
+
+    Parameters
+    ----------
+    path
+        A file written by :func:`write_engine_plan` or by the engine's own tools.
+    format
+        ``sglang``, ``eplb`` or ``vllm-ascend``.
+    gpus
+        G: required for SGLang maps (they do not record it) and EPLB files without
+        ``num_gpus``; checked against the file otherwise.
+    experts
+        E (default: from the file, else one more than the largest id).
+    dense_layers
+        SGLang only: leading dense-layer rows to drop.
+    dispatch
+        The plan's dispatch kind (default: the engine's, :data:`moeopt.interop.ENGINE_DISPATCH`).
+
+    Raises
+    ------
+    InputError
+        On a missing or malformed file (see :mod:`moeopt.interop`).
+    """
+    path = Path(path)
+    src = str(path)
+    suffix = path.suffix.lower()
+    if format not in interop.ENGINE_FORMATS:
+        raise InputError(None, "format", f"expected one of {', '.join(interop.ENGINE_FORMATS)}, got {format!r}")
+    try:
+        kind = Dispatch(kind=dispatch or interop.ENGINE_DISPATCH[format])
+    except PlanError as exc:
+        raise InputError(None, "dispatch", str(exc)) from None
+    if suffix == ".pt":
+        data: Any = _torch_load(path)
+    elif not path.is_file():
+        raise InputError(src, None, "file not found")
+    elif suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                data = {k: z[k] for k in z.files}
+        except _NPZ_ERRORS as exc:
+            raise InputError(src, None, f"not a readable .npz archive ({exc})") from None
+    else:
+        data = _read_json(path)
+    if format == "sglang":
+        if gpus is None:
+            raise InputError(src, "gpus", "SGLang maps do not record the GPU count; give it (--gpus or --instance)")
+        return interop.from_sglang(data, gpus, experts=experts, dense_layers=dense_layers, dispatch=kind, source=src)
+    if format == "eplb":
+        return interop.from_eplb(data, gpus, experts=experts, dispatch=kind, source=src)
+    plan = interop.from_vllm_ascend(data, experts=experts, dispatch=kind, source=src)
+    if gpus is not None and gpus != plan.gpus:
+        raise InputError(src, "device_count", f"the map has {plan.gpus} devices, expected {gpus}")
+    return plan
