@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("models", ["bounds", "balance", "balance.*", "joint", "joint.*", "relabel", "synth"]),
     ("search", ["heuristics", "heuristics.*", "solvers", "solvers.*", "colgen"]),
     ("methods", ["registry", "execute", "methods", "methods.*"]),
-    ("files", ["io", "io.*", "interop", "outputs"]),
+    ("files", ["io", "io.*", "interop", "interop.*", "outputs"]),
     ("api", ["solve", "frontier"]),
     ("front", ["", "__main__", "cli", "plot", "harness", "harness.*"]),
 ]
