@@ -33,7 +33,7 @@ from moeopt.relabel import relabel_gpus, speed_classes
 from moeopt.solve import load_workloads, solve
 from moeopt.synth import SynthSpec, _structure, synthesize
 from moeopt.trace import Trace
-from tests.strategies import small_case
+from tests.strategies import int_arrays, small_case, topk_arrays
 
 PREV = "previous-layer"
 
@@ -283,25 +283,24 @@ def test_successors_validated():
 
 # ----------------------------------------------------------------------------- gains
 @settings(max_examples=30)
-@given(st.integers(0, 2**31 - 1), st.booleans())
-def test_cross_gain_is_exact(seed, with_homes):
+@given(st.integers(3, 8), st.integers(2, 3), st.booleans(), st.data())
+def test_cross_gain_is_exact(E, G, with_homes, data):
     """Move and swap gains of a layer equal the change of the whole plan's remote GPUs."""
-    rng = np.random.default_rng(seed)
-    L, E, G, k, N = 3, int(rng.integers(3, 9)), int(rng.integers(2, 4)), 2, 40
-    topk = np.stack([np.argsort(rng.random((N, E)), axis=1)[:, :k] for _ in range(L)], axis=1).astype(np.int64)
-    first = rng.integers(0, G, size=N) if with_homes else None
-    homes = rng.integers(0, G, size=(L, E))
-    l = int(rng.integers(L))
+    L, k, N = 3, 2, 40
+    topk = data.draw(topk_arrays((N, L), E, k), label="topk").astype(np.int64)
+    first = data.draw(int_arrays(N, 0, G - 1), label="first") if with_homes else None
+    homes = data.draw(int_arrays((L, E), 0, G - 1), label="homes")
+    l = data.draw(st.integers(0, L - 1), label="l")
     th = first if l == 0 else homes[l - 1][topk[:, l - 1, 0]]
     edges = token_hyperedges(topk[:, l], E) if th is None else stay_edges(topk[:, l], th, E, G)
     nxt = None if l + 1 == L else next_layer_benefit(homes[l + 1], topk[:, l, 0], topk[:, l + 1], E, G)
     move, pair = CrossGain(edges, E, G, fixed=th is not None, benefit=nxt).gains(homes[l], G)
     base = plan_remote(homes, topk, first, G).sum()
-    e, g = int(rng.integers(E)), int(rng.integers(G))
+    e, g = data.draw(st.integers(0, E - 1), label="e"), data.draw(st.integers(0, G - 1), label="g")
     moved = homes.copy()
     moved[l, e] = g
     assert move[e, g] == pytest.approx(base - plan_remote(moved, topk, first, G).sum())
-    f = int(rng.integers(E))
+    f = data.draw(st.integers(0, E - 1), label="f")
     if homes[l, e] != homes[l, f]:
         swapped = homes.copy()
         swapped[l, e], swapped[l, f] = homes[l, f], homes[l, e]

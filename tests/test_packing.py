@@ -8,21 +8,25 @@ from hypothesis import strategies as st
 
 from moeopt.heuristics.local_search import balanced_start
 from moeopt.heuristics.packing import balanced_homes, first_fit, round_robin_lpt
+from tests.strategies import float_arrays, int_arrays
 
 
-def _case(seed: int) -> tuple[np.ndarray, int, int]:
-    rng = np.random.default_rng(seed)
-    G = int(rng.integers(1, 6))
-    slots = int(rng.integers(1, 5))
-    E = int(rng.integers(1, G * slots + 1))
-    return rng.random(E) ** 3, G, slots
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[np.ndarray, int, int]:
+    """(load, G, slots): E <= G * slots skewed loads (cubes of uniform draws)."""
+    G = draw(st.integers(1, 5))
+    slots = draw(st.integers(1, 4))
+    E = draw(st.integers(1, G * slots))
+    return draw(float_arrays(E, 0.0, 1.0)) ** 3, G, slots
 
 
-@given(st.integers(0, 2**31 - 1))
-def test_every_packing_places_each_expert_within_the_slots(seed: int) -> None:
+@given(cases(), st.data())
+def test_every_packing_places_each_expert_within_the_slots(
+    case: tuple[np.ndarray, int, int], data: st.DataObject
+) -> None:
     """LPT, round-robin LPT, first fit and the balanced start put every expert on a GPU with at most `slots` experts."""
-    load, G, slots = _case(seed)
-    preferred = np.random.default_rng(seed).integers(0, G, len(load))
+    load, G, slots = case
+    preferred = data.draw(int_arrays(len(load), 0, G - 1), label="preferred")
     for home in (
         balanced_homes(load, G, slots),
         round_robin_lpt(load, G, slots),
@@ -51,10 +55,10 @@ def test_first_fit_keeps_the_preferred_gpu_when_it_has_room() -> None:
     assert first_fit(load, preferred, 2, 3, limit=0.55).tolist() == [0, 0, 1, 1, 1, 0]
 
 
-@given(st.integers(0, 2**31 - 1))
-def test_balanced_start_never_worse_than_its_round_robin_start(seed: int) -> None:
+@given(cases())
+def test_balanced_start_never_worse_than_its_round_robin_start(case: tuple[np.ndarray, int, int]) -> None:
     """The descent on the sum of squared GPU loads only lowers it."""
-    load, G, slots = _case(seed)
+    load, G, slots = case
 
     def square(h: np.ndarray) -> float:
         return float((np.bincount(h, weights=load, minlength=G) ** 2).sum())

@@ -23,6 +23,7 @@ from moeopt.result import Status
 from moeopt.solve import solve
 from tests.conftest import INSTANCES
 from tests.grouping_cases import brute_force, make_problem, random_grouping, run
+from tests.strategies import groupings
 
 
 @pytest.fixture(scope="module")
@@ -171,11 +172,11 @@ def test_hint_is_used_when_better() -> None:
 
 
 # ----------------------------------------------------------------------------- bounds and search
-@given(st.integers(0, 10_000), st.integers(4, 8), st.integers(2, 4), st.booleans())
-def test_bounds_and_heuristics_against_brute_force(seed: int, E: int, G: int, limited: bool) -> None:
+@given(st.booleans().flatmap(lambda lim: groupings(4, 8, 2, 4, limited=lim, spare=1)), st.integers(0, 10_000))
+def test_bounds_and_heuristics_against_brute_force(g: Grouping, seed: int) -> None:
     """Every cheap bound >= optimum >= every heuristic plan (which is feasible)."""
-    rng = np.random.default_rng(seed)
-    g = random_grouping(rng, E=E, G=G, limited=limited)
+    rng = np.random.default_rng(seed)  # the heuristics' own randomness
+    G = g.groups
     best, opt = brute_force(g)
     if best is None:
         return
@@ -234,18 +235,16 @@ def test_bundled_instance_solves_end_to_end() -> None:
     assert len(r.stats["eps_load"]) == 2 and "node_affinity" in r.stats
 
 
-@given(st.integers(0, 10_000), st.booleans())
-def test_incremental_swap_gains_match_recomputation(seed: int, limited: bool) -> None:
+@given(groupings(4, 13, 2, 4, spare=1), st.data())
+def test_incremental_swap_gains_match_recomputation(g: Grouping, data: st.DataObject) -> None:
     """After any sequence of moves and swaps the incrementally kept gains equal a fresh computation."""
-    rng = np.random.default_rng(seed)
-    g = random_grouping(rng, E=int(rng.integers(4, 14)), G=int(rng.integers(2, 5)), limited=limited)
     home = np.arange(g.experts) % g.groups
     gain = AffinityGain(g.graph)
     gain.gains(home, g.groups)
     for _ in range(12):
-        e, f = (int(v) for v in rng.integers(0, g.experts, 2))
+        e, f = data.draw(st.integers(0, g.experts - 1)), data.draw(st.integers(0, g.experts - 1))
         home[e], home[f] = home[f], home[e]
-        k = int(rng.integers(0, g.groups))
+        k = data.draw(st.integers(0, g.groups - 1))
         if np.bincount(home, minlength=g.groups)[k] < g.cap:
             home[e] = k
         move, pair = gain.gains(home, g.groups)
@@ -258,11 +257,10 @@ class _RecomputedAffinity(AffinityGain):
     local = False  # the engine recomputes every swap score each round
 
 
-@given(st.integers(0, 10_000), st.booleans())
-def test_partial_swap_refresh_matches_full_recomputation(seed: int, limited: bool) -> None:
+@given(groupings(4, 13, 2, 4, spare=1), st.integers(0, 10_000))
+def test_partial_swap_refresh_matches_full_recomputation(g: Grouping, seed: int) -> None:
     """Refreshing only the swap scores of the touched GPUs finds the same local optimum as recomputing all."""
-    rng = np.random.default_rng(seed)
-    g = random_grouping(rng, E=int(rng.integers(4, 14)), G=int(rng.integers(2, 5)), limited=limited)
+    rng = np.random.default_rng(seed)  # the spectral start's own randomness
     try:
         start = capacity_repair(g, spectral_labels(g.graph, g.groups, rng))
     except InfeasibleError:
