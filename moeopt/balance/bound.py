@@ -1,7 +1,4 @@
-"""The lower bound on the largest GPU load of every plan of a layer.
-
-Part of :mod:`moeopt.balance` (the algorithm is described there).
-"""
+"""The lower bound on the largest GPU load of every plan of a layer."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Copy counts: water-filling the extra slots to minimize the largest per-copy load.
-
-Part of :mod:`moeopt.balance` (the algorithm is described there).
-"""
+"""Copy counts: water-filling the extra slots to minimize the largest per-copy load."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""A mutable layout and the vectorized swap / replace local-search kernels over it.
-
-Part of :mod:`moeopt.balance` (the algorithm is described there).
-"""
+"""A mutable layout and the vectorized swap / replace local-search kernels over it."""
 
 from __future__ import annotations
 
@@ -14,6 +11,18 @@ from moeopt.balance.loads import (
     IntArray,
     _presence,
 )
+
+
+def replace_slot(e: IntArray, M: np.ndarray, c: IntArray, g: int, i: int, x: int) -> int:
+    """Slot ``i`` of GPU ``g`` gets expert ``x``: the slot table ``e``, the per-GPU copy
+    counts ``M[g, expert]`` and the copy counts ``c`` are updated; returns the old expert."""
+    a = int(e[g, i])
+    e[g, i] = x
+    M[g, a] -= 1
+    M[g, x] += 1
+    c[a] -= 1
+    c[x] += 1
+    return a
 
 
 class _Layout:
@@ -88,12 +97,7 @@ class _Layout:
     def replace(self, g: int, i: int, x: int) -> None:
         if self.load is None or self.c is None:
             raise RuntimeError("_Layout.replace needs per-expert loads (a layout built with load=)")
-        a = self.e[g, i]
-        self.e[g, i] = x
-        self.M[g, a] -= 1
-        self.M[g, x] += 1
-        self.c[a] -= 1
-        self.c[x] += 1
+        replace_slot(self.e, self.M, self.c, g, i, x)
         self.w = self.load[self.e] / self.c[self.e]
         self.s = self.w.sum(axis=1)
 

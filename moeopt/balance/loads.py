@@ -1,7 +1,4 @@
-"""Shared types, validation, and the scores of a layout: per-GPU loads and MaxVio.
-
-Part of :mod:`moeopt.balance` (the algorithm is described there).
-"""
+"""Shared types, validation, and the scores of a layout: per-GPU loads and MaxVio."""
 
 from __future__ import annotations
 

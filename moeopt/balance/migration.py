@@ -1,7 +1,4 @@
-"""Migration-aware re-planning: few moved slots from a current plan, and the moves-vs-MaxVio frontier.
-
-Part of :mod:`moeopt.balance` (the algorithm is described there).
-"""
+"""Migration-aware re-planning: few moved slots from a current plan, and the moves-vs-MaxVio frontier."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Packing the copies into G bins of exactly W slots: LPT, balanced differencing, iterated local search.
-
-Part of :mod:`moeopt.balance` (the algorithm is described there).
-"""
+"""Packing the copies into G bins of exactly W slots: LPT, balanced differencing, iterated local search."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Whole-layer planning: copy counts, packing and search, flat or hierarchical (per node).
-
-Part of :mod:`moeopt.balance` (the algorithm is described there).
-"""
+"""Whole-layer planning: copy counts, packing and search, flat or hierarchical (per node)."""
 
 from __future__ import annotations
 

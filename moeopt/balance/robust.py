@@ -1,7 +1,4 @@
-"""Robust mode: one plan for several load snapshots (mean or worst per-step largest load).
-
-Part of :mod:`moeopt.balance` (the algorithm is described there).
-"""
+"""Robust mode: one plan for several load snapshots (mean or worst per-step largest load)."""
 
 from __future__ import annotations
 
@@ -10,6 +7,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from moeopt.balance.layout import replace_slot
 from moeopt.balance.loads import (
     _RTOL,
     DEFAULT_ITERATIONS,
@@ -210,12 +208,7 @@ class _RobustLayout:
         self.Lg[:, g2] -= d
 
     def replace(self, g: int, i: int, x: int) -> None:
-        a = self.e[g, i]
-        self.e[g, i] = x
-        self.M[g, a] -= 1
-        self.M[g, x] += 1
-        self.c[a] -= 1
-        self.c[x] += 1
+        replace_slot(self.e, self.M, self.c, g, i, x)
         self.refresh()
 
     def search(self, max_moves: int, n_try: int) -> None:

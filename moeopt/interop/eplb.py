@@ -1,7 +1,4 @@
-"""DeepSeek EPLB tensors: ``phy2log``, ``log2phy``, ``logcnt``.
-
-Part of :mod:`moeopt.interop` (the physical-slot model and the fill rule are described there).
-"""
+"""DeepSeek EPLB tensors: ``phy2log``, ``log2phy``, ``logcnt``."""
 
 from __future__ import annotations
 

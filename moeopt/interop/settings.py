@@ -1,7 +1,4 @@
-"""The serving-engine command-line settings that load a written placement file.
-
-Part of :mod:`moeopt.interop` (the physical-slot model and the fill rule are described there).
-"""
+"""The serving-engine command-line settings that load a written placement file."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """SGLang: ``--init-expert-location`` maps, and the expert-distribution recorder's ``per_token`` /
 ``stat`` dumps.
-
-Part of :mod:`moeopt.interop` (the physical-slot model and the fill rule are described there).
 """
 
 from __future__ import annotations

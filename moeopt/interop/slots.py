@@ -1,7 +1,5 @@
 """Plans as physical slot maps: empty slots filled for export, maps read back into plans, and the
 engines' formats and dispatch rules.
-
-Part of :mod:`moeopt.interop` (the physical-slot model and the fill rule are described there).
 """
 
 from __future__ import annotations

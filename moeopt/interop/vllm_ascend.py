@@ -1,7 +1,4 @@
-"""vLLM-Ascend expert maps (each device's distinct experts only).
-
-Part of :mod:`moeopt.interop` (the physical-slot model and the fill rule are described there).
-"""
+"""vLLM-Ascend expert maps (each device's distinct experts only)."""
 
 from __future__ import annotations
 

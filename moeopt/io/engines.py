@@ -1,7 +1,4 @@
-"""Serving-engine files: SGLang dumps and placement maps, EPLB tensors, vLLM-Ascend maps (``.pt`` via torch).
-
-Part of :mod:`moeopt.io`, the only package that reads and writes files.
-"""
+"""Serving-engine files: SGLang dumps and placement maps, EPLB tensors, vLLM-Ascend maps (``.pt`` via torch)."""
 
 from __future__ import annotations
 

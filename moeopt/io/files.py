@@ -1,7 +1,4 @@
-"""Writing files atomically (JSON, text, GraphML) and reading YAML / JSON with one-line errors.
-
-Part of :mod:`moeopt.io`, the only package that reads and writes files.
-"""
+"""Writing files atomically (JSON, text, GraphML) and reading YAML / JSON with one-line errors."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Instance YAML files, the workloads and the latency profile they name.
-
-Part of :mod:`moeopt.io`, the only package that reads and writes files.
-"""
+"""Instance YAML files, the workloads and the latency profile they name."""
 
 from __future__ import annotations
 

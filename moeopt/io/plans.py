@@ -1,7 +1,4 @@
-"""Plan files: ``moeopt.plan/2`` JSON (and the first release's ``moeopt.plan/1``).
-
-Part of :mod:`moeopt.io`, the only package that reads and writes files.
-"""
+"""Plan files: ``moeopt.plan/2`` JSON (and the first release's ``moeopt.plan/1``)."""
 
 from __future__ import annotations
 

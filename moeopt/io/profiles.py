@@ -1,7 +1,4 @@
-"""Latency profiles: ``moeopt.profile/1`` YAML.
-
-Part of :mod:`moeopt.io`, the only package that reads and writes files.
-"""
+"""Latency profiles: ``moeopt.profile/1`` YAML."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Workload files: routing traces (npz), expert counts (npz, CSV, NPY, SGLang), per-domain counts.
-
-Part of :mod:`moeopt.io`, the only package that reads and writes files.
-"""
+"""Workload files: routing traces (npz), expert counts (npz, CSV, NPY, SGLang), per-domain counts."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Pricing a plan: locality-first routing on a token sample with load shedding
 (:class:`SampleCost`), with incremental move gains.
-
-Part of :mod:`moeopt.joint` (the model is described there).
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""The joint problem of one layer: tokens' expert choices, families, loads and limits; samples.
-
-Part of :mod:`moeopt.joint` (the model is described there).
-"""
+"""The joint problem of one layer: tokens' expert choices, families, loads and limits; samples."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Exact pricing (the ideal dispatch as an LP, :class:`ExactCost`), the exact MILP over slot
 contents, and brute force for tiny layers.
-
-Part of :mod:`moeopt.joint` (the model is described there).
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""The local search over slot contents: neighbourhoods, screening, kicks (iterated local search).
-
-Part of :mod:`moeopt.joint` (the model is described there).
-"""
+"""The local search over slot contents: neighbourhoods, screening, kicks (iterated local search)."""
 
 from __future__ import annotations
 

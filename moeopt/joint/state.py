@@ -1,7 +1,4 @@
-"""A plan's slot contents as a mutable state, and the moves over it.
-
-Part of :mod:`moeopt.joint` (the model is described there).
-"""
+"""A plan's slot contents as a mutable state, and the moves over it."""
 
 from __future__ import annotations
 
