@@ -50,6 +50,7 @@ from moeopt.colgen import column_generation  # noqa: E402
 from moeopt.grouping import AUTO_LOAD_SLACK, Grouping  # noqa: E402
 from moeopt.io import read_workload_file, write_json, write_text  # noqa: E402
 from moeopt.methods.tacg import AgnosticParams, heuristic_home  # noqa: E402
+from moeopt.solvers import ExactSettings  # noqa: E402
 from moeopt.synth import SynthSpec, synthesize, trace_from_counts  # noqa: E402
 from moeopt.trace import stats_from_counts  # noqa: E402
 
@@ -167,7 +168,7 @@ def run_cpsat(g: Grouping, start: np.ndarray, limit: float, cheap: float) -> dic
 
     t0 = time.perf_counter()
     try:
-        out = grouping_cpsat.solve(g, time_limit=limit, hint=start, threads=2, seed=0, refuse=True)
+        out = grouping_cpsat.solve(g, ExactSettings(time_limit=limit, hint=start, threads=2, seed=0, refuse=True))
     except Exception as exc:  # refused (too large for the limit) or failed to build
         return {"status": "refused", "reason": str(exc)[:200], "time": time.perf_counter() - t0}
     plan = out.home if out.home is not None and g.feasible(out.home) else None

@@ -19,7 +19,7 @@ from moeopt.outcome import ExactOutcome, exact_status
 from moeopt.profile import Profile
 from moeopt.registry import get_method
 from moeopt.result import Status, Termination
-from moeopt.solvers import CPSAT, HIGHSPY, PYOMO_HIGHS, available
+from moeopt.solvers import CPSAT, HIGHSPY, PYOMO_HIGHS, ExactSettings, available
 from tests.grouping_cases import brute_force, random_grouping
 
 #: (termination, holds a plan) -> status, written out by hand
@@ -82,7 +82,7 @@ def test_grouping_backends_return_the_one_outcome(name: str) -> None:
         pytest.skip(f"{name} not available here")
     g = random_grouping(np.random.default_rng(3), E=7, G=3, limited=False)
     best, opt = brute_force(g)
-    out = method.backend_module().solve(g, time_limit=20.0, hint=best)
+    out = method.backend_module().solve(g, ExactSettings(time_limit=20.0, hint=best))
     assert isinstance(out, ExactOutcome)
     assert out.sense == "max" and out.status is Status.OPTIMAL and out.optimal
     assert out.termination is Termination.OPTIMAL

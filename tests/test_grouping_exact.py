@@ -18,6 +18,7 @@ from moeopt.heuristics.spectral import capacity_repair, spectral_labels
 from moeopt.methods.tacg import TacgExact, layer_problems
 from moeopt.registry import get_method, method_names, parse_params
 from moeopt.result import Status
+from moeopt.solvers import ExactSettings
 from tests.conftest import DATA
 from tests.grouping_cases import brute_force, make_problem, random_grouping, run
 
@@ -58,7 +59,7 @@ def test_backend_matches_brute_force(name: str, seed: int) -> None:
     best, opt = brute_force(g)
     if best is None:
         pytest.skip("random instance infeasible")
-    out = mod.solve(g, time_limit=20.0, hint=None if seed % 3 == 0 else best, seed=seed)
+    out = mod.solve(g, ExactSettings(time_limit=20.0, hint=None if seed % 3 == 0 else best, seed=seed))
     assert out.status == Status.OPTIMAL
     assert g.feasible(out.home), g.violations(out.home)
     assert g.objective(out.home) == pytest.approx(opt, rel=1e-6, abs=1e-9)
@@ -74,7 +75,7 @@ def test_backend_reproduces_known_optima(name: str, case: dict) -> None:
     mod = backend(name)
     g = known_case(case)
     assert g.feasible(np.array(case["plan"])) and g.objective(np.array(case["plan"])) == pytest.approx(case["optimum"])
-    out = mod.solve(g, time_limit=20.0)
+    out = mod.solve(g, ExactSettings(time_limit=20.0))
     assert out.status == Status.OPTIMAL
     assert g.objective(out.home) == pytest.approx(case["optimum"], abs=1e-9)
 
@@ -95,7 +96,7 @@ def test_backend_proves_packing_infeasible(name: str) -> None:
     g = Grouping(np.ones((3, 3)) - np.eye(3), load=[0.35, 0.35, 0.3], groups=2, cap=2, load_limit=0.6)
     g.check_load_limit()  # passes: the hottest expert alone fits
     assert brute_force(g)[0] is None
-    assert mod.solve(g, time_limit=10.0).status == Status.INFEASIBLE
+    assert mod.solve(g, ExactSettings(time_limit=10.0)).status == Status.INFEASIBLE
 
 
 @pytest.mark.parametrize("name", EXACT)
@@ -106,7 +107,7 @@ def test_backend_accepts_plans_exactly_at_the_load_limit(name: str) -> None:
     W[0, 1] = W[1, 0] = W[2, 3] = W[3, 2] = W[4, 5] = W[5, 4] = 1.0
     load = np.array([5, 3, 6, 2, 4, 4]) / 24  # each best pair carries exactly 1/3
     g = Grouping(W, load=load, groups=3, cap=2, load_limit=1 / 3)
-    out = mod.solve(g, time_limit=10.0)
+    out = mod.solve(g, ExactSettings(time_limit=10.0))
     assert out.status == Status.OPTIMAL
     assert g.objective(out.home) == pytest.approx(3.0) == brute_force(g)[1]
 
@@ -118,7 +119,7 @@ def test_backend_refuses_sizes_beyond_the_time_limit(name: str) -> None:
     W = np.ones((256, 256))
     g = Grouping(W, load=np.full(256, 1 / 256), groups=64, cap=4)
     with pytest.raises(InputError, match="too many"):
-        mod.solve(g, time_limit=1.0)
+        mod.solve(g, ExactSettings(time_limit=1.0))
 
 
 @pytest.mark.parametrize("name", EXACT)
@@ -128,7 +129,7 @@ def test_backend_respects_the_time_limit(name: str) -> None:
     g = random_grouping(np.random.default_rng(7), E=40, G=8, cap=5, limited=True, density=0.5)
     start = capacity_repair(g, spectral_labels(g.graph, 8, np.random.default_rng(0)))
     t0 = time.perf_counter()
-    out = mod.solve(g, time_limit=2.0, hint=start)
+    out = mod.solve(g, ExactSettings(time_limit=2.0, hint=start))
     assert time.perf_counter() - t0 < 2.0 + 4.0  # slack for model hand-over on a loaded machine
     assert out.status in (Status.OPTIMAL, Status.TIME_LIMIT)
     assert g.feasible(out.home)

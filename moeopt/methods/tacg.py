@@ -31,6 +31,7 @@ from moeopt.heuristics.nodes import arrange_nodes, node_affinity
 from moeopt.heuristics.spectral import grouping_heuristic
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, Termination, bound_closes, combine_status, combine_termination
+from moeopt.solvers import ExactSettings
 from moeopt.trace import LIFT_EPS, Stats, log_lift
 
 #: epsilon of the log-lift preference score (SPEC 3.1)
@@ -509,8 +510,10 @@ class TacgExact(TacgBase):
                 except InfeasibleError:
                     start = None  # the repair missed a packing: let the exact model look for one
             # the rest of the layer's share (sizes were checked against the full limit above)
-            left = layer.cap(floor=0.05)
-            out = mod.solve(g, time_limit=left, hint=start, threads=params.threads, seed=ctx.seed, refuse=False)
+            left = layer.cap(limit, floor=0.05)  # the layer's share is at most limit: the same value
+            out = mod.solve(
+                g, ExactSettings(time_limit=left, hint=start, threads=params.threads, seed=ctx.seed, refuse=False)
+            )
             cheap, kind = grouping_bound(
                 g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
             )

@@ -7,6 +7,9 @@ and method asks it rather than trying the import itself.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+
+import numpy as np
 
 #: CP-SAT (OR-Tools)
 CPSAT = "ortools.sat.python.cp_model"
@@ -40,3 +43,30 @@ def available(backend: str) -> bool:
     except Exception:  # noqa: BLE001  (a missing or broken install, a licence problem: unavailable)
         return False
     return True
+
+
+@dataclass(frozen=True)
+class ExactSettings:
+    """How an exact grouping backend (``grouping_cpsat``, ``grouping_highs``, ``grouping_milp``)
+    runs: each backend's ``solve(g, settings)`` reads these.
+
+    Attributes
+    ----------
+    time_limit
+        Seconds for build and search.
+    hint
+        A feasible plan (expert -> group), renumbered by the backend with
+        :meth:`~moeopt.grouping.Grouping.canonical` so that it satisfies the symmetry breaking,
+        and passed as the solver's start or hint; None for none.
+    threads, seed, log
+        Solver threads (CP-SAT workers), random seed and console log.
+    refuse
+        Raise InputError (before building) when the model is too large for ``time_limit``.
+    """
+
+    time_limit: float
+    hint: np.ndarray | None = None
+    threads: int = 2
+    seed: int = 0
+    log: bool = False
+    refuse: bool = True

@@ -26,7 +26,7 @@ from moeopt.errors import InputError
 from moeopt.grouping import Grouping, pairs
 from moeopt.outcome import ExactOutcome
 from moeopt.result import cpsat_termination
-from moeopt.solvers import CPSAT
+from moeopt.solvers import CPSAT, ExactSettings
 from moeopt.solvers import available as solver_available
 
 if TYPE_CHECKING:  # ortools stays a lazy import at run time
@@ -151,44 +151,16 @@ def build_model(g: Grouping) -> CpsatModel:
     return CpsatModel(m, x, used, h, z, pi, pj, wint, scale, rounding, time.perf_counter() - t0)
 
 
-def solve(
-    g: Grouping,
-    *,
-    time_limit: float,
-    hint: np.ndarray | None = None,
-    threads: int = 2,
-    seed: int = 0,
-    log: bool = False,
-    refuse: bool = True,
-) -> ExactOutcome:
-    """Solve ``g`` with CP-SAT.
+def solve(g: Grouping, settings: ExactSettings) -> ExactOutcome:
+    """Solve ``g`` with CP-SAT under ``settings`` (:class:`~moeopt.solvers.ExactSettings`).
 
-    Parameters
-    ----------
-    g
-        The grouping problem.
-    time_limit
-        Seconds for build and search.
-    hint
-        A feasible plan; renumbered with :meth:`Grouping.canonical` so that it satisfies the
-        symmetry breaking (CP-SAT ignores hints that violate constraints).
-    threads
-        CP-SAT workers.
-    seed
-        CP-SAT random seed.
-    log
-        Print CP-SAT's search log.
-    refuse
-        Raise InputError (before building) when the model is too large for ``time_limit``.
-
-    Returns
-    -------
-    ExactOutcome
-        Status, plan, CP-SAT's incumbent (real units) and proved bound.
+    CP-SAT ignores a hint that violates a constraint: the hint is renumbered to satisfy the
+    symmetry breaking first.
     """
+    time_limit, hint = settings.time_limit, settings.hint
     from ortools.sat.python import cp_model
 
-    if refuse:
+    if settings.refuse:
         check_size(g, time_limit)
     t0 = time.perf_counter()
     cm = build_model(g)
@@ -205,9 +177,9 @@ def solve(
             m.add_hint(zp, int(canon[i] == canon[j]))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.1, time_limit - (time.perf_counter() - t0))
-    solver.parameters.num_workers = max(1, threads)
-    solver.parameters.random_seed = seed
-    solver.parameters.log_search_progress = log
+    solver.parameters.num_workers = max(1, settings.threads)
+    solver.parameters.random_seed = settings.seed
+    solver.parameters.log_search_progress = settings.log
     solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the run, not just this search
     code = run_interruptible(lambda: solver.solve(m), solver.stop_search)
     wall = time.perf_counter() - t0

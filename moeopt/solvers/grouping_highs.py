@@ -22,7 +22,7 @@ from moeopt.budget import run_interruptible
 from moeopt.grouping import Grouping, pairs
 from moeopt.outcome import ExactOutcome
 from moeopt.result import highs_termination
-from moeopt.solvers import HIGHSPY
+from moeopt.solvers import HIGHSPY, ExactSettings
 from moeopt.solvers import available as solver_available
 from moeopt.solvers.highs_common import (  # noqa: F401  (estimate_nonzeros: public here before)
     GROUPING_OPTIONS,
@@ -178,41 +178,19 @@ def build_model(g: Grouping, arrays: MilpArrays | None = None) -> Any:
     return highs_milp(a.cost, a.col_lo, a.col_hi, a.matrix, a.row_lo, a.row_hi, a.integer, maximize=True)
 
 
-def solve(
-    g: Grouping,
-    *,
-    time_limit: float,
-    hint: np.ndarray | None = None,
-    threads: int = 2,
-    seed: int = 0,
-    log: bool = False,
-    refuse: bool = True,
-) -> ExactOutcome:
-    """Solve ``g`` with HiGHS through highspy.
-
-    Parameters
-    ----------
-    g
-        The grouping problem.
-    time_limit
-        Seconds for build and search.
-    hint
-        A feasible plan, renumbered by :meth:`Grouping.canonical`, passed as HiGHS's start.
-    threads, seed, log
-        HiGHS threads, random seed and console log.
-    refuse
-        Raise InputError (before building) when the model is too large for ``time_limit``.
-    """
-    if refuse:
+def solve(g: Grouping, settings: ExactSettings) -> ExactOutcome:
+    """Solve ``g`` with HiGHS through highspy under ``settings`` (:class:`~moeopt.solvers.ExactSettings`)."""
+    time_limit, hint = settings.time_limit, settings.hint
+    if settings.refuse:
         check_size(g, time_limit)
     t0 = time.perf_counter()
     arrays = build_arrays(g)
     h = build_model(g, arrays)
     build = time.perf_counter() - t0
-    h.setOptionValue("output_flag", log)
+    h.setOptionValue("output_flag", settings.log)
     h.setOptionValue("time_limit", max(0.1, time_limit - build))
-    h.setOptionValue("threads", highs_threads(threads))
-    h.setOptionValue("random_seed", seed)
+    h.setOptionValue("threads", highs_threads(settings.threads))
+    h.setOptionValue("random_seed", settings.seed)
     for option, value in GROUPING_OPTIONS.items():
         h.setOptionValue(option, value)
     warm = hint is not None and set_start(h, arrays.point(g.canonical(hint), g.groups))

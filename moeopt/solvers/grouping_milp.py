@@ -19,7 +19,7 @@ from moeopt.budget import run_interruptible
 from moeopt.grouping import Grouping, pairs
 from moeopt.outcome import ExactOutcome
 from moeopt.result import pyomo_termination
-from moeopt.solvers import PYOMO_HIGHS
+from moeopt.solvers import PYOMO_HIGHS, ExactSettings
 from moeopt.solvers import available as solver_available
 from moeopt.solvers.highs_common import (
     GROUPING_OPTIONS,
@@ -112,36 +112,15 @@ def start_values(m: Any, home: np.ndarray) -> Iterator[tuple[Any, float]]:
         yield var, float(home[i] == k and home[j] == k)
 
 
-def solve(
-    g: Grouping,
-    *,
-    time_limit: float,
-    hint: np.ndarray | None = None,
-    threads: int = 2,
-    seed: int = 0,
-    log: bool = False,
-    refuse: bool = True,
-) -> ExactOutcome:
-    """Solve ``g`` with HiGHS through Pyomo's solver API v2.
-
-    Parameters
-    ----------
-    g
-        The grouping problem.
-    time_limit
-        Seconds for build and search.
-    hint
-        A feasible plan, renumbered by :meth:`Grouping.canonical`, passed as HiGHS's start.
-    threads, seed, log
-        HiGHS threads, random seed and console log.
-    refuse
-        Raise InputError (before building) when the model is too large for ``time_limit``.
-    """
+def solve(g: Grouping, settings: ExactSettings) -> ExactOutcome:
+    """Solve ``g`` with HiGHS through Pyomo's solver API v2 under ``settings``
+    (:class:`~moeopt.solvers.ExactSettings`)."""
+    time_limit, hint = settings.time_limit, settings.hint
     import pyomo.environ as pyo
     from pyomo.contrib.solver.common.factory import SolverFactory
     from pyomo.contrib.solver.common.results import SolutionStatus
 
-    if refuse:
+    if settings.refuse:
         check_size(g, time_limit)
     t0 = time.perf_counter()
     m = build_model(g)
@@ -153,10 +132,10 @@ def solve(
             m,
             raise_exception_on_nonoptimal_result=False,
             load_solutions=False,
-            tee=log,
+            tee=settings.log,
             time_limit=max(0.05, time_limit - (time.perf_counter() - t0)),
-            threads=highs_threads(threads),
-            solver_options={"random_seed": seed, **GROUPING_OPTIONS},
+            threads=highs_threads(settings.threads),
+            solver_options={"random_seed": settings.seed, **GROUPING_OPTIONS},
         ),
         lambda: cancel_pyomo_highs(opt),
     )
