@@ -47,7 +47,16 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from moeopt.balance.copies import copy_counts
-from moeopt.balance.loads import _RTOL, DEFAULT_ITERATIONS, _as_load, _cap, _check_shape, gpu_loads
+from moeopt.balance.loads import (
+    _RTOL,
+    DEFAULT_ITERATIONS,
+    FloatArray,
+    IntArray,
+    _as_load,
+    _cap,
+    _check_shape,
+    gpu_loads,
+)
 from moeopt.balance.packing import lpt_pack
 from moeopt.balance.planner import plan_layer
 
@@ -60,8 +69,6 @@ __all__ = [
     "swap_descent_batch",
 ]
 
-FloatArray = NDArray[np.float64]
-IntArray = NDArray[np.int64]
 
 #: relative tolerance (times the mean GPU load) for a strict improvement; as in moeopt.balance
 _TOL = _RTOL * 8

@@ -38,13 +38,11 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 
-from moeopt.balance.loads import DEFAULT_ITERATIONS, maxvio
+from moeopt.balance.loads import DEFAULT_ITERATIONS, FloatArray, IntArray, maxvio
 from moeopt.balance.planner import plan_layer
 
-IntArray = NDArray[np.int64]
-FloatArray = NDArray[np.float64]
 Dispatch = Literal["even", "lp"]
 
 #: Log-space shrinkage exponent per dispatch when no snapshots are given to choose it.

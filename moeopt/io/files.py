@@ -22,7 +22,7 @@ PLAN_FORMAT = "moeopt.plan/2"
 #: The first release's plan files (homes + replicas); still read.
 PLAN_FORMAT_V1 = "moeopt.plan/1"
 PROFILE_FORMAT = "moeopt.profile/1"
-TRACE_FORMATS = ("trace", "counts", "olmoe-domains", "sglang")
+TRACE_FORMATS = schema.TRACE_FORMATS  # one list: the schema validates it too
 
 
 def write_json(path: str | Path, data: Any) -> None:
