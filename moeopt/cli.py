@@ -122,7 +122,10 @@ def _solve_table(result: Result) -> str:
         f"; bound {_fmt(result.bound)}; gap {_fmt(None if result.gap is None else 100 * result.gap)} %"
         f"; {result.wall_time:.2f} s"
     )
-    return "\n".join([head, metrics_report(result.method, result.metrics)])
+    lines = [head]
+    if result.plan is None and isinstance(result.stats.get("reason"), str):
+        lines.append(f"no plan: {result.stats['reason']}")  # why, and what would fix it
+    return "\n".join([*lines, metrics_report(result.method, result.metrics)])
 
 
 def _number_type(parse: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:

@@ -441,6 +441,8 @@ class SynthSchema(Strict):
             raise ValueError(f"generic: expected at most experts={self.experts}, found {self.generic}")
         if self.communities is not None and self.communities > self.experts:
             raise ValueError(f"communities: expected at most experts={self.experts}, found {self.communities}")
+        if self.successors > self.experts:  # an expert has at most E distinct successors
+            raise ValueError(f"successors: expected at most experts={self.experts}, found {self.successors}")
         return self
 
 

@@ -279,6 +279,9 @@ def test_successors_lie_in_the_linked_community():
 def test_successors_validated():
     with pytest.raises(InputError, match="successors"):
         SynthSpec.from_mapping({"successors": -1})
+    # more successors than experts would allocate [families, E, successors] for nothing
+    with pytest.raises(InputError, match="successors: expected at most experts=16"):
+        SynthSpec.from_mapping({"experts": 16, "successors": 2**31 - 1})
 
 
 # ----------------------------------------------------------------------------- gains

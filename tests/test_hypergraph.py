@@ -17,7 +17,7 @@ from moeopt.heuristics.hyperedges import ConnectivityGain, token_hyperedges
 from moeopt.heuristics.local_search import AffinityGain, LoadBalanceGain, balanced_start, local_search
 from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
 from moeopt.methods.hypergraph import Hypergraph, Metis, hypergraph_homes
-from moeopt.result import Status
+from moeopt.result import Status, Termination
 from moeopt.solve import load_workloads, solve
 from moeopt.synth import SynthSpec, synthesize
 from tests.strategies import float_arrays, int_arrays, symmetric_graphs, topk_arrays
@@ -206,6 +206,7 @@ def test_hypergraph_unattainable_limit_is_infeasible():
     r = solve(inst, method="hypergraph", params={"eps_load": 0.0})
     assert r.status == Status.INFEASIBLE and r.plan is None
     assert "eps_load" in r.stats["reason"]
+    assert r.termination == Termination.INFEASIBLE  # proved out of reach, not a time limit
 
 
 def test_hypergraph_unmet_limit_gives_no_plan(structured):
@@ -221,6 +222,7 @@ def test_relax_eps_load_only_when_asked(method, structured):
     inst, wl = structured
     hard = solve(inst, method=method, params={"eps_load": 0.0}, workloads=wl)
     assert hard.plan is None and hard.status == Status.NO_SOLUTION
+    assert hard.termination == Termination.COMPLETED  # repair stalled: no time limit was hit
     reason = str(hard.stats["reason"])  # one line per layer when solved layer by layer
     assert "relax_eps_load" in reason and "use eps_load >=" in reason
     soft = solve(inst, method=method, params={"eps_load": 0.0, "relax_eps_load": True}, workloads=wl)
@@ -320,3 +322,20 @@ def test_single_gpu_puts_everything_on_gpu_zero():
     for name in ("hypergraph", "metis"):
         r = solve(inst, method=name, workloads=wl)
         assert (r.plan.home == 0).all()
+
+
+def test_cli_says_why_there_is_no_plan(tmp_path, capsys):
+    """solve without a plan: exit 1, no plan file, and the reason with the eps_load that would do."""
+    from moeopt.cli import main
+
+    inst = tmp_path / "inst.yaml"
+    inst.write_text(
+        "name: tight\nmodel: {layers: 1, experts: 16, top_k: 2}\ncluster: {gpus: 4}\n"
+        "workload:\n  synthetic: {tokens: 256}\nmethod: {name: hypergraph, eps_load: 0.0}\n"
+    )
+    out = tmp_path / "plan.json"
+    assert main(["solve", str(inst), "--output", str(out), "--quiet"]) == 1
+    text = capsys.readouterr().out
+    assert text.startswith("hypergraph: completed, none plan")
+    assert "no plan: layer 0:" in text and "use eps_load >=" in text
+    assert not out.exists()

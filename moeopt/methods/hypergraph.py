@@ -198,9 +198,12 @@ def _available(module: str) -> bool:
 def _no_plan(name: str, exc: InfeasibleError, layer: int, t0: float, params: object) -> Result:
     """A result without a plan: NO_SOLUTION when repair missed the load limit, INFEASIBLE
     when no plan can meet it."""
+    unmet = isinstance(exc, LimitNotMet)
     return Result(
         method=name,
-        status=Status.NO_SOLUTION if isinstance(exc, LimitNotMet) else Status.INFEASIBLE,
+        status=Status.NO_SOLUTION if unmet else Status.INFEASIBLE,
+        # the search ended (no time limit was hit): repair stalled, or the limit is provably out of reach
+        termination=Termination.COMPLETED if unmet else Termination.INFEASIBLE,
         plan=None,
         wall_time=time.perf_counter() - t0,
         params=vars(params),
