@@ -388,6 +388,7 @@ def test_bad_vllm_ascend_maps():
         ([[0, 1, 1, 3]], 2, "logical expert 2 has no physical slot"),
         # a huge id (a float in the JSON) is refused before any [L, E] table is allocated
         ([[2287638016.0, 1, 2, 3]], 2, "logical id 2287638016 cannot fit: 4 physical slots"),
+        ([[1e300, 1, 2, 3]], 2, "expected integer ids below 2**63, found 1e+300"),
         ([[0, -1]], 1, "is negative"),
         ([0, 1], 1, "expected [layers, physical slots]"),
         ([[0, 1], [0]], 1, "rectangular"),

@@ -51,6 +51,8 @@ def to_numpy(value: Any, source: str | None, field: str, *, integer: bool = True
     if integer and arr.dtype.kind == "f":
         if not np.isfinite(arr).all() or (arr != np.round(arr)).any():
             raise InputError(source, field, "expected integer ids")
+    if integer and arr.dtype.kind in "fu" and arr.size and np.abs(arr).max() >= 2.0**63:
+        raise InputError(source, field, f"expected integer ids below 2**63, found {arr.max():.6g}")
     return arr.astype(np.int64) if integer else arr.astype(np.float64)
 
 
