@@ -554,7 +554,7 @@ def validate_command(args: Any) -> int:
     from moeopt.harness.profile import parse_speeds
     from moeopt.io import load_instance, read_plan, read_profile, write_json, write_text
 
-    require_torch()
+    # bad files are reported first: a user needs no torch to learn that an input is wrong
     inst = load_instance(args.instance)
     plans = []
     for path in args.plans:
@@ -564,16 +564,19 @@ def validate_command(args: Any) -> int:
         except MoeoptError as exc:
             raise MoeoptError(f"{path}: {exc}") from None
         plans.append((Path(path).stem, str(path), plan))
+    speeds = parse_speeds(args.speeds)
+    profile = read_profile(args.profile) if args.profile else None
+    require_torch()
     report = validate(
         inst,
         plans,
         device=args.device,
-        speeds=parse_speeds(args.speeds),
+        speeds=speeds,
         max_steps=args.max_steps,
         d_model=args.d_model,
         d_ff=args.d_ff,
         dtype=args.dtype,
-        profile=read_profile(args.profile) if args.profile else None,
+        profile=profile,
         tile=args.tile,
         repeats=args.repeats,
         warmup=args.warmup,
