@@ -1,4 +1,4 @@
-"""Column generation bounds (moeopt/colgen.py) against brute-force optima on tiny groupings."""
+"""Column generation bounds (moeopt/colgen/) against brute-force optima on tiny groupings."""
 
 from __future__ import annotations
 

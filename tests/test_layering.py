@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     ("scoring", ["dispatch", "evaluate", "scoring", "utilization"]),
     ("models", ["bounds", "balance", "balance.*", "joint", "joint.*", "relabel", "synth"]),
-    ("search", ["heuristics", "heuristics.*", "solvers", "solvers.*", "colgen"]),
+    ("search", ["heuristics", "heuristics.*", "solvers", "solvers.*", "colgen", "colgen.*"]),
     ("methods", ["registry", "execute", "methods", "methods.*"]),
     ("files", ["io", "io.*", "interop", "interop.*", "outputs"]),
     ("api", ["solve", "frontier"]),
