@@ -47,7 +47,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("methods", ["registry", "execute", "methods", "methods.*"]),
     ("files", ["io", "io.*", "interop", "interop.*", "outputs"]),
     ("api", ["solve", "frontier"]),
-    ("front", ["", "__main__", "cli", "plot", "harness", "harness.*"]),
+    ("front", ["", "__main__", "cli", "cli.*", "plot", "harness", "harness.*"]),
 ]
 
 #: solver backends: none imports another (they may share ``solvers.highs_common``)
