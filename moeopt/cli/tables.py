@@ -86,14 +86,7 @@ def metrics_report(name: str, metrics: dict) -> str:
 
 
 def _solve_table(result: Result) -> str:
-    assert result.termination is not None  # Result.__post_init__ sets it
-    head = (
-        f"{result.method}: {result.termination.value}, {result.status.solution} plan"
-        f"; objective {result.objective_name} = {_fmt(result.objective)}"
-        f"; bound {_fmt(result.bound)}; gap {_fmt(None if result.gap is None else 100 * result.gap)} %"
-        f"; {result.wall_time:.2f} s"
-    )
-    lines = [head]
+    lines = [result.summary()]
     if result.plan is None and isinstance(result.stats.get("reason"), str):
         lines.append(f"no plan: {result.stats['reason']}")  # why, and what would fix it
     return "\n".join([*lines, metrics_report(result.method, result.metrics)])
