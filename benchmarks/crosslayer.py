@@ -235,21 +235,22 @@ def plot(rows: list[dict], path: Path) -> None:
     shapes = sorted({(r["gpus"], r["experts"], r["top_k"]) for r in rows})
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.8), squeeze=False)
     width = 0.8 / len(LABELS)
+    deps = sorted({r["layer_dependency"] for r in rows})
     for ax, (G, E, k) in zip(axes[0], shapes, strict=True):
         cell = [r for r in rows if r["gpus"] == G]
-        x = np.arange(len(DEPENDENCIES))
+        x = np.arange(len(deps))
         for i, label in enumerate(LABELS):
             ys = [
                 next(r["remote_previous_layer"] for r in cell if r["method"] == label and r["layer_dependency"] == d)
-                for d in DEPENDENCIES
+                for d in deps
             ]
             ax.bar(x + (i - (len(LABELS) - 1) / 2) * width, ys, width, label=label)
         uni = [
             next(r["remote_uniform"] for r in cell if r["method"] == "agnostic" and r["layer_dependency"] == d)
-            for d in DEPENDENCIES
+            for d in deps
         ]
         ax.plot(x, uni, "k_", ms=28, mew=2, label="agnostic, uniform homes")
-        ax.set_xticks(x, [f"dep {d}" for d in DEPENDENCIES])
+        ax.set_xticks(x, [f"dep {d}" for d in deps])
         ax.set_title(f"{G} GPUs × {E} experts (top-{k})")
         ax.set_ylabel("remote GPUs / token / layer (held-out)")
         lo = min(r["remote_previous_layer"] for r in cell)
@@ -266,21 +267,30 @@ def main() -> int:
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
     ap.add_argument("--shapes", default=",".join(str(s[0]) for s in SHAPES), help="GPU counts to run (8,16,64)")
+    ap.add_argument(
+        "--dependencies", default=",".join(str(d) for d in DEPENDENCIES), help="layer_dependency values (0,0.5,0.9)"
+    )
+    ap.add_argument("--out", default=str(OUT), help="folder for crosslayer.{json,md,png} (a one-cell run: elsewhere)")
     args = ap.parse_args()
     log = (lambda *_: None) if args.quiet else print
     wanted = {int(x) for x in args.shapes.split(",")}
+    deps = {float(x) for x in args.dependencies.split(",")}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rows: list[dict] = []
     for G, E, k in SHAPES:
         if G not in wanted:
             continue
         for dep in DEPENDENCIES:
+            if dep not in deps:
+                continue
             rows += run_cell(G, E, k, dep, log, args.workers)
     info = {"machine": machine(), "wall_s": time.perf_counter() - t0, "layers": LAYERS, "tokens": TOKENS}
-    write_json(OUT / "crosslayer.json", {"info": info, "rows": rows})
-    write_text(OUT / "crosslayer.md", markdown(rows, info))
-    plot(rows, OUT / "crosslayer.png")
-    log(f"wrote {OUT / 'crosslayer.json'}, crosslayer.md, crosslayer.png ({info['wall_s']:.0f} s)")
+    write_json(out / "crosslayer.json", {"info": info, "rows": rows})
+    write_text(out / "crosslayer.md", markdown(rows, info))
+    plot(rows, out / "crosslayer.png")
+    log(f"wrote {out / 'crosslayer.json'}, crosslayer.md, crosslayer.png ({info['wall_s']:.0f} s)")
     return 0
 
 
