@@ -225,10 +225,11 @@ def chain_pass(
     layers: tuple[int, int] | None = None,
     pairs: list[tuple[int, int]] | None = None,
     deadline: float | None = None,
-) -> float:
+) -> tuple[float, bool]:
     """Chain moves: for each pair of GPUs (a, b), the best joint re-split of the experts they
     hold at layers ``lo..hi`` (``layers``, default all), applied in place when it saves
-    remote GPUs; returns the remote GPUs saved (summed over tokens).
+    remote GPUs; returns the remote GPUs saved (summed over tokens) and whether ``deadline``
+    cut the pass short.
 
     A swap in one layer cannot move a *chain* (an expert at l and the experts its tokens go
     to at l + 1) together: moving e from a to b moves its tokens' home at l + 1, so e's
@@ -258,7 +259,7 @@ def chain_pass(
     todo = pairs if pairs is not None else [(a, b) for a in range(gpus) for b in range(a + 1, gpus)]
     for a, b in todo:
         if deadline is not None and time.perf_counter() > deadline:
-            break
+            return saved, True
         xs, ins, values, backs, cur = [], [], None, [], 0.0
         top, prev_pos, cur_prev, options = lo - 1, np.full(E, -1), 0, 1
         for l in range(lo, hi + 1):
@@ -333,7 +334,7 @@ def chain_pass(
                 homes[lo + t][xs[t]] = np.where(ins[t][j], a, b)
                 if t > 0:
                     j = int(backs[t - 1][j])
-    return saved
+    return saved, False
 
 
 @dataclass
@@ -552,12 +553,15 @@ class CrossLayer:
         passes = 0
         limits = list(limits)
         chained = 0.0
+        capped = False
         for p in range(params.sweeps):
             order = range(L) if p % 2 == 0 else range(L - 1, -1, -1)
             for l in order:
                 improve_layer(homes, l, topk, first, G, S, loads, limits, relax, classes)
             if params.chains:
-                chained += chain_pass(homes, topk, first, G, loads, limits, deadline=deadline)
+                gain, cut = chain_pass(homes, topk, first, G, loads, limits, deadline=deadline)
+                chained += gain
+                capped = capped or cut
             passes += 1
             new_total = float(plan_remote(homes, topk, first, G).sum())
             if total - new_total <= params.tolerance * max(total, 1.0):
@@ -565,7 +569,6 @@ class CrossLayer:
                 break
             total = new_total
         kicks = improvements = 0
-        capped = False
         if rng is not None and params.kicks > 0:
             cur, cur_total = homes.copy(), total
             since = 0
@@ -585,14 +588,12 @@ class CrossLayer:
                     if 0 <= m < L:
                         improve_layer(cand, m, topk, first, G, S, loads, limits, relax, classes)
                 if params.chains:  # chain moves on the pairs of GPUs the kick and re-planning touched
-                    hit = np.flatnonzero(
-                        np.bincount(
-                            np.concatenate([cand[l][cand[l] != cur[l]], cur[l][cand[l] != cur[l]]]), minlength=G
-                        )
+                    diff = cand[l] != cur[l]
+                    hit = set(np.concatenate([cand[l][diff], cur[l][diff]]).tolist())
+                    pairs = [(a, b) for a in range(G) for b in range(a + 1, G) if a in hit or b in hit]
+                    capped = (
+                        chain_pass(cand, topk, first, G, loads, limits, pairs=pairs, deadline=deadline)[1] or capped
                     )
-                    pairs = [(min(a, b), max(a, b)) for a in hit for b in range(G) if b != a]
-                    pairs = sorted(set(pairs))
-                    chain_pass(cand, topk, first, G, loads, limits, pairs=pairs, deadline=deadline)
                 val = float(plan_remote(cand, topk, first, G).sum())
                 if val <= cur_total + TOL:
                     cur, cur_total = cand, val
