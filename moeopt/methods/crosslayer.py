@@ -315,8 +315,8 @@ def chain_pass(
             ins.append(inside)
             prev_pos, cur_prev, top = pos, c, l
             options *= len(masks)
-        if values is None or options == 1:
-            continue
+        if values is None or options == 1 or not np.isfinite(cur):
+            continue  # nothing to choose, or the current split breaks a load limit (no descent to price)
         if bm is not None and top == hi:  # the layer after the chain: linear in its last split
             lin = ins[-1] @ bm[xs[-1], a] + (~ins[-1]) @ bm[xs[-1], b]
             values = values - lin
