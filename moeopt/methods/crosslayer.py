@@ -254,20 +254,24 @@ def chain_pass(
     th = first if lo == 0 else homes[lo - 1][topk[:, lo - 1, 0]]
     scale = (1.0 - 1.0 / gpus) if th is None else 1.0
     bm = None if hi + 1 >= L else next_layer_benefit(homes[hi + 1], topk[:, hi, 0], topk[:, hi + 1, :], E, gpus)
-    lims = [np.inf if limits[l] is None else limits[l] + TOL for l in range(L)]
+    lims = [np.inf if (lim := limits[l]) is None else lim + TOL for l in range(L)]
     saved = 0.0
     todo = pairs if pairs is not None else [(a, b) for a in range(gpus) for b in range(a + 1, gpus)]
     for a, b in todo:
         if deadline is not None and time.perf_counter() > deadline:
             return saved, True
-        xs, ins, values, backs, cur = [], [], None, [], 0.0
+        xs: list[np.ndarray] = []
+        ins: list[np.ndarray] = []
+        values, backs, cur = None, [], 0.0
         top, prev_pos, cur_prev, options = lo - 1, np.full(E, -1), 0, 1
         for l in range(lo, hi + 1):
             h = homes[l]
             x = np.flatnonzero((h == a) | (h == b))
             m = len(x)
-            masks, inside = _splits(m, int((h[x] == a).sum())) if m <= 16 else (np.zeros(0), None)
-            if inside is None or len(masks) > CHAIN_MAX_SPLITS:
+            if m > 16:
+                break
+            masks, inside = _splits(m, int((h[x] == a).sum()))
+            if len(masks) > CHAIN_MAX_SPLITS:
                 break
             pos = np.full(E, -1)
             pos[x] = np.arange(m)
