@@ -1,39 +1,25 @@
-"""A mutable layout and the vectorized swap / replace local-search kernels over it."""
+"""The balance planner's layout (a :class:`~moeopt.moves.slots.SlotTable` with per-slot weights
+and per-GPU sums) and the vectorized swap / replace / smoothing kernels of its local search."""
 
 from __future__ import annotations
 
 import numpy as np
 from numpy.typing import NDArray
 
-from moeopt.balance.loads import (
-    _RTOL,
-    FloatArray,
-    IntArray,
-    _presence,
-)
+from moeopt.balance.loads import _RTOL, FloatArray, IntArray
+from moeopt.moves.slots import SlotTable
 
 
-def replace_slot(e: IntArray, M: np.ndarray, c: IntArray, g: int, i: int, x: int) -> int:
-    """Slot ``i`` of GPU ``g`` gets expert ``x``: the slot table ``e``, the per-GPU copy
-    counts ``M[g, expert]`` and the copy counts ``c`` are updated; returns the old expert."""
-    a = int(e[g, i])
-    e[g, i] = x
-    M[g, a] -= 1
-    M[g, x] += 1
-    c[a] -= 1
-    c[x] += 1
-    return a
-
-
-class _Layout:
-    """Slots of one layer with per-slot weights, per-GPU sums and expert presence.
+class _Layout(SlotTable):
+    """Slots of one layer with per-slot weights and per-GPU sums (a :class:`SlotTable`).
 
     In *item* mode (``load is None``) every slot holds an item with a fixed weight (``item`` tracks
     item ids). In *count* mode the weight of a slot is ``load[e] / c[e]`` and replace moves change
     the counts.
     """
 
-    __slots__ = ("e", "w", "item", "s", "M", "G", "W", "E", "gf", "load", "c", "cap", "allow", "tol")
+    __slots__ = ("w", "item", "s", "load", "cap", "allow", "tol")
+    _shared = ("gf", "load")
 
     def __init__(
         self,
@@ -46,31 +32,18 @@ class _Layout:
         load: FloatArray | None = None,
         cap: int = 0,
     ) -> None:
-        self.e = np.array(eslot, dtype=np.int64)
-        self.G, self.W = self.e.shape
-        self.E = E
+        super().__init__(eslot, E)
         self.allow = allow
         self.item = None if item is None else np.array(item, dtype=np.int64)
         self.load = load
         self.cap = cap
-        self.M = _presence(self.e, E)
         if load is not None:
-            self.c = self.M.sum(axis=0).astype(np.int64)
             self.w = load[self.e] / self.c[self.e]
         else:
-            self.c = None
             self.w = np.array(wslot, dtype=np.float64)
         self.s = self.w.sum(axis=1)
-        self.gf = np.repeat(np.arange(self.G), self.W)
         mean = float(self.s.mean()) if self.G else 0.0
         self.tol = _RTOL * max(mean, 1e-300) * 8
-
-    def copy(self) -> _Layout:
-        new = object.__new__(_Layout)
-        for name in self.__slots__:
-            v = getattr(self, name)
-            setattr(new, name, v.copy() if isinstance(v, np.ndarray) and name not in ("gf", "load") else v)
-        return new
 
     @property
     def placed(self) -> IntArray:
@@ -80,26 +53,23 @@ class _Layout:
         return self.item
 
     # -- moves ------------------------------------------------------------------------------------
-    def swap(self, g1: int, i1: int, g2: int, i2: int) -> None:
-        e1, e2 = self.e[g1, i1], self.e[g2, i2]
+    def swap(self, g1: int, i1: int, g2: int, i2: int) -> tuple[int, int]:
+        out = super().swap(g1, i1, g2, i2)
         w1, w2 = self.w[g1, i1], self.w[g2, i2]
-        self.e[g1, i1], self.e[g2, i2] = e2, e1
         self.w[g1, i1], self.w[g2, i2] = w2, w1
         if self.item is not None:
             self.item[g1, i1], self.item[g2, i2] = self.item[g2, i2], self.item[g1, i1]
-        self.M[g1, e1] -= 1
-        self.M[g1, e2] += 1
-        self.M[g2, e2] -= 1
-        self.M[g2, e1] += 1
         self.s[g1] += w2 - w1
         self.s[g2] += w1 - w2
+        return out
 
-    def replace(self, g: int, i: int, x: int) -> None:
-        if self.load is None or self.c is None:
+    def replace(self, g: int, i: int, x: int) -> int:
+        if self.load is None:
             raise RuntimeError("_Layout.replace needs per-expert loads (a layout built with load=)")
-        replace_slot(self.e, self.M, self.c, g, i, x)
+        a = super().replace(g, i, x)
         self.w = self.load[self.e] / self.c[self.e]
         self.s = self.w.sum(axis=1)
+        return a
 
     # -- kernels ----------------------------------------------------------------------------------
     def best_swap(self, b: int) -> tuple[float, int, int] | None:
@@ -314,12 +284,8 @@ class _Layout:
             g2 = bins[(x1 % nb + 1 + x2 % k) % nb]
             i1 %= W
             i2 %= W
-            e1, e2 = self.e[g1, i1], self.e[g2, i2]
-            if e1 == e2:
-                continue
-            if not self.allow and (self.M[g2, e1] > 0 or self.M[g1, e2] > 0):
-                continue
-            self.swap(g1, i1, g2, i2)
+            if self.can_swap(g1, i1, g2, i2, self.allow):
+                self.swap(g1, i1, g2, i2)
 
     def repair(self) -> bool:
         """Remove colocated copies by swaps (best resulting pair max); ``False`` if stuck."""

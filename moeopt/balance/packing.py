@@ -14,8 +14,8 @@ from moeopt.balance.loads import (
     FloatArray,
     IntArray,
     _as_load,
-    _presence,
 )
+from moeopt.moves.slots import presence
 
 
 def _items(w: ArrayLike, e: ArrayLike, G: int, W: int) -> tuple[FloatArray, IntArray, int]:
@@ -83,7 +83,7 @@ def lpt_pack(
         has[g].add(x)
         if fill[g] < W:
             heapq.heappush(heap, (sm + wl[it], g))
-    if not allow_colocated and np.any(_presence(e[out], E) > 1):
+    if not allow_colocated and np.any(presence(e[out], E) > 1):
         lay = _Layout(e[out], w[out], E, allow=False, item=out)
         out = lay.placed if lay.repair() else _round_robin(w, e, G, W)
     return out
@@ -118,7 +118,7 @@ def _kk_pack(w: FloatArray, e: IntArray, G: int, W: int, E: int, allow: bool) ->
         heapq.heappush(heap, (-(float(sc.max() - sc.min())), tick, C))
         tick += 1
     out = heap[0][2]
-    if not allow and np.any(_presence(e[out], E) > 1):
+    if not allow and np.any(presence(e[out], E) > 1):
         lay = _Layout(e[out], w[out], E, allow=False, item=out)
         out = lay.placed if lay.repair() else _round_robin(w, e, G, W)
     return out

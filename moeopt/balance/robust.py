@@ -7,7 +7,6 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from moeopt.balance.layout import replace_slot
 from moeopt.balance.loads import (
     _RTOL,
     DEFAULT_ITERATIONS,
@@ -16,10 +15,10 @@ from moeopt.balance.loads import (
     _as_load,
     _cap,
     _check_shape,
-    _presence,
     gpu_loads,
 )
 from moeopt.balance.planner import plan_layer
+from moeopt.moves.slots import SlotTable
 
 
 def _step_scale(S: FloatArray, G: int, normalize: bool) -> FloatArray:
@@ -60,18 +59,18 @@ def robust_objective(
     return float(v.mean() if objective == "mean" else v.max())
 
 
-class _RobustLayout:
-    """Slots evaluated on every step at once: ``Lg[t, g]`` = scaled load of GPU ``g`` in step ``t``."""
+class _RobustLayout(SlotTable):
+    """Slots evaluated on every step at once (a :class:`~moeopt.moves.slots.SlotTable`):
+    ``Lg[t, g]`` = scaled load of GPU ``g`` in step ``t``."""
+
+    __slots__ = ("S", "T", "cap", "allow", "worst", "share", "Lg", "tol")
+    _shared = ("gf", "S")
 
     def __init__(self, slots: IntArray, S: FloatArray, cap: int, allow: bool, worst: bool) -> None:
-        self.e = np.array(slots, dtype=np.int64)
-        self.G, self.W = self.e.shape
+        super().__init__(slots, S.shape[1])
         self.S = S  # [T, E], already scaled per step
-        self.T, self.E = S.shape
+        self.T = S.shape[0]
         self.cap, self.allow, self.worst = cap, allow, worst
-        self.M = _presence(self.e, self.E)
-        self.c = self.M.sum(axis=0).astype(np.int64)
-        self.gf = np.repeat(np.arange(self.G), self.W)
         self.refresh()
         self.tol = _RTOL * 64 * max(float(self.Lg.mean()), 1e-300)
 
@@ -196,20 +195,17 @@ class _RobustLayout:
         v = float(vals[k])
         return (v, int(g[k]), int(i[k]), int(x[k])) if v < cur - self.tol else None
 
-    def swap(self, g1: int, i1: int, g2: int, i2: int) -> None:
-        e1, e2 = self.e[g1, i1], self.e[g2, i2]
-        self.e[g1, i1], self.e[g2, i2] = e2, e1
-        self.M[g1, e1] -= 1
-        self.M[g1, e2] += 1
-        self.M[g2, e2] -= 1
-        self.M[g2, e1] += 1
+    def swap(self, g1: int, i1: int, g2: int, i2: int) -> tuple[int, int]:
+        e1, e2 = super().swap(g1, i1, g2, i2)
         d = self.share[:, e2] - self.share[:, e1]
         self.Lg[:, g1] += d
         self.Lg[:, g2] -= d
+        return e1, e2
 
-    def replace(self, g: int, i: int, x: int) -> None:
-        replace_slot(self.e, self.M, self.c, g, i, x)
+    def replace(self, g: int, i: int, x: int) -> int:
+        a = super().replace(g, i, x)
         self.refresh()
+        return a
 
     def search(self, max_moves: int, n_try: int) -> None:
         cur = self.value()
