@@ -7,6 +7,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from moeopt.balance.loads import _RTOL, FloatArray, IntArray
+from moeopt.moves.driver import Moves, descend
 from moeopt.moves.slots import SlotTable
 
 
@@ -92,55 +93,55 @@ class _Layout(SlotTable):
             return v, k // val.shape[1], k % val.shape[1]
         return None
 
+    def best_max_swap(self) -> tuple[int, int, int, int] | None:
+        """The :meth:`best_swap` of the heaviest GPU as a step ``(g1, i1, g2, i2)``, or None."""
+        b = int(np.argmax(self.s))
+        mv = self.best_swap(b)
+        if mv is None:
+            return None
+        _, i, j = mv
+        return b, i, j // self.W, j % self.W
+
     def descent(self, max_moves: int) -> int:
         """Max-bin swap descent; returns the number of swaps applied."""
-        n = 0
-        while n < max_moves:
-            b = int(np.argmax(self.s))
-            mv = self.best_swap(b)
-            if mv is None:
-                break
-            _, i, j = mv
-            self.swap(b, i, j // self.W, j % self.W)
-            n += 1
-        return n
+        return descend(self, SWAPS, max_moves)
 
-    def smooth(self, max_moves: int, top: int = 8) -> int:
-        """Sum-of-squares improving swaps that keep every bin below the maximum.
+    def best_smooth(self, top: int = 8) -> tuple[int, int, int, int] | None:
+        """The best sum-of-squares improving swap that keeps every bin below the maximum, as a
+        step ``(g1, i1, g2, i2)``, or None.
 
         Sources are the items of the ``top`` heaviest bins, partners any item of another bin: this
-        lowers the bins that block the max-bin descent. Returns the number of swaps applied.
+        lowers the bins that block the max-bin descent.
         """
-        n = 0
         W = self.W
         k = min(top, self.G)
         ef = self.e.ravel()
-        while n < max_moves:
-            smax = float(self.s.max())
-            src = np.argpartition(-self.s, k - 1)[:k] if k < self.G else np.arange(self.G)
-            wi = self.w[src].ravel()  # [k*W]
-            gi = np.repeat(src, W)
-            ei = self.e[src].ravel()
-            wf = self.w.ravel()
-            sa = self.s[gi][:, None]
-            sb = self.s[self.gf][None, :]
-            d = wi[:, None] - wf[None, :]  # source bin changes by -d, partner bin by +d
-            na = sa - d
-            nb = sb + d
-            gain = d * (sa - sb - d)  # half the sum-of-squares decrease
-            ok = (gi[:, None] != self.gf[None, :]) & (na < smax - self.tol) & (nb < smax - self.tol)
-            if not self.allow:
-                ok &= self.M[self.gf[None, :], ei[:, None]] == 0
-                ok &= self.M[gi[:, None], ef[None, :]] == 0
-            gain = np.where(ok, gain, 0.0)
-            j = int(np.argmax(gain))
-            if gain.flat[j] <= 1e-12 * smax * smax:
-                break
-            r, q = divmod(j, gain.shape[1])
-            self.swap(int(gi[r]), int(r % W), q // W, q % W)
-            ef = self.e.ravel()
-            n += 1
-        return n
+        smax = float(self.s.max())
+        src = np.argpartition(-self.s, k - 1)[:k] if k < self.G else np.arange(self.G)
+        wi = self.w[src].ravel()  # [k*W]
+        gi = np.repeat(src, W)
+        ei = self.e[src].ravel()
+        wf = self.w.ravel()
+        sa = self.s[gi][:, None]
+        sb = self.s[self.gf][None, :]
+        d = wi[:, None] - wf[None, :]  # source bin changes by -d, partner bin by +d
+        na = sa - d
+        nb = sb + d
+        gain = d * (sa - sb - d)  # half the sum-of-squares decrease
+        ok = (gi[:, None] != self.gf[None, :]) & (na < smax - self.tol) & (nb < smax - self.tol)
+        if not self.allow:
+            ok &= self.M[self.gf[None, :], ei[:, None]] == 0
+            ok &= self.M[gi[:, None], ef[None, :]] == 0
+        gain = np.where(ok, gain, 0.0)
+        j = int(np.argmax(gain))
+        if gain.flat[j] <= 1e-12 * smax * smax:
+            return None
+        r, q = divmod(j, gain.shape[1])
+        return int(gi[r]), int(r % W), q // W, q % W
+
+    def smooth(self, max_moves: int) -> int:
+        """Sum-of-squares smoothing swaps (:meth:`best_smooth`); returns the number applied."""
+        return descend(self, SMOOTHING, max_moves)
 
     def replace_candidates(self, b: int) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray]:
         """Score every count change touching GPU ``b`` (the maximum), vectorized over all GPUs.
@@ -241,26 +242,26 @@ class _Layout(SlotTable):
                 best, best_max = trial, m
         return best
 
+    def best_max_replace(self) -> tuple[int, int, int] | None:
+        """The :meth:`best_replace` of the heaviest GPU as a step ``(g, i, x)``, or None."""
+        mv = self.best_replace(int(np.argmax(self.s)))
+        return None if mv is None else mv[1:]
+
     def joint_descent(self, max_moves: int, smooth_moves: int, replace: bool = True) -> None:
         """Alternate swap descent, smoothing and replace moves until none lowers the maximum."""
         n = 0
         while n < max_moves:
-            n += self.descent(max_moves - n)
+            n += descend(self, SWAPS, max_moves - n)
             if smooth_moves:
-                k = self.smooth(smooth_moves)
+                k = descend(self, SMOOTHING, smooth_moves)
                 if k:
                     n += k
-                    m = self.descent(max_moves - n)
+                    m = descend(self, SWAPS, max_moves - n)
                     if m:
                         n += m
                         continue
-            if self.load is None or not replace:
+            if self.load is None or not replace or not descend(self, REPLACES, 1):
                 break
-            mv = self.best_replace(int(np.argmax(self.s)))
-            if mv is None:
-                break
-            _, g, i, x = mv
-            self.replace(g, i, x)
             n += 1
 
     def perturb(self, rng: np.random.Generator, n_bins: int, n_swaps: int) -> None:
@@ -306,3 +307,17 @@ class _Layout(SlotTable):
             j = int(np.argmin(val))
             self.swap(int(g), i, j // self.W, j % self.W)
         return not np.any(self.M > 1)
+
+
+def _swap(lay: _Layout, step: tuple[int, int, int, int]) -> None:
+    lay.swap(*step)
+
+
+def _replace(lay: _Layout, step: tuple[int, int, int]) -> None:
+    lay.replace(*step)
+
+
+#: the neighbourhoods of the layout (:func:`moeopt.moves.driver.descend` runs them)
+SWAPS: Moves[_Layout, tuple[int, int, int, int]] = Moves(_Layout.best_max_swap, _swap)
+SMOOTHING: Moves[_Layout, tuple[int, int, int, int]] = Moves(_Layout.best_smooth, _swap)
+REPLACES: Moves[_Layout, tuple[int, int, int]] = Moves(_Layout.best_max_replace, _replace)

@@ -15,6 +15,7 @@ from moeopt.balance.loads import (
     IntArray,
     _as_load,
 )
+from moeopt.moves.driver import iterate
 from moeopt.moves.slots import presence
 
 
@@ -135,23 +136,16 @@ def _ils(
     lookahead: int = 4,
     lookahead_rounds: int = 2,
 ) -> _Layout:
-    """Descent, then iterated local search keeping the best layout (by largest bin).
+    """Descent, then iterated local search keeping the best layout (by largest bin):
+    :func:`moeopt.moves.driver.iterate` over :class:`_Perturbed`.
 
     Perturbation rounds use swaps only (replace moves every ``replace_every`` rounds, 0 = never);
     the best layout gets a final joint (swap + replace) descent, then up to ``lookahead_rounds``
     rounds of replace-with-lookahead (the ``lookahead`` most promising count changes, each repaired
     by a swap descent, the best kept if it lowers the maximum).
     """
-    lay.joint_descent(max_moves, smooth_moves)
-    best = lay
-    best_max = float(best.s.max())
-    for it in range(iterations):
-        cur = best.copy()
-        cur.perturb(rng, n_bins=2 + it % 3, n_swaps=2 + it % 4)
-        cur.joint_descent(max_moves, smooth_moves, replace=replace_every > 0 and (it + 1) % replace_every == 0)
-        m = float(cur.s.max())
-        if m < best_max - best.tol:
-            best, best_max = cur, m
+    space = _Perturbed(max_moves, smooth_moves, replace_every)
+    best, _, _ = iterate(space, lay, rng, rounds=iterations, tol=lay.tol)
     if iterations:
         best.joint_descent(max_moves, smooth_moves)
     if best.load is not None:
@@ -162,6 +156,30 @@ def _ils(
             best = nxt
             best.joint_descent(max_moves, smooth_moves)
     return best
+
+
+class _Perturbed:
+    """The layout as a :class:`~moeopt.moves.driver.Landscape`: joint descent (replace moves at
+    the start and every ``replace_every`` rounds), random swaps among the heaviest GPU and a
+    few others as the kick (more GPUs and swaps in later rounds), the largest GPU load."""
+
+    def __init__(self, max_moves: int, smooth_moves: int, replace_every: int) -> None:
+        self.max_moves, self.smooth_moves, self.replace_every = max_moves, smooth_moves, replace_every
+
+    def descend(self, lay: _Layout, round: int) -> _Layout:
+        every = self.replace_every
+        lay.joint_descent(
+            self.max_moves, self.smooth_moves, replace=round < 0 or (every > 0 and (round + 1) % every == 0)
+        )
+        return lay
+
+    def kick(self, lay: _Layout, rng: np.random.Generator, round: int) -> _Layout:
+        cur = lay.copy()
+        cur.perturb(rng, n_bins=2 + round % 3, n_swaps=2 + round % 4)
+        return cur
+
+    def value(self, lay: _Layout) -> float:
+        return float(lay.s.max())
 
 
 def pack(

@@ -18,6 +18,7 @@ from moeopt.balance.loads import (
     gpu_loads,
 )
 from moeopt.balance.planner import plan_layer
+from moeopt.moves.driver import Moves, descend
 from moeopt.moves.slots import SlotTable
 
 
@@ -207,26 +208,31 @@ class _RobustLayout(SlotTable):
         self.refresh()
         return a
 
-    def search(self, max_moves: int, n_try: int) -> None:
+    def best_step(self, n_try: int) -> tuple[str, int, int, int, int] | None:
+        """The best swap or replacement at the first of the ``n_try`` :meth:`critical` GPUs that
+        has an improving one: ``("swap", g1, i1, g2, i2)`` or ``("replace", g, i, x, 0)``."""
         cur = self.value()
-        for _ in range(max_moves):
-            moved = False
-            for b in self.critical(n_try):
-                mv = self.best_swap(int(b), cur)
-                rp = self.best_replace(int(b), cur)
-                if mv is None and rp is None:
-                    continue
-                if rp is None or (mv is not None and mv[0] <= rp[0]):
-                    _, i, j = mv  # type: ignore[misc]
-                    self.swap(int(b), i, j // self.W, j % self.W)
-                else:
-                    _, g, i, x = rp
-                    self.replace(g, i, x)
-                cur = self.value()
-                moved = True
-                break
-            if not moved:
-                return
+        for b in self.critical(n_try):
+            mv = self.best_swap(int(b), cur)
+            rp = self.best_replace(int(b), cur)
+            if rp is not None and (mv is None or rp[0] < mv[0]):
+                _, g, i, x = rp
+                return "replace", g, i, x, 0
+            if mv is not None:
+                _, i, j = mv
+                return "swap", int(b), i, j // self.W, j % self.W
+        return None
+
+    def apply(self, step: tuple[str, int, int, int, int]) -> None:
+        kind, a, i, b, j = step
+        if kind == "swap":
+            self.swap(a, i, b, j)
+        else:
+            self.replace(a, i, b)
+
+    def search(self, max_moves: int, n_try: int) -> None:
+        """Descent (:func:`moeopt.moves.driver.descend`) over :meth:`best_step`."""
+        descend(self, Moves(lambda lay: lay.best_step(n_try), _RobustLayout.apply), max_moves)
 
 
 def plan_layer_robust(

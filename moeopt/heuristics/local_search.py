@@ -38,6 +38,7 @@ import numpy as np
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.grouping import LOAD_TOL, Grouping, auto_eps_load, min_max_load
 from moeopt.heuristics.packing import round_robin_lpt
+from moeopt.moves.driver import iterate
 
 #: Gains below this are treated as zero (floating point noise from sparse products).
 TOL = 1e-9
@@ -699,7 +700,8 @@ def iterated_local_search(
     kick_swaps: int | None = None,
     deadline: float | None = None,
 ) -> tuple[np.ndarray, dict]:
-    """Iterated local search: kick the current plan, descend, accept if not worse.
+    """Iterated local search: kick the current plan, descend, accept if not worse
+    (:func:`moeopt.moves.driver.iterate` over :class:`_GroupingSpace`).
 
     Parameters
     ----------
@@ -726,29 +728,30 @@ def iterated_local_search(
         The best plan found and counters ``{'rounds', 'improvements', 'capped'}`` (``capped``:
         1 when the deadline, not the iterations or the patience, ended the search).
     """
-    swaps = kick_swaps if kick_swaps is not None else max(2, problem.experts // 10)
-    gain = AffinityGain(problem.graph)
-    cur = descend(problem, home, gain=gain)
-    cur_val = problem.objective(cur)
-    best, best_val = cur.copy(), cur_val
-    tol = _tolerance(problem)
-    since = rounds = improvements = capped = 0
-    for _ in range(iterations):
-        if deadline is not None and time.perf_counter() > deadline:
-            capped = 1
-            break
-        if patience is not None and since >= patience:
-            break
-        rounds += 1
-        size = swaps if kick_swaps is not None else int(rng.integers(2, 2 * swaps + 1))
-        cand = descend(problem, kick(problem, cur, size, rng), gain=gain)
-        val = problem.objective(cand)
-        if val >= cur_val - tol:
-            cur, cur_val = cand, val
-        if val > best_val + tol:
-            best, best_val = cand.copy(), val
-            improvements += 1
-            since = 0
-        else:
-            since += 1
-    return best, {"rounds": rounds, "improvements": improvements, "capped": capped}
+    space = _GroupingSpace(problem, kick_swaps)
+    best, _, log = iterate(
+        space, home, rng, rounds=iterations, patience=patience, sideways=True, tol=space.tol, deadline=deadline
+    )
+    return best, {"rounds": log.rounds, "improvements": log.improvements, "capped": int(log.capped)}
+
+
+class _GroupingSpace:
+    """The grouping problem as a :class:`~moeopt.moves.driver.Landscape`: :func:`descend`,
+    random-swap kicks (:func:`kick`) and minus the objective."""
+
+    def __init__(self, problem: Grouping, kick_swaps: int | None) -> None:
+        self.problem = problem
+        self.fixed = kick_swaps
+        self.swaps = kick_swaps if kick_swaps is not None else max(2, problem.experts // 10)
+        self.gain = AffinityGain(problem.graph)
+        self.tol = _tolerance(problem)
+
+    def descend(self, home: np.ndarray, round: int) -> np.ndarray:
+        return descend(self.problem, home, gain=self.gain)
+
+    def kick(self, home: np.ndarray, rng: np.random.Generator, round: int) -> np.ndarray:
+        size = self.swaps if self.fixed is not None else int(rng.integers(2, 2 * self.swaps + 1))
+        return kick(self.problem, home, size, rng)
+
+    def value(self, home: np.ndarray) -> float:
+        return -self.problem.objective(home)
