@@ -1,4 +1,8 @@
-"""The local search over slot contents: neighbourhoods, screening, kicks (iterated local search)."""
+"""The local search over slot contents: neighbourhoods, screening, kicks (iterated local search).
+
+The joint objective's neighbourhood and kicks (:class:`_Screened`) run on the package's one
+search driver (:mod:`moeopt.moves.driver`) over the one slot state (:class:`SlotState`, a
+:class:`~moeopt.moves.slots.SlotTable`)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from moeopt.joint.costs import (
 )
 from moeopt.joint.data import TOL
 from moeopt.joint.state import Move, SlotState
+from moeopt.moves.driver import descend, iterate
 
 
 @dataclass
@@ -234,74 +239,159 @@ def local_search(
     ``evaluations`` priced moves (None: no such bound). The work bounds fix the result for a
     seed; ``deadline`` (a ``time.perf_counter()`` value) is only a cap, and ``stats.capped``
     says when it ended the search. Returns the best plan, its value and the search's counters.
+
+    The descent is :func:`moeopt.moves.driver.descend` over :class:`_Screened`, the kicks and
+    acceptance :func:`moeopt.moves.driver.iterate` (kicks from the best plan).
     """
     t0 = time.perf_counter()
     stats = SearchStats()
-    current = state.copy()
-    value = cost.reset(current)
-    stats.start_value = value
-    best, best_value = current.copy(), value
-    if affinity is None:
-        affinity = np.zeros((state.experts, state.experts))
-    P = current.slots.size
-    small = P * (P - 1) // 2 + current.experts * P <= exhaustive_below
-    kicks_left, misses = kicks, 0
-    queue: list[Move] = []
-    fresh = False  # the queue was built on the current plan
-    while stats.rounds < rounds:
-        if evaluations is not None and stats.evaluated >= evaluations:
-            break
-        if deadline is not None and time.perf_counter() > deadline:
-            stats.capped = True
-            break
-        stats.rounds += 1
-        if small:
-            part = neighbourhood(current)
-            queue, fresh = [], True
-        else:
-            if not queue:
-                if hasattr(cost, "screen"):
-                    queue = cost.screen(current, rng, candidates * 2**misses)
-                    if hasattr(cost, "prescreen"):
-                        queue = cost.prescreen(current, queue)
-                else:
-                    loads = cost.loads() if hasattr(cost, "loads") else np.ones((1, current.gpus))
-                    queue = screened_moves(current, affinity, loads, rng, candidates * 2**misses)
-                fresh = True
-            part = []
-            while queue and len(part) < chunk:
-                m = queue.pop(0)
-                if current.valid(m):
-                    part.append(m)
-        if part:
-            gains = _price(cost, current, part, deadline)
-            if gains is None:  # the deadline fell while pricing a whole neighbourhood
-                stats.capped = True
-                break
-            stats.evaluated += len(part)
-            current, value, n, first = _try_moves(current, value, part, gains, cost, confirm, not small)
-            if n:
-                stats.moves += n
-                stats.accepted.append((part[first].kind, stats.evaluated - len(part) + first))
-                misses, fresh = 0, False
-                if value < best_value - TOL:
-                    best, best_value = current.copy(), value
-                stats.trajectory.append(best_value)
-                continue
-        if queue or not fresh:
-            continue  # more of this queue to price, or a stale queue used up: rebuild
-        misses += 1
-        if not small and misses < patience:
-            continue
-        if kicks_left <= 0:
-            break
-        kicks_left -= 1
-        stats.kicks += 1
-        misses = 0
-        current = kick(best, rng, kick_swaps)
-        value = cost.reset(current)
-        queue, fresh = [], False
+    P = state.slots.size
+    small = P * (P - 1) // 2 + state.experts * P <= exhaustive_below
+    space = _Screened(
+        cost,
+        stats,
+        np.zeros((state.experts, state.experts)) if affinity is None else affinity,
+        rng,
+        small=small,
+        rounds=rounds,
+        patience=patience,
+        kick_swaps=kick_swaps,
+        candidates=candidates,
+        confirm=confirm,
+        chunk=chunk,
+        deadline=deadline,
+        evaluations=evaluations,
+    )
+    best, best_value, log = iterate(space, state.copy(), rng, rounds=kicks, tol=TOL)
+    stats.kicks = log.rounds
+    stats.start_value = space.start_value
     cost.reset(best)
     stats.value = best_value
     stats.wall_time = time.perf_counter() - t0
     return best, best_value, stats
+
+
+class _Screened:
+    """The joint search as a :class:`~moeopt.moves.driver.Neighbourhood` (screened, priced
+    moves; a step is the re-priced plan after one or several of them) and a
+    :class:`~moeopt.moves.driver.Landscape` (:func:`descend` over it, :func:`kick` of random
+    swaps, the cost's value). Keeps the counters of :class:`SearchStats`; ``stopped()`` once
+    rounds, evaluations or the deadline are spent."""
+
+    def __init__(
+        self,
+        cost: Cost,
+        stats: SearchStats,
+        affinity: np.ndarray,
+        rng: np.random.Generator,
+        *,
+        small: bool,
+        rounds: int,
+        patience: int,
+        kick_swaps: int,
+        candidates: int,
+        confirm: int,
+        chunk: int,
+        deadline: float | None,
+        evaluations: int | None,
+    ) -> None:
+        self.cost, self.stats, self.affinity, self.rng, self.small = cost, stats, affinity, rng, small
+        self.rounds, self.patience, self.kick_swaps = rounds, patience, kick_swaps
+        self.candidates, self.confirm, self.chunk = candidates, confirm, chunk
+        self.deadline, self.evaluations = deadline, evaluations
+        self.start_value = math.nan
+        self.best_value = math.inf
+        self.current = math.nan  # the value of the plan being descended
+        self.queue: list[Move] = []
+        self.fresh = False  # the queue was built on the current plan
+        self.misses = 0
+        self.spent = False
+
+    # -- landscape ----------------------------------------------------------------------------------
+    def descend(self, state: SlotState, round: int) -> SlotState:
+        self.current = self.cost.reset(state)
+        if round < 0:
+            self.start_value = self.current
+        self.queue, self.fresh, self.misses = [], False, 0
+        descend(state, self, self.rounds)
+        self._record(self.current)
+        return state
+
+    def kick(self, state: SlotState, rng: np.random.Generator, round: int) -> SlotState:
+        return kick(state, rng, self.kick_swaps)
+
+    def value(self, state: SlotState) -> float:
+        return self.current
+
+    def stopped(self) -> bool:
+        return self.spent
+
+    # -- neighbourhood ------------------------------------------------------------------------------
+    def best(self, current: SlotState) -> tuple[SlotState, float, int, str, int] | None:
+        """Price moves until some improve (the re-priced plan, its value, the moves applied, the
+        first one's kind and screening rank); None at a local optimum or when spent."""
+        stats, cost = self.stats, self.cost
+        while stats.rounds < self.rounds:
+            if self.evaluations is not None and stats.evaluated >= self.evaluations:
+                break
+            if self.deadline is not None and time.perf_counter() > self.deadline:
+                stats.capped = True
+                break
+            stats.rounds += 1
+            if self.small:
+                part = neighbourhood(current)
+                self.queue, self.fresh = [], True
+            else:
+                if not self.queue:
+                    self.queue = self._screen(current)
+                    self.fresh = True
+                part = []
+                while self.queue and len(part) < self.chunk:
+                    m = self.queue.pop(0)
+                    if current.valid(m):
+                        part.append(m)
+            if part:
+                gains = _price(cost, current, part, self.deadline)
+                if gains is None:  # the deadline fell while pricing a whole neighbourhood
+                    stats.capped = True
+                    break
+                stats.evaluated += len(part)
+                trial, value, n, first = _try_moves(
+                    current, self.current, part, gains, cost, self.confirm, not self.small
+                )
+                if n:
+                    return trial, value, n, part[first].kind, stats.evaluated - len(part) + first
+            if self.queue or not self.fresh:
+                continue  # more of this queue to price, or a stale queue used up: rebuild
+            self.misses += 1
+            if not self.small and self.misses < self.patience:
+                continue
+            return None  # a local optimum
+        self.spent = True
+        return None
+
+    def apply(self, current: SlotState, step: tuple[SlotState, float, int, str, int]) -> None:
+        trial, value, n, kind, rank = step
+        current.assign(trial)
+        self.current = value
+        self.stats.moves += n
+        self.stats.accepted.append((kind, rank))
+        self.misses, self.fresh = 0, False
+        self._record(value)
+        self.stats.trajectory.append(self.best_value)
+
+    def _record(self, value: float) -> None:
+        """The best value so far, by the driver's rule (better by more than ``TOL``)."""
+        if value < self.best_value - TOL:
+            self.best_value = value
+
+    def _screen(self, current: SlotState) -> list[Move]:
+        count = self.candidates * 2**self.misses
+        cost = self.cost
+        if hasattr(cost, "screen"):
+            queue = cost.screen(current, self.rng, count)
+            if hasattr(cost, "prescreen"):
+                queue = cost.prescreen(current, queue)
+            return queue
+        loads = cost.loads() if hasattr(cost, "loads") else np.ones((1, current.gpus))
+        return screened_moves(current, self.affinity, loads, self.rng, count)
