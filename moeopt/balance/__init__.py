@@ -73,9 +73,10 @@ from moeopt.balance.bound import lower_bound
 from moeopt.balance.copies import copy_counts
 from moeopt.balance.loads import DEFAULT_ITERATIONS, gpu_loads, maxvio
 from moeopt.balance.migration import count_moves, migration_frontier, relabel, replan_from
-from moeopt.balance.packing import lpt_pack, pack
+from moeopt.balance.packing import pack
 from moeopt.balance.planner import plan_layer, plan_layers
 from moeopt.balance.robust import plan_layer_robust, robust_objective
+from moeopt.packing import lpt_pack
 
 __all__ = [
     "DEFAULT_ITERATIONS",

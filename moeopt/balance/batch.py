@@ -57,8 +57,8 @@ from moeopt.balance.loads import (
     _check_shape,
     gpu_loads,
 )
-from moeopt.balance.packing import lpt_pack
 from moeopt.balance.planner import plan_layer
+from moeopt.packing import lpt_pack
 
 __all__ = [
     "copy_counts_batch",

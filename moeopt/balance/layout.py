@@ -1,5 +1,5 @@
-"""The balance planner's layout (a :class:`~moeopt.moves.slots.SlotTable` with per-slot weights
-and per-GPU sums) and the vectorized swap / replace / smoothing kernels of its local search."""
+"""The balance planner's layout (a :class:`~moeopt.moves.slots.WeightedSlots`: slot table with
+per-slot weights and per-GPU sums) and the vectorized swap / replace / smoothing kernels of its local search."""
 
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ from numpy.typing import NDArray
 
 from moeopt.balance.loads import _RTOL, FloatArray, IntArray
 from moeopt.moves.driver import Moves, descend
-from moeopt.moves.slots import SlotTable
+from moeopt.moves.slots import WeightedSlots
 
 
-class _Layout(SlotTable):
-    """Slots of one layer with per-slot weights and per-GPU sums (a :class:`SlotTable`).
+class _Layout(WeightedSlots):
+    """Slots of one layer with per-slot weights and per-GPU sums (a :class:`WeightedSlots`).
 
     In *item* mode (``load is None``) every slot holds an item with a fixed weight (``item`` tracks
     item ids). In *count* mode the weight of a slot is ``load[e] / c[e]`` and replace moves change
     the counts.
     """
 
-    __slots__ = ("w", "item", "s", "load", "cap", "allow", "tol")
+    __slots__ = ("load", "cap", "allow", "tol")
     _shared = ("gf", "load")
 
     def __init__(
@@ -33,36 +33,14 @@ class _Layout(SlotTable):
         load: FloatArray | None = None,
         cap: int = 0,
     ) -> None:
-        super().__init__(eslot, E)
+        e = np.asarray(eslot, dtype=np.int64)
+        w = wslot if load is None else load[e] / np.bincount(e.ravel(), minlength=E)[e]
+        super().__init__(e, w, E, item)
         self.allow = allow
-        self.item = None if item is None else np.array(item, dtype=np.int64)
         self.load = load
         self.cap = cap
-        if load is not None:
-            self.w = load[self.e] / self.c[self.e]
-        else:
-            self.w = np.array(wslot, dtype=np.float64)
-        self.s = self.w.sum(axis=1)
         mean = float(self.s.mean()) if self.G else 0.0
         self.tol = _RTOL * max(mean, 1e-300) * 8
-
-    @property
-    def placed(self) -> IntArray:
-        """Item indices per bin, ``[G, W]`` (a layout built with ``item=``)."""
-        if self.item is None:
-            raise RuntimeError("_Layout.placed needs a layout built with item=")
-        return self.item
-
-    # -- moves ------------------------------------------------------------------------------------
-    def swap(self, g1: int, i1: int, g2: int, i2: int) -> tuple[int, int]:
-        out = super().swap(g1, i1, g2, i2)
-        w1, w2 = self.w[g1, i1], self.w[g2, i2]
-        self.w[g1, i1], self.w[g2, i2] = w2, w1
-        if self.item is not None:
-            self.item[g1, i1], self.item[g2, i2] = self.item[g2, i2], self.item[g1, i1]
-        self.s[g1] += w2 - w1
-        self.s[g2] += w1 - w2
-        return out
 
     def replace(self, g: int, i: int, x: int) -> int:
         if self.load is None:
@@ -287,26 +265,6 @@ class _Layout(SlotTable):
             i2 %= W
             if self.can_swap(g1, i1, g2, i2, self.allow):
                 self.swap(g1, i1, g2, i2)
-
-    def repair(self) -> bool:
-        """Remove colocated copies by swaps (best resulting pair max); ``False`` if stuck."""
-        if self.allow:
-            return True
-        for _ in range(self.G * self.W):
-            bad = np.argwhere(self.M > 1)
-            if bad.size == 0:
-                return True
-            g, x = bad[0]
-            i = int(np.flatnonzero(self.e[g] == x)[0])
-            ef = self.e.ravel()
-            ok = (self.gf != g) & (self.M[self.gf, x] == 0) & (self.M[g, ef] == 0)
-            if not ok.any():
-                return False
-            d = self.w.ravel() - self.w[g, i]
-            val = np.where(ok, np.maximum(self.s[g] + d, self.s[self.gf] - d), np.inf)
-            j = int(np.argmin(val))
-            self.swap(int(g), i, j // self.W, j % self.W)
-        return not np.any(self.M > 1)
 
 
 def _swap(lay: _Layout, step: tuple[int, int, int, int]) -> None:

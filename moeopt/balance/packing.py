@@ -13,81 +13,9 @@ from moeopt.balance.loads import (
     DEFAULT_ITERATIONS,
     FloatArray,
     IntArray,
-    _as_load,
 )
 from moeopt.moves.driver import iterate
-from moeopt.moves.slots import presence
-
-
-def _items(w: ArrayLike, e: ArrayLike, G: int, W: int) -> tuple[FloatArray, IntArray, int]:
-    wa = _as_load(w)
-    ea = np.asarray(e, dtype=np.int64)
-    if ea.shape != wa.shape:
-        raise ValueError("items_weight and items_expert must have the same shape")
-    if wa.size != G * W:
-        raise ValueError(f"need exactly G*W = {G * W} items, got {wa.size}")
-    if ea.size and ea.min() < 0:
-        raise ValueError("expert ids must be >= 0")
-    return wa, ea, int(ea.max()) + 1 if ea.size else 0
-
-
-def _round_robin(w: FloatArray, e: IntArray, G: int, W: int) -> IntArray:
-    """Items grouped by expert dealt round-robin: always feasible when every expert has <= G items."""
-    order = np.lexsort((e, -w))
-    out = np.empty((G, W), dtype=np.int64)
-    out[np.arange(G * W) % G, np.arange(G * W) // G] = order
-    return out
-
-
-def lpt_pack(
-    items_weight: ArrayLike, items_expert: ArrayLike, G: int, W: int, allow_colocated: bool = False
-) -> IntArray:
-    """Plain LPT for exactly ``W`` items per bin.
-
-    Heaviest item first (copies of one expert adjacent) onto the lightest bin that has a free slot
-    and does not hold that expert. If no such bin is left, the lightest bin with a free slot takes
-    it and colocations are then removed by swaps (falling back to a round-robin deal).
-
-    Parameters
-    ----------
-    items_weight : array_like of float, shape (G*W,)
-    items_expert : array_like of int, shape (G*W,)
-    G, W : int
-    allow_colocated : bool
-
-    Returns
-    -------
-    ndarray of int, shape (G, W)
-        Item indices per bin.
-    """
-    w, e, E = _items(items_weight, items_expert, G, W)
-    order = np.lexsort((e, -w)).tolist()
-    wl, el = w.tolist(), e.tolist()
-    heap = [(0.0, g) for g in range(G)]  # (bin sum, bin) of bins with a free slot
-    fill = [0] * G
-    has: list[set[int]] = [set() for _ in range(G)]
-    out = np.empty((G, W), dtype=np.int64)
-    for it in order:
-        x = el[it]
-        skipped = []
-        while heap:
-            sm, g = heapq.heappop(heap)
-            if allow_colocated or x not in has[g]:
-                break
-            skipped.append((sm, g))
-        else:  # every bin with a free slot holds x: take the lightest, repaired below
-            sm, g = skipped.pop(0)
-        for item in skipped:
-            heapq.heappush(heap, item)
-        out[g, fill[g]] = it
-        fill[g] += 1
-        has[g].add(x)
-        if fill[g] < W:
-            heapq.heappush(heap, (sm + wl[it], g))
-    if not allow_colocated and np.any(presence(e[out], E) > 1):
-        lay = _Layout(e[out], w[out], E, allow=False, item=out)
-        out = lay.placed if lay.repair() else _round_robin(w, e, G, W)
-    return out
+from moeopt.packing import check_items, lpt_pack, repair_colocation
 
 
 def _kk_pack(w: FloatArray, e: IntArray, G: int, W: int, E: int, allow: bool) -> IntArray:
@@ -119,10 +47,7 @@ def _kk_pack(w: FloatArray, e: IntArray, G: int, W: int, E: int, allow: bool) ->
         heapq.heappush(heap, (-(float(sc.max() - sc.min())), tick, C))
         tick += 1
     out = heap[0][2]
-    if not allow and np.any(presence(e[out], E) > 1):
-        lay = _Layout(e[out], w[out], E, allow=False, item=out)
-        out = lay.placed if lay.repair() else _round_robin(w, e, G, W)
-    return out
+    return out if allow else repair_colocation(out, w, e, E)
 
 
 def _ils(
@@ -220,7 +145,7 @@ def pack(
     ndarray of int, shape (G, W)
         Item indices per bin. Never worse (largest bin) than :func:`lpt_pack`.
     """
-    w, e, E = _items(items_weight, items_expert, G, W)
+    w, e, E = check_items(items_weight, items_expert, G, W)
     if not allow_colocated and E and np.bincount(e).max() > G:
         raise ValueError("an expert has more than G items; set allow_colocated=True")
     starts = [lpt_pack(w, e, G, W, allow_colocated), _kk_pack(w, e, G, W, E, allow_colocated)]

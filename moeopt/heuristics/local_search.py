@@ -37,8 +37,8 @@ import numpy as np
 
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.grouping import LOAD_TOL, Grouping, auto_eps_load, min_max_load
-from moeopt.heuristics.packing import round_robin_lpt
 from moeopt.moves.driver import iterate
+from moeopt.packing import round_robin_lpt
 
 #: Gains below this are treated as zero (floating point noise from sparse products).
 TOL = 1e-9
@@ -382,7 +382,7 @@ class LoadBalanceGain:
 def balanced_start(load: np.ndarray, gpus: int, slots: int, *, max_steps: int = 100_000) -> np.ndarray:
     """The most load-balanced homes found here: round-robin LPT, then a swap/move descent.
 
-    :func:`~moeopt.heuristics.packing.round_robin_lpt` (every GPU gets one expert per round
+    :func:`~moeopt.packing.round_robin_lpt` (every GPU gets one expert per round
     of G, heavy experts paired with light ones), then the engine's best-improvement moves to
     free slots and swaps on :class:`LoadBalanceGain` until none lowers ``Σ_g load_g²``.
 

@@ -8,8 +8,11 @@ keeps them consistent under the two moves every slot-level search uses:
 * ``swap(g1, i1, g2, i2)``: two slots exchange their experts (copy counts unchanged);
 * ``replace(g, i, x)``: one slot takes expert ``x`` (or ``-1``), copy counts change.
 
-The balance planner's layouts (:class:`moeopt.balance.layout._Layout`,
-:class:`moeopt.balance.robust._RobustLayout`) and the joint planner's
+:class:`WeightedSlots` adds per-slot weights and per-GPU sums that move with the swaps, item
+ids for packings, and the colocation repair (:meth:`WeightedSlots.repair`).
+
+The balance planner's layouts (:class:`moeopt.balance.layout._Layout`, a
+:class:`WeightedSlots`; :class:`moeopt.balance.robust._RobustLayout`) and the joint planner's
 :class:`moeopt.joint.state.SlotState` are subclasses that add their cached weights (per-slot
 weights and per-GPU sums, per-step loads, the joint move records); the search driver over them
 is :mod:`moeopt.moves.driver`.
@@ -127,3 +130,53 @@ class SlotTable:
     def colocated(self) -> IntArray:
         """``(g, x)`` rows where GPU g holds two or more copies of expert x."""
         return np.argwhere(self.M > 1)
+
+
+class WeightedSlots(SlotTable):
+    """A :class:`SlotTable` whose slots carry weights: ``w [G, W]`` moves with its expert in a
+    swap, ``s [G]`` holds each GPU's sum, and ``item [G, W]`` (optional) the id of the item in
+    each slot when the slots are a packing of items."""
+
+    __slots__ = ("w", "s", "item")
+
+    def __init__(self, slots: np.ndarray, weights: np.ndarray, experts: int, item: np.ndarray | None = None) -> None:
+        super().__init__(slots, experts)
+        self.w = np.array(weights, dtype=np.float64)
+        self.s = self.w.sum(axis=1)
+        self.item = None if item is None else np.array(item, dtype=np.int64)
+
+    @property
+    def placed(self) -> IntArray:
+        """Item indices per bin, ``[G, W]`` (built with ``item=``)."""
+        if self.item is None:
+            raise RuntimeError("placed needs slots built with item=")
+        return self.item
+
+    def swap(self, g1: int, i1: int, g2: int, i2: int) -> tuple[int, int]:
+        out = super().swap(g1, i1, g2, i2)
+        w1, w2 = self.w[g1, i1], self.w[g2, i2]
+        self.w[g1, i1], self.w[g2, i2] = w2, w1
+        if self.item is not None:
+            self.item[g1, i1], self.item[g2, i2] = self.item[g2, i2], self.item[g1, i1]
+        self.s[g1] += w2 - w1
+        self.s[g2] += w1 - w2
+        return out
+
+    def repair(self) -> bool:
+        """Remove colocated copies by swaps, each with the partner slot that gives the smallest
+        larger sum of the two GPUs; ``False`` if stuck."""
+        for _ in range(self.G * self.W):
+            bad = self.colocated()
+            if bad.size == 0:
+                return True
+            g, x = bad[0]
+            i = int(np.flatnonzero(self.e[g] == x)[0])
+            ef = self.e.ravel()
+            ok = (self.gf != g) & (self.M[self.gf, x] == 0) & (self.M[g, ef] == 0)
+            if not ok.any():
+                return False
+            d = self.w.ravel() - self.w[g, i]
+            val = np.where(ok, np.maximum(self.s[g] + d, self.s[self.gf] - d), np.inf)
+            j = int(np.argmin(val))
+            self.swap(int(g), i, j // self.W, j % self.W)
+        return not np.any(self.M > 1)
