@@ -34,7 +34,12 @@ class _Layout(WeightedSlots):
         cap: int = 0,
     ) -> None:
         e = np.asarray(eslot, dtype=np.int64)
-        w = wslot if load is None else load[e] / np.bincount(e.ravel(), minlength=E)[e]
+        if load is not None:
+            w = load[e] / np.bincount(e.ravel(), minlength=E)[e]
+        elif wslot is not None:
+            w = wslot
+        else:
+            raise ValueError("_Layout needs slot weights or per-expert loads")
         super().__init__(e, w, E, item)
         self.allow = allow
         self.load = load

@@ -9,11 +9,7 @@ from numpy.typing import ArrayLike
 from scipy.optimize import linear_sum_assignment
 
 from moeopt.balance.layout import _Layout
-from moeopt.balance.loads import (
-    DEFAULT_ITERATIONS,
-    FloatArray,
-    IntArray,
-)
+from moeopt.balance.loads import DEFAULT_ITERATIONS, FloatArray, IntArray
 from moeopt.moves.driver import iterate
 from moeopt.packing import check_items, lpt_pack, repair_colocation
 

@@ -1,4 +1,13 @@
-"""The one local-search engine: slot repair, load repair and move/swap refinement of homes.
+"""The one local-search engine over homes: slot repair, load repair and move/swap refinement.
+
+The package has one search engine in two parts: this module prices and applies move/swap
+steps of homes ``[E]`` for the grouping objectives (TACG, agnostic, METIS and hypergraph
+refinement, crosslayer), and :mod:`moeopt.moves` holds what every search shares: the slot
+state of slot-level plans (:class:`moeopt.moves.slots.SlotTable`, used by the balance and
+joint planners) and the driver (:func:`moeopt.moves.driver.descend`,
+:func:`moeopt.moves.driver.iterate`) that runs TACG's iterated local search here
+(:func:`iterated_local_search`), the balance planner's descents and iterated search, and the
+joint planner's search.
 
 A plan is ``home [E]`` (the GPU of each expert), G GPUs of ``slots`` places each, an optional
 load limit on ``Σ_{e on g} load[e]``. The engine (:func:`local_search`) only needs, for a

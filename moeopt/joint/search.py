@@ -41,7 +41,7 @@ def neighbourhood(state: SlotState) -> list[Move]:
     """Every valid move: swaps of two slots on different GPUs, replacements of a spare copy
     (or an empty slot) by an expert the GPU lacks."""
     G, W = state.slots.shape
-    E = state.experts
+    E = state.E
     out = []
     slots = [(g, w) for g in range(G) for w in range(W)]
     for (a, i), (b, j) in itertools.combinations(slots, 2):
@@ -50,7 +50,7 @@ def neighbourhood(state: SlotState) -> list[Move]:
             out.append(m)
     for a, i in slots:
         e = int(state.slots[a, i])
-        if e >= 0 and state.copies[e] < 2:
+        if e >= 0 and state.c[e] < 2:
             continue
         for f in range(E):
             m = Move("replace", a, i, expert=f)
@@ -71,13 +71,13 @@ def screened_moves(
     * a few uniformly random swaps and replacements.
     """
     G, W = state.slots.shape
-    E = state.experts
+    E = state.E
     flat = state.slots.reshape(-1)
     gpu_of = np.repeat(np.arange(G), W)
     e = np.maximum(flat, 0)
     filled = flat >= 0
     S = affinity @ state.holds  # [E, G] affinity of each expert with each GPU's contents
-    wgt = np.where(filled, 1.0 / np.maximum(state.copies[e], 1), 0.0)
+    wgt = np.where(filled, 1.0 / np.maximum(state.c[e], 1), 0.0)
     own = np.where(filled, S[e, gpu_of], 0.0)
     # swap gain proxy [P, P]: slot p's expert to q's GPU and back
     to_other = S[e][:, gpu_of] - affinity[e][:, e]  # [p, q]: e_p's affinity to GPU of q, minus e_q
@@ -109,13 +109,13 @@ def screened_moves(
         ea = int(state.slots[a, i])
         if ea >= 0:  # give the hot expert a copy on a light GPU (replace a spare copy there)
             for b in cold[: max(G // 4, 1)]:
-                spare = [w for w in range(W) if state.slots[b, w] < 0 or state.copies[state.slots[b, w]] >= 2]
+                spare = [w for w in range(W) if state.slots[b, w] < 0 or state.c[state.slots[b, w]] >= 2]
                 if spare:
                     moves.append(Move("replace", int(b), int(rng.choice(spare)), expert=ea))
         f = int(rng.integers(0, E))
         moves.append(Move("replace", a, i, expert=f))
     # a copy of an expert next to its partners, in a spare slot
-    spare_slots = [p for p in range(len(flat)) if flat[p] < 0 or state.copies[flat[p]] >= 2]
+    spare_slots = [p for p in range(len(flat)) if flat[p] < 0 or state.c[flat[p]] >= 2]
     if spare_slots:
         sp_g = gpu_of[spare_slots]
         fit = S[:, sp_g] - np.where(filled[spare_slots], affinity[:, e[spare_slots]], 0.0)  # [E, s]
@@ -246,11 +246,11 @@ def local_search(
     t0 = time.perf_counter()
     stats = SearchStats()
     P = state.slots.size
-    small = P * (P - 1) // 2 + state.experts * P <= exhaustive_below
+    small = P * (P - 1) // 2 + state.E * P <= exhaustive_below
     space = _Screened(
         cost,
         stats,
-        np.zeros((state.experts, state.experts)) if affinity is None else affinity,
+        np.zeros((state.E, state.E)) if affinity is None else affinity,
         rng,
         small=small,
         rounds=rounds,
@@ -393,5 +393,5 @@ class _Screened:
             if hasattr(cost, "prescreen"):
                 queue = cost.prescreen(current, queue)
             return queue
-        loads = cost.loads() if hasattr(cost, "loads") else np.ones((1, current.gpus))
+        loads = cost.loads() if hasattr(cost, "loads") else np.ones((1, current.G))
         return screened_moves(current, self.affinity, loads, self.rng, count)

@@ -29,26 +29,9 @@ class SlotState(SlotTable):
         return self.e
 
     @property
-    def experts(self) -> int:
-        return self.E
-
-    @property
     def holds(self) -> np.ndarray:
         """bool ``[E, G]``: GPU g holds a copy of the expert."""
         return (self.M > 0).T
-
-    @property
-    def copies(self) -> np.ndarray:
-        """int ``[E]`` copies of each expert."""
-        return self.c
-
-    @property
-    def gpus(self) -> int:
-        return self.G
-
-    @property
-    def width(self) -> int:
-        return self.W
 
     def copy(self) -> SlotState:
         out: SlotState = super().copy()

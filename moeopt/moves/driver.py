@@ -34,18 +34,19 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 
 S = TypeVar("S")
+S_in = TypeVar("S_in", contravariant=True)
 Step = TypeVar("Step")
 
 
-class Neighbourhood(Protocol[S, Step]):
+class Neighbourhood(Protocol[S_in, Step]):
     """The improving steps of one objective's neighbourhood."""
 
-    def best(self, state: S) -> Step | None:
+    def best(self, state: S_in) -> Step | None:
         """The best improving step at ``state``, None at a local optimum (or when a budget
         of the neighbourhood's own is spent)."""
         ...
 
-    def apply(self, state: S, step: Step) -> None:
+    def apply(self, state: S_in, step: Step) -> None:
         """Apply ``step`` to ``state`` in place."""
         ...
 
