@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -382,6 +382,22 @@ def import_ray() -> Any:
 
 
 def _run_ray(tasks: list[LayerTask], executor: Executor, done: Callable[[LayerOutcome], None]) -> None:
+    ray_map(run_layer, [(t,) for t in tasks], executor, done)
+
+
+def ray_map(
+    fn: Callable[..., Any],
+    items: Sequence[tuple[Any, ...]],
+    executor: Executor,
+    done: Callable[[Any], None],
+    *,
+    shared: Any = None,
+) -> None:
+    """``fn(*item)`` for every item as Ray tasks (one CPU each), ``done`` called with each
+    result as it finishes. With ``shared``, it is put in Ray's object store once and every
+    task gets it first, ``fn(shared, *item)``. A Ray already running in this process is used
+    (and left running); otherwise one is started (``"local"``) or joined (an address) and shut
+    down at the end. Ctrl-C or an error cancels the tasks still pending."""
     ray = import_ray()
     started = False
     if not ray.is_initialized():
@@ -395,10 +411,11 @@ def _run_ray(tasks: list[LayerTask], executor: Executor, done: Callable[[LayerOu
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise MoeoptError(f"--ray {executor.ray}: cannot connect to a Ray cluster: {exc}") from None
         started = True
-    remote = ray.remote(num_cpus=1, max_retries=0)(run_layer)
+    remote = ray.remote(num_cpus=1, max_retries=0)(fn)
     pending: list = []
     try:
-        pending = [remote.remote(t) for t in tasks]
+        first = () if shared is None else (ray.put(shared),)
+        pending = [remote.remote(*first, *item) for item in items]
         while pending:
             finished, pending = ray.wait(pending, num_returns=1)
             for ref in finished:

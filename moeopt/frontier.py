@@ -18,7 +18,8 @@ lower held-out MaxVio (ties: both lower or equal, one strictly).
 The points are independent: with ``workers=N`` they are solved in a local process pool (the
 fork server of :mod:`moeopt.execute`, each point's layers serial in its worker), with the same
 seed per point as the serial sweep, hence the same plans and metrics (wall times aside).
-With ``ray`` the points run one after another and each point's layers run as Ray tasks.
+With ``ray`` the points are Ray tasks (each point's layers serial in its task), again with the
+serial sweep's seeds, plans and metrics.
 """
 
 from __future__ import annotations
@@ -263,6 +264,13 @@ def _point_task(index: int, method: str, e: float | None) -> tuple[int, Frontier
     )
 
 
+def _ray_point(shared: dict[str, Any], index: int, method: str, e: float | None) -> tuple[int, FrontierPoint]:
+    """One point as a Ray task: ``shared`` comes from Ray's object store (put there once)."""
+    _shared.clear()
+    _shared.update(shared)
+    return _point_task(index, method, e)
+
+
 def _run_pool(
     units: list[tuple[str, float | None]],
     workers: int,
@@ -317,8 +325,8 @@ def frontier(
         worker); the points, plans and metrics are those of the serial sweep, in the same
         order. None: the instance's ``executor:`` mapping, else 1.
     ray
-        Run the points one after another, each point's layers as Ray tasks (a cluster
-        address, or ``"local"`` / True), as :func:`moeopt.solve.solve` does.
+        Run the points as Ray tasks (a cluster address, or ``"local"`` / True; a Ray already
+        running in this process is used), each point's layers serially in its task.
 
     Returns
     -------
@@ -341,10 +349,13 @@ def frontier(
         bar.update(1)
 
     try:
+        shared = dict(instance=instance, wl=wl, families=families, time_limit=time_limit, seed=seed)
         if executor.kind == "pool" and len(units) > 1:
-            shared = dict(instance=instance, wl=wl, families=families, time_limit=time_limit, seed=seed)
             _run_pool(units, executor.workers, shared, done)
-        else:  # serial points; with Ray, each point's layers as Ray tasks
+        elif executor.kind == "ray" and len(units) > 1:
+            items = [(i, m, e) for i, (m, e) in enumerate(units)]
+            execute.ray_map(_ray_point, items, executor, lambda out: done(*out), shared=shared)
+        else:  # serial points (one point on Ray: its layers as Ray tasks)
             for i, (method, e) in enumerate(units):
                 done(
                     i,

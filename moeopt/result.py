@@ -7,8 +7,6 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from tabulate import tabulate
-
 from moeopt.plan import Plan
 
 
@@ -224,12 +222,16 @@ class Result:
         return replace(self, **changes)
 
     def summary(self) -> str:
-        rows = [
-            ("method", self.method),
-            ("status", self.status.value),
-            (f"objective ({self.objective_name}, {self.sense})", self.objective),
-            ("bound", self.bound),
-            ("gap", None if self.gap is None else f"{100 * self.gap:.2f} %"),
-            ("wall time (s)", round(self.wall_time, 3)),
-        ]
-        return tabulate([(k, "-" if v is None else v) for k, v in rows], tablefmt="plain")
+        """One line: method, termination, what the result holds, objective, bound, gap, time
+        (``-`` for a missing value); ``moeopt solve`` prints it first."""
+
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v:.4f}"
+
+        assert self.termination is not None  # __post_init__ sets it
+        return (
+            f"{self.method}: {self.termination.value}, {self.status.solution} plan"
+            f"; objective {self.objective_name} = {fmt(self.objective)}"
+            f"; bound {fmt(self.bound)}; gap {fmt(None if self.gap is None else 100 * self.gap)} %"
+            f"; {self.wall_time:.2f} s"
+        )

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-#: examples per property test in the default profile; ``examples(n)`` in tests/strategies.py
+#: examples per property test in the default profile (hypothesis's own default); ``examples(n)`` in tests/strategies.py
 #: scales a test's own ``max_examples`` by the loaded profile's share of this
-BASE_EXAMPLES = 25
+BASE_EXAMPLES = 100
 # The default profile (what CI runs) is derandomized: the same examples on every run, so a
 # green main stays green; the data is drawn by hypothesis itself, so a failure shrinks to a
-# minimal example. ``explore`` draws fresh random data (3x the examples) for local bug hunts.
+# minimal example. ``explore`` draws fresh random data (3x the examples; ``dev`` 4x) for local bug hunts.
 _common = {"deadline": None, "print_blob": True, "suppress_health_check": [HealthCheck.too_slow]}
 settings.register_profile("ci", max_examples=BASE_EXAMPLES, derandomize=True, database=None, **_common)
 settings.register_profile("explore", max_examples=3 * BASE_EXAMPLES, derandomize=False, **_common)

@@ -1,4 +1,4 @@
-"""Column generation bounds (moeopt/colgen.py) against brute-force optima on tiny groupings."""
+"""Column generation bounds (moeopt/colgen/) against brute-force optima on tiny groupings."""
 
 from __future__ import annotations
 
@@ -124,7 +124,8 @@ def test_heuristic_pricing_returns_feasible_groups(g: Grouping, data: st.DataObj
     pi = data.draw(arrays(np.float64, g.experts, elements=st.floats(-0.5, 1.5)))
     found = price_heuristic(g, pi)
     values = [0.5 * g.graph[np.ix_(s, s)].sum() - pi[s].sum() for s in found]
-    assert values == sorted(values, reverse=True)
+    # best first, up to rounding (the function sums by einsum, this test by blocks)
+    assert all(a >= b - 1e-12 for a, b in zip(values, values[1:], strict=False))
     assert len({tuple(s) for s in found}) == len(found)
     for s in found:
         assert 1 <= len(s) <= g.cap and g.load[s].sum() <= g.load_limit + LOAD_TOL

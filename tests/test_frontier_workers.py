@@ -144,3 +144,20 @@ def test_sigint_stops_every_point_worker():
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{k}") for k in kids):
         time.sleep(0.2)
     assert not [k for k in kids if os.path.exists(f"/proc/{k}")]
+
+
+def test_ray_gives_the_serial_points(serial, monkeypatch):
+    """ray='local' solves the points as Ray tasks: the serial sweep's points, in its order."""
+    ray = pytest.importorskip("ray")
+    inst, wl, points = serial
+    monkeypatch.setattr(fr, "_solve_point", _not_here)  # the Ray workers import their own copy
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        lines: list[str] = []
+        on_ray = frontier(
+            inst, methods=METHODS, eps=EPS, time_limit=TIME_LIMIT, workloads=wl, ray="local", log=lines.append
+        )
+    finally:
+        ray.shutdown()
+    assert [_key(p) for p in on_ray] == [_key(p) for p in points]
+    assert len(lines) == len(points)

@@ -48,11 +48,11 @@ LAYERS: list[tuple[str, list[str]]] = [
         "models",
         ["bounds", "balance", "balance.*", "joint", "joint.*", "relabel", "synth", "moves", "moves.*", "packing"],
     ),
-    ("search", ["heuristics", "heuristics.*", "solvers", "solvers.*", "colgen"]),
+    ("search", ["heuristics", "heuristics.*", "solvers", "solvers.*", "colgen", "colgen.*"]),
     ("methods", ["registry", "execute", "methods", "methods.*"]),
     ("files", ["io", "io.*", "interop", "interop.*", "outputs"]),
     ("api", ["solve", "frontier"]),
-    ("front", ["", "__main__", "cli", "plot", "harness", "harness.*"]),
+    ("front", ["", "__main__", "cli", "cli.*", "plot", "harness", "harness.*"]),
 ]
 
 #: solver backends: none imports another (they may share ``solvers.highs_common``)

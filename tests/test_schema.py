@@ -246,7 +246,7 @@ def test_unwritable_report_leaves_no_plan(tmp_path, capsys):
 
 def test_all_or_none_on_a_late_failure(tmp_path, capsys, monkeypatch):
     """When the second write fails after the first succeeded, the first is not renamed."""
-    import moeopt.cli as cli
+    import moeopt.cli.commands as cli
 
     inst = instance(tmp_path)
     out, report = tmp_path / "plan.json", tmp_path / "r.json"

@@ -1,0 +1,124 @@
+"""Argument types and the readers the commands share (plans checked against an instance, engine files)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any
+
+from moeopt.errors import MoeoptError
+from moeopt.io import (
+    PlanFile,
+    load_instance,
+    read_plan_file,
+)
+from moeopt.plan import Dispatch
+
+
+def _number_type(parse: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
+    """An argparse ``type=``: ``parse`` the text, keep it when ``ok``, else one line saying what was expected."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return convert
+
+
+_positive_int = _number_type(int, lambda v: v >= 1, "an integer >= 1")
+#: ``--seed``, ``--layer``, ``--dense-layers``: an integer in ``[0, 2**31 - 1]``
+_nonneg_int = _number_type(int, lambda v: 0 <= v < 2**31, f"an integer in [0, {2**31 - 1}]")
+#: ``--time-limit``: a finite number of seconds > 0
+_positive_seconds = _number_type(float, lambda v: math.isfinite(v) and v > 0, "a finite number of seconds > 0")
+#: a probability: a number in ``[0, 1]``
+_fraction = _number_type(float, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
+
+
+def _dispatch(args: argparse.Namespace) -> Dispatch | None:
+    return Dispatch(kind=args.dispatch) if getattr(args, "dispatch", None) else None
+
+
+def _read_plan_for(path: str, inst: Any) -> PlanFile:
+    """A plan file checked against an instance (errors name the plan file)."""
+    pf = read_plan_file(path)
+    _check_against(pf.plan, inst, path)
+    return pf
+
+
+def _engine_format(path: str) -> str:
+    """Guess a plan file's format from its content: moeopt plan, SGLang, vLLM-Ascend, EPLB."""
+    import json
+
+    if path.endswith(".pt"):
+        return "eplb"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return "plan"  # read_plan_file says what is wrong with it
+    if isinstance(data, dict) and "physical_to_logical_map" in data:
+        return "sglang"
+    if isinstance(data, dict) and "layer_list" in data:
+        return "vllm-ascend"
+    return "plan"
+
+
+def _current_plan(path: str, fmt: str | None, inst: Any) -> Any:
+    """The plan running now (``solve --from``): a moeopt plan or any engine's placement file."""
+    from moeopt.io import read_engine_plan
+
+    fmt = fmt or _engine_format(path)
+    if fmt == "plan":
+        return _read_plan_for(path, inst).plan
+    rows = None
+    if fmt == "sglang":
+        import json
+
+        with open(path, encoding="utf-8") as fh:
+            rows = len(json.load(fh).get("physical_to_logical_map", []))
+    dense = max(0, rows - inst.model.layers) if rows is not None else 0
+    plan = read_engine_plan(path, fmt, gpus=inst.cluster.gpus, experts=inst.model.experts, dense_layers=dense)
+    _check_against(plan, inst, path)
+    return plan
+
+
+def _harness_args(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    sp.add_argument("--d-model", type=_positive_int, default=None, help="expert FFN width (CPU default 64)")
+    sp.add_argument("--d-ff", type=_positive_int, default=None, help="expert FFN hidden size (CPU default 128)")
+    sp.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp32"], help="CPU default fp32")
+    sp.add_argument("--tile", type=_positive_int, default=None, help="tokens per tile of the profile (default 64)")
+    sp.add_argument("--speeds", default=None, help="emulated GPU speeds, comma-separated")
+    sp.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (CPU default 1)")
+    sp.add_argument(
+        "--statistic",
+        default="median",
+        choices=["median", "min"],
+        help="of the timed runs (min is steadier on a shared CPU)",
+    )
+    sp.add_argument("--quiet", action="store_true", help="nothing on stderr but errors (no progress bar)")
+    sp.add_argument("--verbose", action="store_true", help="progress on stderr even when it is not a terminal")
+
+
+def _engine_instance(args: argparse.Namespace) -> Any:
+    """The --instance of export/import (or None); --gpus must agree with it."""
+    if not getattr(args, "instance", None):
+        return None
+    inst = load_instance(args.instance)
+    if getattr(args, "gpus", None) not in (None, inst.cluster.gpus):
+        raise MoeoptError(f"--gpus {args.gpus} disagrees with {args.instance}: cluster.gpus is {inst.cluster.gpus}")
+    return inst
+
+
+def _check_against(plan: Any, inst: Any, src: str) -> None:
+    """Check a plan against an instance; errors name its source ``src``."""
+    try:
+        plan.check(inst.cluster, layers=inst.model.layers, experts=inst.model.experts)
+    except MoeoptError as exc:
+        raise MoeoptError(f"{src}: {exc}") from None

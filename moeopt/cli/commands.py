@@ -1,0 +1,253 @@
+"""The planning commands: solve, evaluate, compare, frontier, methods, trace, profile, validate."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from moeopt import console
+from moeopt.cli.args import _current_plan, _dispatch, _read_plan_for
+from moeopt.cli.plots import _plot_loads
+from moeopt.cli.tables import (
+    _fmt,
+    _solve_table,
+    metrics_report,
+    metrics_table,
+    migration_table,
+    report_dict,
+    trace_summary,
+)
+from moeopt.errors import MoeoptError
+from moeopt.io import (
+    fit_workload,
+    load_instance,
+    read_plan,
+    read_workload_file,
+    write_json,
+    write_plan,
+    write_trace,
+)
+from moeopt.plan import Dispatch
+from moeopt.registry import metric_hooks
+from moeopt.schema import check_homes
+from moeopt.scoring import score
+from moeopt.solve import Workloads, load_workloads, solve
+from moeopt.trace import Trace
+
+
+def cmd_solve(args: argparse.Namespace) -> int:
+    inst = load_instance(args.instance)
+    hint = _read_plan_for(args.hint, inst).plan if args.hint else None
+    current = _current_plan(args.from_plan, args.from_format, inst) if args.from_plan else None
+    result = solve(
+        inst,
+        method=args.method,
+        time_limit=args.time_limit,
+        seed=args.seed,
+        quiet=not console.progress(),
+        hint=hint,
+        dispatch=_dispatch(args),
+        current=current,
+        workers=args.workers,
+        ray=args.ray,
+    )
+    if args.output and result.plan is not None:
+        write_plan(args.output, result.plan, result.method, result.params)
+    if args.report:
+        write_json(args.report, report_dict(result, inst.name))
+    print(_solve_table(result))
+    if "migration_frontier" in result.stats:
+        print(migration_table(result.stats))
+    if args.plot and result.plan is not None:
+        _plot_loads(args.plot, inst, {result.method: result.metrics}, current=current, layer=args.layer)
+    return 0 if result.plan is not None else 1
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    inst = load_instance(args.instance)
+    pf = _read_plan_for(args.plan, inst)
+    plan = pf.plan if args.dispatch is None else pf.plan.with_dispatch(Dispatch(kind=args.dispatch))
+    wl = load_workloads(inst)
+    workload = None
+    if args.trace:
+        workload = fit_workload(read_workload_file(args.trace, top_k=inst.model.top_k), inst.model, args.trace)
+        if isinstance(workload, Trace):
+            check_homes(workload.home, inst.cluster.gpus, args.trace)
+    metrics = score(plan, inst, wl, workload=workload, hooks=metric_hooks(pf.method), params=pf.params)
+    if args.report:
+        write_json(args.report, {"instance": inst.name, "plan": str(args.plan), "metrics": metrics})
+    print(metrics_report(pf.method or Path(args.plan).name, metrics))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    inst = load_instance(args.instance)
+    wl: Workloads = load_workloads(inst)
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not names:
+        raise MoeoptError(f"--methods: expected comma-separated method names, got {args.methods!r}")
+    cols: dict[str, dict] = {}
+    reports = []
+    for name in names:
+        r = solve(
+            inst,
+            method=name,
+            time_limit=args.time_limit,
+            seed=args.seed,
+            quiet=not console.progress(),
+            workloads=wl,
+            dispatch=_dispatch(args),
+            workers=args.workers,
+            ray=args.ray,
+        )
+        m = dict(r.metrics)
+        m["wall_time"] = r.wall_time
+        cols[name] = m
+        reports.append(report_dict(r, inst.name))
+    if args.report:
+        write_json(args.report, {"instance": inst.name, "results": reports})
+    extra = [
+        ("comm reduction vs linear (%)", [_fmt(cols[n].get("comm_reduction_vs_linear")) for n in names]),
+        ("wall time (s)", [f"{cols[n]['wall_time']:.3f}" for n in names]),
+        ("dispatch", [str(cols[n].get("dispatch", "-")) for n in names]),
+    ]
+    print(metrics_table(cols, extra))
+    if args.plot:
+        _plot_loads(args.plot, inst, {n: cols[n] for n in names if "loads" in cols[n]}, wl, layer=args.layer)
+    return 0
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    """Sweep the load limit of several methods; write the Pareto set as table, JSON and plot."""
+    from moeopt import frontier as fr
+    from moeopt.io import write_text
+
+    inst = load_instance(args.instance)
+    try:
+        eps = [float(x) for x in args.eps.split(",") if x.strip()]
+    except ValueError:
+        raise MoeoptError(f"--eps: expected comma-separated numbers, got {args.eps!r}") from None
+    if any(not (e >= 0) for e in eps):
+        raise MoeoptError(f"--eps: every value must be >= 0, got {args.eps!r}")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    log = console.progress_line if console.progress() else None
+    points = fr.frontier(
+        inst,
+        methods=methods,
+        eps=eps,
+        time_limit=args.time_limit,
+        seed=args.seed,
+        log=log,
+        workers=args.workers,
+        ray=args.ray,
+    )
+    out = Path(args.output_dir) if args.output_dir else None
+    stem = args.name or inst.name
+    md = f"# Frontier: {inst.name}\n\n" + fr.table(points) + "\n"
+    if out is not None:
+        write_json(
+            out / f"{stem}.json",
+            {"instance": inst.name, "eps": eps, "methods": methods, "points": [p.to_json() for p in points]},
+        )
+        write_text(out / f"{stem}.md", md)
+        fr.plot(points, out / f"{stem}.png", title=inst.name)
+    print(fr.table(points))
+    if args.plot:
+        fr.plot(points, args.plot, title=inst.name)
+    if out is not None and not args.quiet:
+        print(f"wrote {out / (stem + '.json')}, {stem}.md and {stem}.png")
+    return 0
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from moeopt.registry import get_method, method_names, param_fields
+
+    rows = []
+    for name in method_names():
+        m = get_method(name)
+        params = ", ".join(f"{f}={v.default!r}" for f, v in param_fields(m).items())
+        rows.append([name, "yes" if m.available() else "no", m.summary, params or "-"])
+    print(tabulate(rows, headers=["method", "available", "what it does", "parameters"], tablefmt="plain"))
+    return 0
+
+
+def cmd_trace_synth(args: argparse.Namespace) -> int:
+    from moeopt.synth import SynthSpec, synthesize
+
+    spec = SynthSpec(
+        layers=args.layers,
+        experts=args.experts,
+        top_k=args.top_k,
+        tokens=args.tokens,
+        steps=args.steps,
+        families=tuple(f.strip() for f in args.families.split(",")),
+        only_family=args.family,
+        family_communities=args.family_communities,
+        layer_dependency=args.layer_dependency,
+        successors=args.successors,
+        structure_seed=args.structure_seed,
+        seed=args.seed,
+    )
+    spec.validate(source=None, prefix="--")
+    trace = synthesize(spec)
+    write_trace(args.output, trace)
+    if not args.quiet:
+        print(
+            f"wrote {args.output}: {trace.tokens} tokens, {trace.layers} layers, E={trace.num_experts}, "
+            f"k={trace.top_k}, {trace.steps} steps, families {', '.join(trace.family_names)}"
+        )
+    return 0
+
+
+def cmd_trace_stats(args: argparse.Namespace) -> int:
+    workload = read_workload_file(args.trace, top_k=args.top_k, select=args.select)
+    graph = _coactivation_graph(args, workload) if args.graphml else None  # refuse before printing
+    print(trace_summary(workload))
+    if graph is not None:
+        from moeopt.io import write_graphml
+
+        write_graphml(args.graphml, graph)
+        print(
+            f"wrote {args.graphml}: layer {args.layer}, {graph.number_of_nodes()} experts, "
+            f"{graph.number_of_edges()} coactivation edges"
+        )
+    return 0
+
+
+def _coactivation_graph(args: argparse.Namespace, workload: Any) -> Any:
+    """``trace stats --graphml``: one layer's coactivation graph (experts with their load and,
+    with ``--plan``, their GPU; edges weighted by coactivation, zero edges dropped)."""
+    from moeopt.topology import coactivation_graph
+
+    stats = workload.stats() if isinstance(workload, Trace) else workload
+    if stats.affinity is None:
+        raise MoeoptError(f"{args.trace}: a count-only source has no coactivation; --graphml needs a trace")
+    if not 0 <= args.layer < stats.layers:
+        raise MoeoptError(f"--layer: expected 0..{stats.layers - 1}, got {args.layer}")
+    gpu = None
+    if args.plan:
+        plan = read_plan(args.plan)
+        if (plan.layers, plan.experts) != (stats.layers, stats.experts):
+            raise MoeoptError(
+                f"{args.plan}: plan has {plan.layers} layers x {plan.experts} experts, "
+                f"the trace {stats.layers} x {stats.experts}"
+            )
+        gpu = plan.home[args.layer]
+    graph = coactivation_graph(stats.affinity[args.layer], stats.expert_load[args.layer], gpu)
+    graph.graph.update(layer=args.layer, source=str(args.trace))
+    return graph
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from moeopt.harness.profile import profile_command  # torch stays optional
+
+    return profile_command(args)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from moeopt.harness.run import validate_command  # torch stays optional
+
+    return validate_command(args)

@@ -1,0 +1,107 @@
+"""Serving-engine commands: export a plan, import an engine placement or a recorded trace."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from moeopt import console
+from moeopt.cli.args import _check_against, _engine_instance
+from moeopt.errors import MoeoptError
+from moeopt.io import (
+    read_plan,
+    read_workload_file,
+    write_plan,
+    write_trace,
+)
+from moeopt.plan import Dispatch
+from moeopt.trace import Trace
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from moeopt.interop import engine_settings
+    from moeopt.io import write_engine_plan
+
+    plan = read_plan(args.plan)
+    inst = _engine_instance(args)
+    if inst is not None:
+        _check_against(plan, inst, args.plan)
+        plan = plan.padded(inst.cluster.width)
+    if args.dispatch:
+        plan = plan.with_dispatch(Dispatch(kind=args.dispatch))
+    if args.dense_layers and args.format != "sglang":
+        raise MoeoptError("--dense-layers applies to --format sglang only (EPLB and vLLM count MoE layers)")
+    load = None
+    if args.load:
+        w = read_workload_file(args.load, top_k=inst.model.top_k if inst is not None else 1)
+        load = (w.stats() if isinstance(w, Trace) else w).expert_load
+        if load.shape[0] == plan.layers and load.shape[1] < plan.experts:  # highest ids never routed
+            load = np.pad(load, ((0, 0), (0, plan.experts - load.shape[1])))
+        if load.shape != (plan.layers, plan.experts):
+            raise MoeoptError(
+                f"{args.load}: counts: expected {plan.layers} layers x {plan.experts} experts, got {list(load.shape)}"
+            )
+    notes = write_engine_plan(args.output, plan, args.format, load=load, dense_layers=args.dense_layers)
+    if not args.quiet:
+        W = plan.width
+        if args.format == "vllm-ascend":  # each device's distinct experts only
+            W = int((plan.copies_on_gpu > 0).sum(axis=1).max())
+        print(
+            f"wrote {args.output}: {args.format}, {plan.layers + args.dense_layers} layers x {plan.gpus * W} "
+            f"physical slots ({plan.gpus} GPUs x {W}), {plan.experts} experts, dispatch {plan.dispatch.kind}"
+        )
+        for line in engine_settings(args.format, plan, str(args.output), dense_layers=args.dense_layers):
+            print(line)
+    for line in notes:
+        console.note(line)
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from moeopt.io import read_engine_plan
+
+    inst = _engine_instance(args)
+    gpus = args.gpus if inst is None else inst.cluster.gpus
+    if args.dense_layers and args.format != "sglang":
+        raise MoeoptError("--dense-layers applies to --format sglang only (EPLB and vLLM count MoE layers)")
+    plan = read_engine_plan(
+        args.file,
+        args.format,
+        gpus=gpus,
+        experts=None if inst is None else inst.model.experts,
+        dense_layers=args.dense_layers,
+        dispatch=args.dispatch,
+    )
+    if inst is not None:
+        _check_against(plan, inst, args.file)
+        plan = plan.padded(inst.cluster.width)
+    write_plan(args.output, plan, f"import:{args.format}", {"source": str(args.file)})
+    if not args.quiet:
+        P = plan.gpus * plan.width
+        print(
+            f"wrote {args.output}: {plan.layers} layers x {P} physical slots ({plan.gpus} GPUs x {plan.width}), "
+            f"{plan.experts} experts, dispatch {plan.dispatch.kind}"
+        )
+    for line in plan.notes():
+        console.note(line)
+    return 0
+
+
+def cmd_trace_import(args: argparse.Namespace) -> int:
+    from moeopt.io import read_sglang_dump, write_counts
+
+    if Path(args.output).suffix.lower() != ".npz":
+        raise MoeoptError(f"{args.output}: expected an .npz output (a trace or a counts file)")
+    w = read_sglang_dump(args.dump, top_k=args.top_k, trusted=args.trust_pickle)
+    if isinstance(w, Trace):
+        write_trace(args.output, w)
+        what = f"trace, {w.tokens} tokens, {w.layers} MoE layers, E={w.num_experts}, top-{w.top_k}, {w.steps} steps"
+    else:
+        write_counts(args.output, w)
+        steps = 0 if w.step_counts is None else w.step_counts.shape[1]
+        what = f"counts, {w.layers} MoE layers, E={w.experts}, top-{w.top_k}, {steps} steps"
+    if not args.quiet:
+        print(f"wrote {args.output}: {what}")
+    return 0

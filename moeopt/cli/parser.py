@@ -1,0 +1,341 @@
+"""The argument parser: one sub-command per job, usage errors as one line."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+from typing import NoReturn
+
+from moeopt.cli.args import _fraction, _harness_args, _nonneg_int, _positive_int, _positive_seconds
+from moeopt.cli.commands import (
+    cmd_compare,
+    cmd_evaluate,
+    cmd_frontier,
+    cmd_methods,
+    cmd_profile,
+    cmd_solve,
+    cmd_trace_stats,
+    cmd_trace_synth,
+    cmd_validate,
+)
+from moeopt.cli.engines import cmd_export, cmd_import, cmd_trace_import
+from moeopt.cli.plots import cmd_plot
+from moeopt.errors import MoeoptError
+from moeopt.outputs import check_directory, check_target
+from moeopt.plan import DISPATCH_KINDS
+
+#: the help text's description (``moeopt --help``)
+DESCRIPTION = """moeopt: place the experts of a Mixture-of-Experts model on GPUs; solve, score, compare and plot plans.
+
+Results go to stdout; progress (per-layer lines, bars) to stderr on a terminal or with --verbose;
+notes to stderr unless --quiet (see moeopt.console)."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr (exit 2), like every other moeopt error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {one_line(message)}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="moeopt", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--time-limit",
+            type=_positive_seconds,
+            default=None,
+            help="seconds per layer (exact solvers stop there; heuristics use it as a cap)",
+        )
+        sp.add_argument("--seed", type=_nonneg_int, default=0)
+        verbosity(sp)
+        sp.add_argument(
+            "--workers",
+            type=_positive_int,
+            default=None,
+            metavar="N",
+            help="solve layers in N local processes (same plans as serial; default: the instance's executor, else 1)",
+        )
+        sp.add_argument(
+            "--ray",
+            nargs="?",
+            const="local",
+            default=None,
+            metavar="ADDRESS",
+            help="solve layers as Ray tasks on the cluster at ADDRESS, or on a local Ray when no address "
+            '(needs pip install -e ".[ray]")',
+        )
+
+    def verbosity(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--verbose", action="store_true", help="progress lines on stderr even when it is not a terminal"
+        )
+        sp.add_argument("--quiet", action="store_true", help="nothing on stderr but errors (no progress, no notes)")
+
+    def plot_args(sp: argparse.ArgumentParser, layer: bool = True) -> None:
+        sp.add_argument("--plot", metavar="FILE.png", help="also draw a figure (matplotlib) to this file")
+        if layer:
+            sp.add_argument(
+                "--layer",
+                type=_nonneg_int,
+                default=None,
+                help="layer of the load plot (default: the plan's worst layer)",
+            )
+
+    def dispatch_arg(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--dispatch",
+            choices=DISPATCH_KINDS,
+            default=None,
+            help="how tokens split over an expert's copies (default: the plan's own rule)",
+        )
+
+    s = sub.add_parser("solve", help="solve an instance, print metrics vs linear, write plan and report")
+    s.add_argument("instance")
+    s.add_argument("--method", default=None, help="override the instance's method name")
+    s.add_argument("--output", help="plan JSON to write")
+    s.add_argument("--report", help="report JSON to write")
+    s.add_argument("--hint", help="warm-start plan JSON (exact solvers start from it)")
+    s.add_argument(
+        "--from",
+        dest="from_plan",
+        metavar="CURRENT_PLAN",
+        help="the plan running now (moeopt plan or engine file): re-plan moving few expert weights (balance)",
+    )
+    s.add_argument(
+        "--no-relabel",
+        action="store_true",
+        help="with token_home: previous-layer, keep the method's GPU ids (no free relabeling)",
+    )
+    s.add_argument(
+        "--from-format",
+        choices=["plan", "sglang", "eplb", "vllm-ascend"],
+        default=None,
+        help="format of --from (default: from the file's content; .pt is eplb)",
+    )
+    dispatch_arg(s)
+    common(s)
+    plot_args(s)
+    s.set_defaults(func=cmd_solve)
+
+    e = sub.add_parser("evaluate", help="score a plan on an instance's evaluation workload (or --trace)")
+    e.add_argument("instance")
+    e.add_argument("plan")
+    e.add_argument("--trace", help="evaluate on this trace or count file instead")
+    e.add_argument("--report")
+    dispatch_arg(e)
+    e.set_defaults(func=cmd_evaluate)
+
+    c = sub.add_parser("compare", help="several methods side by side")
+    c.add_argument("instance")
+    c.add_argument("--methods", required=True, help="comma-separated method names")
+    c.add_argument("--report")
+    dispatch_arg(c)
+    common(c)
+    plot_args(c)
+    c.set_defaults(func=cmd_compare)
+
+    fr_ = sub.add_parser(
+        "frontier", help="communication vs held-out MaxVio of several methods over a load-limit sweep (Pareto set)"
+    )
+    fr_.add_argument("instance")
+    fr_.add_argument("--eps", default="0.02,0.05,0.1,0.2", help="load limits to sweep (comma-separated)")
+    fr_.add_argument(
+        "--methods",
+        default="joint,agnostic,tacg,hypergraph,hottest-replication,gesr,greedy,balance",
+        help="comma-separated methods (grouping: eps_load; replication: the base's eps_load; joint: eps)",
+    )
+    fr_.add_argument("--output-dir", help="write NAME.json, NAME.md and NAME.png here")
+    fr_.add_argument("--name", help="file stem (default: the instance name)")
+    common(fr_)
+    plot_args(fr_, layer=False)
+    fr_.set_defaults(func=cmd_frontier)
+
+    m = sub.add_parser("methods", help="list registered methods and whether they are available")
+    m.set_defaults(func=cmd_methods)
+
+    t = sub.add_parser("trace", help="synthesize, inspect or import traces")
+    tsub = t.add_subparsers(dest="trace_command", required=True)
+    ts = tsub.add_parser("synth", help="write a synthetic task-structured trace (.npz)")
+    ts.add_argument("--layers", type=_positive_int, default=2)
+    ts.add_argument("--experts", type=_positive_int, default=16)
+    ts.add_argument("--top-k", type=_positive_int, default=2)
+    ts.add_argument("--tokens", type=_positive_int, default=4096)
+    ts.add_argument("--steps", type=_positive_int, default=16)
+    ts.add_argument("--families", default="code,query,math,reasoning")
+    ts.add_argument("--family", default=None, help="single-family (out-of-distribution) workload")
+    ts.add_argument(
+        "--family-communities",
+        choices=["shared", "per_family"],
+        default="shared",
+        help="one partition of experts into co-activated communities, or one per family",
+    )
+    ts.add_argument(
+        "--layer-dependency",
+        type=_fraction,
+        default=0.0,
+        help="chance in [0, 1] that a token's community follows its previous top-1 expert's",
+    )
+    ts.add_argument(
+        "--successors",
+        type=_nonneg_int,
+        default=0,
+        help="a following token also favours this many successor experts of its previous top-1 (0: none)",
+    )
+    ts.add_argument("--structure-seed", type=_nonneg_int, default=0, help="seed of the hidden expert structure")
+    ts.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the token sample")
+    ts.add_argument("--output", required=True)
+    ts.add_argument("--quiet", action="store_true")
+    ts.set_defaults(func=cmd_trace_synth)
+    tt = tsub.add_parser("stats", help="summarize a trace or count file")
+    tt.add_argument("trace")
+    tt.add_argument("--top-k", type=_positive_int, default=None, help="top-k of count files that do not record it")
+    tt.add_argument("--select", default=None, help="model inside a multi-model count file")
+    tt.add_argument("--graphml", default=None, help="write a layer's coactivation graph as GraphML")
+    tt.add_argument("--layer", type=_nonneg_int, default=0, help="the layer --graphml writes (default 0)")
+    tt.add_argument("--plan", default=None, help="plan file: each expert's GPU as a --graphml node attribute")
+    tt.set_defaults(func=cmd_trace_stats)
+    ti = tsub.add_parser("import", help="SGLang expert-distribution dump (.pt) -> trace or counts .npz")
+    ti.add_argument("dump")
+    ti.add_argument("--output", required=True, help="TRACE.npz (per_token dump) or COUNTS.npz (stat dump)")
+    ti.add_argument("--top-k", type=_positive_int, default=None, help="model top-k (stat dumps do not record it)")
+    ti.add_argument("--trust-pickle", action="store_true", help="also unpickle non-tensor objects (runs code)")
+    ti.add_argument("--quiet", action="store_true")
+    ti.set_defaults(func=cmd_trace_import)
+    # the nested trace commands, listed under the top-level help too (from their parsers)
+    p.epilog = (
+        "trace commands:\n"
+        + "\n".join(f"  trace {a.dest:<8}{a.help}" for a in tsub._choices_actions)
+        + "\n\nEach command: moeopt COMMAND --help."
+    )
+
+    engines = ("sglang", "eplb", "vllm-ascend")
+    x = sub.add_parser("export", help="write a plan for a serving engine (SGLang, DeepSeek EPLB, vLLM-Ascend)")
+    x.add_argument("plan")
+    x.add_argument("--format", required=True, choices=engines)
+    x.add_argument("--output", required=True, help="sglang: .json/.pt; eplb: .npz/.pt; vllm-ascend: .json")
+    x.add_argument("--instance", help="check the plan against it and write cluster's slots_per_gpu + replica ones")
+    x.add_argument("--load", help="trace or count file: picks the fill of an empty slot no neutral copy can fill")
+    x.add_argument(
+        "--dispatch",
+        choices=DISPATCH_KINDS,
+        default=None,
+        help="dispatch to run the engine with (default: the plan's; sets SGLang's --ep-dispatch-algorithm)",
+    )
+    x.add_argument(
+        "--dense-layers", type=_nonneg_int, default=0, help="sglang: dense hidden layers before the MoE ones"
+    )
+    x.add_argument("--quiet", action="store_true")
+    x.set_defaults(func=cmd_export)
+    im = sub.add_parser("import", help="read a serving engine's expert placement back into a plan JSON")
+    im.add_argument("file")
+    im.add_argument("--format", required=True, choices=engines)
+    im.add_argument("--output", required=True, help="plan JSON to write")
+    im.add_argument("--instance", help="take gpus and experts from it and check the plan")
+    im.add_argument("--gpus", type=_positive_int, default=None, help="GPU count (SGLang maps do not record it)")
+    im.add_argument(
+        "--dispatch",
+        choices=DISPATCH_KINDS,
+        default=None,
+        help="the engine's dispatch (default: sglang static, eplb even, vllm-ascend even)",
+    )
+    im.add_argument("--dense-layers", type=_nonneg_int, default=0, help="sglang: leading dense-layer rows to drop")
+    im.add_argument("--quiet", action="store_true")
+    im.set_defaults(func=cmd_import)
+
+    pr = sub.add_parser("profile", help="measure a latency profile C(n) of one MoE layer (needs torch)")
+    _harness_args(pr)
+    pr.add_argument("--experts-per-gpu", type=_positive_int, default=1, help="experts the n tokens are spread over")
+    pr.add_argument(
+        "--max-tokens", type=_positive_int, default=None, help="largest n (default 4096 on GPU, 512 on CPU)"
+    )
+    pr.add_argument("--dense", action="store_true", help="also time every n; report the step function's error")
+    pr.add_argument("--repeats", type=_positive_int, default=5, help="timed runs per n (median)")
+    pr.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed runs per n")
+    pr.add_argument("--output", required=True, help="profile YAML to write")
+    pr.set_defaults(func=cmd_profile)
+
+    v = sub.add_parser("validate", help="run plans on this device as G emulated GPUs; measured vs modelled S")
+    v.add_argument("instance")
+    v.add_argument("plans", nargs="*", help="plan JSON files (none: linear, greedy and gem solved here)")
+    _harness_args(v)
+    v.add_argument("--max-steps", type=_positive_int, default=None, help="measure only the first N steps")
+    v.add_argument("--profile", default=None, help="modelled profile file (default: the instance's)")
+    v.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per GPU group (median)")
+    v.add_argument("--warmup", type=_nonneg_int, default=1, help="untimed runs per GPU group")
+    v.add_argument(
+        "--all-to-all",
+        default="auto",
+        choices=["auto", "off", "nccl", "gloo"],
+        help="time the token all-to-all (auto: NCCL when several CUDA devices are visible)",
+    )
+    v.add_argument("--world", type=_positive_int, default=None, help="ranks of the all-to-all")
+    v.add_argument("--seed", type=_nonneg_int, default=0)
+    v.add_argument("--report", help="report JSON to write")
+    v.add_argument("--markdown", help="report Markdown to write")
+    v.set_defaults(func=cmd_validate)
+
+    pl = sub.add_parser(
+        "plot", help="draw per-GPU loads, a frontier, or incumbent and bound over time (PNG, matplotlib)"
+    )
+    pl.add_argument("file", help="plan JSON, solve/compare --report JSON, or frontier JSON (--output-dir)")
+    pl.add_argument(
+        "--kind",
+        choices=["loads", "frontier", "gap"],
+        default=None,
+        help="what to draw (default: plan -> loads, frontier file -> frontier, report -> gap)",
+    )
+    pl.add_argument("--output", "-o", required=True, metavar="OUT.png", help="image to write")
+    pl.add_argument("--instance", help="loads: the instance whose evaluation workload is counted")
+    pl.add_argument(
+        "--from",
+        dest="from_plan",
+        metavar="CURRENT_PLAN",
+        help="loads: compare with this plan (moeopt or engine file) instead of linear",
+    )
+    pl.add_argument("--from-format", choices=["plan", "sglang", "eplb", "vllm-ascend"], default=None)
+    pl.add_argument("--layer", type=_nonneg_int, default=None, help="loads: layer to draw (default: the worst)")
+    pl.add_argument("--quiet", action="store_true", help="no note on stderr")
+    pl.set_defaults(func=cmd_plot)
+    return p
+
+
+#: terminal escape sequences (CSI, OSC) and other control characters kept out of error lines
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|[\x00-\x1f\x7f-\x9f]")
+
+
+def one_line(message: str) -> str:
+    """An error message as one printable line: escape sequences dropped, line breaks joined."""
+    return _CONTROL.sub(lambda m: " " if m.group() in "\n\r\t" else "", message).strip()
+
+
+#: options naming files a command writes, and options naming a directory it writes into
+OUTPUT_FILE_OPTIONS = ("output", "report", "markdown", "plot", "graphml")
+OUTPUT_DIR_OPTIONS = ("output_dir",)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before any work, outputs that cannot be written (directories, FIFOs, devices,
+    unwritable folders), naming the option; two options naming one file are refused too."""
+    seen: dict[str, str] = {}
+    for name in OUTPUT_FILE_OPTIONS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        option = "--" + name.replace("_", "-")
+        target = str(check_target(value, option))
+        if target in seen:
+            raise MoeoptError(f"{option}: {value} is also given as {seen[target]}; expected distinct files")
+        seen[target] = option
+    for name in OUTPUT_DIR_OPTIONS:
+        if getattr(args, name, None):
+            check_directory(getattr(args, name), "--" + name.replace("_", "-"))
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    """The parser, built once per process (building costs tens of ms, mostly gettext look-ups)."""
+    return build_parser()

@@ -1,0 +1,130 @@
+"""Text tables of the command line: metrics, solve summaries, migration frontiers, trace summaries."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tabulate import tabulate
+
+from moeopt.result import Result
+from moeopt.trace import Trace
+
+#: Rows of the metric tables: (report key, label, lower is better)
+METRIC_ROWS = [
+    ("comm_per_token", "remote GPUs / token / layer", True),
+    ("comm_weighted_per_token", "topology-weighted comm", True),
+    ("gpus_per_token", "GPUs / token / layer", True),
+    ("jain", "Jain fairness", False),
+    ("maxvio", "MaxVio", True),
+    ("maxvio_per_step", "MaxVio per step (mean)", True),
+    ("straggler_latency", "straggler latency S (ms)", True),
+    ("straggler_p90", "p90 step latency (ms)", True),
+    ("gap_to_bound", "gap to lower bound", True),
+    ("replication_bound_maxvio", "MaxVio lower bound (replication certificate)", True),
+]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
+
+
+def report_dict(result: Result, instance_name: str) -> dict:
+    assert result.termination is not None  # Result.__post_init__ sets it
+    return {
+        "instance": instance_name,
+        "method": result.method,
+        "params": result.params,
+        "status": result.status.value,
+        "termination": result.termination.value,
+        "solution": result.status.solution,
+        "objective_name": result.objective_name,
+        "sense": result.sense,
+        "objective": result.objective,
+        "bound": result.bound,
+        "gap": result.gap,
+        "wall_time": result.wall_time,
+        "metrics": result.metrics,
+        "stats": result.stats,
+    }
+
+
+def metrics_table(columns: dict[str, dict], extra: Sequence[tuple[str, list[str]]] = ()) -> str:
+    """The metric rows of several plans side by side, plus ``extra`` rows (label, cells)."""
+    names = list(columns)
+    rows = []
+    for key, label, _ in METRIC_ROWS:
+        vals = [columns[n].get(key) for n in names]
+        if all(v is None for v in vals):
+            continue
+        rows.append([label] + [_fmt(v) for v in vals])
+    rows += [[label, *cells] for label, cells in extra]
+    if not extra:
+        return tabulate(rows, headers=["metric"] + names, tablefmt="github")
+    # text rows (dispatch) among numbers: keep every cell as printed, numbers right-aligned
+    align = ("left",) + ("right",) * len(names)
+    return tabulate(rows, headers=["metric"] + names, tablefmt="github", disable_numparse=True, colalign=align)
+
+
+def metrics_report(name: str, metrics: dict) -> str:
+    """The metrics table of one plan against linear, its reductions and its notes."""
+    table = metrics_table({"linear": metrics.get("linear", {}), name: metrics})
+    extra = [f"dispatch: {metrics['dispatch']}"] if metrics.get("dispatch") else []
+    for key, label in (
+        ("comm_reduction_vs_linear", "communication reduction vs linear"),
+        ("straggler_improvement_vs_linear", "straggler latency improvement vs linear"),
+        ("p90_improvement_vs_linear", "p90 step latency improvement vs linear"),
+    ):
+        v = metrics.get(key)
+        if v is not None:
+            extra.append(f"{label}: {v:+.2f} %")
+    return "\n".join([table, *extra, *metrics.get("notes", [])])
+
+
+def _solve_table(result: Result) -> str:
+    lines = [result.summary()]
+    if result.plan is None and isinstance(result.stats.get("reason"), str):
+        lines.append(f"no plan: {result.stats['reason']}")  # why, and what would fix it
+    return "\n".join([*lines, metrics_report(result.method, result.metrics)])
+
+
+def migration_table(stats: dict) -> str:
+    """Moves vs MaxVio of a migration-aware re-plan (``solve --from``)."""
+    rows = [[f["budget"], f["moves"], f"{f['maxvio']:.4f}"] for f in stats["migration_frontier"]]
+    head = f"moved expert weights: {stats['moves']} (per layer: max {max(stats['moves_per_layer'], default=0)})"
+    table = tabulate(rows, headers=["budget / layer", "moves (all layers)", "MaxVio"], tablefmt="github")
+    return "\n".join([head, "migration frontier (calibration, even split):", table])
+
+
+def trace_summary(workload: Any) -> str:
+    stats = workload.stats() if isinstance(workload, Trace) else workload
+    lines = []
+    if isinstance(workload, Trace):
+        lines.append(
+            f"tokens {workload.tokens}, layers {workload.layers}, experts {workload.num_experts}, "
+            f"top-{workload.top_k}, steps {workload.steps}"
+        )
+    else:
+        lines.append(f"count-only statistics: layers {stats.layers}, experts {stats.experts}, top-{stats.top_k}")
+    share = ", ".join(f"{n} {100 * s:.1f} %" for n, s in zip(stats.family_names, stats.family_share, strict=True))
+    lines.append(f"families: {share}")
+    rows = []
+    for l in range(stats.layers):
+        load = stats.expert_load[l]
+        row = [l, f"{load.max() / max(load.mean(), 1e-12):.2f}", f"{load.min() / max(load.mean(), 1e-12):.2f}"]
+        if stats.affinity is not None:
+            a = stats.affinity[l]
+            row.append(f"{(a > 0).mean():.2f}")
+        rows.append(row)
+    headers = ["layer", "busiest/mean", "idlest/mean"] + (
+        ["coactivation density"] if stats.affinity is not None else []
+    )
+    lines.append(tabulate(rows, headers=headers, tablefmt="github"))
+    from moeopt.utilization import classification_lines
+
+    lines.extend(classification_lines(stats))
+    return "\n".join(lines)

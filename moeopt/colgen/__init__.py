@@ -1,0 +1,74 @@
+"""Grouping bounds that close: the set-partitioning relaxation solved by column generation.
+
+The Dantzig-Wolfe reformulation of the grouping problem (formulations/tacg.md, section 7)
+has one column per feasible group ``S`` (at most ``cap`` experts, load at most
+``load_limit``) with value ``v(S) = sum_{e < e' in S} W[e, e']``:
+
+    max sum_S v(S) x_S   s.t.   sum_{S ni e} x_S = 1 (each expert e),   sum_S x_S <= G,   x >= 0.
+
+Its LP value bounds the optimum from above and is much tighter than the cheap bounds of
+:mod:`moeopt.bounds`. Column generation solves it over a growing set of columns (the
+restricted master, HiGHS); pricing looks for a group of positive reduced cost
+``v(S) - pi(S) - mu`` (a small quadratic knapsack): a vectorized greedy + swap heuristic
+first, then exactly (branch and bound over the groups in lexicographic order; CP-SAT
+beside it for groups of more than 4 experts).
+
+Every exact pricing at duals ``pi`` gives a valid bound, the Lagrangian (Farley) bound
+
+    z <= L(pi) = sum_e pi_e + G max(0, max_S [v(S) - pi(S)]),
+
+whatever ``pi`` (``pi >= 0`` when expert rows are ``<= 1``), so the bound is valid at every
+iteration, not only at convergence; an exact pricing that stops early contributes its proved
+upper bound on the reduced cost. Duals are smoothed (Wentges): pricing happens at a convex
+combination of the best-bound duals and the master's. A restricted master MILP (HiGHS, the
+incumbent as a start) over the generated columns can improve the plan.
+
+The package: :mod:`.pricing` (the quadratic-knapsack pricing), :mod:`.master` (the restricted
+master LP and MILP in highspy), :mod:`.driver` (:func:`column_generation`, the loop and its
+bounds).
+"""
+
+from moeopt.colgen.driver import (
+    MILP_SHARE,
+    PRICING_TOLERANCE,
+    RC_TOL,
+    STALL_ITERATIONS,
+    ColgenResult,
+    column_generation,
+)
+from moeopt.colgen.master import Master, restricted_milp
+from moeopt.colgen.pricing import (
+    LOAD_SCALE,
+    PRICING_SCALE,
+    Pricing,
+    group_value,
+    price_branch_and_bound,
+    price_cpsat,
+    price_enumerate,
+    price_exact,
+    price_heuristic,
+    pricing_candidates,
+    reduced_values,
+)
+
+__all__ = [
+    "LOAD_SCALE",
+    "MILP_SHARE",
+    "PRICING_SCALE",
+    "PRICING_TOLERANCE",
+    "RC_TOL",
+    "STALL_ITERATIONS",
+    "ColgenResult",
+    "Master",
+    "Pricing",
+    "column_generation",
+    "group_value",
+    "price_branch_and_bound",
+    "price_cpsat",
+    "price_enumerate",
+    "price_exact",
+    "price_heuristic",
+    "pricing_candidates",
+    "reduced_values",
+    "restricted_milp",
+]

@@ -1,0 +1,291 @@
+"""The column generation driver: master LP, pricing, Lagrangian bounds, the final master MILP."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moeopt.bounds import grouping_bound
+from moeopt.colgen.master import Master, restricted_milp
+from moeopt.colgen.pricing import price_exact, price_heuristic, pricing_candidates, reduced_values
+from moeopt.errors import InfeasibleError
+from moeopt.grouping import LOAD_TOL, Grouping
+from moeopt.heuristics.spectral import grouping_heuristic
+from moeopt.result import Termination
+
+#: reduced costs below this (relative to the largest affinity) count as zero
+RC_TOL = 1e-7
+#: share of the time limit kept for the restricted master MILP at the end
+MILP_SHARE = 0.15
+#: master LP solves without progress before an exact pricing (for a bound and a new center)
+STALL_ITERATIONS = 8
+#: exact pricing may stop this far (relative to the LP value, over G) from the best reduced cost
+PRICING_TOLERANCE = 2e-4
+
+
+@dataclass(frozen=True, eq=False)
+class ColgenResult:
+    """What :func:`column_generation` found for one grouping problem.
+
+    Attributes
+    ----------
+    bound
+        A valid upper bound on the optimal intra-group affinity (the least of the
+        Lagrangian bounds of the exactly priced iterations and the cheap bounds).
+    objective
+        ``problem.objective(home)`` of the best plan found, or None.
+    home
+        That plan (expert -> group), feasible; None when there is none.
+    history
+        ``(seconds, bound, incumbent)`` after each event (start, each exact pricing, MILP).
+    columns
+        Columns in the restricted master at the end.
+    iterations
+        Master LP solves.
+    proven
+        Whether pricing proved the master LP optimal (its value is then the LP bound).
+    termination
+        Why the search stopped (OPTIMAL: LP proved and, where possible, the plan too).
+    lp_value
+        The last restricted master LP value (a lower bound on the LP optimum).
+    bound_kind
+        ``'colgen'`` when the column generation bound is the tightest, else the cheap bound's name.
+    info
+        Counters: pricing calls by kind, time in each part.
+    """
+
+    bound: float
+    objective: float | None
+    home: np.ndarray | None
+    history: list[tuple[float, float, float | None]]
+    columns: int
+    iterations: int
+    proven: bool
+    termination: Termination
+    lp_value: float | None = None
+    bound_kind: str = "colgen"
+    info: dict = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float | None:
+        """``(bound - objective) / bound`` (None without a plan; 0 for a zero bound)."""
+        if self.objective is None:
+            return None
+        if self.bound <= 0:
+            return 0.0
+        return max(self.bound - self.objective, 0.0) / self.bound
+
+
+def _start_plan(problem: Grouping, start_home: np.ndarray | None, seed: int, deadline: float) -> np.ndarray | None:
+    if start_home is not None:
+        home = np.asarray(start_home, dtype=np.int64)
+        return home if problem.feasible(home) else None
+    try:  # agnostic's defaults (moeopt.methods.tacg.heuristic_home with AgnosticParams())
+        home, _ = grouping_heuristic(problem, np.random.default_rng(seed), deadline=deadline)
+    except InfeasibleError:
+        return None
+    return home if problem.feasible(home) else None
+
+
+def column_generation(
+    problem: Grouping,
+    time_limit: float,
+    *,
+    start_home: np.ndarray | None = None,
+    log: Callable[[str], None] | None = None,
+    seed: int = 0,
+    smoothing: float = 0.8,
+    pricing_time: float | None = None,
+) -> ColgenResult:
+    """Upper bound (and maybe a better plan) for ``problem`` by column generation.
+
+    Parameters
+    ----------
+    problem
+        The grouping problem (W, w, G, cap, load limit).
+    time_limit
+        Seconds for everything (start plan, cheap bound, pricing, master LPs, final MILP).
+    start_home
+        A feasible plan: its groups seed the master and it is the first incumbent. None:
+        ``agnostic``'s heuristic (:func:`moeopt.heuristics.spectral.grouping_heuristic`), within a
+        tenth of the time limit.
+    log
+        Called with one line per exact pricing.
+    seed
+        Random seed of the start heuristic and CP-SAT.
+    smoothing
+        Wentges dual smoothing alpha in [0, 1) (0: price at the master's duals); after k
+        consecutive exact pricings without a column, ``max(0, 1 - (k + 1)(1 - alpha))``.
+    pricing_time
+        Seconds per exact pricing, and the longest stretch of heuristic pricing between two
+        exact ones (default: a tenth of the time limit, at least 1 s).
+
+    Returns
+    -------
+    ColgenResult
+        Bound valid at every recorded point, best plan and history.
+    """
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit
+    say = log or (lambda _msg: None)
+    W = problem.graph
+    E, G = problem.experts, problem.groups
+    info: dict = {
+        "heuristic_pricings": 0,
+        "exact_pricings": 0,
+        "mispricings": 0,
+        "lp_time": 0.0,
+        "pricing_time": 0.0,
+        "milp_time": 0.0,
+    }
+    home = _start_plan(problem, start_home, seed, t0 + 0.1 * time_limit)
+    incumbent = None if home is None else problem.objective(home)
+    cheap, cheap_kind = grouping_bound(problem)
+    bound, kind = cheap, cheap_kind
+    history: list[tuple[float, float, float | None]] = [(time.perf_counter() - t0, bound, incumbent)]
+    tol = RC_TOL * max(float(W.max(initial=0.0)), 1e-12)
+    if E == 0 or min(problem.cap, E) <= 1 or bound <= tol:
+        # no pair can share a group, or no pair has affinity: every plan is worth 0
+        done = Termination.OPTIMAL if home is not None else Termination.COMPLETED
+        return ColgenResult(bound, incumbent, home, history, 0, 0, True, done, 0.0, kind, info)
+
+    partition = home is not None
+    master = Master(problem, partition)
+    master.add([np.array([e]) for e in range(E)])
+    if home is not None:
+        master.add([np.flatnonzero(home == g) for g in range(G)])
+    if pricing_time is None:
+        pricing_time = max(1.0, 0.1 * time_limit)
+    milp_at = deadline - MILP_SHARE * time_limit
+    # stability center of the dual smoothing: first each expert's share of its group's value
+    # in the start plan (sum = its objective), then the duals of the best Lagrangian bound
+    center = None if home is None else 0.5 * (W * (home[:, None] == home[None, :])).sum(axis=1)
+    center_value = math.inf
+    last_exact = time.perf_counter()
+    best_lp, stalled = -math.inf, 0  # master LP iterations without progress
+    mispriced = 0  # consecutive exact pricings that found nothing for the master
+    iterations = 0
+    proven = False
+    lp_value = None
+    hint = None
+    while time.perf_counter() < milp_at:
+        ts = time.perf_counter()
+        lp_value, pi, mu, _x = master.solve()
+        info["lp_time"] += time.perf_counter() - ts
+        iterations += 1
+        if lp_value >= bound - 1e-9 * max(abs(bound), 1.0):
+            break  # the master meets a valid bound: LP (and bound) optimal
+        # Wentges smoothing; after each misprice the pricing duals move towards the master's
+        alpha = 1.0 - (mispriced + 1) * (1.0 - smoothing)
+        alpha = alpha if alpha > 1e-9 else 0.0
+        pi_price = pi if center is None or alpha == 0.0 else alpha * center + (1.0 - alpha) * pi
+        if not partition:  # the Lagrangian bound of rows "<= 1" needs pi >= 0
+            pi_price = np.maximum(pi_price, 0.0)
+        ts = time.perf_counter()
+        found = price_heuristic(problem, pi_price, seeds=pricing_candidates(problem, pi_price))
+        info["heuristic_pricings"] += 1
+        threshold = max(0.0, float(reduced_values(problem, found[:1], pi_price).max(initial=0.0)))
+        rc = reduced_values(problem, found, pi) - mu
+        good = [s for s, r in zip(found, rc, strict=True) if r > tol]
+        if not good and pi_price is not pi:  # nothing at the smoothed duals: try the master's
+            extra = price_heuristic(problem, pi, seeds=pricing_candidates(problem, pi))
+            rc = reduced_values(problem, extra, pi) - mu
+            good = [s for s, r in zip(extra, rc, strict=True) if r > tol]
+        info["pricing_time"] += time.perf_counter() - ts
+        if lp_value > best_lp + 1e-4 * max(abs(lp_value), 1e-12):
+            best_lp, stalled = lp_value, 0
+        else:
+            stalled += 1
+        due = time.perf_counter() - last_exact > pricing_time  # a bound (and a center) now and then
+        if good and stalled < STALL_ITERATIONS and iterations > 1 and not due:
+            hint = good[0]
+            master.add(_disjoint_first(good, E, limit=max(10, 2 * G)))
+            continue
+        stall_added = bool(good)
+        if good:  # the master stalls (degenerate pivots): price exactly for a bound and a new center
+            master.add(_disjoint_first(good, E, limit=max(10, 2 * G)))
+            stalled = 0
+        # exact pricing at the smoothed duals: a Lagrangian bound, and columns if any
+        ts = time.perf_counter()
+        left = milp_at - time.perf_counter()
+        # far from the LP optimum a rough pricing is worth more than an exact one: prune within a
+        # tenth of the current gap (the bound loses at most that), then tighter as the gap closes
+        slack = max(PRICING_TOLERANCE * max(abs(lp_value), abs(incumbent or 0.0)), 0.1 * (bound - lp_value)) / G
+        pr = price_exact(
+            problem,
+            pi_price,
+            time_limit=max(0.1, min(pricing_time, left)),
+            hint=hint,
+            seed=seed,
+            threshold=threshold,
+            tolerance=slack,
+        )
+        info["exact_pricings"] += 1
+        last_exact = time.perf_counter()
+        info["pricing_time"] += last_exact - ts
+        lag = float(pi_price.sum()) + G * max(0.0, pr.upper)
+        if lag < center_value:
+            center, center_value = pi_price.copy(), lag
+        if lag < bound:
+            bound, kind = lag, "colgen"
+        history.append((time.perf_counter() - t0, bound, incumbent))
+        say(
+            f"colgen it {iterations} ({time.perf_counter() - ts:.2f} s): lp {lp_value:.6g}, bound {bound:.6g}, "
+            f"pricing {pr.kind} "
+            f"upper {pr.upper:.4g}{'' if pr.proven else ' (unproven)'}, alpha {alpha:.2g}, "
+            f"columns {len(master.groups)}"
+        )
+        rc = reduced_values(problem, pr.groups, pi) - mu
+        good = [
+            s
+            for s, r in zip(pr.groups, rc, strict=True)
+            if r > tol and problem.load[s].sum() <= problem.load_limit + LOAD_TOL
+        ]
+        if good:
+            master.add(good)
+        if good or stall_added:
+            mispriced = 0
+            continue
+        mispriced += 1
+        info["mispricings"] += 1
+        if alpha == 0.0 and pr.proven and lag <= lp_value + PRICING_TOLERANCE * abs(lp_value) + 1e-12:
+            proven = True  # priced at the master's duals, nothing to add: the LP is solved (to the tolerance)
+            break
+    if lp_value is not None and lp_value >= bound - 1e-9 * max(abs(bound), 1.0):
+        proven = True
+    # restricted master MILP over the generated columns
+    ts = time.perf_counter()
+    left = deadline - ts
+    if left > 0.05 and (incumbent is None or incumbent < bound - 1e-9 * max(abs(bound), 1.0)):
+        plan = restricted_milp(problem, master.groups, partition, time_limit=left, start=home)
+        if plan is not None and problem.feasible(plan):
+            value = problem.objective(plan)
+            if incumbent is None or value > incumbent:
+                home, incumbent = plan, value
+        history.append((time.perf_counter() - t0, bound, incumbent))
+    info["milp_time"] = time.perf_counter() - ts
+    closed = incumbent is not None and bound - incumbent <= 1e-6 * max(abs(bound), 1e-12)
+    if closed or proven:
+        termination = Termination.OPTIMAL if closed else Termination.COMPLETED
+    else:
+        termination = Termination.TIME_LIMIT
+    return ColgenResult(
+        bound, incumbent, home, history, len(master.groups), iterations, proven, termination, lp_value, kind, info
+    )
+
+
+def _disjoint_first(groups: list[np.ndarray], experts: int, limit: int) -> list[np.ndarray]:
+    """Up to ``limit`` groups, best first, preferring ones disjoint from those already taken."""
+    used = np.zeros(experts, dtype=bool)
+    first, rest = [], []
+    for s in groups:
+        if not used[s].any():
+            first.append(s)
+            used[s] = True
+        else:
+            rest.append(s)
+    return (first + rest)[:limit]

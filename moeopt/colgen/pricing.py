@@ -1,0 +1,433 @@
+"""Pricing for the column generation: a group of positive reduced cost ``v(S) - pi(S) - mu``.
+
+A small quadratic knapsack: a vectorized greedy + swap heuristic first
+(:func:`price_heuristic`), then exactly (:func:`price_exact`: enumeration of small groups,
+branch and bound over the groups in lexicographic order, CP-SAT beside it for groups of more
+than 4 experts). An exact pricing that stops early still returns a proved upper bound on the
+best reduced cost (``Pricing.upper``), which keeps the Lagrangian bound valid.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from moeopt.bounds import top_sum
+from moeopt.grouping import LOAD_TOL, Grouping
+
+#: integer scale of the largest coefficient in the CP-SAT pricing model
+PRICING_SCALE = 1_000_000
+#: loads are scaled to integers by this factor in the CP-SAT pricing model
+LOAD_SCALE = 1_000_000_000
+
+
+def group_value(graph: np.ndarray, members: np.ndarray) -> float:
+    """``v(S)``: the affinity inside one group."""
+    idx = np.asarray(members, dtype=np.int64)
+    return 0.5 * float(graph[np.ix_(idx, idx)].sum())
+
+
+def pricing_candidates(problem: Grouping, pi: np.ndarray) -> np.ndarray:
+    """Experts that some best least-size pricing group may hold.
+
+    In a best group ``S`` of least size, every member ``e`` gains more from its partners than
+    it costs: ``sum_{f in S - e} W[e, f] > pi_e`` (else dropping it keeps the value and the
+    group feasible). That sum is at most ``e``'s ``cap - 1`` best partners among the
+    remaining candidates, so experts failing it are dropped, repeatedly.
+    """
+    W = problem.graph
+    cand = np.arange(problem.experts)
+    partners = min(problem.cap, problem.experts) - 1
+    while len(cand):
+        top = top_sum(W[np.ix_(cand, cand)], partners) if partners > 0 else np.zeros(len(cand))
+        keep = top > pi[cand]
+        if keep.all():
+            break
+        cand = cand[keep]
+    return cand
+
+
+def _local_search(problem: Grouping, pi: np.ndarray, member: np.ndarray, rounds: int) -> np.ndarray:
+    """Best-improvement moves on many groups at once: add, drop, or swap one expert."""
+    W, w = problem.graph, problem.load
+    E, cap = problem.experts, min(problem.cap, problem.experts)
+    limit = problem.load_limit if problem.limited else math.inf
+    n = len(member)
+    member = member.copy()
+    gain = member.astype(np.float64) @ W - pi[None, :]  # gain_x = sum_{s in S} W[s, x] - pi_x
+    load = member.astype(np.float64) @ w
+    active = np.arange(n)
+    for _ in range(rounds):
+        if not len(active):
+            break
+        a = active
+        rows = np.arange(len(a))
+        mem, gn, ld = member[a], gain[a], load[a]
+        size = mem.sum(axis=1)
+        # members, padded with non-members (masked) for groups below cap
+        order = np.argsort(~mem, axis=1, kind="stable")[:, :cap]
+        valid = np.take_along_axis(mem, order, axis=1)  # [n, cap]
+        g_out = np.where(valid, np.take_along_axis(gn, order, axis=1), np.inf)  # value lost by dropping t
+        # swap t out, f in: - gain_t + gain_f - W[t, f]
+        fits = ld[:, None, None] - w[order][:, :, None] + w[None, None, :] <= limit + LOAD_TOL
+        swap = gn[:, None, :] - W[order] - g_out[:, :, None]
+        swap = np.where(mem[:, None, :] | ~fits | ~valid[:, :, None], -np.inf, swap)
+        flat = swap.reshape(len(a), -1).argmax(axis=1)
+        t_pos, f_swap = np.divmod(flat, E)
+        best_swap = swap.reshape(len(a), -1)[rows, flat]
+        # add f where a slot is free and it fits
+        add = np.where(mem | (ld[:, None] + w[None, :] > limit + LOAD_TOL) | (size >= cap)[:, None], -np.inf, gn)
+        f_add = add.argmax(axis=1)
+        best_add = add[rows, f_add]
+        # drop t (never the last member)
+        drop = np.where(valid & (size > 1)[:, None], -g_out, -np.inf)
+        t_drop = drop.argmax(axis=1)
+        best_drop = drop[rows, t_drop]
+        moves = np.stack([best_swap, best_add, best_drop], axis=1)
+        kind = moves.argmax(axis=1)
+        improving = moves[rows, kind] > 1e-12
+        t_out = np.where(kind == 0, order[rows, t_pos], np.where(kind == 2, order[rows, t_drop], -1))
+        f_in = np.where(kind == 0, f_swap, np.where(kind == 1, f_add, -1))
+        sel = improving & (t_out >= 0)
+        r, t = a[sel], t_out[sel]
+        member[r, t] = False
+        load[r] -= w[t]
+        gain[r] -= W[t]
+        sel = improving & (f_in >= 0)
+        r, f = a[sel], f_in[sel]
+        member[r, f] = True
+        load[r] += w[f]
+        gain[r] += W[f]
+        active = a[improving]
+    return member
+
+
+def price_heuristic(
+    problem: Grouping,
+    pi: np.ndarray,
+    *,
+    rounds: int = 60,
+    seeds: np.ndarray | None = None,
+    extra: list[np.ndarray] | None = None,
+) -> list[np.ndarray]:
+    """Groups of high ``v(S) - pi(S)``: greedy growth from every seed expert, then local search.
+
+    All starts grow at once (numpy over ``[starts, E]``): each step adds the expert of
+    largest gain ``sum_{t in S} W[t, f] - pi_f`` that fits (slots, load), once while the gain
+    is positive and once filling every slot; then best-improvement add / drop / swap moves
+    (:func:`_local_search`) until none improves or ``rounds`` pass. ``extra`` groups (e.g.
+    the master's best columns) are improved too.
+
+    Returns
+    -------
+    list of np.ndarray
+        Distinct groups (sorted expert ids), best reduced value ``v(S) - pi(S)`` first.
+    """
+    W, w = problem.graph, problem.load
+    E, cap = problem.experts, min(problem.cap, problem.experts)
+    limit = problem.load_limit if problem.limited else math.inf
+    seeds = np.arange(E) if seeds is None else np.asarray(seeds, dtype=np.int64)
+    if not len(seeds):
+        return []
+    starts = []
+    for fill in (False, True):
+        n = len(seeds)
+        rows = np.arange(n)
+        member = np.zeros((n, E), dtype=bool)
+        member[rows, seeds] = True
+        load = w[seeds].copy()
+        gain = W[seeds] - pi[None, :]
+        for _ in range(cap - 1):
+            g = np.where(member | (load[:, None] + w[None, :] > limit + LOAD_TOL), -np.inf, gain)
+            best = g.argmax(axis=1)
+            ok = np.isfinite(g[rows, best]) & ((g[rows, best] > 0) | fill)
+            if not ok.any():
+                break
+            r = rows[ok]
+            member[r, best[ok]] = True
+            load[r] += w[best[ok]]
+            gain[r] += W[best[ok]]
+        starts.append(member)
+    for s in extra or []:
+        m = np.zeros((1, E), dtype=bool)
+        m[0, s] = True
+        starts.append(m)
+    member = _local_search(problem, pi, np.concatenate(starts), rounds)
+    value = 0.5 * np.einsum("ne,ef,nf->n", member, W, member) - member @ pi
+    order = np.argsort(-value)
+    seen: set[bytes] = set()
+    out = []
+    for i in order:
+        key = np.packbits(member[i]).tobytes()
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(np.flatnonzero(member[i]))
+    return out
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """An exact pricing's answer: groups found and a proved bound on ``max_S v(S) - pi(S)``."""
+
+    groups: list[np.ndarray]
+    upper: float  # >= max over feasible S (the empty group included) of v(S) - pi(S)
+    proven: bool  # upper is the maximum itself
+    kind: str
+
+
+def price_enumerate(problem: Grouping, pi: np.ndarray, cand: np.ndarray, keep: int = 20) -> Pricing:
+    """Exact pricing by enumerating every subset of the candidates of at most ``cap`` experts
+    (a reference for tests and tiny problems; :func:`price_branch_and_bound` prunes)."""
+    W, w = problem.graph, problem.load
+    limit = problem.load_limit if problem.limited else math.inf
+    best_groups: list[tuple[float, np.ndarray]] = []
+    upper = 0.0
+    n = len(cand)
+    for k in range(1, min(problem.cap, n) + 1):
+        combos = np.fromiter(
+            itertools.chain.from_iterable(itertools.combinations(range(n), k)), dtype=np.int32
+        ).reshape(-1, k)
+        sets = cand[combos]
+        value = -pi[sets].sum(axis=1)
+        for a in range(k):
+            for b in range(a + 1, k):
+                value = value + W[sets[:, a], sets[:, b]]
+        if np.isfinite(limit):
+            value = np.where(w[sets].sum(axis=1) <= limit + LOAD_TOL, value, -np.inf)
+        if not len(value):
+            continue
+        upper = max(upper, float(value.max()))
+        top = np.argsort(-value)[:keep]
+        best_groups.extend((float(value[i]), np.sort(sets[i])) for i in top if value[i] > 0)
+    best_groups.sort(key=lambda t: -t[0])
+    return Pricing([s for _, s in best_groups[:keep]], upper, True, "enumerate")
+
+
+def price_branch_and_bound(
+    problem: Grouping,
+    pi: np.ndarray,
+    cand: np.ndarray,
+    *,
+    threshold: float = 0.0,
+    tolerance: float = 0.0,
+    deadline: float | None = None,
+    keep: int = 20,
+    chunk_elements: int = 4_000_000,
+) -> Pricing:
+    """Exact pricing by enumerating groups in lexicographic order, depth first by chunks, with bounds.
+
+    A node is a feasible group ``T`` (last expert ``l``); its completions add up to
+    ``r = cap - |T|`` experts ``f > l``, and with ``g_f = sum_{t in T} W[t, f] - pi_f``
+
+        v(T + U) - pi(T + U) <= v(T) - pi(T) + top_r^+ (g_f + h_f / 2),
+
+    ``h_f`` the sum of f's ``r - 1`` largest affinities to experts after ``l`` (pairs inside
+    U counted from both ends). Nodes whose bound is at most ``max(threshold, best found) + tolerance`` are
+    pruned; the last expert of a group is chosen exactly (``max_f g_f``). ``threshold`` must be
+    the reduced value of some feasible group (or 0, the empty group). Children are expanded
+    in chunks, best bound first; chunks left at ``deadline`` contribute their parents'
+    bounds, so the answer's upper bound stays valid (not proven).
+    """
+    if not len(cand):
+        return Pricing([], max(threshold, 0.0) + tolerance, True, "branch-and-bound")
+    W, w = problem.graph, problem.load
+    limit = problem.load_limit if problem.limited else math.inf
+    cap = min(problem.cap, len(cand))
+    Wc = W[np.ix_(cand, cand)]
+    pc = pi[cand]
+    wc = w[cand]
+    n = len(cand)
+    # tops[l, f, m]: the m largest affinities of f to experts after l (completions of a node
+    # whose last expert is l come from there); m < cap - 1 is all a bound needs
+    m = max(cap - 2, 0)
+    tops = np.zeros((n, n, m + 1))
+    for l in range(n - 1):
+        part = Wc[:, l + 1 :]
+        k = min(m, part.shape[1])
+        if k:
+            top = -np.sort(-np.partition(part, part.shape[1] - k, axis=1)[:, part.shape[1] - k :], axis=1)
+            tops[l, :, 1 : k + 1] = np.cumsum(top, axis=1)
+            tops[l, :, k + 1 :] = tops[l, :, k : k + 1]
+    state = {"best": max(threshold, 0.0), "left": -math.inf}
+    found: list[tuple[float, np.ndarray]] = []
+    index = np.arange(n)
+
+    def note(sets: np.ndarray, value: np.ndarray) -> None:
+        if not len(value):
+            return
+        state["best"] = max(state["best"], float(value.max()))
+        good = np.flatnonzero(value > threshold + 1e-15)
+        found.extend((float(value[j]), cand[sets[j]]) for j in good[np.argsort(-value[good])[:keep]])
+
+    def visit(sets: np.ndarray, value: np.ndarray, gain: np.ndarray, load: np.ndarray) -> None:
+        k = sets.shape[1]
+        note(sets, value)
+        r = cap - k
+        if r == 0:
+            return
+        after = index[None, :] > sets[:, -1][:, None]
+        fits = load[:, None] + wc[None, :] <= limit + LOAD_TOL
+        if r == 1:  # the last expert, exactly
+            g = np.where(after & fits, gain, -np.inf)
+            f = g.argmax(axis=1)
+            ok = np.isfinite(g[np.arange(len(f)), f])
+            note(np.concatenate([sets[ok], f[ok, None]], axis=1), value[ok] + g[ok, f[ok]])
+            return
+        score = np.where(after & fits, gain + 0.5 * tops[sets[:, -1], :, r - 1], -np.inf)
+        pos = np.maximum(score, 0.0)
+        bound = value + top_sum(pos, r)
+        rest = top_sum(pos, r - 1)
+        order = np.argsort(-bound)
+        step = max(1, chunk_elements // (n * n))
+        for c in range(0, len(order), step):
+            part = order[c : c + step]
+            part = part[bound[part] > state["best"] + tolerance]
+            if not len(part):
+                continue
+            if deadline is not None and time.perf_counter() > deadline:
+                state["left"] = max(state["left"], float(bound[part].max()))
+                continue
+            # children: each node with each f > last that may still pay
+            cut = state["best"] + tolerance - value[part] - rest[part]
+            node, f = np.nonzero(score[part] > cut[:, None])
+            node = part[node]
+            visit(
+                np.concatenate([sets[node], f[:, None]], axis=1),
+                value[node] + gain[node, f],
+                gain[node] + Wc[f],
+                load[node] + wc[f],
+            )
+
+    for c in range(0, n, max(1, chunk_elements // (n * n))):
+        seeds = index[c : c + max(1, chunk_elements // (n * n))]
+        visit(seeds[:, None], -pc[seeds], Wc[seeds] - pc[None, :], wc[seeds])
+    found.sort(key=lambda t: -t[0])
+    proven = state["left"] == -math.inf
+    upper = max(state["best"] + tolerance, state["left"], 0.0)
+    return Pricing([np.sort(s) for _, s in found[:keep]], upper, proven, "branch-and-bound")
+
+
+def price_cpsat(
+    problem: Grouping,
+    pi: np.ndarray,
+    cand: np.ndarray,
+    *,
+    time_limit: float,
+    hint: np.ndarray | None = None,
+    threads: int = 1,
+    seed: int = 0,
+) -> Pricing:
+    """Exact pricing with CP-SAT on the candidates: ``x_e`` in S, ``z_ij <= x_i, x_j`` per pair.
+
+    Coefficients are scaled to integers; the proved real bound adds the largest rounding
+    error of a feasible group (``cap (cap - 1) / 2`` pairs and ``cap`` experts, half a unit
+    each). Loads get ``cap / 2`` units of slack so that every really feasible group stays
+    feasible (the model is a relaxation); a group found is kept only within the real limit.
+    """
+    from ortools.sat.python import cp_model
+
+    W, w = problem.graph, problem.load
+    n, cap = len(cand), min(problem.cap, len(cand))
+    Wc = W[np.ix_(cand, cand)]
+    pc = pi[cand]
+    pi_, pj_ = np.nonzero(np.triu(Wc, k=1) > 0)
+    pw = Wc[pi_, pj_]
+    top = max(float(pw.max(initial=0.0)), float(np.abs(pc).max(initial=0.0)), 1e-300)
+    scale = PRICING_SCALE / top
+    wint = np.rint(pw * scale).astype(np.int64)
+    pint = np.rint(pc * scale).astype(np.int64)
+    m = cp_model.CpModel()
+    x = [m.new_bool_var(f"x{e}") for e in range(n)]
+    z = [m.new_bool_var(f"z{p}") for p in range(len(pw))]
+    incident: list[list[int]] = [[] for _ in range(n)]
+    for p, (i, j) in enumerate(zip(pi_.tolist(), pj_.tolist(), strict=True)):
+        m.add_implication(z[p], x[i])
+        m.add_implication(z[p], x[j])
+        incident[i].append(p)
+        incident[j].append(p)
+    m.add(sum(x) <= cap)
+    for e in range(n):  # star cuts: at most cap - 1 partners, only when e is in
+        if len(incident[e]) > cap - 1:
+            m.add(sum(z[p] for p in incident[e]) <= (cap - 1) * x[e])
+    if problem.limited:
+        wl = np.rint(w[cand] * LOAD_SCALE).astype(np.int64)
+        lim = int(math.floor(problem.load_limit * LOAD_SCALE)) + (cap + 1) // 2
+        m.add(sum(int(a) * xe for a, xe in zip(wl.tolist(), x, strict=True)) <= lim)
+    m.maximize(
+        sum(int(a) * zp for a, zp in zip(wint.tolist(), z, strict=True))
+        - sum(int(a) * xe for a, xe in zip(pint.tolist(), x, strict=True))
+    )
+    if hint is not None:
+        pos = {int(e): k for k, e in enumerate(cand)}
+        inside = np.zeros(n, dtype=bool)
+        inside[[pos[int(e)] for e in hint if int(e) in pos]] = True
+        for k in range(n):
+            m.add_hint(x[k], bool(inside[k]))
+        for p, (i, j) in enumerate(zip(pi_.tolist(), pj_.tolist(), strict=True)):
+            m.add_hint(z[p], bool(inside[i] and inside[j]))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.05, time_limit)
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.random_seed = seed
+    code = solver.solve(m)
+    name = solver.status_name(code)
+    rounding = 0.5 / scale * (cap * (cap - 1) / 2 + cap)
+    if name not in ("OPTIMAL", "FEASIBLE"):
+        # no answer: the trivial bound (every candidate's best partners, cap of them)
+        gain = top_sum(Wc, cap - 1) - pc
+        return Pricing([], max(0.0, float(top_sum(np.maximum(gain, 0.0)[None, :], cap)[0])), False, "cpsat")
+    upper = max(0.0, solver.best_objective_bound / scale + rounding)
+    chosen = cand[[k for k in range(n) if solver.value(x[k])]]
+    groups = [np.sort(chosen)] if len(chosen) else []
+    return Pricing(groups, upper, name == "OPTIMAL", "cpsat")
+
+
+def price_exact(
+    problem: Grouping,
+    pi: np.ndarray,
+    *,
+    time_limit: float,
+    hint: np.ndarray | None = None,
+    seed: int = 0,
+    threshold: float = 0.0,
+    tolerance: float = 0.0,
+) -> Pricing:
+    """Exact pricing: :func:`price_branch_and_bound`, then CP-SAT on what is left of ``time_limit``
+    when the search stops early and groups are larger than 4 (the least upper bound is kept)."""
+    t0 = time.perf_counter()
+    cand = pricing_candidates(problem, pi)
+    if not len(cand):
+        return Pricing([], 0.0, True, "pruned")
+    partners = min(problem.cap, problem.experts) - 1
+    potential = top_sum(problem.graph[np.ix_(cand, cand)], partners) - pi[cand]
+    cand = cand[np.argsort(-potential, kind="stable")]  # promising experts first: good groups early
+    out = price_branch_and_bound(
+        problem,
+        pi,
+        cand,
+        threshold=threshold,
+        tolerance=tolerance,
+        deadline=t0 + (time_limit if problem.cap <= 4 else 0.75 * time_limit),
+    )
+    left = time_limit - (time.perf_counter() - t0)
+    if out.proven or problem.cap <= 4 or left < 0.5:
+        return out
+    sat = price_cpsat(
+        problem,
+        pi,
+        cand,
+        time_limit=left,
+        hint=hint if hint is not None else (out.groups[0] if out.groups else None),
+        seed=seed,
+    )
+    return Pricing(sat.groups + out.groups, min(out.upper, sat.upper), sat.proven, "branch-and-bound+cpsat")
+
+
+def reduced_values(problem: Grouping, groups: list[np.ndarray], pi: np.ndarray) -> np.ndarray:
+    """``v(S) - pi(S)`` of each group."""
+    return np.array([group_value(problem.graph, s) - float(pi[s].sum()) for s in groups])
