@@ -20,6 +20,7 @@ from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
 from moeopt.io import load_instance
 from moeopt.methods.crosslayer import (
     CrossGain,
+    chain_pass,
     exact_crosslayer,
     layer_placements,
     next_layer_benefit,
@@ -309,6 +310,70 @@ def test_cross_gain_is_exact(E, G, with_homes, data):
         swapped[l, e], swapped[l, f] = homes[l, f], homes[l, e]
         gain = move[e, homes[l, f]] + move[f, homes[l, e]] - pair[e, f]
         assert gain == pytest.approx(base - plan_remote(swapped, topk, first, G).sum())
+
+
+# ----------------------------------------------------------------------------- chain moves
+def full_homes(rng: np.random.Generator, L: int, G: int, S: int) -> np.ndarray:
+    """Homes ``[L, G * S]`` with exactly S experts per GPU in every layer."""
+    return np.stack([rng.permutation(np.repeat(np.arange(G), S)) for _ in range(L)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 3), st.integers(2, 4), st.booleans(), st.sampled_from([0, 1, 2]), st.data())
+def test_chain_pass_gain_is_exact(G, S, L, with_homes, limited, data):
+    """The remote GPUs a chain pass reports saving equal the recomputed objective's change;
+    it keeps every GPU's slot count in every layer and the load limits (``limited``: 0 none,
+    1 a limit the start meets, 2 one it breaks: the pass then stays finite and exact)."""
+    E, k, N = G * S, 2, 60
+    topk = data.draw(topk_arrays((N, L), E, k), label="topk").astype(np.int64)
+    first = data.draw(int_arrays(N, 0, G - 1), label="first") if with_homes else None
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
+    homes = full_homes(rng, L, G, S)
+    loads = [rng.random(E) + 0.1 for _ in range(L)]
+    loads = [u / u.sum() for u in loads]
+    # a limit the start meets (the chain moves must keep it), or one it breaks
+    factor = {0: None, 1: 1.0, 2: 0.9}[limited]
+    limits = [
+        None if factor is None else factor * np.bincount(homes[l], weights=loads[l], minlength=G).max()
+        for l in range(L)
+    ]
+    lo = data.draw(st.integers(0, L - 1), label="lo")
+    hi = data.draw(st.integers(lo, L - 1), label="hi")
+    before = plan_remote(homes, topk, first, G).sum()
+    out = homes.copy()
+    saved, cut = chain_pass(out, topk, first, G, loads, limits, layers=(lo, hi))
+    assert not cut
+    assert saved >= 0
+    assert saved == pytest.approx(before - plan_remote(out, topk, first, G).sum())
+    for l in range(L):
+        assert (np.bincount(out[l], minlength=G) == S).all()
+        if limited == 1:
+            assert np.bincount(out[l], weights=loads[l], minlength=G).max() <= limits[l] + 1e-9
+        if not lo <= l <= hi:
+            assert np.array_equal(out[l], homes[l])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_chain_pass_is_exact_on_two_gpus(seed):
+    """On 2 GPUs one chain pass over all layers re-splits every expert of every layer jointly
+    (a dynamic program over the layers), so it reaches the optimum of ``exact_crosslayer``
+    from any start."""
+    rng = np.random.default_rng(seed)
+    L, G, S, k, N = 3, 2, 3, 2, 80
+    E = G * S
+    topk = np.stack([np.argsort(rng.random((N, E)), axis=1)[:, :k] for _ in range(L)], axis=1)
+    loads = [np.bincount(topk[:, l].ravel(), minlength=E) / (N * k) for l in range(L)]
+    limits = [0.62] * L if seed % 2 else [None] * L
+    first = rng.integers(0, G, size=N) if seed >= 2 else None
+    _, opt = exact_crosslayer(topk, G, S, first=first, loads=loads, limits=limits, experts=E)
+    homes = full_homes(rng, L, G, S)
+    while any(
+        lim is not None and np.bincount(homes[l], weights=loads[l], minlength=G).max() > lim
+        for l, lim in enumerate(limits)
+    ):
+        homes = full_homes(rng, L, G, S)  # a start within the limit
+    chain_pass(homes, topk, first, G, loads, limits)
+    assert plan_remote(homes, topk, first, G).sum() == pytest.approx(opt)
 
 
 # ----------------------------------------------------------------------------- planner
