@@ -117,7 +117,7 @@ def test_moves_keep_a_valid_plan():
         assert all(state.valid(m) for m in moves)
         state.apply(moves[int(rng.integers(len(moves)))])
         again = jm.SlotState(state.slots, 6)
-        assert np.array_equal(again.holds, state.holds) and np.array_equal(again.copies, state.copies)
+        assert np.array_equal(again.holds, state.holds) and np.array_equal(again.c, state.c)
 
 
 # ----------------------------------------------------------------------------- local search

@@ -4,7 +4,9 @@ The layers, lowest first (a module may import its own layer and those below):
 
 * ``data``: the problem, the plan, the result and plain helpers (errors, clock, console);
 * ``scoring``: dispatch and the metrics, the single judge of every plan;
-* ``models``: problem models and their bounds (balance, joint, relabel) and trace synthesis;
+* ``models``: problem models and their bounds (balance, joint, relabel), trace synthesis, and
+  the search parts they share with the heuristics (``moves``: the slot state and the descent
+  driver; ``packing``: LPT packing);
 * ``search``: heuristics and exact solver backends (a backend imports no other backend,
   only the shared ``highs_common``);
 * ``methods``: the method protocol and registry, the layer-by-layer executor, the methods
@@ -42,7 +44,10 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     ("scoring", ["dispatch", "evaluate", "scoring", "utilization"]),
-    ("models", ["bounds", "balance", "balance.*", "joint", "joint.*", "relabel", "synth"]),
+    (
+        "models",
+        ["bounds", "balance", "balance.*", "joint", "joint.*", "relabel", "synth", "moves", "moves.*", "packing"],
+    ),
     ("search", ["heuristics", "heuristics.*", "solvers", "solvers.*", "colgen", "colgen.*"]),
     ("methods", ["registry", "execute", "methods", "methods.*"]),
     ("files", ["io", "io.*", "interop", "interop.*", "outputs"]),

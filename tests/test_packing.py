@@ -1,4 +1,4 @@
-"""Packing experts onto GPUs by load (moeopt.heuristics.packing) and the balanced start."""
+"""Packing experts onto GPUs by load (moeopt.packing) and the balanced start."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moeopt.heuristics.local_search import balanced_start
-from moeopt.heuristics.packing import balanced_homes, first_fit, round_robin_lpt
+from moeopt.packing import balanced_homes, first_fit, round_robin_lpt
 from tests.strategies import float_arrays, int_arrays
 
 

@@ -53,6 +53,14 @@ Algorithm (:func:`plan_layer`)
 4. **Lower bound** (:func:`lower_bound`): valid over every count vector and every placement; see its
    docstring for the pigeonhole argument.
 
+The search of steps 2-3 runs on the package's one engine (:mod:`moeopt.moves`): the layouts are
+:class:`~moeopt.moves.slots.SlotTable` subclasses, each neighbourhood (max-bin swaps, smoothing,
+replacements; the robust and variance-aware swaps of the extensions) is a vectorized ``best``
+kernel run by :func:`~moeopt.moves.driver.descend`, and the perturbation rounds are
+:func:`~moeopt.moves.driver.iterate`. LPT is :func:`moeopt.packing.lpt_pack`, the one packing
+module's. The all-layers fast path (:mod:`moeopt.balance.batch`) keeps its own batched kernel over
+``[L, G, W]`` arrays (per-layer state objects would bring back the Python loop over layers).
+
 Extensions
 ----------
 * :func:`plan_layer_robust`: per-step counts ``[T, E]``; minimizes the mean (or worst) over steps of
@@ -73,9 +81,10 @@ from moeopt.balance.bound import lower_bound
 from moeopt.balance.copies import copy_counts
 from moeopt.balance.loads import DEFAULT_ITERATIONS, gpu_loads, maxvio
 from moeopt.balance.migration import count_moves, migration_frontier, relabel, replan_from
-from moeopt.balance.packing import lpt_pack, pack
+from moeopt.balance.packing import pack
 from moeopt.balance.planner import plan_layer, plan_layers
 from moeopt.balance.robust import plan_layer_robust, robust_objective
+from moeopt.packing import lpt_pack
 
 __all__ = [
     "DEFAULT_ITERATIONS",

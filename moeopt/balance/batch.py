@@ -37,6 +37,10 @@ On the bundled DeepSeek-V3 loads (58 layers, 256 experts) the whole model takes 
 core at 64 x 5 and 32 x 9, with mean MaxVio about 0.0007 / 0.0002, against about 0.02 / 0.007 for
 DeepSeek's EPLB (global policy), which takes 0.06-0.14 s of CPU in the same process.
 
+This path keeps its own batched kernels rather than the per-layer slot state and driver of
+:mod:`moeopt.moves` (objects per layer would bring back the Python loop over layers); its LPT is
+checked against, and falls back to, the one packing module's :func:`moeopt.packing.lpt_pack`.
+
 Every layer's plan is never worse than LPT on the water-filled copy counts (the descent starts from
 exactly that plan and only applies strictly improving exchanges).
 """
@@ -57,8 +61,8 @@ from moeopt.balance.loads import (
     _check_shape,
     gpu_loads,
 )
-from moeopt.balance.packing import lpt_pack
 from moeopt.balance.planner import plan_layer
+from moeopt.packing import lpt_pack
 
 __all__ = [
     "copy_counts_batch",

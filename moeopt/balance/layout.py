@@ -1,39 +1,26 @@
-"""A mutable layout and the vectorized swap / replace local-search kernels over it."""
+"""The balance planner's layout (a :class:`~moeopt.moves.slots.WeightedSlots`: slot table with
+per-slot weights and per-GPU sums) and the vectorized swap / replace / smoothing kernels of its local search."""
 
 from __future__ import annotations
 
 import numpy as np
 from numpy.typing import NDArray
 
-from moeopt.balance.loads import (
-    _RTOL,
-    FloatArray,
-    IntArray,
-    _presence,
-)
+from moeopt.balance.loads import _RTOL, FloatArray, IntArray
+from moeopt.moves.driver import Moves, descend
+from moeopt.moves.slots import WeightedSlots
 
 
-def replace_slot(e: IntArray, M: np.ndarray, c: IntArray, g: int, i: int, x: int) -> int:
-    """Slot ``i`` of GPU ``g`` gets expert ``x``: the slot table ``e``, the per-GPU copy
-    counts ``M[g, expert]`` and the copy counts ``c`` are updated; returns the old expert."""
-    a = int(e[g, i])
-    e[g, i] = x
-    M[g, a] -= 1
-    M[g, x] += 1
-    c[a] -= 1
-    c[x] += 1
-    return a
-
-
-class _Layout:
-    """Slots of one layer with per-slot weights, per-GPU sums and expert presence.
+class _Layout(WeightedSlots):
+    """Slots of one layer with per-slot weights and per-GPU sums (a :class:`WeightedSlots`).
 
     In *item* mode (``load is None``) every slot holds an item with a fixed weight (``item`` tracks
     item ids). In *count* mode the weight of a slot is ``load[e] / c[e]`` and replace moves change
     the counts.
     """
 
-    __slots__ = ("e", "w", "item", "s", "M", "G", "W", "E", "gf", "load", "c", "cap", "allow", "tol")
+    __slots__ = ("load", "cap", "allow", "tol")
+    _shared = ("gf", "load")
 
     def __init__(
         self,
@@ -46,60 +33,27 @@ class _Layout:
         load: FloatArray | None = None,
         cap: int = 0,
     ) -> None:
-        self.e = np.array(eslot, dtype=np.int64)
-        self.G, self.W = self.e.shape
-        self.E = E
+        e = np.asarray(eslot, dtype=np.int64)
+        if load is not None:
+            w = load[e] / np.bincount(e.ravel(), minlength=E)[e]
+        elif wslot is not None:
+            w = wslot
+        else:
+            raise ValueError("_Layout needs slot weights or per-expert loads")
+        super().__init__(e, w, E, item)
         self.allow = allow
-        self.item = None if item is None else np.array(item, dtype=np.int64)
         self.load = load
         self.cap = cap
-        self.M = _presence(self.e, E)
-        if load is not None:
-            self.c = self.M.sum(axis=0).astype(np.int64)
-            self.w = load[self.e] / self.c[self.e]
-        else:
-            self.c = None
-            self.w = np.array(wslot, dtype=np.float64)
-        self.s = self.w.sum(axis=1)
-        self.gf = np.repeat(np.arange(self.G), self.W)
         mean = float(self.s.mean()) if self.G else 0.0
         self.tol = _RTOL * max(mean, 1e-300) * 8
 
-    def copy(self) -> _Layout:
-        new = object.__new__(_Layout)
-        for name in self.__slots__:
-            v = getattr(self, name)
-            setattr(new, name, v.copy() if isinstance(v, np.ndarray) and name not in ("gf", "load") else v)
-        return new
-
-    @property
-    def placed(self) -> IntArray:
-        """Item indices per bin, ``[G, W]`` (a layout built with ``item=``)."""
-        if self.item is None:
-            raise RuntimeError("_Layout.placed needs a layout built with item=")
-        return self.item
-
-    # -- moves ------------------------------------------------------------------------------------
-    def swap(self, g1: int, i1: int, g2: int, i2: int) -> None:
-        e1, e2 = self.e[g1, i1], self.e[g2, i2]
-        w1, w2 = self.w[g1, i1], self.w[g2, i2]
-        self.e[g1, i1], self.e[g2, i2] = e2, e1
-        self.w[g1, i1], self.w[g2, i2] = w2, w1
-        if self.item is not None:
-            self.item[g1, i1], self.item[g2, i2] = self.item[g2, i2], self.item[g1, i1]
-        self.M[g1, e1] -= 1
-        self.M[g1, e2] += 1
-        self.M[g2, e2] -= 1
-        self.M[g2, e1] += 1
-        self.s[g1] += w2 - w1
-        self.s[g2] += w1 - w2
-
-    def replace(self, g: int, i: int, x: int) -> None:
-        if self.load is None or self.c is None:
+    def replace(self, g: int, i: int, x: int) -> int:
+        if self.load is None:
             raise RuntimeError("_Layout.replace needs per-expert loads (a layout built with load=)")
-        replace_slot(self.e, self.M, self.c, g, i, x)
+        a = super().replace(g, i, x)
         self.w = self.load[self.e] / self.c[self.e]
         self.s = self.w.sum(axis=1)
+        return a
 
     # -- kernels ----------------------------------------------------------------------------------
     def best_swap(self, b: int) -> tuple[float, int, int] | None:
@@ -122,55 +76,55 @@ class _Layout:
             return v, k // val.shape[1], k % val.shape[1]
         return None
 
+    def best_max_swap(self) -> tuple[int, int, int, int] | None:
+        """The :meth:`best_swap` of the heaviest GPU as a step ``(g1, i1, g2, i2)``, or None."""
+        b = int(np.argmax(self.s))
+        mv = self.best_swap(b)
+        if mv is None:
+            return None
+        _, i, j = mv
+        return b, i, j // self.W, j % self.W
+
     def descent(self, max_moves: int) -> int:
         """Max-bin swap descent; returns the number of swaps applied."""
-        n = 0
-        while n < max_moves:
-            b = int(np.argmax(self.s))
-            mv = self.best_swap(b)
-            if mv is None:
-                break
-            _, i, j = mv
-            self.swap(b, i, j // self.W, j % self.W)
-            n += 1
-        return n
+        return descend(self, SWAPS, max_moves)
 
-    def smooth(self, max_moves: int, top: int = 8) -> int:
-        """Sum-of-squares improving swaps that keep every bin below the maximum.
+    def best_smooth(self, top: int = 8) -> tuple[int, int, int, int] | None:
+        """The best sum-of-squares improving swap that keeps every bin below the maximum, as a
+        step ``(g1, i1, g2, i2)``, or None.
 
         Sources are the items of the ``top`` heaviest bins, partners any item of another bin: this
-        lowers the bins that block the max-bin descent. Returns the number of swaps applied.
+        lowers the bins that block the max-bin descent.
         """
-        n = 0
         W = self.W
         k = min(top, self.G)
         ef = self.e.ravel()
-        while n < max_moves:
-            smax = float(self.s.max())
-            src = np.argpartition(-self.s, k - 1)[:k] if k < self.G else np.arange(self.G)
-            wi = self.w[src].ravel()  # [k*W]
-            gi = np.repeat(src, W)
-            ei = self.e[src].ravel()
-            wf = self.w.ravel()
-            sa = self.s[gi][:, None]
-            sb = self.s[self.gf][None, :]
-            d = wi[:, None] - wf[None, :]  # source bin changes by -d, partner bin by +d
-            na = sa - d
-            nb = sb + d
-            gain = d * (sa - sb - d)  # half the sum-of-squares decrease
-            ok = (gi[:, None] != self.gf[None, :]) & (na < smax - self.tol) & (nb < smax - self.tol)
-            if not self.allow:
-                ok &= self.M[self.gf[None, :], ei[:, None]] == 0
-                ok &= self.M[gi[:, None], ef[None, :]] == 0
-            gain = np.where(ok, gain, 0.0)
-            j = int(np.argmax(gain))
-            if gain.flat[j] <= 1e-12 * smax * smax:
-                break
-            r, q = divmod(j, gain.shape[1])
-            self.swap(int(gi[r]), int(r % W), q // W, q % W)
-            ef = self.e.ravel()
-            n += 1
-        return n
+        smax = float(self.s.max())
+        src = np.argpartition(-self.s, k - 1)[:k] if k < self.G else np.arange(self.G)
+        wi = self.w[src].ravel()  # [k*W]
+        gi = np.repeat(src, W)
+        ei = self.e[src].ravel()
+        wf = self.w.ravel()
+        sa = self.s[gi][:, None]
+        sb = self.s[self.gf][None, :]
+        d = wi[:, None] - wf[None, :]  # source bin changes by -d, partner bin by +d
+        na = sa - d
+        nb = sb + d
+        gain = d * (sa - sb - d)  # half the sum-of-squares decrease
+        ok = (gi[:, None] != self.gf[None, :]) & (na < smax - self.tol) & (nb < smax - self.tol)
+        if not self.allow:
+            ok &= self.M[self.gf[None, :], ei[:, None]] == 0
+            ok &= self.M[gi[:, None], ef[None, :]] == 0
+        gain = np.where(ok, gain, 0.0)
+        j = int(np.argmax(gain))
+        if gain.flat[j] <= 1e-12 * smax * smax:
+            return None
+        r, q = divmod(j, gain.shape[1])
+        return int(gi[r]), int(r % W), q // W, q % W
+
+    def smooth(self, max_moves: int) -> int:
+        """Sum-of-squares smoothing swaps (:meth:`best_smooth`); returns the number applied."""
+        return descend(self, SMOOTHING, max_moves)
 
     def replace_candidates(self, b: int) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray]:
         """Score every count change touching GPU ``b`` (the maximum), vectorized over all GPUs.
@@ -271,26 +225,26 @@ class _Layout:
                 best, best_max = trial, m
         return best
 
+    def best_max_replace(self) -> tuple[int, int, int] | None:
+        """The :meth:`best_replace` of the heaviest GPU as a step ``(g, i, x)``, or None."""
+        mv = self.best_replace(int(np.argmax(self.s)))
+        return None if mv is None else mv[1:]
+
     def joint_descent(self, max_moves: int, smooth_moves: int, replace: bool = True) -> None:
         """Alternate swap descent, smoothing and replace moves until none lowers the maximum."""
         n = 0
         while n < max_moves:
-            n += self.descent(max_moves - n)
+            n += descend(self, SWAPS, max_moves - n)
             if smooth_moves:
-                k = self.smooth(smooth_moves)
+                k = descend(self, SMOOTHING, smooth_moves)
                 if k:
                     n += k
-                    m = self.descent(max_moves - n)
+                    m = descend(self, SWAPS, max_moves - n)
                     if m:
                         n += m
                         continue
-            if self.load is None or not replace:
+            if self.load is None or not replace or not descend(self, REPLACES, 1):
                 break
-            mv = self.best_replace(int(np.argmax(self.s)))
-            if mv is None:
-                break
-            _, g, i, x = mv
-            self.replace(g, i, x)
             n += 1
 
     def perturb(self, rng: np.random.Generator, n_bins: int, n_swaps: int) -> None:
@@ -314,29 +268,19 @@ class _Layout:
             g2 = bins[(x1 % nb + 1 + x2 % k) % nb]
             i1 %= W
             i2 %= W
-            e1, e2 = self.e[g1, i1], self.e[g2, i2]
-            if e1 == e2:
-                continue
-            if not self.allow and (self.M[g2, e1] > 0 or self.M[g1, e2] > 0):
-                continue
-            self.swap(g1, i1, g2, i2)
+            if self.can_swap(g1, i1, g2, i2, self.allow):
+                self.swap(g1, i1, g2, i2)
 
-    def repair(self) -> bool:
-        """Remove colocated copies by swaps (best resulting pair max); ``False`` if stuck."""
-        if self.allow:
-            return True
-        for _ in range(self.G * self.W):
-            bad = np.argwhere(self.M > 1)
-            if bad.size == 0:
-                return True
-            g, x = bad[0]
-            i = int(np.flatnonzero(self.e[g] == x)[0])
-            ef = self.e.ravel()
-            ok = (self.gf != g) & (self.M[self.gf, x] == 0) & (self.M[g, ef] == 0)
-            if not ok.any():
-                return False
-            d = self.w.ravel() - self.w[g, i]
-            val = np.where(ok, np.maximum(self.s[g] + d, self.s[self.gf] - d), np.inf)
-            j = int(np.argmin(val))
-            self.swap(int(g), i, j // self.W, j % self.W)
-        return not np.any(self.M > 1)
+
+def _swap(lay: _Layout, step: tuple[int, int, int, int]) -> None:
+    lay.swap(*step)
+
+
+def _replace(lay: _Layout, step: tuple[int, int, int]) -> None:
+    lay.replace(*step)
+
+
+#: the neighbourhoods of the layout (:func:`moeopt.moves.driver.descend` runs them)
+SWAPS: Moves[_Layout, tuple[int, int, int, int]] = Moves(_Layout.best_max_swap, _swap)
+SMOOTHING: Moves[_Layout, tuple[int, int, int, int]] = Moves(_Layout.best_smooth, _swap)
+REPLACES: Moves[_Layout, tuple[int, int, int]] = Moves(_Layout.best_max_replace, _replace)

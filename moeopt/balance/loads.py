@@ -40,14 +40,6 @@ def _cap(E: int, G: int, W: int, allow_colocated: bool) -> int:
     return spare if allow_colocated else min(G, spare)
 
 
-def _presence(slots: IntArray, E: int) -> NDArray[np.int32]:
-    """``M[g, e]`` = number of copies of expert ``e`` on GPU ``g``."""
-    G = slots.shape[0]
-    M = np.zeros((G, E), dtype=np.int32)
-    np.add.at(M, (np.repeat(np.arange(G), slots.shape[1]), slots.ravel()), 1)
-    return M
-
-
 def gpu_loads(slots: ArrayLike, load: ArrayLike, counts: ArrayLike | None = None) -> FloatArray:
     """Per-GPU load under ``even`` dispatch.
 

@@ -17,11 +17,11 @@ from moeopt.balance.loads import (
     _as_load,
     _cap,
     _check_shape,
-    _presence,
     gpu_loads,
     maxvio,
 )
 from moeopt.balance.planner import plan_layer
+from moeopt.moves.slots import presence
 
 
 def count_moves(current: ArrayLike, new: ArrayLike) -> int:
@@ -41,7 +41,7 @@ def count_moves(current: ArrayLike, new: ArrayLike) -> int:
     if c.shape != n.shape:
         raise ValueError(f"plans differ in shape: {c.shape} vs {n.shape}")
     E = int(max(c.max(), n.max())) + 1
-    return int(c.size - np.minimum(_presence(c, E), _presence(n, E)).sum())
+    return int(c.size - np.minimum(presence(c, E), presence(n, E)).sum())
 
 
 def relabel(new: ArrayLike, current: ArrayLike) -> IntArray:
@@ -64,7 +64,7 @@ def relabel(new: ArrayLike, current: ArrayLike) -> IntArray:
     cu = np.asarray(current, dtype=np.int64)
     G, W = cu.shape
     E = int(max(nw.max(), cu.max())) + 1
-    Mn, Mc = _presence(nw, E), _presence(cu, E)
+    Mn, Mc = presence(nw, E), presence(cu, E)
     overlap = np.minimum(Mn[:, None, :], Mc[None, :, :]).sum(axis=2)
     rows, cols = linear_sum_assignment(-overlap)
     out = np.empty_like(cu)
@@ -96,7 +96,7 @@ def _greedy_migration(
     E = L.size
     lay = _Layout(current, None, E, allow=allow, load=L, cap=cap)
     mean = float(L.sum()) / lay.G
-    M0 = _presence(current, E)
+    M0 = presence(current, E)
 
     def vio() -> float:
         return float(lay.s.max()) / mean - 1.0 if mean > 0 else 0.0
@@ -231,7 +231,7 @@ def _revert_path(cur: IntArray, full: IntArray, L: FloatArray, allow: bool) -> l
     E = int(max(L.size, cur.max() + 1))
     G, W = cur.shape
     lay = _Layout(full, None, E, allow=allow, load=L, cap=G * W)
-    M0 = _presence(cur, E)
+    M0 = presence(cur, E)
     mean = float(L.sum()) / G
     if mean <= 0:
         return []

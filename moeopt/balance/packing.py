@@ -9,84 +9,9 @@ from numpy.typing import ArrayLike
 from scipy.optimize import linear_sum_assignment
 
 from moeopt.balance.layout import _Layout
-from moeopt.balance.loads import (
-    DEFAULT_ITERATIONS,
-    FloatArray,
-    IntArray,
-    _as_load,
-    _presence,
-)
-
-
-def _items(w: ArrayLike, e: ArrayLike, G: int, W: int) -> tuple[FloatArray, IntArray, int]:
-    wa = _as_load(w)
-    ea = np.asarray(e, dtype=np.int64)
-    if ea.shape != wa.shape:
-        raise ValueError("items_weight and items_expert must have the same shape")
-    if wa.size != G * W:
-        raise ValueError(f"need exactly G*W = {G * W} items, got {wa.size}")
-    if ea.size and ea.min() < 0:
-        raise ValueError("expert ids must be >= 0")
-    return wa, ea, int(ea.max()) + 1 if ea.size else 0
-
-
-def _round_robin(w: FloatArray, e: IntArray, G: int, W: int) -> IntArray:
-    """Items grouped by expert dealt round-robin: always feasible when every expert has <= G items."""
-    order = np.lexsort((e, -w))
-    out = np.empty((G, W), dtype=np.int64)
-    out[np.arange(G * W) % G, np.arange(G * W) // G] = order
-    return out
-
-
-def lpt_pack(
-    items_weight: ArrayLike, items_expert: ArrayLike, G: int, W: int, allow_colocated: bool = False
-) -> IntArray:
-    """Plain LPT for exactly ``W`` items per bin.
-
-    Heaviest item first (copies of one expert adjacent) onto the lightest bin that has a free slot
-    and does not hold that expert. If no such bin is left, the lightest bin with a free slot takes
-    it and colocations are then removed by swaps (falling back to a round-robin deal).
-
-    Parameters
-    ----------
-    items_weight : array_like of float, shape (G*W,)
-    items_expert : array_like of int, shape (G*W,)
-    G, W : int
-    allow_colocated : bool
-
-    Returns
-    -------
-    ndarray of int, shape (G, W)
-        Item indices per bin.
-    """
-    w, e, E = _items(items_weight, items_expert, G, W)
-    order = np.lexsort((e, -w)).tolist()
-    wl, el = w.tolist(), e.tolist()
-    heap = [(0.0, g) for g in range(G)]  # (bin sum, bin) of bins with a free slot
-    fill = [0] * G
-    has: list[set[int]] = [set() for _ in range(G)]
-    out = np.empty((G, W), dtype=np.int64)
-    for it in order:
-        x = el[it]
-        skipped = []
-        while heap:
-            sm, g = heapq.heappop(heap)
-            if allow_colocated or x not in has[g]:
-                break
-            skipped.append((sm, g))
-        else:  # every bin with a free slot holds x: take the lightest, repaired below
-            sm, g = skipped.pop(0)
-        for item in skipped:
-            heapq.heappush(heap, item)
-        out[g, fill[g]] = it
-        fill[g] += 1
-        has[g].add(x)
-        if fill[g] < W:
-            heapq.heappush(heap, (sm + wl[it], g))
-    if not allow_colocated and np.any(_presence(e[out], E) > 1):
-        lay = _Layout(e[out], w[out], E, allow=False, item=out)
-        out = lay.placed if lay.repair() else _round_robin(w, e, G, W)
-    return out
+from moeopt.balance.loads import DEFAULT_ITERATIONS, FloatArray, IntArray
+from moeopt.moves.driver import iterate
+from moeopt.packing import check_items, lpt_pack, repair_colocation
 
 
 def _kk_pack(w: FloatArray, e: IntArray, G: int, W: int, E: int, allow: bool) -> IntArray:
@@ -118,10 +43,7 @@ def _kk_pack(w: FloatArray, e: IntArray, G: int, W: int, E: int, allow: bool) ->
         heapq.heappush(heap, (-(float(sc.max() - sc.min())), tick, C))
         tick += 1
     out = heap[0][2]
-    if not allow and np.any(_presence(e[out], E) > 1):
-        lay = _Layout(e[out], w[out], E, allow=False, item=out)
-        out = lay.placed if lay.repair() else _round_robin(w, e, G, W)
-    return out
+    return out if allow else repair_colocation(out, w, e, E)
 
 
 def _ils(
@@ -135,23 +57,16 @@ def _ils(
     lookahead: int = 4,
     lookahead_rounds: int = 2,
 ) -> _Layout:
-    """Descent, then iterated local search keeping the best layout (by largest bin).
+    """Descent, then iterated local search keeping the best layout (by largest bin):
+    :func:`moeopt.moves.driver.iterate` over :class:`_Perturbed`.
 
     Perturbation rounds use swaps only (replace moves every ``replace_every`` rounds, 0 = never);
     the best layout gets a final joint (swap + replace) descent, then up to ``lookahead_rounds``
     rounds of replace-with-lookahead (the ``lookahead`` most promising count changes, each repaired
     by a swap descent, the best kept if it lowers the maximum).
     """
-    lay.joint_descent(max_moves, smooth_moves)
-    best = lay
-    best_max = float(best.s.max())
-    for it in range(iterations):
-        cur = best.copy()
-        cur.perturb(rng, n_bins=2 + it % 3, n_swaps=2 + it % 4)
-        cur.joint_descent(max_moves, smooth_moves, replace=replace_every > 0 and (it + 1) % replace_every == 0)
-        m = float(cur.s.max())
-        if m < best_max - best.tol:
-            best, best_max = cur, m
+    space = _Perturbed(max_moves, smooth_moves, replace_every)
+    best, _, _ = iterate(space, lay, rng, rounds=iterations, tol=lay.tol)
     if iterations:
         best.joint_descent(max_moves, smooth_moves)
     if best.load is not None:
@@ -162,6 +77,30 @@ def _ils(
             best = nxt
             best.joint_descent(max_moves, smooth_moves)
     return best
+
+
+class _Perturbed:
+    """The layout as a :class:`~moeopt.moves.driver.Landscape`: joint descent (replace moves at
+    the start and every ``replace_every`` rounds), random swaps among the heaviest GPU and a
+    few others as the kick (more GPUs and swaps in later rounds), the largest GPU load."""
+
+    def __init__(self, max_moves: int, smooth_moves: int, replace_every: int) -> None:
+        self.max_moves, self.smooth_moves, self.replace_every = max_moves, smooth_moves, replace_every
+
+    def descend(self, lay: _Layout, round: int) -> _Layout:
+        every = self.replace_every
+        lay.joint_descent(
+            self.max_moves, self.smooth_moves, replace=round < 0 or (every > 0 and (round + 1) % every == 0)
+        )
+        return lay
+
+    def kick(self, lay: _Layout, rng: np.random.Generator, round: int) -> _Layout:
+        cur = lay.copy()
+        cur.perturb(rng, n_bins=2 + round % 3, n_swaps=2 + round % 4)
+        return cur
+
+    def value(self, lay: _Layout) -> float:
+        return float(lay.s.max())
 
 
 def pack(
@@ -202,7 +141,7 @@ def pack(
     ndarray of int, shape (G, W)
         Item indices per bin. Never worse (largest bin) than :func:`lpt_pack`.
     """
-    w, e, E = _items(items_weight, items_expert, G, W)
+    w, e, E = check_items(items_weight, items_expert, G, W)
     if not allow_colocated and E and np.bincount(e).max() > G:
         raise ValueError("an expert has more than G items; set allow_colocated=True")
     starts = [lpt_pack(w, e, G, W, allow_colocated), _kk_pack(w, e, G, W, E, allow_colocated)]

@@ -9,14 +9,7 @@ from numpy.typing import ArrayLike
 
 from moeopt.balance.copies import copy_counts
 from moeopt.balance.layout import _Layout
-from moeopt.balance.loads import (
-    DEFAULT_ITERATIONS,
-    FloatArray,
-    IntArray,
-    _as_load,
-    _cap,
-    _check_shape,
-)
+from moeopt.balance.loads import DEFAULT_ITERATIONS, FloatArray, IntArray, _as_load, _cap, _check_shape
 from moeopt.balance.packing import _ils, pack
 
 

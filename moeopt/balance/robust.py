@@ -7,7 +7,6 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from moeopt.balance.layout import replace_slot
 from moeopt.balance.loads import (
     _RTOL,
     DEFAULT_ITERATIONS,
@@ -16,10 +15,11 @@ from moeopt.balance.loads import (
     _as_load,
     _cap,
     _check_shape,
-    _presence,
     gpu_loads,
 )
 from moeopt.balance.planner import plan_layer
+from moeopt.moves.driver import Moves, descend
+from moeopt.moves.slots import SlotTable
 
 
 def _step_scale(S: FloatArray, G: int, normalize: bool) -> FloatArray:
@@ -60,18 +60,18 @@ def robust_objective(
     return float(v.mean() if objective == "mean" else v.max())
 
 
-class _RobustLayout:
-    """Slots evaluated on every step at once: ``Lg[t, g]`` = scaled load of GPU ``g`` in step ``t``."""
+class _RobustLayout(SlotTable):
+    """Slots evaluated on every step at once (a :class:`~moeopt.moves.slots.SlotTable`):
+    ``Lg[t, g]`` = scaled load of GPU ``g`` in step ``t``."""
+
+    __slots__ = ("S", "T", "cap", "allow", "worst", "share", "Lg", "tol")
+    _shared = ("gf", "S")
 
     def __init__(self, slots: IntArray, S: FloatArray, cap: int, allow: bool, worst: bool) -> None:
-        self.e = np.array(slots, dtype=np.int64)
-        self.G, self.W = self.e.shape
+        super().__init__(slots, S.shape[1])
         self.S = S  # [T, E], already scaled per step
-        self.T, self.E = S.shape
+        self.T = S.shape[0]
         self.cap, self.allow, self.worst = cap, allow, worst
-        self.M = _presence(self.e, self.E)
-        self.c = self.M.sum(axis=0).astype(np.int64)
-        self.gf = np.repeat(np.arange(self.G), self.W)
         self.refresh()
         self.tol = _RTOL * 64 * max(float(self.Lg.mean()), 1e-300)
 
@@ -196,41 +196,43 @@ class _RobustLayout:
         v = float(vals[k])
         return (v, int(g[k]), int(i[k]), int(x[k])) if v < cur - self.tol else None
 
-    def swap(self, g1: int, i1: int, g2: int, i2: int) -> None:
-        e1, e2 = self.e[g1, i1], self.e[g2, i2]
-        self.e[g1, i1], self.e[g2, i2] = e2, e1
-        self.M[g1, e1] -= 1
-        self.M[g1, e2] += 1
-        self.M[g2, e2] -= 1
-        self.M[g2, e1] += 1
+    def swap(self, g1: int, i1: int, g2: int, i2: int) -> tuple[int, int]:
+        e1, e2 = super().swap(g1, i1, g2, i2)
         d = self.share[:, e2] - self.share[:, e1]
         self.Lg[:, g1] += d
         self.Lg[:, g2] -= d
+        return e1, e2
 
-    def replace(self, g: int, i: int, x: int) -> None:
-        replace_slot(self.e, self.M, self.c, g, i, x)
+    def replace(self, g: int, i: int, x: int) -> int:
+        a = super().replace(g, i, x)
         self.refresh()
+        return a
+
+    def best_step(self, n_try: int) -> tuple[str, int, int, int, int] | None:
+        """The best swap or replacement at the first of the ``n_try`` :meth:`critical` GPUs that
+        has an improving one: ``("swap", g1, i1, g2, i2)`` or ``("replace", g, i, x, 0)``."""
+        cur = self.value()
+        for b in self.critical(n_try):
+            mv = self.best_swap(int(b), cur)
+            rp = self.best_replace(int(b), cur)
+            if rp is not None and (mv is None or rp[0] < mv[0]):
+                _, g, i, x = rp
+                return "replace", g, i, x, 0
+            if mv is not None:
+                _, i, j = mv
+                return "swap", int(b), i, j // self.W, j % self.W
+        return None
+
+    def apply(self, step: tuple[str, int, int, int, int]) -> None:
+        kind, a, i, b, j = step
+        if kind == "swap":
+            self.swap(a, i, b, j)
+        else:
+            self.replace(a, i, b)
 
     def search(self, max_moves: int, n_try: int) -> None:
-        cur = self.value()
-        for _ in range(max_moves):
-            moved = False
-            for b in self.critical(n_try):
-                mv = self.best_swap(int(b), cur)
-                rp = self.best_replace(int(b), cur)
-                if mv is None and rp is None:
-                    continue
-                if rp is None or (mv is not None and mv[0] <= rp[0]):
-                    _, i, j = mv  # type: ignore[misc]
-                    self.swap(int(b), i, j // self.W, j % self.W)
-                else:
-                    _, g, i, x = rp
-                    self.replace(g, i, x)
-                cur = self.value()
-                moved = True
-                break
-            if not moved:
-                return
+        """Descent (:func:`moeopt.moves.driver.descend`) over :meth:`best_step`."""
+        descend(self, Moves(lambda lay: lay.best_step(n_try), _RobustLayout.apply), max_moves)
 
 
 def plan_layer_robust(

@@ -40,8 +40,10 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from moeopt.balance.layout import _Layout
 from moeopt.balance.loads import DEFAULT_ITERATIONS, FloatArray, IntArray, maxvio
 from moeopt.balance.planner import plan_layer
+from moeopt.moves.driver import descend
 
 Dispatch = Literal["even", "lp"]
 
@@ -68,45 +70,49 @@ def shrink_loads(load: ArrayLike, alpha: float) -> FloatArray:
 
 
 def _variance_descent(slots: IntArray, w_of: FloatArray, kappa: float, max_moves: int) -> IntArray:
-    """Swap descent on ``max_g s_g + kappa sqrt(q_g)`` with copy counts fixed (no colocated copies)."""
-    e = slots.copy()
-    G, W = e.shape
-    E = w_of.size
-    w = w_of[e]
-    M = np.zeros((G, E), dtype=bool)
-    M[np.repeat(np.arange(G), W), e.ravel()] = True
-    s, q = w.sum(1), (w**2).sum(1)
-    tol = 1e-12 * max(float(s.mean()), 1e-300)
-    for _ in range(max_moves):
+    """Swap descent on ``max_g s_g + kappa sqrt(q_g)`` with copy counts fixed (no colocated copies):
+    :func:`moeopt.moves.driver.descend` over :class:`_VarianceSwaps`."""
+    lay = _Layout(slots, w_of[slots], w_of.size, allow=False)
+    descend(lay, _VarianceSwaps(lay, kappa), max_moves)
+    return lay.e
+
+
+class _VarianceSwaps:
+    """Swaps of an item of the GPU with the largest ``s_g + kappa sqrt(q_g)`` (``q_g``: the sum of
+    squares of its per-copy loads) with any item elsewhere, best new pair value first."""
+
+    def __init__(self, lay: _Layout, kappa: float) -> None:
+        self.kappa = kappa
+        self.q = (lay.w**2).sum(axis=1)
+        self.tol = 1e-12 * max(float(lay.s.mean()), 1e-300)
+
+    def best(self, lay: _Layout) -> tuple[int, int, int, int] | None:
+        kappa, s, q, w, e = self.kappa, lay.s, self.q, lay.w, lay.e
+        G, W = e.shape
         f = s + kappa * np.sqrt(q)
         g1 = int(np.argmax(f))
         # items i on g1 (rows) x every slot (g2, j) elsewhere (cols)
         wi = w[g1][:, None]
         wj = w.ravel()[None, :]
-        g2 = np.repeat(np.arange(G), W)[None, :]
+        g2 = lay.gf[None, :]
         d = wj - wi
         s1 = s[g1] + d
         q1 = q[g1] - wi**2 + wj**2
         s2 = s[g2] - d
         q2 = q[g2] - wj**2 + wi**2
         new = np.maximum(s1 + kappa * np.sqrt(np.maximum(q1, 0)), s2 + kappa * np.sqrt(np.maximum(q2, 0)))
-        ej = e.ravel()[None, :]
-        ei = e[g1][:, None]
-        ok = (g2 != g1) & ~M[g1][ej] & ~M[g2, ei]
+        ok = (g2 != g1) & (lay.M[g1][e.ravel()[None, :]] == 0) & (lay.M[g2, e[g1][:, None]] == 0)
         new = np.where(ok, new, np.inf)
         k = int(np.argmin(new))
-        if not new.flat[k] < f[g1] - tol:
-            break
+        if not new.flat[k] < f[g1] - self.tol:
+            return None
         i, flat = divmod(k, G * W)
-        h, j = divmod(flat, W)
-        a, b = e[g1, i], e[h, j]
-        M[g1, a] = M[h, b] = False
-        M[g1, b] = M[h, a] = True
-        e[g1, i], e[h, j] = b, a
-        w[g1, i], w[h, j] = w[h, j], w[g1, i]
-        s[g1], s[h] = w[g1].sum(), w[h].sum()
-        q[g1], q[h] = (w[g1] ** 2).sum(), (w[h] ** 2).sum()
-    return e
+        return g1, i, *divmod(flat, W)
+
+    def apply(self, lay: _Layout, step: tuple[int, int, int, int]) -> None:
+        g1, i, h, j = step
+        lay.swap(g1, i, h, j)
+        self.q[g1], self.q[h] = (lay.w[g1] ** 2).sum(), (lay.w[h] ** 2).sum()
 
 
 def plan_layer_oos(

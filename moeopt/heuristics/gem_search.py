@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moeopt.heuristics.packing import balanced_homes
+from moeopt.packing import balanced_homes
 from moeopt.profile import Profile
 from moeopt.utilization import ExpertClasses, classify_experts
 

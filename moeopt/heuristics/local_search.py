@@ -1,4 +1,13 @@
-"""The one local-search engine: slot repair, load repair and move/swap refinement of homes.
+"""The one local-search engine over homes: slot repair, load repair and move/swap refinement.
+
+The package has one search engine in two parts: this module prices and applies move/swap
+steps of homes ``[E]`` for the grouping objectives (TACG, agnostic, METIS and hypergraph
+refinement, crosslayer), and :mod:`moeopt.moves` holds what every search shares: the slot
+state of slot-level plans (:class:`moeopt.moves.slots.SlotTable`, used by the balance and
+joint planners) and the driver (:func:`moeopt.moves.driver.descend`,
+:func:`moeopt.moves.driver.iterate`) that runs TACG's iterated local search here
+(:func:`iterated_local_search`), the balance planner's descents and iterated search, and the
+joint planner's search.
 
 A plan is ``home [E]`` (the GPU of each expert), G GPUs of ``slots`` places each, an optional
 load limit on ``Σ_{e on g} load[e]``. The engine (:func:`local_search`) only needs, for a
@@ -37,7 +46,9 @@ import numpy as np
 
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.grouping import LOAD_TOL, Grouping, auto_eps_load, min_max_load
-from moeopt.heuristics.packing import round_robin_lpt
+from moeopt.moves import driver
+from moeopt.moves.driver import Moves
+from moeopt.packing import round_robin_lpt
 
 #: Gains below this are treated as zero (floating point noise from sparse products).
 TOL = 1e-9
@@ -207,7 +218,8 @@ def local_search(
     3. **Refinement** (``refine``): best-improvement moves to free slots and swaps, each
        keeping every slot and load limit, until no step gains more than ``tol``.
 
-    Each round prices every move and swap at once (numpy); with ``batch`` it applies the
+    Each phase is a :func:`moeopt.moves.driver.descend` over its own steps. Each round prices
+    every move and swap at once (numpy); with ``batch`` it applies the
     best steps on pairwise disjoint GPU pairs together (see :func:`_steps`). For a gain with
     ``local = True`` (:class:`AffinityGain`) refinement keeps its swap scores and refreshes
     only the rows and columns of experts on the GPUs a step touched.
@@ -273,84 +285,95 @@ def local_search(
             setattr(log, name, getattr(log, name) + 1)
         return np.array(touched, dtype=np.int64)
 
+    Steps = list[tuple[int, int, int]]
+
     # 1. slots: each move reduces the overflow by one
-    for _ in range(max_steps):
+    def overflow(home: np.ndarray) -> Steps | None:
         count, gl = state()
         if (count <= slots).all():
-            break
+            return None
         move, _ = gain.gains(home, gpus)
         ok = (count[home] > slots)[:, None] & (count < slots)[None, :]
         within = gl[None, :] + load[:, None] <= lim + TOL
         s_move = np.where(ok, move + np.where(within, 0.0, -1e18), -np.inf)
         # one move per over-full source and destination GPU per round keeps counts exact
-        apply(_steps(s_move, None, home, gpus, threshold=-np.inf, batch=batch), "repair")
+        return _steps(s_move, None, home, gpus, threshold=-np.inf, batch=batch)
+
+    driver.descend(home, Moves(overflow, lambda home, steps: apply(steps, "repair")), max_steps)
 
     # 2. load limit
-    if limit is not None:
-        for _ in range(max_steps):
-            count, gl = state()
-            exc = _excess(gl, lim) ** 2
-            if np.sqrt(exc.sum()) <= TOL:
-                break
-            move, pair = gain.gains(home, gpus)
-            he = gl[home]  # [E] load of each expert's GPU
-            d_move = (
-                _excess(he - load, lim)[:, None] ** 2
-                + _excess(gl[None, :] + load[:, None], lim) ** 2
-                - exc[home][:, None]
-                - exc[None, :]
-            )
-            ok_m = (count < slots)[None, :] & (home[:, None] != gid[None, :]) & (d_move < -(TOL**2))
-            diff = load[:, None] - load[None, :]  # u_e - u_f
-            d_swap = (
-                _excess(he[:, None] - diff, lim) ** 2
-                + _excess(he[None, :] + diff, lim) ** 2
-                - exc[home][:, None]
-                - exc[home][None, :]
-            )
-            ok_s = (home[:, None] != home[None, :]) & (d_swap < -(TOL**2))
-            swap = move[idx[:, None], home[None, :]] + move[idx[None, :], home[:, None]] - pair
-            steps = _steps(
-                np.where(ok_m, move, -np.inf), np.where(ok_s, swap, -np.inf), home, gpus, threshold=-np.inf, batch=batch
-            )
-            if not steps:
-                log.limit_met = False
-                break
-            apply(steps, "repair")
-        else:
-            log.limit_met = False
+    def excess(home: np.ndarray) -> Steps | None:
+        count, gl = state()
+        exc = _excess(gl, lim) ** 2
+        if np.sqrt(exc.sum()) <= TOL:
+            return None
+        move, pair = gain.gains(home, gpus)
+        he = gl[home]  # [E] load of each expert's GPU
+        d_move = (
+            _excess(he - load, lim)[:, None] ** 2
+            + _excess(gl[None, :] + load[:, None], lim) ** 2
+            - exc[home][:, None]
+            - exc[None, :]
+        )
+        ok_m = (count < slots)[None, :] & (home[:, None] != gid[None, :]) & (d_move < -(TOL**2))
+        diff = load[:, None] - load[None, :]  # u_e - u_f
+        d_swap = (
+            _excess(he[:, None] - diff, lim) ** 2
+            + _excess(he[None, :] + diff, lim) ** 2
+            - exc[home][:, None]
+            - exc[home][None, :]
+        )
+        ok_s = (home[:, None] != home[None, :]) & (d_swap < -(TOL**2))
+        swap = move[idx[:, None], home[None, :]] + move[idx[None, :], home[:, None]] - pair
+        steps = _steps(
+            np.where(ok_m, move, -np.inf), np.where(ok_s, swap, -np.inf), home, gpus, threshold=-np.inf, batch=batch
+        )
+        if not steps:
+            log.limit_met = False  # stalled above the limit
+            return None
+        return steps
+
+    if (
+        limit is not None
+        and driver.descend(home, Moves(excess, lambda home, steps: apply(steps, "repair")), max_steps) == max_steps
+    ):
+        log.limit_met = False  # out of steps
 
     # 3. refinement within every limit
+    local = bool(getattr(gain, "local", False))
+    swap_score = np.empty((E, E))
+    rows = idx  # rows (and columns) of swap_score to recompute
+
+    def improving(home: np.ndarray) -> Steps | None:
+        if deadline is not None and time.perf_counter() > deadline:
+            log.capped = True
+            return None
+        count, gl = state()
+        move, pair = gain.gains(home, gpus)
+        free = count < slots
+        move_score = None  # no GPU has a free slot: no moves (the common case E = G slots)
+        if free.any():
+            move_score = np.where(free[None, :] & (gl[None, :] + load[:, None] <= lim + TOL), move, -np.inf)
+        he = gl[home]
+        hr = home[rows]
+        dw = load[None, :] - load[rows, None]  # load change of the row expert's GPU
+        ok_s = (hr[:, None] != home[None, :]) & (he[rows, None] + dw <= lim + TOL) & (he[None, :] - dw <= lim + TOL)
+        block = move[rows][:, home] + move[:, hr].T - pair[rows]
+        block = np.where(ok_s, block, -np.inf)
+        swap_score[rows] = block
+        swap_score[:, rows] = block.T
+        return _steps(move_score, swap_score, home, gpus, threshold=tol, batch=batch) or None
+
+    def refine_step(home: np.ndarray, steps: Steps) -> None:
+        nonlocal rows
+        touched = apply(steps, "refine")
+        if local:
+            hit = np.zeros(gpus, dtype=bool)
+            hit[touched] = True
+            rows = np.flatnonzero(hit[home])
+
     if refine and log.limit_met:
-        local = bool(getattr(gain, "local", False))
-        swap_score = np.empty((E, E))
-        rows = idx  # rows (and columns) of swap_score to recompute
-        for _ in range(max_steps):
-            if deadline is not None and time.perf_counter() > deadline:
-                log.capped = True
-                break
-            count, gl = state()
-            move, pair = gain.gains(home, gpus)
-            free = count < slots
-            move_score = None  # no GPU has a free slot: no moves (the common case E = G slots)
-            if free.any():
-                move_score = np.where(free[None, :] & (gl[None, :] + load[:, None] <= lim + TOL), move, -np.inf)
-            he = gl[home]
-            hr = home[rows]
-            dw = load[None, :] - load[rows, None]  # load change of the row expert's GPU
-            ok_s = (hr[:, None] != home[None, :]) & (he[rows, None] + dw <= lim + TOL) & (he[None, :] - dw <= lim + TOL)
-            block = move[rows][:, home] + move[:, hr].T - pair[rows]
-            block = np.where(ok_s, block, -np.inf)
-            swap_score[rows] = block
-            swap_score[:, rows] = block.T
-            steps = _steps(move_score, swap_score, home, gpus, threshold=tol, batch=batch)
-            if not steps:
-                break
-            touched = apply(steps, "refine")
-            if local:
-                hit = np.zeros(gpus, dtype=bool)
-                hit[touched] = True
-                rows = np.flatnonzero(hit[home])
+        driver.descend(home, Moves(improving, refine_step), max_steps)
     return home, log
 
 
@@ -381,7 +404,7 @@ class LoadBalanceGain:
 def balanced_start(load: np.ndarray, gpus: int, slots: int, *, max_steps: int = 100_000) -> np.ndarray:
     """The most load-balanced homes found here: round-robin LPT, then a swap/move descent.
 
-    :func:`~moeopt.heuristics.packing.round_robin_lpt` (every GPU gets one expert per round
+    :func:`~moeopt.packing.round_robin_lpt` (every GPU gets one expert per round
     of G, heavy experts paired with light ones), then the engine's best-improvement moves to
     free slots and swaps on :class:`LoadBalanceGain` until none lowers ``Σ_g load_g²``.
 
@@ -699,7 +722,8 @@ def iterated_local_search(
     kick_swaps: int | None = None,
     deadline: float | None = None,
 ) -> tuple[np.ndarray, dict]:
-    """Iterated local search: kick the current plan, descend, accept if not worse.
+    """Iterated local search: kick the current plan, descend, accept if not worse
+    (:func:`moeopt.moves.driver.iterate` over :class:`_GroupingSpace`).
 
     Parameters
     ----------
@@ -726,29 +750,30 @@ def iterated_local_search(
         The best plan found and counters ``{'rounds', 'improvements', 'capped'}`` (``capped``:
         1 when the deadline, not the iterations or the patience, ended the search).
     """
-    swaps = kick_swaps if kick_swaps is not None else max(2, problem.experts // 10)
-    gain = AffinityGain(problem.graph)
-    cur = descend(problem, home, gain=gain)
-    cur_val = problem.objective(cur)
-    best, best_val = cur.copy(), cur_val
-    tol = _tolerance(problem)
-    since = rounds = improvements = capped = 0
-    for _ in range(iterations):
-        if deadline is not None and time.perf_counter() > deadline:
-            capped = 1
-            break
-        if patience is not None and since >= patience:
-            break
-        rounds += 1
-        size = swaps if kick_swaps is not None else int(rng.integers(2, 2 * swaps + 1))
-        cand = descend(problem, kick(problem, cur, size, rng), gain=gain)
-        val = problem.objective(cand)
-        if val >= cur_val - tol:
-            cur, cur_val = cand, val
-        if val > best_val + tol:
-            best, best_val = cand.copy(), val
-            improvements += 1
-            since = 0
-        else:
-            since += 1
-    return best, {"rounds": rounds, "improvements": improvements, "capped": capped}
+    space = _GroupingSpace(problem, kick_swaps)
+    best, _, log = driver.iterate(
+        space, home, rng, rounds=iterations, patience=patience, sideways=True, tol=space.tol, deadline=deadline
+    )
+    return best, {"rounds": log.rounds, "improvements": log.improvements, "capped": int(log.capped)}
+
+
+class _GroupingSpace:
+    """The grouping problem as a :class:`~moeopt.moves.driver.Landscape`: :func:`descend`,
+    random-swap kicks (:func:`kick`) and minus the objective."""
+
+    def __init__(self, problem: Grouping, kick_swaps: int | None) -> None:
+        self.problem = problem
+        self.fixed = kick_swaps
+        self.swaps = kick_swaps if kick_swaps is not None else max(2, problem.experts // 10)
+        self.gain = AffinityGain(problem.graph)
+        self.tol = _tolerance(problem)
+
+    def descend(self, home: np.ndarray, round: int) -> np.ndarray:
+        return descend(self.problem, home, gain=self.gain)
+
+    def kick(self, home: np.ndarray, rng: np.random.Generator, round: int) -> np.ndarray:
+        size = self.swaps if self.fixed is not None else int(rng.integers(2, 2 * self.swaps + 1))
+        return kick(self.problem, home, size, rng)
+
+    def value(self, home: np.ndarray) -> float:
+        return -self.problem.objective(home)

@@ -21,9 +21,9 @@ import scipy.linalg
 from scipy.cluster.vq import kmeans2
 from scipy.optimize import linear_sum_assignment
 
+from moeopt import packing
 from moeopt.errors import InfeasibleError
 from moeopt.grouping import LOAD_TOL, Grouping
-from moeopt.heuristics import packing
 from moeopt.heuristics.local_search import iterated_local_search, repair_load
 
 
@@ -79,7 +79,7 @@ def capacity_repair(problem: Grouping, labels: np.ndarray) -> np.ndarray:
 def first_fit(problem: Grouping, labels: np.ndarray) -> np.ndarray:
     """Affinity-blind fix (ablation ``repair=false``): heaviest expert first, into its cluster
     when it has a slot and room, else into the least-loaded group with a slot
-    (:func:`moeopt.heuristics.packing.first_fit`); then :func:`load_repair` if the limit
+    (:func:`moeopt.packing.first_fit`); then :func:`load_repair` if the limit
     still fails."""
     home = packing.first_fit(problem.load, labels, problem.groups, problem.cap, problem.load_limit + LOAD_TOL)
     return load_repair(problem, home)

@@ -38,6 +38,11 @@ screened by first-order gains (:meth:`SampleCost.screen`), ranked on a sub-sampl
 random swaps restarts the descent from the best plan (iterated local search). Bounded by
 rounds, kicks and an optional deadline; a seed fixes the result when no deadline cuts it.
 
+The search runs on the package's one engine (:mod:`moeopt.moves`): :class:`SlotState` is a
+:class:`~moeopt.moves.slots.SlotTable` and :func:`local_search` is the driver's
+:func:`~moeopt.moves.driver.descend` over the joint neighbourhood plus its
+:func:`~moeopt.moves.driver.iterate` for the kicks.
+
 Modules: :mod:`~moeopt.joint.data` (the problem), :mod:`~moeopt.joint.state` (plans and moves),
 :mod:`~moeopt.joint.costs` (sample pricing), :mod:`~moeopt.joint.exact` (exact pricing, MILP, brute
 force), :mod:`~moeopt.joint.search` (the local search).

@@ -463,7 +463,7 @@ class SampleCost:
         gpu_of = np.repeat(np.arange(G), W)
         e_of = np.maximum(flat, 0)
         filled = flat >= 0
-        multi = filled & (state.copies[e_of] >= 2)
+        multi = filled & (state.c[e_of] >= 2)
         onehot = np.eye(G)[gpu_of]  # [P, G]
         # swaps p <-> q: p's copy to GPU b = gpu(q), q's copy to GPU a = gpu(p)
         comm = move[:, gpu_of] + move[:, gpu_of].T

@@ -1,4 +1,8 @@
-"""The local search over slot contents: neighbourhoods, screening, kicks (iterated local search)."""
+"""The local search over slot contents: neighbourhoods, screening, kicks (iterated local search).
+
+The joint objective's neighbourhood and kicks (:class:`_Screened`) run on the package's one
+search driver (:mod:`moeopt.moves.driver`) over the one slot state (:class:`SlotState`, a
+:class:`~moeopt.moves.slots.SlotTable`)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from moeopt.joint.costs import (
 )
 from moeopt.joint.data import TOL
 from moeopt.joint.state import Move, SlotState
+from moeopt.moves.driver import descend, iterate
 
 
 @dataclass
@@ -36,7 +41,7 @@ def neighbourhood(state: SlotState) -> list[Move]:
     """Every valid move: swaps of two slots on different GPUs, replacements of a spare copy
     (or an empty slot) by an expert the GPU lacks."""
     G, W = state.slots.shape
-    E = state.experts
+    E = state.E
     out = []
     slots = [(g, w) for g in range(G) for w in range(W)]
     for (a, i), (b, j) in itertools.combinations(slots, 2):
@@ -45,7 +50,7 @@ def neighbourhood(state: SlotState) -> list[Move]:
             out.append(m)
     for a, i in slots:
         e = int(state.slots[a, i])
-        if e >= 0 and state.copies[e] < 2:
+        if e >= 0 and state.c[e] < 2:
             continue
         for f in range(E):
             m = Move("replace", a, i, expert=f)
@@ -66,13 +71,13 @@ def screened_moves(
     * a few uniformly random swaps and replacements.
     """
     G, W = state.slots.shape
-    E = state.experts
+    E = state.E
     flat = state.slots.reshape(-1)
     gpu_of = np.repeat(np.arange(G), W)
     e = np.maximum(flat, 0)
     filled = flat >= 0
     S = affinity @ state.holds  # [E, G] affinity of each expert with each GPU's contents
-    wgt = np.where(filled, 1.0 / np.maximum(state.copies[e], 1), 0.0)
+    wgt = np.where(filled, 1.0 / np.maximum(state.c[e], 1), 0.0)
     own = np.where(filled, S[e, gpu_of], 0.0)
     # swap gain proxy [P, P]: slot p's expert to q's GPU and back
     to_other = S[e][:, gpu_of] - affinity[e][:, e]  # [p, q]: e_p's affinity to GPU of q, minus e_q
@@ -104,13 +109,13 @@ def screened_moves(
         ea = int(state.slots[a, i])
         if ea >= 0:  # give the hot expert a copy on a light GPU (replace a spare copy there)
             for b in cold[: max(G // 4, 1)]:
-                spare = [w for w in range(W) if state.slots[b, w] < 0 or state.copies[state.slots[b, w]] >= 2]
+                spare = [w for w in range(W) if state.slots[b, w] < 0 or state.c[state.slots[b, w]] >= 2]
                 if spare:
                     moves.append(Move("replace", int(b), int(rng.choice(spare)), expert=ea))
         f = int(rng.integers(0, E))
         moves.append(Move("replace", a, i, expert=f))
     # a copy of an expert next to its partners, in a spare slot
-    spare_slots = [p for p in range(len(flat)) if flat[p] < 0 or state.copies[flat[p]] >= 2]
+    spare_slots = [p for p in range(len(flat)) if flat[p] < 0 or state.c[flat[p]] >= 2]
     if spare_slots:
         sp_g = gpu_of[spare_slots]
         fit = S[:, sp_g] - np.where(filled[spare_slots], affinity[:, e[spare_slots]], 0.0)  # [E, s]
@@ -234,74 +239,159 @@ def local_search(
     ``evaluations`` priced moves (None: no such bound). The work bounds fix the result for a
     seed; ``deadline`` (a ``time.perf_counter()`` value) is only a cap, and ``stats.capped``
     says when it ended the search. Returns the best plan, its value and the search's counters.
+
+    The descent is :func:`moeopt.moves.driver.descend` over :class:`_Screened`, the kicks and
+    acceptance :func:`moeopt.moves.driver.iterate` (kicks from the best plan).
     """
     t0 = time.perf_counter()
     stats = SearchStats()
-    current = state.copy()
-    value = cost.reset(current)
-    stats.start_value = value
-    best, best_value = current.copy(), value
-    if affinity is None:
-        affinity = np.zeros((state.experts, state.experts))
-    P = current.slots.size
-    small = P * (P - 1) // 2 + current.experts * P <= exhaustive_below
-    kicks_left, misses = kicks, 0
-    queue: list[Move] = []
-    fresh = False  # the queue was built on the current plan
-    while stats.rounds < rounds:
-        if evaluations is not None and stats.evaluated >= evaluations:
-            break
-        if deadline is not None and time.perf_counter() > deadline:
-            stats.capped = True
-            break
-        stats.rounds += 1
-        if small:
-            part = neighbourhood(current)
-            queue, fresh = [], True
-        else:
-            if not queue:
-                if hasattr(cost, "screen"):
-                    queue = cost.screen(current, rng, candidates * 2**misses)
-                    if hasattr(cost, "prescreen"):
-                        queue = cost.prescreen(current, queue)
-                else:
-                    loads = cost.loads() if hasattr(cost, "loads") else np.ones((1, current.gpus))
-                    queue = screened_moves(current, affinity, loads, rng, candidates * 2**misses)
-                fresh = True
-            part = []
-            while queue and len(part) < chunk:
-                m = queue.pop(0)
-                if current.valid(m):
-                    part.append(m)
-        if part:
-            gains = _price(cost, current, part, deadline)
-            if gains is None:  # the deadline fell while pricing a whole neighbourhood
-                stats.capped = True
-                break
-            stats.evaluated += len(part)
-            current, value, n, first = _try_moves(current, value, part, gains, cost, confirm, not small)
-            if n:
-                stats.moves += n
-                stats.accepted.append((part[first].kind, stats.evaluated - len(part) + first))
-                misses, fresh = 0, False
-                if value < best_value - TOL:
-                    best, best_value = current.copy(), value
-                stats.trajectory.append(best_value)
-                continue
-        if queue or not fresh:
-            continue  # more of this queue to price, or a stale queue used up: rebuild
-        misses += 1
-        if not small and misses < patience:
-            continue
-        if kicks_left <= 0:
-            break
-        kicks_left -= 1
-        stats.kicks += 1
-        misses = 0
-        current = kick(best, rng, kick_swaps)
-        value = cost.reset(current)
-        queue, fresh = [], False
+    P = state.slots.size
+    small = P * (P - 1) // 2 + state.E * P <= exhaustive_below
+    space = _Screened(
+        cost,
+        stats,
+        np.zeros((state.E, state.E)) if affinity is None else affinity,
+        rng,
+        small=small,
+        rounds=rounds,
+        patience=patience,
+        kick_swaps=kick_swaps,
+        candidates=candidates,
+        confirm=confirm,
+        chunk=chunk,
+        deadline=deadline,
+        evaluations=evaluations,
+    )
+    best, best_value, log = iterate(space, state.copy(), rng, rounds=kicks, tol=TOL)
+    stats.kicks = log.rounds
+    stats.start_value = space.start_value
     cost.reset(best)
     stats.value = best_value
     stats.wall_time = time.perf_counter() - t0
     return best, best_value, stats
+
+
+class _Screened:
+    """The joint search as a :class:`~moeopt.moves.driver.Neighbourhood` (screened, priced
+    moves; a step is the re-priced plan after one or several of them) and a
+    :class:`~moeopt.moves.driver.Landscape` (:func:`descend` over it, :func:`kick` of random
+    swaps, the cost's value). Keeps the counters of :class:`SearchStats`; ``stopped()`` once
+    rounds, evaluations or the deadline are spent."""
+
+    def __init__(
+        self,
+        cost: Cost,
+        stats: SearchStats,
+        affinity: np.ndarray,
+        rng: np.random.Generator,
+        *,
+        small: bool,
+        rounds: int,
+        patience: int,
+        kick_swaps: int,
+        candidates: int,
+        confirm: int,
+        chunk: int,
+        deadline: float | None,
+        evaluations: int | None,
+    ) -> None:
+        self.cost, self.stats, self.affinity, self.rng, self.small = cost, stats, affinity, rng, small
+        self.rounds, self.patience, self.kick_swaps = rounds, patience, kick_swaps
+        self.candidates, self.confirm, self.chunk = candidates, confirm, chunk
+        self.deadline, self.evaluations = deadline, evaluations
+        self.start_value = math.nan
+        self.best_value = math.inf
+        self.current = math.nan  # the value of the plan being descended
+        self.queue: list[Move] = []
+        self.fresh = False  # the queue was built on the current plan
+        self.misses = 0
+        self.spent = False
+
+    # -- landscape ----------------------------------------------------------------------------------
+    def descend(self, state: SlotState, round: int) -> SlotState:
+        self.current = self.cost.reset(state)
+        if round < 0:
+            self.start_value = self.current
+        self.queue, self.fresh, self.misses = [], False, 0
+        descend(state, self, self.rounds)
+        self._record(self.current)
+        return state
+
+    def kick(self, state: SlotState, rng: np.random.Generator, round: int) -> SlotState:
+        return kick(state, rng, self.kick_swaps)
+
+    def value(self, state: SlotState) -> float:
+        return self.current
+
+    def stopped(self) -> bool:
+        return self.spent
+
+    # -- neighbourhood ------------------------------------------------------------------------------
+    def best(self, current: SlotState) -> tuple[SlotState, float, int, str, int] | None:
+        """Price moves until some improve (the re-priced plan, its value, the moves applied, the
+        first one's kind and screening rank); None at a local optimum or when spent."""
+        stats, cost = self.stats, self.cost
+        while stats.rounds < self.rounds:
+            if self.evaluations is not None and stats.evaluated >= self.evaluations:
+                break
+            if self.deadline is not None and time.perf_counter() > self.deadline:
+                stats.capped = True
+                break
+            stats.rounds += 1
+            if self.small:
+                part = neighbourhood(current)
+                self.queue, self.fresh = [], True
+            else:
+                if not self.queue:
+                    self.queue = self._screen(current)
+                    self.fresh = True
+                part = []
+                while self.queue and len(part) < self.chunk:
+                    m = self.queue.pop(0)
+                    if current.valid(m):
+                        part.append(m)
+            if part:
+                gains = _price(cost, current, part, self.deadline)
+                if gains is None:  # the deadline fell while pricing a whole neighbourhood
+                    stats.capped = True
+                    break
+                stats.evaluated += len(part)
+                trial, value, n, first = _try_moves(
+                    current, self.current, part, gains, cost, self.confirm, not self.small
+                )
+                if n:
+                    return trial, value, n, part[first].kind, stats.evaluated - len(part) + first
+            if self.queue or not self.fresh:
+                continue  # more of this queue to price, or a stale queue used up: rebuild
+            self.misses += 1
+            if not self.small and self.misses < self.patience:
+                continue
+            return None  # a local optimum
+        self.spent = True
+        return None
+
+    def apply(self, current: SlotState, step: tuple[SlotState, float, int, str, int]) -> None:
+        trial, value, n, kind, rank = step
+        current.assign(trial)
+        self.current = value
+        self.stats.moves += n
+        self.stats.accepted.append((kind, rank))
+        self.misses, self.fresh = 0, False
+        self._record(value)
+        self.stats.trajectory.append(self.best_value)
+
+    def _record(self, value: float) -> None:
+        """The best value so far, by the driver's rule (better by more than ``TOL``)."""
+        if value < self.best_value - TOL:
+            self.best_value = value
+
+    def _screen(self, current: SlotState) -> list[Move]:
+        count = self.candidates * 2**self.misses
+        cost = self.cost
+        if hasattr(cost, "screen"):
+            queue = cost.screen(current, self.rng, count)
+            if hasattr(cost, "prescreen"):
+                queue = cost.prescreen(current, queue)
+            return queue
+        loads = cost.loads() if hasattr(cost, "loads") else np.ones((1, current.G))
+        return screened_moves(current, self.affinity, loads, self.rng, count)

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from moeopt.evaluate import evaluate, linear_plan
-from moeopt.heuristics.packing import balanced_homes
+from moeopt.packing import balanced_homes
 from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status
