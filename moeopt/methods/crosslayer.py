@@ -59,6 +59,7 @@ from moeopt.heuristics.local_search import (
     resolve_eps_load,
 )
 from moeopt.methods.hypergraph import _available
+from moeopt.moves.driver import iterate
 from moeopt.registry import Context, Problem, register
 from moeopt.relabel import relabel_gpus, speed_classes, stay_counts
 from moeopt.result import Result, Status, Termination
@@ -574,39 +575,20 @@ class CrossLayer:
             total = new_total
         kicks = improvements = 0
         if rng is not None and params.kicks > 0:
-            cur, cur_total = homes.copy(), total
-            since = 0
-            for _ in range(params.kicks):
-                if deadline is not None and time.perf_counter() > deadline:
-                    capped = True
-                    break
-                if since >= params.patience:
-                    break
-                kicks += 1
-                cand = cur.copy()
-                l = int(rng.integers(L))
-                cand[l] = kick_layer(
-                    cand[l], loads[l], limits[l], classes, rng, int(rng.integers(1, params.kick_swaps + 1))
-                )
-                for m in (l, l - 1, l + 1, l):
-                    if 0 <= m < L:
-                        improve_layer(cand, m, topk, first, G, S, loads, limits, relax, classes)
-                if params.chains:  # chain moves on the pairs of GPUs the kick and re-planning touched
-                    diff = cand[l] != cur[l]
-                    hit = set(np.concatenate([cand[l][diff], cur[l][diff]]).tolist())
-                    pairs = [(a, b) for a in range(G) for b in range(a + 1, G) if a in hit or b in hit]
-                    capped = (
-                        chain_pass(cand, topk, first, G, loads, limits, pairs=pairs, deadline=deadline)[1] or capped
-                    )
-                val = float(plan_remote(cand, topk, first, G).sum())
-                if val <= cur_total + TOL:
-                    cur, cur_total = cand, val
-                if val < total - TOL:
-                    homes, total = cand.copy(), val
-                    improvements += 1
-                    since = 0
-                else:
-                    since += 1
+            space = _KickSpace(topk, first, G, S, loads, limits, relax, classes, params, deadline)
+            homes, total, log = iterate(
+                space,
+                homes,
+                rng,
+                rounds=params.kicks,
+                patience=params.patience,
+                sideways=True,
+                tol=TOL,
+                deadline=deadline,
+            )
+            homes = homes.copy()
+            kicks, improvements = log.rounds, log.improvements
+            capped = capped or log.capped or space.capped
         return homes, {
             "passes": passes,
             "kicks": kicks,
@@ -615,6 +597,52 @@ class CrossLayer:
             "chain_saved": chained,
             "capped": capped,
         }
+
+
+class _KickSpace:
+    """The kicks of :meth:`CrossLayer.sweep` as a landscape of the one driver
+    (:func:`moeopt.moves.driver.iterate`): a kick re-plans a few swaps of one random layer,
+    the descent re-plans that layer and its neighbours (and, with ``chains``, chain moves on
+    the GPU pairs the kick touched); the value is the remote GPUs summed over tokens."""
+
+    def __init__(self, topk, first, G, S, loads, limits, relax, classes, params, deadline) -> None:
+        self.topk, self.first, self.G, self.S = topk, first, G, S
+        self.loads, self.limits, self.relax, self.classes = loads, limits, relax, classes
+        self.params, self.deadline = params, deadline
+        self.capped = False  # a chain pass was cut by the deadline
+        self._kicked: tuple[int, np.ndarray] | None = None  # (layer, its homes before the kick)
+
+    def kick(self, homes: np.ndarray, rng: np.random.Generator, round: int) -> np.ndarray:
+        L = homes.shape[0]
+        cand = homes.copy()
+        l = int(rng.integers(L))
+        swaps = int(rng.integers(1, self.params.kick_swaps + 1))
+        cand[l] = kick_layer(cand[l], self.loads[l], self.limits[l], self.classes, rng, swaps)
+        self._kicked = (l, homes[l].copy())
+        return cand
+
+    def descend(self, homes: np.ndarray, round: int) -> np.ndarray:
+        if round < 0 or self._kicked is None:  # the start: already a local optimum of the sweeps
+            return homes
+        l, before = self._kicked
+        L, G = homes.shape[0], self.G
+        for m in (l, l - 1, l + 1, l):
+            if 0 <= m < L:
+                improve_layer(
+                    homes, m, self.topk, self.first, G, self.S, self.loads, self.limits, self.relax, self.classes
+                )
+        if self.params.chains:  # chain moves on the pairs of GPUs the kick and re-planning touched
+            diff = homes[l] != before
+            hit = set(np.concatenate([homes[l][diff], before[diff]]).tolist())
+            pairs = [(a, b) for a in range(G) for b in range(a + 1, G) if a in hit or b in hit]
+            cut = chain_pass(
+                homes, self.topk, self.first, G, self.loads, self.limits, pairs=pairs, deadline=self.deadline
+            )[1]
+            self.capped = self.capped or cut
+        return homes
+
+    def value(self, homes: np.ndarray) -> float:
+        return float(plan_remote(homes, self.topk, self.first, self.G).sum())
 
 
 def improve_layer(homes, l, topk, first, G, S, loads, limits, relax, classes) -> None:
