@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moeopt.moves.driver import iterate
 from moeopt.packing import balanced_homes
 from moeopt.profile import Profile
 from moeopt.utilization import ExpertClasses, classify_experts
@@ -462,6 +463,33 @@ def initial_mappings(
     return starts
 
 
+class _GemSpace:
+    """GEM's perturbation rounds as a landscape of :func:`moeopt.moves.driver.iterate`: a kick
+    is :meth:`LayerSearch.perturb` (a given or random number of swaps off critical GPUs), the
+    descent :meth:`LayerSearch.descend` with the short plateau budget, the value S."""
+
+    def __init__(self, search: LayerSearch, settings: SearchSettings, stats: SearchStats) -> None:
+        self.search, self.settings, self.stats = search, settings, stats
+        self.strongest = max(4, search.experts // 8)
+        self._last: tuple[np.ndarray, float] | None = None  # the last descended home and its S
+
+    def kick(self, home: np.ndarray, rng: np.random.Generator, round: int) -> np.ndarray:
+        swaps = self.settings.perturb or int(rng.integers(2, self.strongest + 1))
+        return self.search.perturb(home, swaps, rng)
+
+    def descend(self, home: np.ndarray, round: int) -> np.ndarray:
+        if round < 0:  # the start: the best of the multi-start descents
+            return home
+        out, s = self.search.descend(home, max_plateau=self.settings.plateau_after_perturbation, stats=self.stats)
+        self._last = (out, s)
+        return out
+
+    def value(self, home: np.ndarray) -> float:
+        if self._last is not None and self._last[0] is home:
+            return self._last[1]
+        return self.search.score(home)
+
+
 def search_layer(
     n: np.ndarray,
     profile: Profile,
@@ -512,33 +540,25 @@ def search_layer(
         if s < best_s - 1e-12:
             best_home, best_s = home, s
     assert best_home is not None
-    strongest = max(4, search.experts // 8)
-    stale = 0
+    ils_start: np.ndarray = best_home
     if settings.ils_time is not None:
         ils_end = time.perf_counter() + settings.ils_time
         deadline = ils_end if deadline is None else min(deadline, ils_end)
-    current_home = best_home
-    for _ in range(settings.rounds):
-        if stale >= settings.patience:
-            break
-        if deadline is not None and time.perf_counter() > deadline:
-            stats.capped = True
-            break
-        stats.rounds += 1
-        swaps = settings.perturb or int(rng.integers(2, strongest + 1))
-        home, s = search.descend(
-            search.perturb(current_home, swaps, rng), max_plateau=settings.plateau_after_perturbation, stats=stats
-        )
-        if s < best_s - 1e-9 * search.scale:
-            best_home, best_s, stale = home, s, 0
-            stats.improvements += 1
-        else:
-            stale += 1
-        # acceptance: walk on to local optima up to ``accept`` (relative) worse than the
-        # best, so the search can leave a basin; otherwise go back to the best
-        if s <= best_s * (1.0 + settings.accept) + 1e-12:
-            current_home = home
-        else:
-            current_home = best_home
+    # iterated local search on the one driver: walk on to local optima up to ``accept``
+    # (relative) worse than the best, so the search can leave a basin; else back to the best
+    space = _GemSpace(search, settings, stats)
+    found, best_s, log = iterate(
+        space,
+        ils_start,
+        rng,
+        rounds=settings.rounds,
+        patience=settings.patience,
+        tol=1e-9 * search.scale,
+        deadline=deadline,
+        accept=lambda s, current, best: s <= best * (1.0 + settings.accept) + 1e-12,
+    )
+    stats.rounds += log.rounds
+    stats.improvements += log.improvements
+    stats.capped = stats.capped or log.capped
     stats.time = time.perf_counter() - t0
-    return best_home[: search.experts].copy(), best_s, stats
+    return found[: search.experts].copy(), best_s, stats

@@ -17,10 +17,14 @@ between objectives is behind two small protocols:
   kicks, ``patience`` kicks without a new best, at a ``deadline`` or when the landscape says
   its own budget is spent (``stopped()``).
 
-Users: TACG/agnostic (:func:`moeopt.heuristics.local_search.iterated_local_search`), the balance
+Users: the homes engine (:func:`moeopt.heuristics.local_search.local_search`: slot repair,
+load repair and refinement, hence TACG, agnostic, METIS/hypergraph refinement), TACG's
+iterated search (:func:`moeopt.heuristics.local_search.iterated_local_search`), the balance
 planner (:mod:`moeopt.balance.layout`, :mod:`moeopt.balance.packing`,
-:mod:`moeopt.balance.robust`, :mod:`moeopt.balance.shift`) and the joint planner
-(:func:`moeopt.joint.search.local_search`).
+:mod:`moeopt.balance.robust`, :mod:`moeopt.balance.shift`), the joint planner
+(:func:`moeopt.joint.search.local_search`), the cross-layer planner's kicks
+(:meth:`moeopt.methods.crosslayer.CrossLayer.sweep`) and GEM's perturbation rounds
+(:func:`moeopt.heuristics.gem_search.search_layer`, with its own acceptance rule).
 """
 
 from __future__ import annotations
@@ -118,6 +122,7 @@ def iterate(
     sideways: bool = False,
     tol: float = 0.0,
     deadline: float | None = None,
+    accept: Callable[[float, float, float], bool] | None = None,
 ) -> tuple[S, float, IterateLog]:
     """Iterated local search: descend, then kick, descend and accept, keeping the best.
 
@@ -141,7 +146,14 @@ def iterate(
     tol
         Tolerance of the comparisons: a new best is better by more than ``tol``.
     deadline
-        ``time.perf_counter()`` value after which no further kick starts (``log.capped``).
+        ``time.perf_counter()`` value after which no further kick starts (``log.capped``;
+        a search that patience or its rounds ended first is not capped).
+    accept
+        A rule of its own instead of ``sideways``: ``accept(value, current, best)`` (the
+        descended kick's value, the current state's and the best's, after the best is
+        updated) says whether the walk moves to the kick; when it does not, the walk goes
+        back to the best state (e.g. GEM's: accept local optima up to a share worse than
+        the best, else restart from the best).
 
     Returns
     -------
@@ -156,22 +168,24 @@ def iterate(
     best, best_val = cur, cur_val
     since = 0
     for it in range(rounds):
+        if patience is not None and since >= patience:
+            break
         if deadline is not None and time.perf_counter() > deadline:
             log.capped = True
-            break
-        if patience is not None and since >= patience:
             break
         if stopped is not None and stopped():
             break
         log.rounds += 1
         cand = space.descend(space.kick(cur, rng, it), it)
         val = space.value(cand)
-        if val < cur_val - tol or (sideways and val <= cur_val + tol):
-            cur, cur_val = cand, val
         if val < best_val - tol:
             best, best_val = cand, val
             log.improvements += 1
             since = 0
         else:
             since += 1
+        if accept is not None:
+            cur, cur_val = (cand, val) if accept(val, cur_val, best_val) else (best, best_val)
+        elif val < cur_val - tol or (sideways and val <= cur_val + tol):
+            cur, cur_val = cand, val
     return best, best_val, log
