@@ -21,6 +21,7 @@ from moeopt.balance.loads import (
     maxvio,
 )
 from moeopt.balance.planner import plan_layer
+from moeopt.moves.driver import descend
 from moeopt.moves.slots import presence
 
 
@@ -92,23 +93,51 @@ def _greedy_migration(
     target: float | None,
     max_stall: int = 32,
 ) -> list[tuple[int, float, IntArray]]:
-    """Best-gain-per-moved-slot replace/swap moves from ``current``; returns the trajectory."""
-    E = L.size
-    lay = _Layout(current, None, E, allow=allow, load=L, cap=cap)
-    mean = float(L.sum()) / lay.G
-    M0 = presence(current, E)
+    """Best-gain-per-moved-slot replace/swap moves from ``current``; returns the trajectory
+    (a descent of the one driver, :func:`moeopt.moves.driver.descend`, over
+    :class:`_MigrationWalk`)."""
+    walk = _MigrationWalk(current, L, cap, allow, budget, target, max_stall)
+    descend(walk, walk, max_steps=2**62)
+    return walk.traj
 
-    def vio() -> float:
-        return float(lay.s.max()) / mean - 1.0 if mean > 0 else 0.0
 
-    def moves() -> int:
-        return int(current.size - np.minimum(M0, lay.M).sum())
+class _MigrationWalk:
+    """The migration walk as a neighbourhood of the one driver: its state is itself (the
+    layout and the trajectory so far). A step is the layout after the move with the best
+    reduction of the largest GPU load per moved slot (then of the heaviest GPU's load) that
+    keeps the moves within ``budget``; at a local optimum, one smoothing swap (never raises
+    the maximum) reshapes the plateau, at most ``max_stall`` times in a row. The walk stops
+    at the budget, at ``target`` or when no step fits."""
 
-    traj = [(0, vio(), lay.e.copy())]
-    if mean <= 0:
-        return traj
-    stall = 0
-    while traj[-1][0] < budget and (target is None or traj[-1][1] > target):
+    def __init__(
+        self,
+        current: IntArray,
+        L: FloatArray,
+        cap: int,
+        allow: bool,
+        budget: int,
+        target: float | None,
+        max_stall: int,
+    ) -> None:
+        self.current, self.budget, self.target, self.max_stall = current, budget, target, max_stall
+        self.lay = _Layout(current, None, L.size, allow=allow, load=L, cap=cap)
+        self.mean = float(L.sum()) / self.lay.G
+        self.M0 = presence(current, L.size)
+        self.stall = 0
+        self.traj = [(0, self.vio(), self.lay.e.copy())]
+
+    def vio(self) -> float:
+        return float(self.lay.s.max()) / self.mean - 1.0 if self.mean > 0 else 0.0
+
+    def moves(self, lay: _Layout) -> int:
+        return int(self.current.size - np.minimum(self.M0, lay.M).sum())
+
+    def best(self, state: _MigrationWalk) -> tuple[_Layout, bool] | None:
+        """The next layout and whether it is a smoothing step; None when the walk ends."""
+        done, vio = self.traj[-1][0], self.traj[-1][1]
+        if self.mean <= 0 or done >= self.budget or (self.target is not None and vio <= self.target):
+            return None
+        lay = self.lay
         b = int(np.argmax(lay.s))
         second = float(np.partition(lay.s, -2)[-2]) if lay.G > 1 else -np.inf
         smax = float(lay.s[b])
@@ -121,35 +150,29 @@ def _greedy_migration(
         if rp is not None:
             options.append((smax - max(rp[0], second), smax - rp[0], "replace", rp))
         if not options:
-            # local optimum: one smoothing swap (never raises the maximum) to reshape the plateau
-            if stall >= max_stall:
-                break
+            if self.stall >= self.max_stall:
+                return None
             trial = lay.copy()
-            if not trial.smooth(1) or int(current.size - np.minimum(M0, trial.M).sum()) > budget:
-                break
-            lay = trial
-            stall += 1
-            traj.append((moves(), vio(), lay.e.copy()))
-            continue
-        stall = 0
+            if not trial.smooth(1) or self.moves(trial) > self.budget:
+                return None
+            return trial, True
         options.sort(key=lambda o: (-o[0], -o[1]))
-        applied = False
         for _, _, _, mv in options:
             trial = lay.copy()
             if len(mv) == 3:  # a swap (gain, slot i, slot j); else a replace (gain, g, i, x)
                 _, i, j = mv
-                lay.swap(b, i, j // lay.W, j % lay.W)
+                trial.swap(b, i, j // lay.W, j % lay.W)
             else:
                 _, g, i, x = mv
-                lay.replace(g, i, x)
-            if moves() <= budget:
-                applied = True
-                break
-            lay = trial
-        if not applied:
-            break
-        traj.append((moves(), vio(), lay.e.copy()))
-    return traj
+                trial.replace(g, i, x)
+            if self.moves(trial) <= self.budget:
+                return trial, False
+        return None
+
+    def apply(self, state: _MigrationWalk, step: tuple[_Layout, bool]) -> None:
+        self.lay, smoothing = step
+        self.stall = self.stall + 1 if smoothing else 0
+        self.traj.append((self.moves(self.lay), self.vio(), self.lay.e.copy()))
 
 
 def _check_current(current: ArrayLike, L: FloatArray) -> IntArray:
@@ -226,32 +249,53 @@ def _revert_path(cur: IntArray, full: IntArray, L: FloatArray, allow: bool) -> l
 
     Each step reverts the slot whose reversal raises the largest GPU load the least (the expert it
     drops must keep a copy; no new colocation unless allowed). Returns ``(moves, MaxVio, plan)``
-    with strictly decreasing moves: plans in between the current and the unconstrained one.
+    with strictly decreasing moves: plans in between the current and the unconstrained one (a
+    descent of the one driver, :func:`moeopt.moves.driver.descend`, over :class:`_RevertWalk`).
     """
-    E = int(max(L.size, cur.max() + 1))
-    G, W = cur.shape
-    lay = _Layout(full, None, E, allow=allow, load=L, cap=G * W)
-    M0 = presence(cur, E)
-    mean = float(L.sum()) / G
-    if mean <= 0:
+    G = cur.shape[0]
+    if float(L.sum()) / G <= 0:
         return []
+    walk = _RevertWalk(cur, full, L, allow)
+    descend(walk, walk, max_steps=2**62)
+    return walk.out
 
-    def moves() -> int:
-        return int(cur.size - np.minimum(M0, lay.M).sum())
 
-    def rest_max(g1: IntArray, g2: IntArray) -> FloatArray:
+class _RevertWalk:
+    """The reversal path of :func:`_revert_path` as a neighbourhood of the one driver (its
+    state is itself): a step reverts one differing slot (a swap between two differing slots,
+    or a single slot taking back its expert); the walk ends when no slot differs, no reversal
+    is valid, or a reversal does not lower the moves."""
+
+    def __init__(self, cur: IntArray, full: IntArray, L: FloatArray, allow: bool) -> None:
+        E = int(max(L.size, cur.max() + 1))
+        G, W = cur.shape
+        self.cur, self.L, self.allow = cur, L, allow
+        self.lay = _Layout(full, None, E, allow=allow, load=L, cap=G * W)
+        self.M0 = presence(cur, E)
+        self.mean = float(L.sum()) / G
+        self.ended = False
+        self.out = [(self.moves(), float(self.lay.s.max()) / self.mean - 1.0, self.lay.e.copy())]
+
+    def moves(self) -> int:
+        return int(self.cur.size - np.minimum(self.M0, self.lay.M).sum())
+
+    def rest_max(self, g1: IntArray, g2: IntArray) -> FloatArray:
         """Largest GPU load outside ``{g1, g2}`` (vectorized over pairs)."""
-        order = np.argsort(-lay.s, kind="stable")[:3]
+        s = self.lay.s
+        order = np.argsort(-s, kind="stable")[:3]
         out = np.full(g1.shape, -np.inf)
         done = np.zeros(g1.shape, dtype=bool)
         for g in order:
             take = ~done & (g1 != g) & (g2 != g)
-            out = np.where(take, lay.s[g], out)
+            out = np.where(take, s[g], out)
             done |= take
         return out
 
-    out = [(moves(), float(lay.s.max()) / mean - 1.0, lay.e.copy())]
-    while out[-1][0] > 0:
+    def best(self, state: _RevertWalk) -> tuple[str, int, int, int, int] | None:
+        """The cheapest reversal: ``(kind, g, i, g2 or expert, i2)``; None when the path ends."""
+        if self.ended or self.out[-1][0] <= 0:
+            return None
+        lay, L, cur, allow = self.lay, self.L, self.cur, self.allow
         gi, ii = np.nonzero(lay.e != cur)
         x = lay.e[gi, ii]
         a = cur[gi, ii]
@@ -267,9 +311,10 @@ def _revert_path(cur: IntArray, full: IntArray, L: FloatArray, allow: bool) -> l
             if ok.any():
                 P_, Q_, gp, gq = P_[ok], Q_[ok], gp[ok], gq[ok]
                 dw = L[a[P_]] / c[a[P_]] - L[x[P_]] / c[x[P_]]
-                val = np.maximum(np.maximum(s[gp] + dw, s[gq] - dw), rest_max(gp, gq))
+                val = np.maximum(np.maximum(s[gp] + dw, s[gq] - dw), self.rest_max(gp, gq))
                 k = int(np.argmin(val))
-                best_v, best_mv = float(val[k]), ("swap", int(P_[k]), int(Q_[k]))
+                p, q = int(P_[k]), int(Q_[k])
+                best_v, best_mv = float(val[k]), ("swap", int(gi[p]), int(ii[p]), int(gi[q]), int(ii[q]))
         # single revert: slot p takes back its current expert (counts change)
         ok = c[x] >= 2
         if not allow:
@@ -288,19 +333,21 @@ def _revert_path(cur: IntArray, full: IntArray, L: FloatArray, allow: bool) -> l
             vals = tot.max(axis=1)
             k = int(np.argmin(vals))
             if vals[k] < best_v:
-                best_v, best_mv = float(vals[k]), ("replace", int(idx[k]), -1)
-        if best_mv is None:
-            break
-        kind, p, q = best_mv
+                p = int(idx[k])
+                best_v, best_mv = float(vals[k]), ("replace", int(gi[p]), int(ii[p]), int(a[p]), -1)
+        return best_mv
+
+    def apply(self, state: _RevertWalk, step: tuple[str, int, int, int, int]) -> None:
+        kind, g, i, h, j = step
         if kind == "swap":
-            lay.swap(int(gi[p]), int(ii[p]), int(gi[q]), int(ii[q]))
+            self.lay.swap(g, i, h, j)
         else:
-            lay.replace(int(gi[p]), int(ii[p]), int(a[p]))
-        m = moves()
-        if m >= out[-1][0]:
-            break
-        out.append((m, float(lay.s.max()) / mean - 1.0, lay.e.copy()))
-    return out
+            self.lay.replace(g, i, h)
+        m = self.moves()
+        if m >= self.out[-1][0]:
+            self.ended = True
+            return
+        self.out.append((m, float(self.lay.s.max()) / self.mean - 1.0, self.lay.e.copy()))
 
 
 def _unconstrained(

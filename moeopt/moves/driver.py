@@ -21,7 +21,8 @@ Users: the homes engine (:func:`moeopt.heuristics.local_search.local_search`: sl
 load repair and refinement, hence TACG, agnostic, METIS/hypergraph refinement), TACG's
 iterated search (:func:`moeopt.heuristics.local_search.iterated_local_search`), the balance
 planner (:mod:`moeopt.balance.layout`, :mod:`moeopt.balance.packing`,
-:mod:`moeopt.balance.robust`, :mod:`moeopt.balance.shift`), the joint planner
+:mod:`moeopt.balance.robust`, :mod:`moeopt.balance.shift`, the migration walks of
+:mod:`moeopt.balance.migration`), the joint planner
 (:func:`moeopt.joint.search.local_search`), the cross-layer planner's kicks
 (:meth:`moeopt.methods.crosslayer.CrossLayer.sweep`) and GEM's perturbation rounds
 (:func:`moeopt.heuristics.gem_search.search_layer`, with its own acceptance rule).
