@@ -18,7 +18,10 @@ Slot tables (exactly ``W`` items per bin, the balance planner's copies):
   :func:`moeopt.balance.batch.lpt_pack_batch`); it picks the lightest admissible bin from a
   heap of bin sums (the per-item ``argmin`` of :func:`_heaviest_first` is 9x slower there, on
   the 320 items of a DeepSeek-V3 layer at 64 x 5), and a colocation left over is removed by
-  :meth:`moeopt.moves.slots.WeightedSlots.repair` (or the items are dealt round-robin).
+  :meth:`moeopt.moves.slots.WeightedSlots.repair` (or the items are dealt round-robin);
+* :func:`lpt_pack_batch`: the same LPT for every layer at once (one ``argmin`` over the GPUs
+  per item rank, vectorized over layers: the balance planner's fast path), layers it cannot
+  pack re-packed by :func:`lpt_pack`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import heapq
 from collections.abc import Callable
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
 from moeopt.moves.slots import IntArray, WeightedSlots, presence
 
@@ -225,3 +228,68 @@ def lpt_pack(
         if fill[g] < W:
             heapq.heappush(heap, (sm + wl[it], g))
     return out if allow_colocated else repair_colocation(out, w, e, E)
+
+
+def _items_batch(loads: NDArray[np.float64], counts: IntArray, P: int) -> tuple[IntArray, NDArray[np.float64]]:
+    """Expert id ``[L, P]`` and weight ``[L, P]`` of every copy, in LPT order (weight desc, expert asc)."""
+    nL, E = loads.shape
+    ids = np.repeat(np.tile(np.arange(E), nL), counts.ravel()).reshape(nL, P)
+    share = loads / counts
+    w = np.take_along_axis(share, ids, axis=1)
+    order = np.lexsort((ids, -w), axis=-1)
+    return np.take_along_axis(ids, order, axis=1), np.take_along_axis(w, order, axis=1)
+
+
+def lpt_pack_batch(loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_colocated: bool = False) -> IntArray:
+    """LPT of the copies given by ``counts[L, E]`` into ``G x W`` slots, every layer at once.
+
+    Returns expert ids ``[L, G, W]``; layer by layer the same bins as
+    ``e[lpt_pack(w, e, G, W, allow_colocated)]`` with ``e = repeat(arange(E), counts[l])`` (slot
+    order inside a bin is fill order).
+    """
+    Ld = np.asarray(loads, dtype=np.float64)
+    if Ld.ndim != 2:
+        raise ValueError(f"load must have 2 dimension(s), got shape {Ld.shape}")
+    if Ld.shape[-1] < 1:
+        raise ValueError("load must have at least one expert")
+    if not np.all(np.isfinite(Ld)) or np.any(Ld < 0):
+        raise ValueError("load must be finite and >= 0")
+    c = np.asarray(counts, dtype=np.int64)
+    nL, E = Ld.shape
+    P = G * W
+    if c.shape != (nL, E) or np.any(c.sum(axis=1) != P) or np.any(c < 1):
+        raise ValueError(f"counts must be [L, E] >= 1 summing to G*W = {P} per layer")
+    es, ws = _items_batch(Ld, c, P)
+    # sk: bin sums, inf once a bin is full; has2[(l, x), g]: GPU g of layer l holds expert x
+    sk = np.zeros(nL * G)
+    fill = np.zeros(nL * G, dtype=np.int64)
+    full_inf = np.where(np.arange(P + 2) >= W, np.inf, 0.0)  # added when a bin gets its W-th item
+    gsel = np.empty((nL, P), dtype=np.int64)
+    arG = np.arange(nL) * G
+    arE = np.arange(nL) * E
+    has2 = None if allow_colocated else np.zeros((nL * E, G), dtype=bool)
+    for r in range(P):
+        key = sk.reshape(nL, G)
+        if has2 is not None:
+            rowx = arE + es[:, r]
+            key = np.where(has2[rowx], np.inf, key)
+        g = key.argmin(axis=1)
+        gsel[:, r] = g
+        idx = arG + g
+        cnt = fill[idx] + 1
+        fill[idx] = cnt
+        sk[idx] += ws[:, r] + full_inf[cnt]
+        if has2 is not None:
+            has2[rowx, g] = True
+    # a layer where some item found no admissible GPU (argmin of an all-inf row) overfills a bin or
+    # colocates: re-pack it with the per-layer LPT, which repairs
+    order = np.argsort(gsel, axis=1, kind="stable")  # items grouped by GPU, in fill order
+    out = np.take_along_axis(es, order, axis=1).reshape(nL, G, W)
+    bad = (fill.reshape(nL, G) != W).any(axis=1)
+    if not allow_colocated and W > 1:
+        srt = np.sort(out, axis=2)
+        bad |= (srt[:, :, 1:] == srt[:, :, :-1]).any(axis=(1, 2))
+    for l in np.flatnonzero(bad):
+        e = np.repeat(np.arange(E), c[l])
+        out[l] = e[lpt_pack((Ld[l] / c[l])[e], e, G, W, allow_colocated)]
+    return out

@@ -13,9 +13,9 @@ Algorithm (:func:`plan_layers_fast`)
    ``load_e / k >= total / P`` that every selected value meets when no cap binds; a layer whose
    largest left-out value could still be selected is recomputed by the per-layer function, so the
    result is always identical to it.
-2. **LPT packing** (:func:`lpt_pack_batch`): heaviest item first (copies of one expert adjacent),
+2. **LPT packing** (:func:`moeopt.packing.lpt_pack_batch`, in the one packing module): heaviest item first (copies of one expert adjacent),
    onto the lightest GPU with a free slot that does not hold the expert; one step per item rank,
-   vectorized over layers. Identical to :func:`moeopt.balance.lpt_pack` (same order and tie-breaks);
+   vectorized over layers. Identical to :func:`moeopt.packing.lpt_pack` (same order and tie-breaks);
    a layer where some item finds no admissible GPU is re-packed by that function (which repairs).
 3. **Swap descent** (:func:`swap_descent_batch`): every round, for every active layer its heaviest GPU
    ``b``: every exchange of one of ``b``'s ``W`` items with an item on one of the ``partners``
@@ -38,8 +38,8 @@ core at 64 x 5 and 32 x 9, with mean MaxVio about 0.0007 / 0.0002, against about
 DeepSeek's EPLB (global policy), which takes 0.06-0.14 s of CPU in the same process.
 
 This path keeps its own batched kernels rather than the per-layer slot state and driver of
-:mod:`moeopt.moves` (objects per layer would bring back the Python loop over layers); its LPT is
-checked against, and falls back to, the one packing module's :func:`moeopt.packing.lpt_pack`.
+:mod:`moeopt.moves` (objects per layer would bring back the Python loop over layers) for its swap
+descent; its LPT is the one packing module's (:mod:`moeopt.packing`).
 
 Every layer's plan is never worse than LPT on the water-filled copy counts (the descent starts from
 exactly that plan and only applies strictly improving exchanges).
@@ -62,7 +62,7 @@ from moeopt.balance.loads import (
     gpu_loads,
 )
 from moeopt.balance.planner import plan_layer
-from moeopt.packing import lpt_pack
+from moeopt.packing import lpt_pack_batch
 
 __all__ = [
     "copy_counts_batch",
@@ -161,65 +161,6 @@ def copy_counts_batch(loads: ArrayLike, copies_total: int, max_copies: int | Non
 # --------------------------------------------------------------------------------------------------
 # LPT packing
 # --------------------------------------------------------------------------------------------------
-
-
-def _items_batch(loads: FloatArray, counts: IntArray, P: int) -> tuple[IntArray, FloatArray]:
-    """Expert id ``[L, P]`` and weight ``[L, P]`` of every copy, in LPT order (weight desc, expert asc)."""
-    nL, E = loads.shape
-    ids = np.repeat(np.tile(np.arange(E), nL), counts.ravel()).reshape(nL, P)
-    share = loads / counts
-    w = np.take_along_axis(share, ids, axis=1)
-    order = np.lexsort((ids, -w), axis=-1)
-    return np.take_along_axis(ids, order, axis=1), np.take_along_axis(w, order, axis=1)
-
-
-def lpt_pack_batch(loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_colocated: bool = False) -> IntArray:
-    """LPT of the copies given by ``counts[L, E]`` into ``G x W`` slots, every layer at once.
-
-    Returns expert ids ``[L, G, W]``; layer by layer the same bins as
-    ``e[lpt_pack(w, e, G, W, allow_colocated)]`` with ``e = repeat(arange(E), counts[l])`` (slot
-    order inside a bin is fill order).
-    """
-    Ld = _as_loads(loads)
-    c = np.asarray(counts, dtype=np.int64)
-    nL, E = Ld.shape
-    P = G * W
-    if c.shape != (nL, E) or np.any(c.sum(axis=1) != P) or np.any(c < 1):
-        raise ValueError(f"counts must be [L, E] >= 1 summing to G*W = {P} per layer")
-    es, ws = _items_batch(Ld, c, P)
-    # sk: bin sums, inf once a bin is full; has2[(l, x), g]: GPU g of layer l holds expert x
-    sk = np.zeros(nL * G)
-    fill = np.zeros(nL * G, dtype=np.int64)
-    full_inf = np.where(np.arange(P + 2) >= W, np.inf, 0.0)  # added when a bin gets its W-th item
-    gsel = np.empty((nL, P), dtype=np.int64)
-    arG = np.arange(nL) * G
-    arE = np.arange(nL) * E
-    has2 = None if allow_colocated else np.zeros((nL * E, G), dtype=bool)
-    for r in range(P):
-        key = sk.reshape(nL, G)
-        if has2 is not None:
-            rowx = arE + es[:, r]
-            key = np.where(has2[rowx], np.inf, key)
-        g = key.argmin(axis=1)
-        gsel[:, r] = g
-        idx = arG + g
-        cnt = fill[idx] + 1
-        fill[idx] = cnt
-        sk[idx] += ws[:, r] + full_inf[cnt]
-        if has2 is not None:
-            has2[rowx, g] = True
-    # a layer where some item found no admissible GPU (argmin of an all-inf row) overfills a bin or
-    # colocates: re-pack it with the per-layer LPT, which repairs
-    order = np.argsort(gsel, axis=1, kind="stable")  # items grouped by GPU, in fill order
-    out = np.take_along_axis(es, order, axis=1).reshape(nL, G, W)
-    bad = (fill.reshape(nL, G) != W).any(axis=1)
-    if not allow_colocated and W > 1:
-        srt = np.sort(out, axis=2)
-        bad |= (srt[:, :, 1:] == srt[:, :, :-1]).any(axis=(1, 2))
-    for l in np.flatnonzero(bad):
-        e = np.repeat(np.arange(E), c[l])
-        out[l] = e[lpt_pack((Ld[l] / c[l])[e], e, G, W, allow_colocated)]
-    return out
 
 
 # --------------------------------------------------------------------------------------------------
