@@ -13,10 +13,11 @@ Algorithm (:func:`plan_layers_fast`)
    ``load_e / k >= total / P`` that every selected value meets when no cap binds; a layer whose
    largest left-out value could still be selected is recomputed by the per-layer function, so the
    result is always identical to it.
-2. **LPT packing** (:func:`moeopt.packing.lpt_pack_batch`, in the one packing module): heaviest item first (copies of one expert adjacent),
-   onto the lightest GPU with a free slot that does not hold the expert; one step per item rank,
-   vectorized over layers. Identical to :func:`moeopt.packing.lpt_pack` (same order and tie-breaks);
-   a layer where some item finds no admissible GPU is re-packed by that function (which repairs).
+2. **LPT packing** (:func:`moeopt.packing.lpt_pack_batch`, in the one packing module): heaviest item
+   first (copies of one expert adjacent), onto the lightest GPU with a free slot that does not hold
+   the expert; one step per item rank, vectorized over layers. Identical to
+   :func:`moeopt.packing.lpt_pack` (same order and tie-breaks); a layer where some item finds no
+   admissible GPU is re-packed by that function (which repairs).
 3. **Swap descent** (:func:`swap_descent_batch`): every round, for every active layer its heaviest GPU
    ``b``: every exchange of one of ``b``'s ``W`` items with an item on one of the ``partners``
    lightest GPUs is scored at once, for all active layers together, as an ``[A, W, partners * W]``
