@@ -198,3 +198,18 @@ def test_compare_table_is_aligned(capsys):
     assert len({len(r) for r in rows}) == 1, rows
     assert any(r.startswith("| wall time (s) ") for r in rows) and any(r.startswith("| dispatch ") for r in rows)
     assert len({r.index("|", 1) for r in rows}) == 1  # the first column ends at one place
+
+
+def test_options_are_never_abbreviated(tmp_path, capsys):
+    """``frontier --output x.json`` is refused (one line, exit 2): argparse's prefix matching
+    would take it for ``--output-dir`` and write a directory named x.json."""
+    target = tmp_path / "x.json"
+    with pytest.raises(SystemExit) as info:
+        main(["frontier", str(QUICKSTART), "--output", str(target)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments: --output" in err
+    assert not target.exists()
+    with pytest.raises(SystemExit):
+        main(["solve", str(QUICKSTART), "--time", "1"])  # --time-limit, abbreviated
+    assert "unrecognized arguments: --time" in capsys.readouterr().err

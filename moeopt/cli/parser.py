@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import re
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from moeopt.cli.args import _fraction, _harness_args, _nonneg_int, _positive_int, _positive_seconds
 from moeopt.cli.commands import (
@@ -33,7 +33,13 @@ notes to stderr unless --quiet (see moeopt.console)."""
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr (exit 2), like every other moeopt error."""
+    """Usage errors as one line on stderr (exit 2), like every other moeopt error. Options
+    are never abbreviated: ``frontier --output x.json`` is refused rather than taken for
+    ``--output-dir`` (argparse's prefix matching would write a directory named x.json)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {self.prog}: {one_line(message)}\n")
