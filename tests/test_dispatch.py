@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moeopt.dispatch import count_loads, lp_layer_loads, route_trace, static_map, static_share
+from moeopt.dispatch import (
+    all_copies,
+    count_loads,
+    guard_layer,
+    guard_layers,
+    lp_layer_loads,
+    route_trace,
+    static_map,
+    static_share,
+)
 from moeopt.evaluate import evaluate
 from moeopt.instance import Cluster
 from moeopt.plan import Dispatch, Plan
@@ -146,3 +155,75 @@ def test_counts_and_trace_agree(case):
     pooled = evaluate(plan, stats_from_counts(s.expert_load, top_k=trace.top_k), cluster)
     if plan.dispatch.kind != "lp":
         assert np.allclose(pooled["loads"], m["loads"])
+
+
+def reference_guard(topk, step, copies, G, guard, home):
+    """The online guard of SPEC 4.3 written plainly, token by token (the oracle of the tests
+    below): batches of ``batch_tokens`` tokens within each step, in step order; a token's
+    replicated experts decided one top-k position after another, each on the copy maximizing
+    its locality (other experts on the GPU: decided ones where they run, undecided ones
+    wherever they have a copy; +1 for the token's home) minus lam * Lhat_g / mean(Lhat)."""
+    N, k = topk.shape
+    holds = [set(int(g) for g in row if g >= 0) for row in copies]
+    out = copies[topk, 0].copy()
+    lhat = np.zeros(G)
+    order = sorted(range(N), key=lambda t: step[t])
+    batches, last, size = [], None, 0
+    for t in order:
+        if step[t] != last or (guard.batch_tokens is not None and size == guard.batch_tokens):
+            batches.append([])
+            last, size = step[t], 0
+        batches[-1].append(t)
+        size += 1
+    for tokens in batches:
+        mean = lhat.mean()
+        pressure = lhat / mean if mean > 0 else np.zeros(G)
+        for t in tokens:
+            pending = [len(holds[e]) > 1 or (copies[e] >= 0).sum() > 1 for e in topk[t]]
+            for j in range(k):
+                if not pending[j]:
+                    continue
+                pending[j] = False
+                best, pick = -np.inf, None
+                for c in copies[topk[t, j]]:
+                    if c < 0:
+                        continue
+                    loc = sum(
+                        (int(c) in holds[topk[t, i]]) if pending[i] else (out[t, i] == c) for i in range(k) if i != j
+                    )
+                    loc += home is not None and home[t] == c
+                    score = loc - guard.lam * pressure[c]
+                    if score > best:
+                        best, pick = score, c
+                out[t, j] = pick
+        load = np.bincount(out[tokens].ravel(), minlength=G)
+        lhat = guard.decay * lhat + (1.0 - guard.decay) * load
+    return out
+
+
+@settings(max_examples=examples(60))
+@given(
+    small_case(max_layers=3, replicas=True, colocated=True),
+    st.floats(0.0, 8.0),
+    st.floats(0.0, 1.0),
+    st.one_of(st.none(), st.integers(1, 7)),
+    st.booleans(),
+    st.randoms(use_true_random=False),
+)
+def test_guard_over_all_layers_equals_layer_by_layer(case, lam, decay, batch, homes, rnd):
+    """guard_layers (one pass over the batches for every layer) decides each token-slot as
+    guard_layer does layer by layer and as the plain token-by-token guard does, with or
+    without token homes, for any batch size."""
+    cluster, trace, plan = case
+    guard = Dispatch("locality", lam=lam, decay=decay, batch_tokens=batch)
+    topk = trace.topk.astype(np.int64)
+    step = trace.step.astype(np.int64)
+    home = np.array([rnd.randrange(cluster.gpus) for _ in range(trace.tokens)]) if homes else None
+    together = guard_layers(topk, step, all_copies(plan), cluster.gpus, guard, home)
+    for l in range(plan.layers):
+        alone = guard_layer(topk[:, l, :], step, plan.copies(l), cluster.gpus, guard, home)
+        assert np.array_equal(together[:, l, :], alone)
+        expected = reference_guard(topk[:, l, :], step, plan.copies(l), cluster.gpus, guard, home)
+        assert np.array_equal(alone, expected)
+        holds = plan.copies_on_gpu[l] > 0
+        assert holds[topk[:, l, :], together[:, l, :]].all()  # every slot served by a copy of its expert
