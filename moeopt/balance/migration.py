@@ -84,26 +84,10 @@ def relabel(new: ArrayLike, current: ArrayLike) -> IntArray:
     return out
 
 
-def _greedy_migration(
-    current: IntArray,
-    L: FloatArray,
-    cap: int,
-    allow: bool,
-    budget: int,
-    target: float | None,
-    max_stall: int = 32,
-) -> list[tuple[int, float, IntArray]]:
-    """Best-gain-per-moved-slot replace/swap moves from ``current``; returns the trajectory
-    (a descent of the one driver, :func:`moeopt.moves.driver.descend`, over
-    :class:`_MigrationWalk`)."""
-    walk = _MigrationWalk(current, L, cap, allow, budget, target, max_stall)
-    descend(walk, walk, max_steps=2**62)
-    return walk.traj
-
-
 class _MigrationWalk:
-    """The migration walk as a neighbourhood of the one driver: its state is itself (the
-    layout and the trajectory so far). A step is the layout after the move with the best
+    """Best-gain-per-moved-slot replace/swap moves from ``current`` (:meth:`run` returns the
+    trajectory), as a neighbourhood of the one driver: its state is itself (the layout and
+    the trajectory so far). A step is the layout after the move with the best
     reduction of the largest GPU load per moved slot (then of the heaviest GPU's load) that
     keeps the moves within ``budget``; at a local optimum, one smoothing swap (never raises
     the maximum) reshapes the plateau, at most ``max_stall`` times in a row. The walk stops
@@ -117,7 +101,7 @@ class _MigrationWalk:
         allow: bool,
         budget: int,
         target: float | None,
-        max_stall: int,
+        max_stall: int = 32,
     ) -> None:
         self.current, self.budget, self.target, self.max_stall = current, budget, target, max_stall
         self.lay = _Layout(current, None, L.size, allow=allow, load=L, cap=cap)
@@ -125,6 +109,11 @@ class _MigrationWalk:
         self.M0 = presence(current, L.size)
         self.stall = 0
         self.traj = [(0, self.vio(), self.lay.e.copy())]
+
+    def run(self) -> list[tuple[int, float, IntArray]]:
+        """The walk to its end (:func:`moeopt.moves.driver.descend`): ``(moves, MaxVio, plan)``."""
+        descend(self, self, max_steps=2**62)
+        return self.traj
 
     def vio(self) -> float:
         return float(self.lay.s.max()) / self.mean - 1.0 if self.mean > 0 else 0.0
@@ -375,7 +364,7 @@ def _migration_candidates(
 ) -> list[tuple[int, float, IntArray]]:
     G, W = cur.shape
     cap = _cap(L.size, G, W, allow)
-    cands = _greedy_migration(cur, L, cap, allow, budget, target)
+    cands = _MigrationWalk(cur, L, cap, allow, budget, target).run()
     if path is None:
         path = _revert_path(cur, full, L, allow)
     cands += [p for p in path if p[0] <= budget]
