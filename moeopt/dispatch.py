@@ -257,6 +257,7 @@ class Routing:
 
 
 def _step_counts(ids: np.ndarray, step: np.ndarray, T: int, E: int) -> np.ndarray:
+    """float ``[T, E]``: how often each id (an expert, or the GPU that served a slot) occurs per step."""
     key = step[:, None] * E + ids
     return np.bincount(key.ravel(), minlength=T * E).reshape(T, E).astype(np.float64)
 
@@ -336,7 +337,7 @@ def route_trace(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
         G = plan.gpus
         gpu = guard_layers(trace.topk.astype(np.int64), step, all_copies(plan), G, plan.dispatch, trace.home)
         for l in range(L):
-            step_loads[l] = _step_gpu_counts(step, gpu[:, l, :], T, G)
+            step_loads[l] = _step_counts(gpu[:, l, :], step, T, G)
         return Routing(step_loads, gpu)
     gpu = np.empty((N, L, trace.top_k), dtype=np.int64)
     row = _rank_in_group(step)[1]  # a token's row within its batch
@@ -353,11 +354,6 @@ def all_copies(plan: Plan) -> np.ndarray:
     for l, c in enumerate(per):
         out[l, :, : c.shape[1]] = c
     return out
-
-
-def _step_gpu_counts(step: np.ndarray, gpu: np.ndarray, T: int, G: int) -> np.ndarray:
-    """float ``[T, G]``: token-slots each GPU executes per step (``gpu`` ``[N, k]``)."""
-    return np.bincount((step[:, None] * G + gpu).ravel(), minlength=T * G).reshape(T, G).astype(np.float64)
 
 
 def _route_layer(
@@ -390,7 +386,7 @@ def _route_layer(
         return _assign_by_quota(ids, step, E, _integer_quota(flow)), loads
     else:  # locality
         g = guard_layer(ids, step, plan.copies(l), G, plan.dispatch, home)
-    return g, _step_gpu_counts(step, g, T, G)
+    return g, _step_counts(g, step, T, G)
 
 
 def _route_previous_layer(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
