@@ -385,6 +385,30 @@ def _run_ray(tasks: list[LayerTask], executor: Executor, done: Callable[[LayerOu
     ray_map(run_layer, [(t,) for t in tasks], executor, done)
 
 
+#: seconds to wait for a Ray head's port before saying it is unreachable (Ray itself retries
+#: for minutes, with no ``ray.init`` argument to shorten it)
+RAY_CONNECT_TIMEOUT = 5.0
+
+
+def _check_reachable(address: str, timeout: float = RAY_CONNECT_TIMEOUT) -> None:
+    """Fail in one line when ``address`` names a ``host:port`` (or ``ray://host:port``) that
+    accepts no TCP connection; ``"auto"`` and other forms are left to Ray."""
+    import socket
+
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise MoeoptError(
+            f"--ray {address}: cannot connect to a Ray cluster: nothing answers at {host}:{port} ({exc}); "
+            "start one with `ray start --head`, or use --ray local"
+        ) from None
+
+
 def ray_map(
     fn: Callable[..., Any],
     items: Sequence[tuple[Any, ...]],
@@ -406,6 +430,7 @@ def ray_map(
             cpus = executor.workers if executor.workers > 1 else (os.cpu_count() or 2)
             ray.init(num_cpus=cpus, **opts)
         else:
+            _check_reachable(executor.ray)
             try:
                 ray.init(address=executor.ray, **opts)
             except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -251,6 +251,24 @@ def test_missing_ray_is_one_line(monkeypatch, capsys, tmp_path):
     assert not out.exists()
 
 
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # bind, read the free port, close: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_ray_address_is_one_line(capsys, tmp_path):
+    pytest.importorskip("ray")
+    out = tmp_path / "plan.json"
+    address = f"127.0.0.1:{_closed_port()}"
+    assert main(["solve", str(FOUR), "--quiet", "--output", str(out), "--ray", address]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--ray {address}: cannot connect to a Ray cluster: nothing answers" in err
+    assert not out.exists()
+
+
 def test_compare_with_workers(capsys):
     assert main(["compare", str(FOUR), "--methods", "greedy,balance", "--quiet", "--workers", "2"]) == 0
     assert "balance" in capsys.readouterr().out
