@@ -183,7 +183,21 @@ def test_tacg_colgen_certificate() -> None:
     assert cg.bound <= cheap.bound + 1e-9
     assert cg.objective >= cheap.objective - 1e-9
     assert cg.bound >= cg.objective - 1e-9
-    assert len(cg.stats["colgen"]) == 2
+    assert [sorted(r) for r in cg.stats["certificate"]] == [["colgen"], ["colgen"]]
     assert cg.status in (Status.OPTIMAL, Status.FEASIBLE)
     with pytest.raises(InputError):
         run("agnostic", p, certificate="nope")
+
+
+@pytest.mark.parametrize("kind", ["triangle", "both"])
+def test_tacg_triangle_certificate(kind: str) -> None:
+    """``certificate: triangle`` / ``both``: bound no looser than the cheap one and above the plan."""
+    p = make_problem(E=16, G=2, L=2, seed=3)
+    cheap = run("tacg", p, time_limit=5.0)
+    res = run("tacg", p, time_limit=5.0, certificate=kind)
+    assert res.bound <= cheap.bound + 1e-9
+    assert res.bound >= res.objective - 1e-9
+    assert res.objective >= cheap.objective - 1e-9
+    records = res.stats["certificate"]
+    assert len(records) == 2 and all("triangle" in r for r in records)
+    assert ("colgen" in records[0]) == (kind == "both")

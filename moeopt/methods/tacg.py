@@ -17,6 +17,7 @@ graph, which only relabels GPUs (objective, loads and bound unchanged).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -38,6 +39,8 @@ from moeopt.trace import LIFT_EPS, Stats, log_lift
 #: automatic load limit: this factor above the least largest-group load any plan can reach
 #: seconds per layer when the caller gives no time limit
 DEFAULT_TIME_LIMIT = 10.0
+#: the bounds a heuristic plan can be certified with (TacgParams.certificate)
+CERTIFICATES = ("cheap", "colgen", "triangle", "both")
 
 
 # ----------------------------------------------------------------------------- graph
@@ -135,7 +138,11 @@ class TacgParams:
         bounds of :func:`moeopt.bounds.grouping_bound`, milliseconds; ``"colgen"`` also the
         set-partitioning bound by column generation (:func:`moeopt.colgen.column_generation`,
         formulations/tacg.md section 7) in the rest of the layer's time, whose restricted
-        master MILP replaces the plan when it finds a better one.
+        master MILP replaces the plan when it finds a better one; ``"triangle"`` also the pair
+        LP with triangle and star cuts
+        (:func:`moeopt.solvers.grouping_triangle.triangle_bound`, section 8), the one that
+        closes for large groups (cap 8 and more); ``"both"`` each of the two in half the time,
+        the smaller bound reported.
     """
 
     tau: float = 1.0
@@ -163,8 +170,8 @@ class TacgParams:
             raise ValueError("iterations must be >= 0 and patience >= 1")
         if self.nodes not in ("flat", "top-down"):
             raise ValueError(f"nodes must be 'flat' or 'top-down', got {self.nodes!r}")
-        if self.certificate not in ("cheap", "colgen"):
-            raise ValueError(f"certificate must be 'cheap' or 'colgen', got {self.certificate!r}")
+        if self.certificate not in CERTIFICATES:
+            raise ValueError(f"certificate must be one of {', '.join(CERTIFICATES)}, got {self.certificate!r}")
 
 
 @dataclass
@@ -308,13 +315,54 @@ def top_down_home(
     return home
 
 
-def colgen_certificate(g: Grouping, home: np.ndarray, ctx: Context, layers_left: int):
-    """Column generation from ``home`` in this layer's share of what is left of the budget."""
+def certificate_seconds(ctx: Context, layers_left: int) -> float:
+    """This layer's share of what is left of the budget (the default limit when none is set)."""
+    most = None if ctx.budget.limited else DEFAULT_TIME_LIMIT
+    return max(ctx.budget.child(1.0 / layers_left, most=most).remaining(), 0.1)
+
+
+def colgen_certificate(g: Grouping, home: np.ndarray, seconds: float, seed: int):
+    """Column generation from ``home`` in ``seconds``."""
     from moeopt.colgen import column_generation
 
-    most = None if ctx.budget.limited else DEFAULT_TIME_LIMIT
-    seconds = max(ctx.budget.child(1.0 / layers_left, most=most).remaining(), 0.1)
-    return column_generation(g, seconds, start_home=home, seed=ctx.seed)
+    return column_generation(g, seconds, start_home=home, seed=seed)
+
+
+def strong_certificate(
+    g: Grouping, home: np.ndarray, ctx: Context, layers_left: int, kind: str
+) -> tuple[np.ndarray, float, str, dict]:
+    """The ``certificate`` bound (``colgen``, ``triangle`` or ``both``) for one layer: returns
+    the plan (column generation's MILP may improve it), the bound, its name and a record."""
+    from moeopt.solvers.grouping_triangle import triangle_bound
+
+    seconds = certificate_seconds(ctx, layers_left)
+    share = seconds / 2 if kind == "both" else seconds
+    record: dict = {}
+    bound, name = math.inf, kind
+    if kind in ("colgen", "both"):
+        cert = colgen_certificate(g, home, share, ctx.seed)
+        if cert.home is not None and cert.objective > g.objective(home):
+            home = cert.home
+        record["colgen"] = {
+            "bound": cert.bound,
+            "objective": cert.objective,
+            "proven": cert.proven,
+            "columns": cert.columns,
+            "seconds": cert.history[-1][0],
+        }
+        bound, name = cert.bound, "colgen"
+    if kind in ("triangle", "both"):
+        tri = triangle_bound(g, share)
+        record["triangle"] = {
+            "bound": tri.bound,
+            "rounds": tri.rounds,
+            "cuts": tri.cuts,
+            "converged": tri.converged,
+            "seconds": tri.seconds,
+        }
+        if tri.bound < bound:
+            bound, name = tri.bound, "triangle"
+    return home, bound, name, record
 
 
 def _finish(home: np.ndarray, g: Grouping, gpn: int, rng: np.random.Generator) -> np.ndarray:
@@ -407,27 +455,18 @@ class Tacg(TacgBase):
                     mode = "top-down"
                 except InfeasibleError:
                     pass  # this layer's node split misses the per-GPU load limit: keep the flat plan
-            cert = None
-            if params.certificate == "colgen":  # a bound that closes (and maybe a better plan): the layer's rest
-                cert = colgen_certificate(g, home, ctx, problem.layers - l)
-                if cert.home is not None and cert.objective > g.objective(home):
-                    home = cert.home
-                certs.append(
-                    {
-                        "bound": cert.bound,
-                        "objective": cert.objective,
-                        "proven": cert.proven,
-                        "columns": cert.columns,
-                        "seconds": cert.history[-1][0],
-                    }
-                )
+            strong = None
+            if params.certificate != "cheap":  # a bound that closes (and maybe a better plan): the layer's rest
+                home, sb, sname, record = strong_certificate(g, home, ctx, problem.layers - l, params.certificate)
+                strong = (sb, sname)
+                certs.append(record)
             modes.append(mode)
             homes.append(_finish(home, g, gpn, rng) if mode == "flat" else home)
             b, kind = grouping_bound(
                 g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
             )
-            if cert is not None and cert.bound < b:
-                b, kind = cert.bound, "colgen"
+            if strong is not None and strong[0] < b:
+                b, kind = strong
             bounds.append(b)
             kinds.append(kind)
             # a cheap bound that meets the plan's value certifies it
@@ -447,7 +486,7 @@ class Tacg(TacgBase):
             "node_mode": modes,
         }
         if certs:
-            stats["colgen"] = certs
+            stats["certificate"] = certs
         termination = None
         notes = []
         if params.relax_eps_load:
