@@ -369,6 +369,7 @@ def generate(
         good = [s for s, r in zip(pr.groups, rc, strict=True) if r > tol and pricer.admissible(s)]
         if good:
             master.add(good)
+        master.add([s for s in pr.partners if pricer.admissible(s)])
         if good or stall_added:
             mispriced = 0
             continue

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -179,6 +179,9 @@ class Pricing:
     upper: float  # >= max over feasible S (the empty group included) of v(S) - pi(S)
     proven: bool  # upper is the maximum itself
     kind: str
+    #: columns the master takes whatever their reduced value (e.g. a whole plan around the best
+    #: group: when columns must partition the experts, a new one is of no use without partners)
+    partners: list[np.ndarray] = field(default_factory=list)
 
 
 def price_enumerate(problem: Grouping, pi: np.ndarray, cand: np.ndarray, keep: int = 20) -> Pricing:
