@@ -23,9 +23,11 @@ upper bound on the reduced cost. Duals are smoothed (Wentges): pricing happens a
 combination of the best-bound duals and the master's. A restricted master MILP (HiGHS, the
 incumbent as a start) over the generated columns can improve the plan.
 
-The package: :mod:`.pricing` (the quadratic-knapsack pricing), :mod:`.master` (the restricted
-master LP and MILP in highspy), :mod:`.driver` (:func:`column_generation`, the loop and its
-bounds).
+The package: :mod:`.pricing` (the quadratic-knapsack pricing, and the :class:`Pricer` protocol a
+column value implements), :mod:`.master` (the restricted master LP and MILP in highspy, over a
+:class:`ColumnSpace`), :mod:`.driver` (:func:`generate`, the loop and its bounds for any column
+space, and :func:`column_generation` on a grouping). The joint planner's certificate
+(:mod:`moeopt.joint.bound`) is the same loop over hypergraph columns with rows ``>= 1``.
 """
 
 from moeopt.colgen.driver import (
@@ -34,12 +36,16 @@ from moeopt.colgen.driver import (
     RC_TOL,
     STALL_ITERATIONS,
     ColgenResult,
+    Generation,
     column_generation,
+    generate,
 )
-from moeopt.colgen.master import Master, restricted_milp
+from moeopt.colgen.master import ColumnSpace, Master, grouping_space, restricted_milp
 from moeopt.colgen.pricing import (
     LOAD_SCALE,
     PRICING_SCALE,
+    GroupingPricer,
+    Pricer,
     Pricing,
     group_value,
     price_branch_and_bound,
@@ -59,10 +65,16 @@ __all__ = [
     "RC_TOL",
     "STALL_ITERATIONS",
     "ColgenResult",
+    "ColumnSpace",
+    "Generation",
+    "GroupingPricer",
     "Master",
+    "Pricer",
     "Pricing",
     "column_generation",
+    "generate",
     "group_value",
+    "grouping_space",
     "price_branch_and_bound",
     "price_cpsat",
     "price_enumerate",

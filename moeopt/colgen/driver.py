@@ -1,4 +1,8 @@
-"""The column generation driver: master LP, pricing, Lagrangian bounds, the final master MILP."""
+"""The column generation driver: master LP, pricing, Lagrangian bounds, the final master MILP.
+
+:func:`generate` is the loop over any column space (a :class:`~moeopt.colgen.master.Master` and a
+:class:`~moeopt.colgen.pricing.Pricer`); :func:`column_generation` runs it on a grouping problem.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moeopt.bounds import grouping_bound
-from moeopt.colgen.master import Master, restricted_milp
-from moeopt.colgen.pricing import price_exact, price_heuristic, pricing_candidates, reduced_values
+from moeopt.colgen.master import Master, grouping_space, restricted_milp
+from moeopt.colgen.pricing import GroupingPricer, Pricer
 from moeopt.errors import InfeasibleError
-from moeopt.grouping import LOAD_TOL, Grouping
+from moeopt.grouping import Grouping
 from moeopt.heuristics.spectral import grouping_heuristic
 from moeopt.result import Termination
 
@@ -154,109 +158,31 @@ def column_generation(
         return ColgenResult(bound, incumbent, home, history, 0, 0, True, done, 0.0, kind, info)
 
     partition = home is not None
-    master = Master(problem, partition)
+    master = Master(grouping_space(problem, partition))
     master.add([np.array([e]) for e in range(E)])
     if home is not None:
         master.add([np.flatnonzero(home == g) for g in range(G)])
-    if pricing_time is None:
-        pricing_time = max(1.0, 0.1 * time_limit)
-    milp_at = deadline - MILP_SHARE * time_limit
     # stability center of the dual smoothing: first each expert's share of its group's value
-    # in the start plan (sum = its objective), then the duals of the best Lagrangian bound
+    # in the start plan (sum = its objective)
     center = None if home is None else 0.5 * (W * (home[:, None] == home[None, :])).sum(axis=1)
-    center_value = math.inf
-    last_exact = time.perf_counter()
-    best_lp, stalled = -math.inf, 0  # master LP iterations without progress
-    mispriced = 0  # consecutive exact pricings that found nothing for the master
-    iterations = 0
-    proven = False
-    lp_value = None
-    hint = None
-    while time.perf_counter() < milp_at:
-        ts = time.perf_counter()
-        lp_value, pi, mu, _x = master.solve()
-        info["lp_time"] += time.perf_counter() - ts
-        iterations += 1
-        if lp_value >= bound - 1e-9 * max(abs(bound), 1.0):
-            break  # the master meets a valid bound: LP (and bound) optimal
-        # Wentges smoothing; after each misprice the pricing duals move towards the master's
-        alpha = 1.0 - (mispriced + 1) * (1.0 - smoothing)
-        alpha = alpha if alpha > 1e-9 else 0.0
-        pi_price = pi if center is None or alpha == 0.0 else alpha * center + (1.0 - alpha) * pi
-        if not partition:  # the Lagrangian bound of rows "<= 1" needs pi >= 0
-            pi_price = np.maximum(pi_price, 0.0)
-        ts = time.perf_counter()
-        found = price_heuristic(problem, pi_price, seeds=pricing_candidates(problem, pi_price))
-        info["heuristic_pricings"] += 1
-        threshold = max(0.0, float(reduced_values(problem, found[:1], pi_price).max(initial=0.0)))
-        rc = reduced_values(problem, found, pi) - mu
-        good = [s for s, r in zip(found, rc, strict=True) if r > tol]
-        if not good and pi_price is not pi:  # nothing at the smoothed duals: try the master's
-            extra = price_heuristic(problem, pi, seeds=pricing_candidates(problem, pi))
-            rc = reduced_values(problem, extra, pi) - mu
-            good = [s for s, r in zip(extra, rc, strict=True) if r > tol]
-        info["pricing_time"] += time.perf_counter() - ts
-        if lp_value > best_lp + 1e-4 * max(abs(lp_value), 1e-12):
-            best_lp, stalled = lp_value, 0
-        else:
-            stalled += 1
-        due = time.perf_counter() - last_exact > pricing_time  # a bound (and a center) now and then
-        if good and stalled < STALL_ITERATIONS and iterations > 1 and not due:
-            hint = good[0]
-            master.add(_disjoint_first(good, E, limit=max(10, 2 * G)))
-            continue
-        stall_added = bool(good)
-        if good:  # the master stalls (degenerate pivots): price exactly for a bound and a new center
-            master.add(_disjoint_first(good, E, limit=max(10, 2 * G)))
-            stalled = 0
-        # exact pricing at the smoothed duals: a Lagrangian bound, and columns if any
-        ts = time.perf_counter()
-        left = milp_at - time.perf_counter()
-        # far from the LP optimum a rough pricing is worth more than an exact one: prune within a
-        # tenth of the current gap (the bound loses at most that), then tighter as the gap closes
-        slack = max(PRICING_TOLERANCE * max(abs(lp_value), abs(incumbent or 0.0)), 0.1 * (bound - lp_value)) / G
-        pr = price_exact(
-            problem,
-            pi_price,
-            time_limit=max(0.1, min(pricing_time, left)),
-            hint=hint,
-            seed=seed,
-            threshold=threshold,
-            tolerance=slack,
-        )
-        info["exact_pricings"] += 1
-        last_exact = time.perf_counter()
-        info["pricing_time"] += last_exact - ts
-        lag = float(pi_price.sum()) + G * max(0.0, pr.upper)
-        if lag < center_value:
-            center, center_value = pi_price.copy(), lag
-        if lag < bound:
-            bound, kind = lag, "colgen"
-        history.append((time.perf_counter() - t0, bound, incumbent))
-        say(
-            f"colgen it {iterations} ({time.perf_counter() - ts:.2f} s): lp {lp_value:.6g}, bound {bound:.6g}, "
-            f"pricing {pr.kind} "
-            f"upper {pr.upper:.4g}{'' if pr.proven else ' (unproven)'}, alpha {alpha:.2g}, "
-            f"columns {len(master.groups)}"
-        )
-        rc = reduced_values(problem, pr.groups, pi) - mu
-        good = [
-            s
-            for s, r in zip(pr.groups, rc, strict=True)
-            if r > tol and problem.load[s].sum() <= problem.load_limit + LOAD_TOL
-        ]
-        if good:
-            master.add(good)
-        if good or stall_added:
-            mispriced = 0
-            continue
-        mispriced += 1
-        info["mispricings"] += 1
-        if alpha == 0.0 and pr.proven and lag <= lp_value + PRICING_TOLERANCE * abs(lp_value) + 1e-12:
-            proven = True  # priced at the master's duals, nothing to add: the LP is solved (to the tolerance)
-            break
-    if lp_value is not None and lp_value >= bound - 1e-9 * max(abs(bound), 1.0):
-        proven = True
+    gen = generate(
+        master,
+        GroupingPricer(problem, partition),
+        bound=bound,
+        kind=kind,
+        stop_at=deadline - MILP_SHARE * time_limit,
+        pricing_time=max(1.0, 0.1 * time_limit) if pricing_time is None else pricing_time,
+        tol=tol,
+        center=center,
+        incumbent=incumbent,
+        smoothing=smoothing,
+        seed=seed,
+        t0=t0,
+        history=history,
+        info=info,
+        log=say,
+    )
+    bound, kind, lp_value, proven, iterations = gen.bound, gen.kind, gen.lp_value, gen.proven, gen.iterations
     # restricted master MILP over the generated columns
     ts = time.perf_counter()
     left = deadline - ts
@@ -289,3 +215,169 @@ def _disjoint_first(groups: list[np.ndarray], experts: int, limit: int) -> list[
         else:
             rest.append(s)
     return (first + rest)[:limit]
+
+
+@dataclass
+class Generation:
+    """Where :func:`generate` stopped: the best Lagrangian bound (or the starting one, ``kind``
+    naming it), the last master LP value, whether the LP was proved solved, master LP solves."""
+
+    bound: float
+    kind: str
+    lp_value: float | None
+    proven: bool
+    iterations: int
+
+
+def generate(
+    master: Master,
+    pricer: Pricer,
+    *,
+    bound: float,
+    kind: str,
+    stop_at: float,
+    pricing_time: float,
+    tol: float,
+    center: np.ndarray | None = None,
+    incumbent: float | None = None,
+    smoothing: float = 0.8,
+    seed: int = 0,
+    t0: float | None = None,
+    history: list[tuple[float, float, float | None]] | None = None,
+    info: dict | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Generation:
+    """The column generation loop over any column space: master LP, pricing, Lagrangian bounds.
+
+    Each master LP solve is followed by heuristic pricing (at Wentges-smoothed duals, then at the
+    master's); when it finds nothing, the master stalls, or ``pricing_time`` has passed since the
+    last one, an exact pricing gives the Lagrangian (Farley) bound
+
+        L(pi) = sum_e pi_e + G max(0, upper),   upper >= max_S [v(S) - pi(S)],
+
+    valid for any ``pi`` that :meth:`Pricer.project` returns (e.g. ``pi >= 0`` for rows ``<= 1``,
+    ``pi <= 0`` for rows ``>= 1``), so ``bound`` is valid at every iteration.
+
+    Parameters
+    ----------
+    master
+        The restricted master, seeded with columns that make it feasible.
+    pricer
+        Column pricing for the master's problem.
+    bound, kind
+        A valid upper bound on the master's optimum to start from, and its name.
+    stop_at
+        ``time.perf_counter()`` value at which to stop.
+    pricing_time
+        Seconds per exact pricing, and the longest stretch of heuristic pricing between two.
+    tol
+        Reduced values at or below this count as zero.
+    center
+        First stability center of the dual smoothing (None: the master's duals).
+    incumbent
+        Value of the best known plan (only scales the exact pricing's tolerance).
+    smoothing
+        Wentges alpha, as in :func:`column_generation`.
+    seed, t0, history, info, log
+        Exact pricing's seed; the clock's origin, the ``(seconds, bound, incumbent)`` list, the
+        counters (``heuristic_pricings``, ``exact_pricings``, ``mispricings``, ``lp_time``,
+        ``pricing_time``) and the log line sink, updated in place.
+    """
+    t0 = time.perf_counter() if t0 is None else t0
+    history = [] if history is None else history
+    info = {} if info is None else info
+    for key in ("heuristic_pricings", "exact_pricings", "mispricings"):
+        info.setdefault(key, 0)
+    for key in ("lp_time", "pricing_time"):
+        info.setdefault(key, 0.0)
+    say = log or (lambda _msg: None)
+    G = master.space.groups
+    center_value = math.inf
+    last_exact = time.perf_counter()
+    best_lp, stalled = -math.inf, 0  # master LP iterations without progress
+    mispriced = 0  # consecutive exact pricings that found nothing for the master
+    iterations = 0
+    proven = False
+    lp_value = None
+    hint = None
+    while time.perf_counter() < stop_at:
+        ts = time.perf_counter()
+        lp_value, pi, mu, _x = master.solve()
+        info["lp_time"] += time.perf_counter() - ts
+        iterations += 1
+        if lp_value >= bound - 1e-9 * max(abs(bound), 1.0):
+            break  # the master meets a valid bound: LP (and bound) optimal
+        # Wentges smoothing; after each misprice the pricing duals move towards the master's
+        alpha = 1.0 - (mispriced + 1) * (1.0 - smoothing)
+        alpha = alpha if alpha > 1e-9 else 0.0
+        pi_price = pi if center is None or alpha == 0.0 else alpha * center + (1.0 - alpha) * pi
+        pi_price = pricer.project(pi_price)  # duals where the Lagrangian bound holds
+        ts = time.perf_counter()
+        found = pricer.heuristic(pi_price)
+        info["heuristic_pricings"] += 1
+        threshold = max(0.0, float(pricer.reduced(found[:1], pi_price).max(initial=0.0)))
+        rc = pricer.reduced(found, pi) - mu
+        good = [s for s, r in zip(found, rc, strict=True) if r > tol]
+        if not good and pi_price is not pi:  # nothing at the smoothed duals: try the master's
+            extra = pricer.heuristic(pi)
+            rc = pricer.reduced(extra, pi) - mu
+            good = [s for s, r in zip(extra, rc, strict=True) if r > tol]
+        info["pricing_time"] += time.perf_counter() - ts
+        if lp_value > best_lp + 1e-4 * max(abs(lp_value), 1e-12):
+            best_lp, stalled = lp_value, 0
+        else:
+            stalled += 1
+        due = time.perf_counter() - last_exact > pricing_time  # a bound (and a center) now and then
+        if good and stalled < STALL_ITERATIONS and iterations > 1 and not due:
+            hint = good[0]
+            master.add(_disjoint_first(good, master.space.experts, limit=max(10, 2 * G)))
+            continue
+        stall_added = bool(good)
+        if good:  # the master stalls (degenerate pivots): price exactly for a bound and a new center
+            master.add(_disjoint_first(good, master.space.experts, limit=max(10, 2 * G)))
+            stalled = 0
+        # exact pricing at the smoothed duals: a Lagrangian bound, and columns if any
+        ts = time.perf_counter()
+        left = stop_at - time.perf_counter()
+        # far from the LP optimum a rough pricing is worth more than an exact one: prune within a
+        # tenth of the current gap (the bound loses at most that), then tighter as the gap closes
+        slack = max(PRICING_TOLERANCE * max(abs(lp_value), abs(incumbent or 0.0)), 0.1 * (bound - lp_value)) / G
+        pr = pricer.exact(
+            pi_price,
+            time_limit=max(0.1, min(pricing_time, left)),
+            hint=hint,
+            seed=seed,
+            threshold=threshold,
+            tolerance=slack,
+        )
+        info["exact_pricings"] += 1
+        last_exact = time.perf_counter()
+        info["pricing_time"] += last_exact - ts
+        lag = float(pi_price.sum()) + G * max(0.0, pr.upper)
+        if lag < center_value:
+            center, center_value = pi_price.copy(), lag
+        if lag < bound:
+            bound, kind = lag, "colgen"
+        history.append((time.perf_counter() - t0, bound, incumbent))
+        say(
+            f"colgen it {iterations} ({time.perf_counter() - ts:.2f} s): lp {lp_value:.6g}, bound {bound:.6g}, "
+            f"pricing {pr.kind} "
+            f"upper {pr.upper:.4g}{'' if pr.proven else ' (unproven)'}, alpha {alpha:.2g}, "
+            f"columns {len(master.groups)}"
+        )
+        rc = pricer.reduced(pr.groups, pi) - mu
+        good = [s for s, r in zip(pr.groups, rc, strict=True) if r > tol and pricer.admissible(s)]
+        if good:
+            master.add(good)
+        master.add([s for s in pr.partners if pricer.admissible(s)])
+        if good or stall_added:
+            mispriced = 0
+            continue
+        mispriced += 1
+        info["mispricings"] += 1
+        if alpha == 0.0 and pr.proven and lag <= lp_value + PRICING_TOLERANCE * abs(lp_value) + 1e-12:
+            proven = True  # priced at the master's duals, nothing to add: the LP is solved (to the tolerance)
+            break
+    if lp_value is not None and lp_value >= bound - 1e-9 * max(abs(bound), 1.0):
+        proven = True
+    return Generation(bound, kind, lp_value, proven, iterations)

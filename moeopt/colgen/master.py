@@ -1,11 +1,15 @@
 """The restricted master of the column generation (highspy): its LP and its MILP over the columns.
 
-Rows: one per expert (``= 1``, or ``<= 1`` when groups may be left empty) and ``sum x <= G``;
-one column per group with its intra-group affinity as objective coefficient.
+Rows: one per expert (``= 1``, ``<= 1`` when groups may be left empty, or ``>= 1`` when an
+expert may sit in several columns, e.g. copies) and ``sum x <= G``; one column per group with
+its value as objective coefficient. A :class:`ColumnSpace` says which rows and which value
+(grouping: :func:`grouping_space`, the intra-group affinity).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,21 +18,62 @@ from moeopt.colgen.pricing import group_value
 from moeopt.grouping import LOAD_TOL, Grouping
 from moeopt.solvers.highs_common import highs_threads, new_highs, set_start
 
+#: expert rows of the master: ``= 1``, ``<= 1`` or ``>= 1``
+ROWS = ("partition", "pack", "cover")
 
-def _master_model(problem: Grouping, partition: bool) -> Any:
+
+@dataclass(frozen=True, eq=False)
+class ColumnSpace:
+    """What the master needs to know of a set-partitioning-like problem.
+
+    Attributes
+    ----------
+    experts
+        Expert rows (one per expert).
+    groups
+        G: at most this many columns are chosen (the count row ``sum x <= G``).
+    rows
+        ``partition`` (``= 1``), ``pack`` (``<= 1``) or ``cover`` (``>= 1``).
+    value
+        The objective coefficient of each column (a list of sorted expert-id arrays).
+    """
+
+    experts: int
+    groups: int
+    rows: str
+    value: Callable[[list[np.ndarray]], np.ndarray]
+
+    def __post_init__(self) -> None:
+        if self.rows not in ROWS:
+            raise ValueError(f"rows must be one of {ROWS}, got {self.rows!r}")
+
+
+def grouping_space(problem: Grouping, partition: bool) -> ColumnSpace:
+    """The grouping master: intra-group affinity columns, rows ``= 1`` (or ``<= 1``)."""
+    return ColumnSpace(
+        problem.experts,
+        problem.groups,
+        "partition" if partition else "pack",
+        lambda groups: np.array([group_value(problem.graph, s) for s in groups]),
+    )
+
+
+def _master_model(space: ColumnSpace) -> Any:
     """A maximizing single-threaded HiGHS model with the master's rows and no columns yet."""
     import highspy
 
-    E = problem.experts
+    E = space.experts
     h = new_highs()
     highs_threads(1)
     h.setOptionValue("threads", 1)
     h.changeObjectiveSense(highspy.ObjSense.kMaximize)
     inf = highspy.kHighsInf
+    lower = {"partition": 1.0, "pack": -inf, "cover": 1.0}[space.rows]
+    upper = {"partition": 1.0, "pack": 1.0, "cover": inf}[space.rows]
     h.addRows(
         E + 1,
-        np.concatenate([np.full(E, 1.0 if partition else -inf), [-inf]]),
-        np.concatenate([np.ones(E), [float(problem.groups)]]),
+        np.concatenate([np.full(E, lower), [-inf]]),
+        np.concatenate([np.full(E, upper), [float(space.groups)]]),
         0,
         np.zeros(E + 1, dtype=np.int32),
         np.array([], dtype=np.int32),
@@ -37,10 +82,10 @@ def _master_model(problem: Grouping, partition: bool) -> Any:
     return h
 
 
-def _add_columns(h: Any, problem: Grouping, groups: list[np.ndarray], *, upper: float) -> np.ndarray:
+def _add_columns(h: Any, space: ColumnSpace, groups: list[np.ndarray], *, upper: float) -> np.ndarray:
     """Add one column per group (its expert rows and the count row); returns their values."""
-    C, E = len(groups), problem.experts
-    vals = np.array([group_value(problem.graph, s) for s in groups])
+    C, E = len(groups), space.experts
+    vals = np.asarray(space.value(groups), dtype=np.float64)
     starts = np.cumsum([0] + [len(s) + 1 for s in groups[:-1]]).astype(np.int32)
     index = np.concatenate([np.append(s, E) for s in groups]).astype(np.int32)
     h.addCols(C, vals, np.zeros(C), np.full(C, upper), len(index), starts, index, np.ones(len(index)))
@@ -48,21 +93,21 @@ def _add_columns(h: Any, problem: Grouping, groups: list[np.ndarray], *, upper: 
 
 
 class Master:
-    """The restricted master LP in highspy: rows per expert (``= 1`` or ``<= 1``) and ``sum x <= G``."""
+    """The restricted master LP in highspy: rows per expert (``= 1``, ``<= 1`` or ``>= 1``) and
+    ``sum x <= G``."""
 
-    def __init__(self, problem: Grouping, partition: bool) -> None:
+    def __init__(self, space: ColumnSpace) -> None:
         import highspy
 
-        self.problem = problem
-        self.partition = partition
+        self.space = space
         self.inf = highspy.kHighsInf
-        self.h = _master_model(problem, partition)
+        self.h = _master_model(space)
         self.groups: list[np.ndarray] = []
         self.values: list[float] = []
         self.keys: set[bytes] = set()
 
     def key(self, group: np.ndarray) -> bytes:
-        member = np.zeros(self.problem.experts, dtype=bool)
+        member = np.zeros(self.space.experts, dtype=bool)
         member[group] = True
         return np.packbits(member).tobytes()
 
@@ -78,7 +123,7 @@ class Master:
             new.append(s)
         if not new:
             return 0
-        vals = _add_columns(self.h, self.problem, new, upper=self.inf)
+        vals = _add_columns(self.h, self.space, new, upper=self.inf)
         self.groups.extend(new)
         self.values.extend(vals.tolist())
         return len(new)
@@ -91,7 +136,7 @@ class Master:
             raise RuntimeError(f"restricted master LP: HiGHS status {status}")
         sol = self.h.getSolution()
         dual = np.asarray(sol.row_dual)
-        E = self.problem.experts
+        E = self.space.experts
         return (
             float(self.h.getInfo().objective_function_value),
             dual[:E].copy(),
@@ -114,10 +159,11 @@ def restricted_milp(
     E, C = problem.experts, len(groups)
     if C == 0:
         return None
-    h = _master_model(problem, partition)
+    space = grouping_space(problem, partition)
+    h = _master_model(space)
     h.setOptionValue("time_limit", max(0.1, float(time_limit)))
     h.setOptionValue("mip_rel_gap", 1e-6)
-    _add_columns(h, problem, groups, upper=1.0)
+    _add_columns(h, space, groups, upper=1.0)
     h.changeColsIntegrality(C, np.arange(C, dtype=np.int32), np.full(C, highspy.HighsVarType.kInteger))
     if start is not None:
         keys = {np.packbits(np.isin(np.arange(E), s)).tobytes(): c for c, s in enumerate(groups)}

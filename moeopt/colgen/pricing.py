@@ -12,7 +12,8 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -178,6 +179,9 @@ class Pricing:
     upper: float  # >= max over feasible S (the empty group included) of v(S) - pi(S)
     proven: bool  # upper is the maximum itself
     kind: str
+    #: columns the master takes whatever their reduced value (e.g. a whole plan around the best
+    #: group: when columns must partition the experts, a new one is of no use without partners)
+    partners: list[np.ndarray] = field(default_factory=list)
 
 
 def price_enumerate(problem: Grouping, pi: np.ndarray, cand: np.ndarray, keep: int = 20) -> Pricing:
@@ -431,3 +435,71 @@ def price_exact(
 def reduced_values(problem: Grouping, groups: list[np.ndarray], pi: np.ndarray) -> np.ndarray:
     """``v(S) - pi(S)`` of each group."""
     return np.array([group_value(problem.graph, s) - float(pi[s].sum()) for s in groups])
+
+
+class Pricer(Protocol):
+    """Column pricing for :func:`moeopt.colgen.driver.generate`: one per kind of column value."""
+
+    def project(self, pi: np.ndarray) -> np.ndarray:
+        """Duals at which the Lagrangian bound holds (the rows' sign; ``pi`` itself when free)."""
+        ...
+
+    def heuristic(self, pi: np.ndarray) -> list[np.ndarray]:
+        """Columns of high reduced value ``v(S) - pi(S)``, best first."""
+        ...
+
+    def reduced(self, groups: list[np.ndarray], pi: np.ndarray) -> np.ndarray:
+        """``v(S) - pi(S)`` of each column."""
+        ...
+
+    def exact(
+        self,
+        pi: np.ndarray,
+        *,
+        time_limit: float,
+        hint: np.ndarray | None,
+        seed: int,
+        threshold: float,
+        tolerance: float,
+    ) -> Pricing:
+        """Columns and a proved upper bound on ``max_S v(S) - pi(S)`` (the empty column included)."""
+        ...
+
+    def admissible(self, group: np.ndarray) -> bool:
+        """Whether a column found by exact pricing may enter the master (e.g. within a load limit)."""
+        ...
+
+
+class GroupingPricer:
+    """The grouping's pricing (:class:`Pricer`): quadratic knapsack columns of ``problem``."""
+
+    def __init__(self, problem: Grouping, partition: bool) -> None:
+        self.problem = problem
+        self.partition = partition
+
+    def project(self, pi: np.ndarray) -> np.ndarray:
+        # rows "= 1": any pi; rows "<= 1": the Lagrangian bound needs pi >= 0
+        return pi if self.partition else np.maximum(pi, 0.0)
+
+    def heuristic(self, pi: np.ndarray) -> list[np.ndarray]:
+        return price_heuristic(self.problem, pi, seeds=pricing_candidates(self.problem, pi))
+
+    def reduced(self, groups: list[np.ndarray], pi: np.ndarray) -> np.ndarray:
+        return reduced_values(self.problem, groups, pi)
+
+    def exact(
+        self,
+        pi: np.ndarray,
+        *,
+        time_limit: float,
+        hint: np.ndarray | None,
+        seed: int,
+        threshold: float,
+        tolerance: float,
+    ) -> Pricing:
+        return price_exact(
+            self.problem, pi, time_limit=time_limit, hint=hint, seed=seed, threshold=threshold, tolerance=tolerance
+        )
+
+    def admissible(self, group: np.ndarray) -> bool:
+        return bool(self.problem.load[group].sum() <= self.problem.load_limit + LOAD_TOL)

@@ -92,6 +92,10 @@ class JointParams:
     decay, guard_batch_tokens
         The guard's δ (0.99: the decayed load remembers about 100 batches, so the guard
         balances the load of the whole workload, not only the last few batches) and batch.
+    bound_time
+        Seconds per layer for the certificate (:mod:`moeopt.joint.bound`: a lower bound on the
+        remote GPUs per token of any plan, the result's ``bound``); ``--time-limit`` caps it
+        further; 0: no certificate.
     """
 
     eps: float = 0.05
@@ -110,6 +114,7 @@ class JointParams:
     lam: float | None = None
     decay: float = 0.99
     guard_batch_tokens: int | None = 32
+    bound_time: float = 3.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.eps) and self.eps >= 0):
@@ -143,6 +148,8 @@ class JointParams:
             raise ValueError(f"decay must lie in [0, 1), got {self.decay}")
         if self.guard_batch_tokens is not None and self.guard_batch_tokens < 1:
             raise ValueError(f"guard_batch_tokens must be >= 1, got {self.guard_batch_tokens}")
+        if not (math.isfinite(self.bound_time) and self.bound_time >= 0):
+            raise ValueError(f"bound_time must be a finite number >= 0, got {self.bound_time}")
 
     @property
     def start_list(self) -> list[str]:
@@ -306,6 +313,46 @@ def choose_dispatch(
     return DispatchChoice(best["dispatch"], best["comm_per_token"], best["maxvio"], bool(feasible), tried)
 
 
+def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: Context) -> tuple[float, dict] | None:
+    """A lower bound on the calibration remote GPUs per token (mean over layers) of every plan,
+    and its per-layer figures (:func:`moeopt.joint.bound.distinct_lower_bound` on each layer's
+    whole calibration trace, seeded with the plan's GPUs); None when ``bound_time`` is 0.
+
+    Under uniform token homes the evaluator counts ``distinct (1 - 1/G)`` remote GPUs per token
+    (the expectation over the home); with known homes (``trace`` homes, ``previous-layer``) a
+    home saves at most one GPU: ``distinct - 1``."""
+    from moeopt.joint.bound import distinct_lower_bound, remote_lower_bound
+
+    if params.bound_time <= 0:
+        return None
+    trace = _need_trace(problem, "joint")
+    c = problem.instance.cluster
+    uniform = getattr(c, "token_home", "uniform") == "uniform" and trace.home is None
+    lower, distinct, seconds, proven = [], [], [], []
+    own = ctx.budget.child(0.5)  # at most half of what is left: the dispatch choice follows
+    for l in range(problem.layers):
+        limit = own.cap(min(params.bound_time, own.remaining() / (problem.layers - l)), floor=0.05)
+        b = distinct_lower_bound(
+            trace.topk[:, l], problem.experts, c.gpus, c.width, time_limit=limit, start_slots=slots[l], seed=ctx.seed
+        )
+        lower.append(remote_lower_bound(b.distinct, c.gpus, uniform))
+        distinct.append(b.distinct)
+        seconds.append(b.seconds)
+        proven.append(b.proven)
+        ctx.say(
+            f"joint layer {l}: communication lower bound {lower[-1]:.4f} remote GPUs per token "
+            f"(distinct GPUs >= {b.distinct:.4f}, LP {'solved' if b.proven else 'not solved'}), {b.seconds:.2f} s"
+        )
+    stats = {
+        "communication_lower_bound_per_layer": lower,
+        "distinct_lower_bound_per_layer": distinct,
+        "bound_seconds_per_layer": seconds,
+        "bound_lp_solved_per_layer": proven,
+        "bound_token_homes": "uniform" if uniform else "known",
+    }
+    return float(np.mean(lower)), stats
+
+
 def _need_trace(problem: Problem, name: str) -> Trace:
     """The problem's token trace, or a one-line error naming the method that needs it."""
     if problem.trace is None:
@@ -435,7 +482,21 @@ class Joint:
             )
             ctx.say(f"{self.name} layer {l}: feasible plan, objective {value:.4f} from {label}")
         stats = {"search": layer_stats, "search_objective": float(np.mean([s["value"] for s in layer_stats]))}
-        result = finish(self.name, problem, params, slots, t0, stats, [Status.FEASIBLE], budget=ctx.budget)
+        cert = certificate(problem, slots, params, ctx)
+        bound = None
+        if cert is not None:
+            bound, more = cert
+            stats = {**stats, **more}
+        result = finish(self.name, problem, params, slots, t0, stats, [Status.FEASIBLE], bound, budget=ctx.budget)
+        if bound is not None and result.objective is not None:
+            gap = result.objective - bound
+            ctx.say(
+                f"{self.name}: calibration {result.objective:.4f} remote GPUs per token, lower bound {bound:.4f}, "
+                f"gap {gap:.4f} ({100 * gap / max(result.objective, 1e-12):.1f} %)"
+            )
+            result = result.replace(
+                stats={**result.stats, "communication_lower_bound": bound, "communication_gap": gap}
+            )
         if capped:  # the clock, not the evaluations, ended some searches: the plan depends on the machine
             note = f"time limit cut {capped} search(es) short"
             result = result.replace(termination=Termination.TIME_LIMIT, stats={**result.stats, "note": note})
@@ -487,7 +548,7 @@ class JointExact(Joint):
             if res.slots is None:  # no incumbent in time: the local search's plan for this layer
                 if fallback is None:
                     # only its slots are used: a fixed λ spares the dispatch choice
-                    searched = Joint().solve(problem, replace(params, lam=1.0), ctx).plan
+                    searched = Joint().solve(problem, replace(params, lam=1.0, bound_time=0.0), ctx).plan
                     if searched is None:
                         raise RuntimeError(f"{self.name}: the local search found no plan for layer {l}")
                     fallback = searched.slots

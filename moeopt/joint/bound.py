@@ -1,0 +1,405 @@
+"""A certificate for ``joint``: a lower bound on the distinct GPUs per token of any slot plan.
+
+For a token with expert set ``T`` (``|T| = k``) and any plan (``S_g`` the distinct experts on
+GPU ``g``), the GPUs ``U`` its dispatch uses hold its experts, so
+``k <= sum_{g in U} |S_g ∩ T|``; every used GPU has ``|S_g ∩ T| >= 1`` and an unused one adds a
+term ``>= 0``, hence
+
+    distinct(T) = |U| >= k - sum_g (|S_g ∩ T| - 1)^+,
+
+whatever the dispatch and the load. Summed over the tokens (weights ``w_t``), the saving
+``sum_g v(S_g)`` with ``v(S) = sum_t w_t (|S ∩ T_t| - 1)^+`` is bounded by the LP (load limits and
+the penalty dropped: a relaxation)
+
+    max sum_S v(S) y_S   s.t.   sum_{S ni e} y_S >= 1 (each expert e),   sum_S y_S <= G,   y >= 0,
+
+over columns ``S`` of at most ``W`` distinct experts (copies of one expert on one GPU add
+nothing). It is solved by the package's column generation loop
+(:func:`moeopt.colgen.generate`) with :class:`HypergraphPricer`; the Lagrangian (Farley) bound
+``sum_e pi_e + G max(0, max_S v(S) - pi(S))`` with ``pi <= 0`` holds at every exact pricing, so
+a time cap leaves a valid bound. Exact pricing enumerates every ``W``-set by inclusion-exclusion
+(``(c - 1)^+ = C(c,2) - C(c,3) + C(c,4)`` for ``c <= 4``) when ``W <= 4``; for larger ``W``
+it bounds ``v`` by the pair value (``(c - 1)^+ <= C(c, 2)``) and prices that quadratic knapsack
+exactly with the grouping's pricing.
+
+The bound on the mean distinct GPUs per token is ``(sum_t w_t k_t - LP) / sum_t w_t``; the
+evaluator's remote GPUs per token under uniform token homes are ``distinct (1 - 1/G)`` (its
+expectation over the home), and ``>= distinct - 1`` when homes are known.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from moeopt.colgen import RC_TOL, ColumnSpace, Master, Pricing, generate
+from moeopt.colgen.pricing import price_exact
+from moeopt.grouping import Grouping
+
+#: exact pricing enumerates W-sets when there are at most this many
+MAX_ENUMERATION = 3_000_000
+#: W-sets scored per numpy chunk in the enumeration
+CHUNK = 200_000
+#: best sets of each chunk kept for the greedy packing of a whole plan
+POOL = 4096
+
+
+def token_patterns(topk: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct sorted top-k sets ``[M, k]`` and their total weight ``[M]`` (tokens by default)."""
+    sets = np.sort(np.asarray(topk, dtype=np.int64), axis=1)
+    uniq, inv = np.unique(sets, axis=0, return_inverse=True)
+    w = np.ones(len(sets)) if weights is None else np.asarray(weights, dtype=np.float64)
+    return uniq, np.bincount(inv.reshape(-1), weights=w, minlength=len(uniq))
+
+
+class HypergraphPricer:
+    """Columns of at most ``width`` experts valued ``v(S) = sum_t w_t (|S ∩ T_t| - 1)^+``
+    (a :class:`moeopt.colgen.Pricer` for expert rows ``>= 1``: duals ``pi <= 0``)."""
+
+    def __init__(self, patterns: np.ndarray, weights: np.ndarray, experts: int, width: int) -> None:
+        self.patterns = np.asarray(patterns, dtype=np.int64)
+        self.weights = np.asarray(weights, dtype=np.float64)
+        self.experts = experts
+        self.width = min(width, experts)
+        M, k = self.patterns.shape
+        self.incidence = sp.csr_matrix(
+            (np.ones(M * k), (np.repeat(np.arange(M), k), self.patterns.ravel())), shape=(M, experts)
+        )
+        self.incidence.sum_duplicates()
+        self.incidence.data[:] = 1.0  # a repeated expert counts once
+        self._tables: tuple | None = None
+        self._combos: np.ndarray | None = None  # every width-set, once enumerated
+
+    # ----------------------------------------------------------------- values
+    def value(self, groups: list[np.ndarray]) -> np.ndarray:
+        """``v(S)`` of each group."""
+        if not groups:
+            return np.zeros(0)
+        rows = np.repeat(np.arange(len(groups)), [len(s) for s in groups])
+        cols = np.concatenate([np.asarray(s, dtype=np.int64) for s in groups])
+        member = sp.csr_matrix((np.ones(len(cols)), (rows, cols)), shape=(len(groups), self.experts))
+        counts = (member @ self.incidence.T).tocsr()  # [C, M]
+        counts.data = np.maximum(counts.data - 1.0, 0.0)
+        return np.asarray(counts @ self.weights).reshape(-1)
+
+    @property
+    def scale(self) -> float:
+        """The largest single column value worth of a pair (tolerances are relative to it)."""
+        return float(self.weights.max(initial=0.0))
+
+    # ----------------------------------------------------------------- Pricer
+    def project(self, pi: np.ndarray) -> np.ndarray:
+        return np.minimum(pi, 0.0)
+
+    def reduced(self, groups: list[np.ndarray], pi: np.ndarray) -> np.ndarray:
+        if not groups:
+            return np.zeros(0)
+        return self.value(groups) - np.array([float(pi[s].sum()) for s in groups])
+
+    def admissible(self, group: np.ndarray) -> bool:
+        return 0 < len(group) <= self.width
+
+    def _gains(self, member: np.ndarray, pi: np.ndarray) -> np.ndarray:
+        """``[n, E]``: reduced value gained by adding each expert to each group (members: 0)."""
+        counts = np.asarray(self.incidence @ member.T.astype(np.float64)).T  # [n, M]
+        touched = (counts >= 1) * self.weights[None, :]
+        gain = np.asarray(self.incidence.T @ touched.T).T - pi[None, :]
+        return np.where(member, -np.inf, gain)
+
+    @property
+    def enumerates(self) -> bool:
+        """Whether exact pricing enumerates every ``width``-set (then it is the heuristic too)."""
+        return self.width <= 4 and math.comb(self.experts, self.width) <= MAX_ENUMERATION
+
+    def heuristic(self, pi: np.ndarray, rounds: int = 4) -> list[np.ndarray]:
+        """Greedy growth from every expert to ``width`` members (``pi <= 0``: every member pays),
+        then swap rounds (drop one member, add the best other). Nothing when exact pricing
+        enumerates: it costs about as much and proves a bound (the loop prices exactly then)."""
+        if self.enumerates:
+            return []
+        return self.greedy(pi, rounds)
+
+    def greedy(self, pi: np.ndarray, rounds: int = 4) -> list[np.ndarray]:
+        """The greedy + swap columns of :meth:`heuristic`."""
+        E, Wd = self.experts, self.width
+        n = E
+        rows = np.arange(n)
+        member = np.zeros((n, E), dtype=bool)
+        member[rows, rows] = True
+        for _ in range(Wd - 1):
+            best = self._gains(member, pi).argmax(axis=1)
+            member[rows, best] = True
+        value = self._member_values(member, pi)
+        for _ in range(rounds):
+            improved = False
+            for j in range(Wd):
+                drop = np.sort(np.flatnonzero(member.ravel()).reshape(n, -1) % E, axis=1)[:, j]
+                trial = member.copy()
+                trial[rows, drop] = False
+                gain = self._gains(trial, pi)
+                gain[rows, drop] = -np.inf
+                best = gain.argmax(axis=1)
+                trial[rows, best] = True
+                tv = self._member_values(trial, pi)
+                better = tv > value + 1e-12 * max(self.scale, 1e-300)
+                if better.any():
+                    member[better], value[better] = trial[better], tv[better]
+                    improved = True
+            if not improved:
+                break
+        order = np.argsort(-value)
+        seen: set[bytes] = set()
+        out = []
+        for i in order:
+            key = np.packbits(member[i]).tobytes()
+            if key not in seen:
+                seen.add(key)
+                out.append(np.flatnonzero(member[i]))
+        return out
+
+    def _member_values(self, member: np.ndarray, pi: np.ndarray) -> np.ndarray:
+        counts = np.asarray(self.incidence @ member.T.astype(np.float64)).T
+        return np.maximum(counts - 1.0, 0.0) @ self.weights - member @ pi
+
+    def _lookup_tables(self) -> tuple:
+        """Pair, triple and quadruple weights (``W2 [E, E]``, ``W3 [E, E, E]``, sorted quad keys)."""
+        if self._tables is None:
+            E = self.experts
+            pats, w = self.patterns, self.weights
+            k = pats.shape[1]
+            W2 = np.zeros((E, E))
+            enumerate_ = self.width <= 4 and math.comb(E, self.width) <= MAX_ENUMERATION
+            W3 = np.zeros((E, E, E)) if self.width >= 3 and enumerate_ else None
+            keys, kw = np.zeros(0, dtype=np.int64), np.zeros(0)
+            for a, b in itertools.combinations(range(k), 2):
+                np.add.at(W2, (pats[:, a], pats[:, b]), w)
+            W2 = W2 + W2.T
+            if W3 is not None:
+                for a, b, c in itertools.combinations(range(k), 3):
+                    np.add.at(W3, (pats[:, a], pats[:, b], pats[:, c]), w)
+            if self.width >= 4 and k >= 4 and enumerate_:
+                combos = list(itertools.combinations(range(k), 4))
+                q = np.concatenate([_quad_key(pats[:, list(c)], E) for c in combos])
+                keys, inv = np.unique(q, return_inverse=True)
+                kw = np.bincount(inv.reshape(-1), weights=np.tile(w, len(combos)), minlength=len(keys))
+            self._tables = (W2, W3, keys, kw)
+        return self._tables
+
+    def _sets_value(self, sets: np.ndarray) -> np.ndarray:
+        """``v(S)`` of sorted sets ``[n, m]`` with ``m <= 4``, by inclusion-exclusion."""
+        W2, W3, keys, kw = self._lookup_tables()
+        m = sets.shape[1]
+        value = np.zeros(len(sets))
+        for a, b in itertools.combinations(range(m), 2):
+            value += W2[sets[:, a], sets[:, b]]
+        if m >= 3:
+            for a, b, c in itertools.combinations(range(m), 3):
+                value -= W3[sets[:, a], sets[:, b], sets[:, c]]
+        if m == 4 and len(keys):
+            q = _quad_key(sets, self.experts)
+            pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+            value += np.where(keys[pos] == q, kw[pos], 0.0)
+        return value
+
+    def exact(
+        self,
+        pi: np.ndarray,
+        *,
+        time_limit: float,
+        hint: np.ndarray | None = None,
+        seed: int = 0,
+        threshold: float = 0.0,
+        tolerance: float = 0.0,
+        keep: int = 100,
+    ) -> Pricing:
+        """A proved upper bound on ``max_S v(S) - pi(S)`` (``pi <= 0``) and the best sets found.
+
+        ``pi <= 0`` makes the reduced value grow with ``S``, so a best set has ``width`` members.
+        Enumeration of all of them when ``width <= 4`` and there are at most
+        :data:`MAX_ENUMERATION` (not cut by ``time_limit``: at most a few tenths of a second);
+        otherwise the pair relaxation priced exactly by
+        :func:`moeopt.colgen.price_exact` (its proved upper bound, unproven for ``v``)."""
+        del threshold, tolerance
+        if (pi > 0).any():
+            raise ValueError("hypergraph pricing needs duals pi <= 0 (expert rows >= 1)")
+        E, Wd = self.experts, self.width
+        if Wd <= 4 and math.comb(E, Wd) <= MAX_ENUMERATION:
+            best: list[tuple[float, np.ndarray]] = []
+            upper = -math.inf
+            if self._combos is None:
+                it = itertools.combinations(range(E), Wd)
+                flat = np.fromiter(itertools.chain.from_iterable(it), dtype=np.int64)
+                self._combos = flat.reshape(-1, Wd)
+            pool_v: list[np.ndarray] = []
+            pool_s: list[np.ndarray] = []
+            per_value = np.full(E, -np.inf)
+            per_index = np.zeros(E, dtype=np.int64)
+            for c in range(0, len(self._combos), CHUNK):
+                sets = self._combos[c : c + CHUNK]
+                rv = self._sets_value(sets) - pi[sets].sum(axis=1)
+                upper = max(upper, float(rv.max()))
+                top = np.argsort(-rv)[:keep]
+                best.extend((float(rv[i]), sets[i].copy()) for i in top)
+                best = sorted(best, key=lambda t: -t[0])[:keep]
+                pool_v.append(rv[top_pool := np.argpartition(-rv, min(POOL, len(rv)) - 1)[:POOL]])
+                pool_s.append(sets[top_pool])
+                # the best set of each expert too: a fractional partition needs partners for the best
+                for j in range(Wd):
+                    better = rv > per_value[sets[:, j]]
+                    if better.any():
+                        idx = np.flatnonzero(better)
+                        order = idx[np.argsort(rv[idx], kind="stable")]  # last write wins: the largest
+                        per_value[sets[order, j]] = rv[order]
+                        per_index[sets[order, j]] = c + order
+            own = [self._combos[i] for i in np.unique(per_index[np.isfinite(per_value)])]
+            packed = _pack(np.concatenate(pool_s), np.concatenate(pool_v), E)
+            return Pricing([s for _, s in best] + own, max(upper, 0.0), True, "enumerate", packed)
+        # the pair relaxation: v(S) <= sum of pair weights inside S, priced exactly (an upper bound)
+        W2 = self._lookup_tables()[0]
+        problem = Grouping(graph=W2, load=np.zeros(E), groups=1, cap=Wd)
+        pr = price_exact(problem, pi, time_limit=time_limit, hint=hint, seed=seed)
+        found = self.greedy(pi)[:keep]
+        return Pricing(found, max(pr.upper, 0.0), False, f"pair-{pr.kind}")
+
+
+def _pack(sets: np.ndarray, value: np.ndarray, E: int) -> list[np.ndarray]:
+    """Disjoint sets, best value first (greedy), the experts left over in groups of the same size:
+    a whole plan around the best column, so that the master (a fractional partition when
+    ``G W = E``) can use it."""
+    used = np.zeros(E, dtype=bool)
+    out = []
+    for i in np.argsort(-value, kind="stable"):
+        if not used[sets[i]].any():
+            out.append(sets[i].copy())
+            used[sets[i]] = True
+            if used.all():
+                break
+    rest = np.flatnonzero(~used)  # experts no good set took: groups of the same size
+    size = sets.shape[1] if len(sets) else 1
+    return out + [rest[i : i + size] for i in range(0, len(rest), size)]
+
+
+def _quad_key(sets: np.ndarray, E: int) -> np.ndarray:
+    s = np.sort(sets, axis=1)
+    return ((s[:, 0] * E + s[:, 1]) * E + s[:, 2]) * E + s[:, 3]
+
+
+@dataclass(frozen=True, eq=False)
+class JointBound:
+    """What :func:`distinct_lower_bound` proved for one layer.
+
+    Attributes
+    ----------
+    distinct
+        Lower bound on the mean distinct GPUs per token of every slot plan (any dispatch).
+    saving
+        The LP bound: at most this much weighted ``sum_g (|S_g ∩ T| - 1)^+`` in any plan.
+    lp_value
+        Last restricted master LP value (the LP optimum lies in ``[lp_value, saving]``).
+    proven
+        Whether the LP was solved (the bound is then the LP optimum).
+    seconds, iterations, columns
+        Wall time, master LP solves, columns generated.
+    info
+        The loop's counters.
+    """
+
+    distinct: float
+    saving: float
+    lp_value: float | None
+    proven: bool
+    seconds: float
+    iterations: int
+    columns: int
+    info: dict = field(default_factory=dict)
+
+
+def distinct_lower_bound(
+    topk: np.ndarray,
+    experts: int,
+    gpus: int,
+    width: int,
+    *,
+    time_limit: float = 3.0,
+    weights: np.ndarray | None = None,
+    start_slots: np.ndarray | None = None,
+    seed: int = 0,
+    smoothing: float = 0.8,
+    log: Callable[[str], None] | None = None,
+) -> JointBound:
+    """Lower bound on the mean distinct GPUs per token of one layer's tokens ``topk [N, k]`` for
+    every plan of ``gpus x width`` slots holding each of ``experts`` experts at least once.
+
+    Parameters
+    ----------
+    topk
+        int ``[N, k]``: each token's experts.
+    experts, gpus, width
+        E, G and W (slots per GPU).
+    time_limit
+        Seconds of column generation (the bound is valid whenever it stops).
+    weights
+        Optional token weights ``[N]`` (default 1: the plain mean over tokens).
+    start_slots
+        Optional ``[G, W]`` plan (-1 empty) whose GPUs seed the master.
+    seed, smoothing, log
+        Exact pricing's seed; Wentges dual smoothing (as :func:`moeopt.colgen.generate`); a sink
+        for one line per exact pricing.
+    """
+    t0 = time.perf_counter()
+    topk = np.asarray(topk, dtype=np.int64)
+    if topk.ndim != 2:
+        raise ValueError(f"topk: expected [tokens, k], got shape {topk.shape}")
+    if gpus * width < experts:
+        raise ValueError(f"{gpus} GPUs x {width} slots cannot hold {experts} experts")
+    pats, w = token_patterns(topk, weights)
+    total = float(w.sum())
+    if total <= 0 or experts == 0:
+        return JointBound(0.0, 0.0, 0.0, True, time.perf_counter() - t0, 0, 0)
+    ksize = 1 + (pats[:, 1:] != pats[:, :-1]).sum(axis=1) if pats.shape[1] else np.zeros(len(pats))
+    need = float(ksize @ w)  # sum_t w_t k_t
+    pricer = HypergraphPricer(pats, w, experts, width)
+    trivial = need - total  # every token uses at least one GPU
+    if min(width, experts) <= 1 or trivial <= 0:
+        return JointBound(max(need / total, 1.0), 0.0, 0.0, True, time.perf_counter() - t0, 0, 0)
+    master = Master(ColumnSpace(experts, gpus, "cover", pricer.value))
+    chunks = [np.arange(e, min(e + width, experts)) for e in range(0, experts, width)]
+    master.add(chunks)  # ceil(E / W) <= G columns covering every expert: the master is feasible
+    if start_slots is not None:
+        master.add([np.unique(r[r >= 0]) for r in np.asarray(start_slots)])
+    gen = generate(
+        master,
+        pricer,
+        bound=trivial,
+        kind="trivial",
+        stop_at=t0 + time_limit,
+        pricing_time=max(0.5, 0.2 * time_limit),
+        tol=RC_TOL * max(pricer.scale, 1e-12),
+        smoothing=smoothing,
+        seed=seed,
+        t0=t0,
+        log=log,
+    )
+    saving = min(gen.bound, trivial)
+    return JointBound(
+        distinct=max((need - saving) / total, 1.0),
+        saving=saving,
+        lp_value=gen.lp_value,
+        proven=gen.proven,
+        seconds=time.perf_counter() - t0,
+        iterations=gen.iterations,
+        columns=len(master.groups),
+        info=dict(gen_kind=gen.kind),
+    )
+
+
+def remote_lower_bound(distinct: float, gpus: int, uniform_homes: bool) -> float:
+    """Remote GPUs per token from a bound on distinct ones: ``distinct (1 - 1/G)`` under uniform
+    token homes (the evaluator's expectation), else ``distinct - 1`` (the home saves at most one)."""
+    return distinct * (1.0 - 1.0 / gpus) if uniform_homes else max(distinct - 1.0, 0.0)

@@ -1,0 +1,131 @@
+"""The joint certificate (moeopt/joint/bound.py) against brute-force optima on tiny layers."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moeopt.evaluate import evaluate
+from moeopt.io import load_instance
+from moeopt.joint.bound import HypergraphPricer, distinct_lower_bound, remote_lower_bound, token_patterns
+from moeopt.solve import load_workloads, solve
+from tests.conftest import INSTANCES
+
+
+def random_tokens(seed: int, E: int, k: int, tokens: int) -> np.ndarray:
+    """Tokens with skewed, correlated expert choices (two preference profiles)."""
+    rng = np.random.default_rng(seed)
+    pref = rng.dirichlet(np.full(E, 0.6), size=2)
+    return np.array([rng.choice(E, size=k, replace=False, p=pref[t % 2]) for t in range(tokens)])
+
+
+def brute_force(topk: np.ndarray, E: int, G: int, W: int) -> float:
+    """Least mean distinct GPUs per token over every plan (GPUs of ``min(W, E)`` distinct experts,
+    every expert held): a plan with smaller GPUs extends to full ones with no token using more."""
+    sets = [sum(1 << e for e in c) for c in itertools.combinations(range(E), min(W, E))]
+    tok = [sum(1 << int(e) for e in row) for row in topk]
+    full = (1 << E) - 1
+    best = np.inf
+    for plan in itertools.combinations_with_replacement(sets, G):
+        union = 0
+        for s in plan:
+            union |= s
+        if union != full:
+            continue
+        covers = [(m, sum(1 << i for i in c)) for m in range(1, G + 1) for c in itertools.combinations(range(G), m)]
+        unions = [(m, np.bitwise_or.reduce([plan[i] for i in range(G) if idx >> i & 1])) for m, idx in covers]
+        total = sum(min(m, *(mm for mm, u in unions if u & t == t)) for t in tok for m in [G])
+        best = min(best, total / len(tok))
+    return float(best)
+
+
+@pytest.mark.parametrize(
+    ("seed", "E", "G", "W", "k"),
+    [(0, 5, 3, 2, 3), (1, 6, 2, 3, 3), (2, 6, 3, 2, 3), (3, 6, 3, 3, 4), (4, 5, 3, 3, 2), (5, 6, 3, 3, 3)],
+)
+def test_bound_is_below_the_brute_force_optimum(seed, E, G, W, k):
+    """The bound on mean distinct GPUs per token never exceeds the best plan's (any dispatch)."""
+    topk = random_tokens(seed, E, k, 30)
+    b = distinct_lower_bound(topk, E, G, W, time_limit=5.0)
+    opt = brute_force(topk, E, G, W)
+    assert b.distinct <= opt + 1e-9
+    assert b.distinct >= 1.0
+
+
+def test_bound_is_not_trivial_when_the_lp_is_solved():
+    """On a tiny layer the LP is solved and the bound is well above one GPU per token."""
+    topk = random_tokens(7, 6, 3, 40)
+    b = distinct_lower_bound(topk, 6, 3, 2, time_limit=5.0)
+    assert b.proven
+    assert 1.5 < b.distinct <= brute_force(topk, 6, 3, 2) + 1e-9
+
+
+@settings(max_examples=25)
+@given(
+    seed=st.integers(0, 10_000),
+    E=st.integers(2, 5),
+    G=st.integers(1, 3),
+    W=st.integers(1, 3),
+    k=st.integers(1, 3),
+    tokens=st.integers(1, 12),
+    time_limit=st.sampled_from([0.05, 2.0]),
+)
+def test_bound_property(seed, E, G, W, k, tokens, time_limit):
+    """Random small layers, solved or cut short: the bound stays below the optimum."""
+    if G * W < E:
+        W = -(-E // G)
+    k = min(k, E)
+    topk = random_tokens(seed, E, k, tokens)
+    b = distinct_lower_bound(topk, E, G, W, time_limit=time_limit)
+    assert b.distinct <= brute_force(topk, E, G, W) + 1e-9
+
+
+def direct_value(pats: np.ndarray, w: np.ndarray, S: np.ndarray) -> float:
+    """``sum_t w_t (|S ∩ T_t| - 1)^+`` token by token."""
+    return float(sum(wt * max(len(set(S.tolist()) & set(p.tolist())) - 1, 0) for p, wt in zip(pats, w, strict=True)))
+
+
+@pytest.mark.parametrize("W", [2, 3, 4, 5])
+def test_pricing_upper_bounds_every_column(W):
+    """Exact pricing's upper bound is at least every column's reduced value (by enumeration),
+    and equal to the best when it enumerates (W <= 4); column values match a direct count."""
+    E = 8
+    topk = random_tokens(11, E, 5, 50)
+    pats, w = token_patterns(topk)
+    pricer = HypergraphPricer(pats, w, E, W)
+    pi = -np.random.default_rng(3).uniform(0, 3, E)
+    pr = pricer.exact(pi, time_limit=5.0)
+    sets = [np.array(c) for m in range(1, W + 1) for c in itertools.combinations(range(E), m)]
+    values = pricer.value(sets)
+    assert values[:30] == pytest.approx([direct_value(pats, w, s) for s in sets[:30]])
+    best = float(max(values - np.array([pi[s].sum() for s in sets])))
+    assert pr.upper >= best - 1e-9
+    if W <= 4:
+        assert pr.proven and pr.upper == pytest.approx(best)
+    assert (pricer.reduced(pr.groups, pi) <= pr.upper + 1e-9).all()
+
+
+def test_remote_conversion():
+    """Uniform homes: distinct (1 - 1/G); known homes: distinct - 1, never below 0."""
+    assert remote_lower_bound(3.0, 4, True) == pytest.approx(2.25)
+    assert remote_lower_bound(3.0, 4, False) == pytest.approx(2.0)
+    assert remote_lower_bound(0.5, 4, False) == 0.0
+
+
+def test_joint_reports_a_valid_bound():
+    """``joint``'s bound is at most the evaluator's calibration figure for its own plan, per layer
+    too, and a zero bound_time turns the certificate off."""
+    inst = load_instance(INSTANCES / "gesr-small.yaml")
+    wl = load_workloads(inst)
+    r = solve(inst, method="joint", params={"time_per_layer": 0.3, "bound_time": 2.0}, workloads=wl)
+    cal = evaluate(r.plan, wl.calibration, inst.cluster)
+    assert r.bound is not None and 0 < r.bound <= cal["comm_per_token"] + 1e-9
+    per = r.stats["communication_lower_bound_per_layer"]
+    assert all(b <= c + 1e-9 for b, c in zip(per, cal["comm_per_layer"], strict=True))
+    assert r.stats["communication_gap"] == pytest.approx(r.objective - r.bound)
+    off = solve(inst, method="joint", params={"time_per_layer": 0.3, "bound_time": 0}, workloads=wl)
+    assert off.bound is None
