@@ -1,4 +1,4 @@
-"""The joint certificate (moeopt/joint/bound.py) against brute-force optima on tiny layers."""
+"""The joint certificate (moeopt/colgen/cover.py) against brute-force optima on tiny layers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from moeopt.evaluate import evaluate
 from moeopt.io import load_instance
-from moeopt.joint.bound import HypergraphPricer, distinct_lower_bound, remote_lower_bound, token_patterns
+from moeopt.colgen.cover import HypergraphPricer, distinct_lower_bound, remote_lower_bound, token_patterns
 from moeopt.solve import load_workloads, solve
 from tests.conftest import INSTANCES
 

@@ -27,7 +27,7 @@ The package: :mod:`.pricing` (the quadratic-knapsack pricing, and the :class:`Pr
 column value implements), :mod:`.master` (the restricted master LP and MILP in highspy, over a
 :class:`ColumnSpace`), :mod:`.driver` (:func:`generate`, the loop and its bounds for any column
 space, and :func:`column_generation` on a grouping). The joint planner's certificate
-(:mod:`moeopt.joint.bound`) is the same loop over hypergraph columns with rows ``>= 1``.
+(:mod:`moeopt.colgen.cover`) is the same loop over hypergraph columns with rows ``>= 1``.
 """
 
 from moeopt.colgen.driver import (

@@ -93,7 +93,7 @@ class JointParams:
         The guard's δ (0.99: the decayed load remembers about 100 batches, so the guard
         balances the load of the whole workload, not only the last few batches) and batch.
     bound_time
-        Seconds per layer for the certificate (:mod:`moeopt.joint.bound`: a lower bound on the
+        Seconds per layer for the certificate (:mod:`moeopt.colgen.cover`: a lower bound on the
         remote GPUs per token of any plan, the result's ``bound``); ``--time-limit`` caps it
         further; 0: no certificate.
     """
@@ -315,13 +315,13 @@ def choose_dispatch(
 
 def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: Context) -> tuple[float, dict] | None:
     """A lower bound on the calibration remote GPUs per token (mean over layers) of every plan,
-    and its per-layer figures (:func:`moeopt.joint.bound.distinct_lower_bound` on each layer's
+    and its per-layer figures (:func:`moeopt.colgen.cover.distinct_lower_bound` on each layer's
     whole calibration trace, seeded with the plan's GPUs); None when ``bound_time`` is 0.
 
     Under uniform token homes the evaluator counts ``distinct (1 - 1/G)`` remote GPUs per token
     (the expectation over the home); with known homes (``trace`` homes, ``previous-layer``) a
     home saves at most one GPU: ``distinct - 1``."""
-    from moeopt.joint.bound import distinct_lower_bound, remote_lower_bound
+    from moeopt.colgen.cover import distinct_lower_bound, remote_lower_bound
 
     if params.bound_time <= 0:
         return None
