@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/certificates.py                   # every cell, 60 s per method and cell
     python benchmarks/certificates.py --time-limit 10 --cells 64x16,128x16 --kinds synthetic
+    python benchmarks/certificates.py --part gem        # only the GEM layers (about 5 min), merged
 
 Writes ``benchmarks/results/certificates.json`` (every number, the bound/incumbent history of
 column generation), ``certificates.md`` (the table) and ``certificates.png`` (gap vs time).
@@ -29,11 +30,23 @@ Bound methods per cell, each with the cell's time limit: ``lagrangian`` (the che
 cuts). Gap = ``(bound - incumbent) / bound`` against the best plan any method found; "best" is
 the smallest bound of all (each is valid, so their minimum is), and the target is checked on it.
 ``--methods triangle --merge`` reruns one method and keeps the others' numbers from the JSON.
+
+GEM layers (``--part gem``, or ``all``): the straggler latency S of SPEC section 5 at E = 64
+top-8 (Hunyuan-A13B shape) on the two traces of ``benchmarks/gem.py`` (``bursty`` and
+``olmoe-counts``, T = 16 steps of 1024 tokens, calibration trace), 4 and 8 GPUs, medium
+variability, the first ``--gem-layers`` layers of each (default 1, to keep the part near 5
+minutes). Per layer: ``gem``'s S; the per-step bound (:func:`moeopt.utilization.step_lower_bound`);
+the per-step CP-SAT bound (:func:`moeopt.solvers.gem_models.per_step_bound`, each step's own
+optimum, ``--gem-step-limit`` s per step); the full CP-SAT model hinted with gem's plan for
+``--time-limit`` s (its rounding-corrected bound and plan). Gap = ``(S - bound) / S`` with S
+the better plan. ``--part gem`` keeps the grouping cells of an existing JSON and rewrites the
+JSON and Markdown with both tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -50,13 +63,17 @@ from machine_info import machine  # noqa: E402
 
 from moeopt.bounds import grouping_bound  # noqa: E402
 from moeopt.colgen import column_generation  # noqa: E402
+from moeopt.evaluate import layer_straggler  # noqa: E402
 from moeopt.grouping import AUTO_LOAD_SLACK, Grouping  # noqa: E402
 from moeopt.io import read_workload_file, write_json, write_text  # noqa: E402
 from moeopt.methods.tacg import AgnosticParams, heuristic_home  # noqa: E402
+from moeopt.profile import synthetic_profile  # noqa: E402
+from moeopt.solve import Workloads, solve  # noqa: E402
 from moeopt.solvers import ExactSettings  # noqa: E402
 from moeopt.solvers.grouping_triangle import triangle_bound  # noqa: E402
 from moeopt.synth import SynthSpec, synthesize, trace_from_counts  # noqa: E402
 from moeopt.trace import stats_from_counts  # noqa: E402
+from moeopt.utilization import utilization_trace  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 REAL = ROOT.parent / "shared" / "data" / "real"
@@ -74,6 +91,11 @@ TARGETS = {
 }
 KINDS = ("synthetic", "count-sampled")
 TOKENS = 8192
+#: GEM layers: traces of benchmarks/gem.py at E = 64 top-8, these GPU counts, medium variability
+GEM_TRACES = ("bursty", "olmoe-counts")
+GEM_GPUS = (4, 8)
+GEM_LEVEL = "medium"
+GEM_TARGET = 0.03  # issue 12: "GEM: gap <= 3 % at E = 64"
 
 
 def say(msg: str) -> None:
@@ -217,6 +239,126 @@ def run_cpsat(g: Grouping, start: np.ndarray, limit: float, cheap: float) -> dic
     }
 
 
+def gem_traces(kind: str):
+    from gem import bursty_traces, counts_traces  # benchmarks/gem.py
+
+    return bursty_traces(64, 8) if kind == "bursty" else counts_traces("olmoe")
+
+
+def run_gem_cell(kind: str, G: int, limit: float, step_limit: float, layers: int) -> list[dict[str, Any]]:
+    """GEM layers of one (trace, G) cell: gem's plan and the three bounds per layer."""
+    from gem import instance_for
+
+    from moeopt.solvers.gem_models import layer_model, per_step_bound, solve_cpsat
+
+    calib = gem_traces(kind)[0]
+    inst = instance_for(f"gem-{kind}-G{G}", calib, G, GEM_LEVEL)
+    prof = synthetic_profile(G, variability=GEM_LEVEL, seed=0, tile=64)
+    t0 = time.perf_counter()
+    r = solve(inst, method="gem", workloads=Workloads(calib, calib, calib.stats(), prof))
+    gem_time = (time.perf_counter() - t0) / calib.layers  # gem solves every layer
+    util = utilization_trace(calib.stats().step_counts, 16)
+    slots = inst.cluster.slots_per_gpu
+    rows = []
+    for l in range(min(layers, calib.layers)):
+        n, home = util.counts[l], np.asarray(r.plan.home)[l]
+        S = layer_straggler(n, home, prof)
+        model = layer_model(n, prof, slots, method="gem-cpsat")
+        t0 = time.perf_counter()
+        per_step, proved = per_step_bound(model, time_limit=step_limit, hint=home, denominator=util.denominator)
+        per_step_time = time.perf_counter() - t0
+        out = solve_cpsat(model, time_limit=limit, hint=home, seed=0, workers=2, denominator=util.denominator)
+        cp_S = None if out.home is None else layer_straggler(n, out.home, prof)
+        best = min(S, cp_S if cp_S is not None else np.inf)
+        step = float(model.step_bound.sum())
+        bounds = {
+            "step": step,
+            "per_step_cpsat": float(per_step.sum()),
+            "cpsat": step if out.bound is None else max(step, out.bound),
+        }
+        row = {
+            "trace": kind,
+            "E": calib.num_experts,
+            "top_k": calib.top_k,
+            "G": G,
+            "slots": slots,
+            "layer": l,
+            "steps": util.steps,
+            "tokens_per_step": float(n.sum(axis=1).mean() / calib.top_k),
+            "gem_S": S,
+            "gem_time": gem_time,
+            "per_step_time": per_step_time,
+            "per_step_proved": int(proved.sum()),
+            "cpsat_S": cp_S,
+            "cpsat_time": out.wall_time,
+            "cpsat_termination": out.termination.value,
+            "cpsat_solver_bound": out.bound,
+            "best_S": best,
+            "bounds": bounds,
+            "gaps": {k: (best - b) / best for k, b in bounds.items()},
+        }
+        row["best_gap"] = min(row["gaps"].values())
+        row["met"] = row["best_gap"] <= GEM_TARGET
+        say(
+            f"  gem {kind} G={G} layer {l}: S {S:.4f} (cpsat {fmt(cp_S)}), gaps "
+            + ", ".join(f"{k} {100 * v:.2f} %" for k, v in row["gaps"].items())
+            + f"; per-step {per_step_time:.1f} s ({int(proved.sum())}/{util.steps} proved), cpsat {out.wall_time:.1f} s"
+        )
+        rows.append(row)
+    return rows
+
+
+def gem_markdown(gem: dict) -> str:
+    head = [
+        "trace",
+        "G",
+        "layer",
+        "gem S (ms)",
+        "step bound gap",
+        "per-step CP-SAT gap",
+        "per-step time",
+        "CP-SAT S",
+        "CP-SAT bound gap",
+        "CP-SAT time",
+        "target",
+        "met",
+    ]
+    rows = [
+        [
+            r["trace"],
+            r["G"],
+            r["layer"],
+            f"{r['gem_S']:.4f}",
+            pct(r["gaps"]["step"]),
+            f"{pct(r['gaps']['per_step_cpsat'])} ({r['per_step_proved']}/{r['steps']} proved)",
+            f"{r['per_step_time']:.1f} s",
+            fmt(r["cpsat_S"], 6),
+            pct(r["gaps"]["cpsat"]),
+            f"{r['cpsat_time']:.1f} s",
+            f"{100 * GEM_TARGET:.0f} %",
+            "yes" if r["met"] else "no",
+        ]
+        for r in gem["cells"]
+    ]
+    info = gem["info"]
+    m = info["machine"]
+    return "\n".join(
+        [
+            "## GEM layers: gap of each bound on the straggler latency S",
+            "",
+            f"E = 64 top-8, T = 16 steps of 1024 tokens (calibration traces of `benchmarks/gem.py`), "
+            f"{GEM_LEVEL} variability, slots = E / G, the first {info['layers']} layer(s) of each trace; "
+            "gap = (S - bound) / S with S the better of gem's and CP-SAT's plan. Per-step CP-SAT: each step's "
+            f"own optimum, {info['step_limit']:g} s per step; CP-SAT: the full model hinted with gem's plan, "
+            f"{info['time_limit']:g} s, 2 workers. Part time {info['elapsed']:.0f} s. Machine: {m['cpus']} CPUs, "
+            f"load average at start {', '.join(f'{x:.2f}' for x in m['load_average'])}, commit {m['git_commit']}.",
+            "",
+            tabulate(rows, headers=head, tablefmt="github"),
+            "",
+        ]
+    )
+
+
 def fmt(v: Any, digits: int = 4) -> str:
     if v is None:
         return "-"
@@ -283,6 +425,16 @@ def markdown(res: dict) -> str:
             "with triangle and star cuts ('(limit)': stopped by the clock, else no violated cut left). Machine: "
             f"{m['cpus']} CPUs ({m['processor']}), Python {m['python']}, load average at start "
             f"{', '.join(f'{x:.2f}' for x in m['load_average'])}, commit {m['git_commit']}.",
+            *(
+                [
+                    f"Merged run: {', '.join(res['info']['merged']['methods'])} at commit {m['git_commit']}; the other "
+                    f"methods' numbers from commit {res['info']['merged']['earlier']['machine']['git_commit']} (load "
+                    "average at its start "
+                    f"{', '.join(f'{x:.2f}' for x in res['info']['merged']['earlier']['machine']['load_average'])})."
+                ]
+                if res["info"].get("merged")
+                else []
+            ),
             "",
             tabulate(rows, headers=head, tablefmt="github"),
             "",
@@ -330,31 +482,64 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "certificates"))
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     ap.add_argument("--merge", action="store_true", help="keep the other methods' numbers from the existing JSON")
+    ap.add_argument(
+        "--part",
+        choices=("all", "grouping", "gem", "render"),
+        default="all",
+        help="which part to run; the other part's results are kept from an existing JSON (render: none, only "
+        "rewrite the Markdown and plot from the JSON)",
+    )
+    ap.add_argument("--gem-layers", type=int, default=1, help="GEM layers per (trace, G) cell, from layer 0")
+    ap.add_argument("--gem-step-limit", type=float, default=1.0, help="seconds per step of the per-step CP-SAT bound")
     args = ap.parse_args(argv)
     methods = tuple(args.methods.split(","))
     if set(methods) - set(METHODS):
         ap.error(f"--methods: expected a subset of {','.join(METHODS)}, got {args.methods}")
-    cells = CELLS if args.cells is None else [tuple(int(v) for v in c.split("x")) for c in args.cells.split(",")]
-    info = {"machine": machine(), "time_limit": args.time_limit, "tokens": TOKENS}
-    base = Path(args.out)
-    previous: dict = {}
-    if args.merge:
-        import json
-
-        old = json.loads(base.with_suffix(".json").read_text())
-        previous = {(c["kind"], c["E"], c["G"]): c for c in old["cells"]}
-        info["merged"] = {"methods": list(methods), "earlier": old["info"]}
-    elif set(methods) != set(METHODS):
+    if not args.merge and set(methods) != set(METHODS) and args.part in ("all", "grouping"):
         ap.error("--methods without --merge would leave the other methods out of the results")
-    out = []
-    for kind in args.kinds.split(","):
-        for E, G in cells:
-            out.append(run_cell(kind, E, G, args.time_limit, methods, previous.get((kind, E, G))))
-    res = {"info": info, "cells": out}
-    write_json(base.with_suffix(".json"), res)
-    write_text(base.with_suffix(".md"), markdown(res))
-    plot(res, base.with_suffix(".png"))
-    say(f"wrote {base}.json, .md, .png")
+    base = Path(args.out)
+    old = json.loads(base.with_suffix(".json").read_text()) if base.with_suffix(".json").is_file() else {}
+    res = {k: old[k] for k in ("info", "cells", "gem") if k in old}
+    if args.part in ("all", "grouping"):
+        cells = CELLS if args.cells is None else [tuple(int(v) for v in c.split("x")) for c in args.cells.split(",")]
+        info = {"machine": machine(), "time_limit": args.time_limit, "tokens": TOKENS}
+        previous: dict = {}
+        if args.merge:
+            previous = {(c["kind"], c["E"], c["G"]): c for c in old.get("cells", [])}
+            info["merged"] = {"methods": list(methods), "earlier": old.get("info")}
+        out = []
+        for kind in args.kinds.split(","):
+            for E, G in cells:
+                out.append(run_cell(kind, E, G, args.time_limit, methods, previous.get((kind, E, G))))
+        res.update(info=info, cells=out)
+    if args.part in ("all", "gem"):
+        t0 = time.perf_counter()
+        ginfo = {
+            "machine": machine(),
+            "time_limit": args.time_limit,
+            "step_limit": args.gem_step_limit,
+            "layers": args.gem_layers,
+        }
+        gcells = [
+            row
+            for kind in GEM_TRACES
+            for G in GEM_GPUS
+            for row in run_gem_cell(kind, G, args.time_limit, args.gem_step_limit, args.gem_layers)
+        ]
+        res["gem"] = {"info": {**ginfo, "elapsed": time.perf_counter() - t0}, "cells": gcells}
+    if args.part != "render":
+        write_json(base.with_suffix(".json"), res)
+    parts = []
+    if res.get("cells"):
+        parts.append(markdown(res))
+        if args.part != "gem":  # the plot shows the grouping cells only
+            plot(res, base.with_suffix(".png"))
+    if res.get("gem"):
+        parts.append(gem_markdown(res["gem"]))
+    write_text(base.with_suffix(".md"), "\n".join(parts))
+    wrote = [] if args.part == "render" else [".json"]
+    wrote += [".md"] + ([".png"] if res.get("cells") and args.part != "gem" else [])
+    say(f"wrote {base}" + ", ".join(wrote))
     return 0
 
 

@@ -475,3 +475,46 @@ def test_cpsat_bound_survives_integer_rounding(seed):
     assert out.optimal
     assert out.bound <= opt
     assert out.bound == pytest.approx(opt, rel=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_per_step_bound_is_each_steps_brute_force_optimum(seed):
+    """The per-step CP-SAT bound never exceeds a step's brute-force optimum (rounded latencies,
+    stepped profiles, aggregated means), meets it where proved, is never below the per-step
+    bound, and its sum stays below the brute-force optimum of the whole layer (no clamp)."""
+    pytest.importorskip("ortools")
+    from moeopt.solvers.gem_models import layer_model, per_step_bound
+
+    rng = np.random.default_rng(1200 + seed)
+    E, G, T, slots = [(5, 2, 3, 3), (6, 3, 3, 2), (7, 3, 2, 3)][seed % 3]
+    if seed % 2:  # many significant digits: rounding to integers moves every entry
+        base = rng.uniform(0.1, 0.5, size=(G, 1)) * np.pi
+        prof = Profile(tile=16, latency=np.concatenate([base, base + np.cumsum(rng.uniform(0, 1, (G, 12)) / 3, 1)], 1))
+    else:
+        prof = stepped_profile(G, 12, rng)
+    source = rng.integers(0, 60, size=(2 * T, E)).astype(float)
+    util = utilization_trace(source[None], T)  # means of 2 steps: counts in halves
+    n = util.counts[0]
+    bound, proved = per_step_bound(layer_model(n, prof, slots), time_limit=10, denominator=util.denominator)
+    opt = np.array([brute_force(n[t : t + 1], prof, slots) for t in range(T)])
+    assert proved.all()
+    assert (bound <= opt).all()
+    assert bound == pytest.approx(opt, rel=1e-5)
+    assert (bound >= step_lower_bound(n, prof, slots=slots) - 1e-12).all()
+    assert bound.sum() <= brute_force(n, prof, slots)
+
+
+def test_per_step_bound_sees_integrality_the_step_bound_misses():
+    """Three experts of 40 tokens on two identical GPUs (tile 64, 2 slots): the fractional
+    balance needs one tile per GPU (bound 0.2), but two experts share a GPU (80 tokens, 2 tiles):
+    the step's optimum is 0.3, which the per-step CP-SAT bound proves."""
+    pytest.importorskip("ortools")
+    from moeopt.solvers.gem_models import layer_model, per_step_bound
+
+    prof = Profile(tile=64, latency=np.array([[0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4]]))
+    n = np.array([[40.0, 40.0, 40.0]])
+    bound, proved = per_step_bound(layer_model(n, prof, 2), time_limit=10)
+    lb = step_lower_bound(n, prof, slots=2)
+    assert proved.all()
+    assert lb[0] == pytest.approx(0.2)  # 120 tokens: 2 tiles, one per GPU fits fractionally
+    assert bound[0] == pytest.approx(brute_force(n, prof, 2)) == pytest.approx(0.3)
