@@ -259,8 +259,9 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_unreachable_ray_address_is_one_line(capsys, tmp_path):
-    pytest.importorskip("ray")
+def test_unreachable_ray_address_is_one_line(capsys, tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # another test's local Ray would be reused
     out = tmp_path / "plan.json"
     address = f"127.0.0.1:{_closed_port()}"
     assert main(["solve", str(FOUR), "--quiet", "--output", str(out), "--ray", address]) == 2

@@ -6,9 +6,12 @@ balanced differencing, then swap / replace-a-copy local search), with a lower bo
 largest GPU load of *every* plan, so each layer reports its gap. Works on counts alone
 (SGLang dumps, CSV, npz) and on traces. Options:
 
-* ``robust: mean | worst`` plans on the per-step counts (trace steps, or SGLang ``stat``
-  dumps ``[steps, layers, E]``) for the mean (or worst) per-step largest load: what
-  out-of-sample balance needs.
+* ``robust: auto | mean | worst | none`` plans on the per-step counts (trace steps, or SGLang
+  ``stat`` dumps ``[steps, layers, E]``, aggregated into at most ``robust_steps`` contiguous
+  windows) for the mean (or worst) per-step largest load: what out-of-sample balance needs.
+  ``auto`` (the default) is ``mean`` when the calibration workload has per-step counts of two
+  steps or more, else ``none`` (the pooled loads); per-family counts are used as snapshots
+  only when ``mean`` or ``worst`` is asked for.
 * ``hierarchical: true`` keeps every expert's copies inside one node (EPLB's hierarchical
   constraint, ``cluster.gpus_per_node``).
 * With a current plan (``solve --from PLAN``): ``max_moves`` / ``target_maxvio`` re-plan
@@ -32,6 +35,7 @@ from moeopt.instance import Instance
 from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, bound_closes
+from moeopt.utilization import utilization_trace
 
 #: Budgets (moved slots per layer) of the migration frontier reported with ``--from``.
 FRONTIER_BUDGETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
@@ -65,12 +69,32 @@ def balance_bound_hook(plan: Plan, instance: Instance, workloads: Any, metrics: 
     metrics["balance_gap_per_layer"] = (np.asarray(metrics["maxvio_per_layer"]) - bounds).tolist()
 
 
-def robust_snapshots(problem: Problem) -> np.ndarray:
+#: per-step counts are aggregated into at most this many contiguous windows for robust mode
+#: (the planner's time grows with the snapshots; 16 windows kept its held-out gains, measured)
+DEFAULT_ROBUST_STEPS = 16
+
+
+def has_steps(problem: Problem) -> bool:
+    """Whether the calibration statistics hold per-step counts of two steps or more."""
+    sc = problem.stats.step_counts
+    return sc is not None and sc.shape[1] > 1
+
+
+def robust_mode(problem: Problem, robust: str) -> str:
+    """``robust`` with ``auto`` resolved: ``mean`` with per-step counts, else ``none``."""
+    if robust != "auto":
+        return robust
+    return "mean" if has_steps(problem) else "none"
+
+
+def robust_snapshots(problem: Problem, windows: int = DEFAULT_ROBUST_STEPS) -> np.ndarray:
     """float ``[L, T, E]``: the load snapshots robust mode plans for: per-step counts (trace
-    steps, SGLang ``stat`` dumps), else one snapshot per family (e.g. per-domain counts)."""
+    steps, SGLang ``stat`` dumps; their mean over at most ``windows`` contiguous windows, 0: every
+    step), else one snapshot per family (e.g. per-domain counts)."""
     stats = problem.stats
-    if stats.step_counts is not None and stats.step_counts.shape[1] > 1:
-        return stats.step_counts
+    if has_steps(problem):
+        assert stats.step_counts is not None
+        return utilization_trace(stats.step_counts, windows if windows > 0 else None).counts
     if stats.families > 1:
         return np.swapaxes(stats.counts, 0, 1)
     raise InputError(
@@ -87,7 +111,8 @@ class BalanceParams:
 
     search: str = "fast"  # fast: all layers at once (batched LPT + swaps); thorough: per layer, ILS
     shrink: float | None = None  # alpha < 1 plans on mean * (load / mean) ** alpha: hedges a shift
-    robust: str = "none"  # none | mean | worst: plan on per-step counts
+    robust: str = "auto"  # auto | none | mean | worst: plan on per-step counts (auto: mean when there are steps)
+    robust_steps: int = DEFAULT_ROBUST_STEPS  # per-step counts aggregated into at most this many windows (0: all)
     hierarchical: bool = False  # every expert's copies in one node (cluster.gpus_per_node)
     iterations: int = core.DEFAULT_ITERATIONS  # perturbation rounds of the local search
     dispatch: str = "even"  # the plan's dispatch rule: even (EPLB's model), static, lp
@@ -99,8 +124,10 @@ class BalanceParams:
             raise ValueError(f"search must be fast or thorough, got {self.search!r}")
         if self.shrink is not None and not (np.isfinite(self.shrink) and 0 < self.shrink <= 1):
             raise ValueError(f"shrink must lie in (0, 1], got {self.shrink}")
-        if self.robust not in ("none", "mean", "worst"):
-            raise ValueError(f"robust must be none, mean or worst, got {self.robust!r}")
+        if self.robust not in ("auto", "none", "mean", "worst"):
+            raise ValueError(f"robust must be auto, none, mean or worst, got {self.robust!r}")
+        if self.robust_steps < 0:
+            raise ValueError(f"robust_steps must be >= 0, got {self.robust_steps}")
         if self.iterations < 0:
             raise ValueError(f"iterations must be >= 0, got {self.iterations}")
         if self.max_moves is not None and self.max_moves < 0:
@@ -155,19 +182,22 @@ class Balance:
         G, W, L = c.gpus, c.width, problem.layers
         load = problem.stats.expert_load  # [L, E]
         allow = c.allow_colocated_copies
-        steps = robust_snapshots(problem) if params.robust != "none" else None
+        robust = robust_mode(problem, params.robust)
+        steps = robust_snapshots(problem, params.robust_steps) if robust != "none" else None
         current = ctx.current
         true_load = load
         if params.shrink is not None:  # plan on loads pulled toward the mean (held-out shift)
             load = np.stack([shrink_loads(row, params.shrink) for row in load])
         slots = np.empty((L, G, W), dtype=np.int64)
         # the unconstrained plan of every layer at once (batched), unless a mode needs per-layer work
-        fast = params.search == "fast" and params.robust == "none" and not params.hierarchical
+        fast = params.search == "fast" and robust == "none" and not params.hierarchical
         t_plan = time.perf_counter()
         base = plan_layers_fast(load, G, W, allow_colocated=allow) if fast else None
         if base is not None and current is None:
             slots[:] = base
-        stats: dict[str, Any] = {}
+        stats: dict[str, Any] = {"robust": robust}
+        if steps is not None:
+            stats["robust_snapshots"] = int(steps.shape[1])
         moves: list[int] = []
         frontier: list[list[tuple[int, float]]] = []
         for l in ctx.layers(0 if base is not None and current is None else L, self.name):
@@ -202,13 +232,13 @@ class Balance:
                         unconstrained=free,
                     )
                 )
-            elif params.robust != "none":
+            elif robust != "none":
                 assert steps is not None
                 slots[l] = core.plan_layer_robust(
                     steps[l],
                     G,
                     W,
-                    "worst" if params.robust == "worst" else "mean",
+                    "worst" if robust == "worst" else "mean",
                     allow_colocated=allow,
                     seed=ctx.seed,
                     iterations=params.iterations,
