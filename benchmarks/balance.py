@@ -239,7 +239,7 @@ def stepped_rows(methods: list[str], log) -> list[dict]:
         calib, held = trace_from_counts(stats, **make, seed=0), trace_from_counts(stats, **make, seed=1)
         model = Model(layers=calib.layers, experts=calib.num_experts, top_k=calib.top_k)
         wl = Workloads(calib, held, calib.stats(), None)
-        for label in (m for m in STEPPED_METHODS if m in methods or m == "balance-pooled"):
+        for label in (m for m in STEPPED_METHODS if m in methods):
             method, params = METHODS[label]
             inst = instance(model, G, W, WorkloadSource(synthetic={}), method, params)
             r = solve(inst, workloads=wl)
@@ -462,8 +462,9 @@ def main() -> int:
     if len(methods) < len(METHODS):
         log(f"note: EPLB is not installed here; running {', '.join(methods)}")
     t0 = time.perf_counter()
-    rows, per_layer = deepseek_rows(methods, log, args.workers)
-    rows += olmoe_rows(methods, log, args.workers)
+    pooled_only = [m for m in methods if m != "balance-pooled"]  # the same plans as balance without steps
+    rows, per_layer = deepseek_rows(pooled_only, log, args.workers)
+    rows += olmoe_rows(pooled_only, log, args.workers)
     rows += stepped_rows(methods, log)
     info = {"machine": machine(), "wall_s": time.perf_counter() - t0}
     write_json(OUT / "balance.json", {"info": info, "rows": rows, "per_layer_prefill_64x5": per_layer})

@@ -49,6 +49,25 @@ def _balance_rows(results: Path) -> list[tuple[str, str, str, str]]:
                 "balance",
             )
         )
+    stepped = [r for r in rows if "maxvio_step_even" in r]
+    eplb = {(r["workload"], r["calibration"], r["gpus"]): r for r in stepped if r["method"] == "eplb-global"}
+    pairs = [
+        (r, eplb[(r["workload"], r["calibration"], r["gpus"])])
+        for r in stepped
+        if r["method"] == "balance" and (r["workload"], r["calibration"], r["gpus"]) in eplb
+    ]
+    if pairs:
+        ratio = [b["maxvio_step_even"] / e["maxvio_step_even"] for b, e in pairs]
+        lower = sum(b["maxvio_even"] < e["maxvio_even"] for b, e in pairs)
+        out.append(
+            (
+                "`balance` vs DeepSeek's EPLB",
+                f"per-step loads held out, {len(pairs)} configurations (count-sampled, real OLMoE / Mixtral counts)",
+                f"per-step MaxVio {min(ratio):.2f}× to {max(ratio):.2f}× EPLB's (`robust: auto`); pooled MaxVio "
+                f"below EPLB's in {lower} of {len(pairs)}",
+                "balance",
+            )
+        )
     return out
 
 
