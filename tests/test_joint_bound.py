@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moeopt.colgen.cover import HypergraphPricer, distinct_lower_bound, remote_lower_bound, token_patterns
 from moeopt.evaluate import evaluate
 from moeopt.io import load_instance
-from moeopt.colgen.cover import HypergraphPricer, distinct_lower_bound, remote_lower_bound, token_patterns
 from moeopt.solve import load_workloads, solve
 from tests.conftest import INSTANCES
 
