@@ -430,7 +430,8 @@ def ray_map(
             cpus = executor.workers if executor.workers > 1 else (os.cpu_count() or 2)
             ray.init(num_cpus=cpus, **opts)
         else:
-            _check_reachable(executor.ray)
+            if executor.ray is not None:
+                _check_reachable(executor.ray)
             try:
                 ray.init(address=executor.ray, **opts)
             except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -176,7 +176,8 @@ class HypergraphPricer:
             W2 = np.zeros((E, E))
             enumerate_ = self.width <= 4 and math.comb(E, self.width) <= MAX_ENUMERATION
             W3 = np.zeros((E, E, E)) if self.width >= 3 and enumerate_ else None
-            keys, kw = np.zeros(0, dtype=np.int64), np.zeros(0)
+            keys: np.ndarray = np.zeros(0, dtype=np.int64)
+            kw: np.ndarray = np.zeros(0)
             for a, b in itertools.combinations(range(k), 2):
                 np.add.at(W2, (pats[:, a], pats[:, b]), w)
             W2 = W2 + W2.T
