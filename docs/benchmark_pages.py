@@ -143,8 +143,8 @@ def render_balance(d: dict) -> str:
                 num(e["maxvio_even"], 4),
                 num(r["maxvio_even"], 4),
                 num(r["maxvio_even"] / e["maxvio_even"], 2) + "x",
-                num(e["maxvio_lp"], 4),
-                num(r["maxvio_lp"], 4),
+                num(e.get("maxvio_lp"), 4),
+                num(r.get("maxvio_lp"), 4),
             ]
         )
     heads = ["workload", "calibration → evaluation", "GPUs × slots", "EPLB MaxVio (even)", "balance MaxVio (even)"]
@@ -167,6 +167,28 @@ def render_balance(d: dict) -> str:
         ]
         heads = ["loads", "GPUs × slots", "moves, full plan", "moves to a tenth of EPLB's MaxVio", "MaxVio reached"]
         out += [table(body, heads + ["slots in all"]), ""]
+
+    stepped = [r for r in rows if "maxvio_step_even" in r]
+    if stepped:
+        out += ["## Per-step loads, held out (count-sampled from real per-domain counts)", ""]
+        out += [
+            "Planned on the calibration trace's steps, scored on another trace of the same mix; "
+            "`balance` plans on the steps (`robust: auto`), `balance-pooled` on the pooled loads.",
+            "",
+        ]
+        body = [
+            [
+                r["workload"],
+                r["calibration"],
+                f"{r['gpus']} × ({r['slots']})",
+                r["method"],
+                num(r["maxvio_step_even"], 4),
+                num(r["maxvio_even"], 4),
+            ]
+            for r in stepped
+        ]
+        heads = ["workload", "calibration", "GPUs × slots", "method", "per-step MaxVio (even)", "pooled MaxVio (even)"]
+        out += [table(body, heads), ""]
 
     out += ["## OLMoE per-domain counts", ""]
     body = [
