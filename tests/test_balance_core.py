@@ -270,6 +270,36 @@ def test_robust_improves_on_shifting_steps():
     assert B.robust_objective(robust, steps) < B.robust_objective(pooled, steps)
 
 
+def _regimes(rng: np.random.Generator, E: int, T: int, noise: float) -> np.ndarray:
+    """T snapshots alternating between two load regimes (two task families taking turns)."""
+    a, b = rng.gamma(0.5, 50.0, E), rng.gamma(0.5, 50.0, E)
+    return np.stack([(a if t % 2 else b) * rng.lognormal(0, noise, E) for t in range(T)])
+
+
+def test_robust_pays_on_repeating_regimes_not_on_steady_loads():
+    rng = np.random.default_rng(3)
+    E, G, W = 32, 8, 5
+    assert B.robust_pays(_regimes(rng, E, 16, 0.05), G, W)
+    steady = np.tile(rng.gamma(0.5, 50.0, E), (16, 1))  # every snapshot the same: nothing to gain
+    assert not B.robust_pays(steady, G, W)
+    assert not B.robust_pays(_regimes(rng, E, 3, 0.05), G, W)  # too few snapshots to split
+
+
+def test_balance_auto_plans_on_steps_only_where_it_pays():
+    """robust: auto on a trace with steps: records the choice; without steps it is robust: none."""
+    from moeopt.io import load_instance
+    from moeopt.solve import solve
+    from tests.conftest import INSTANCES
+
+    inst = load_instance(INSTANCES / "quickstart.yaml")
+    auto = solve(inst, method="balance")
+    assert auto.stats["robust"] == "auto" and 0 <= auto.stats["robust_layers"] <= inst.model.layers
+    assert auto.stats["robust_snapshots"] >= 4
+    pooled = solve(inst, method="balance", params={"robust": "none"})
+    if auto.stats["robust_layers"] == 0:
+        assert np.array_equal(auto.plan.slots, pooled.plan.slots)
+
+
 # --------------------------------------------------------------------------------------------------
 # migration
 # --------------------------------------------------------------------------------------------------

@@ -290,3 +290,54 @@ def plan_layer_robust(
     if worse:  # pragma: no cover - safety net
         return pooled
     return out
+
+
+#: the relative drop in mean per-step MaxVio on the held-out half that makes robust planning pay
+#: (below it the difference is the noise of the split)
+ROBUST_MARGIN = 0.03
+
+
+def robust_pays(
+    step_loads: ArrayLike,
+    G: int,
+    W: int,
+    *,
+    allow_colocated: bool = False,
+    seed: int = 0,
+    iterations: int = DEFAULT_ITERATIONS,
+    margin: float = ROBUST_MARGIN,
+) -> bool:
+    """Whether planning on the snapshots beats planning on their pooled loads on later ones.
+
+    The snapshots (in time order) are cut in two halves: a robust plan and a pooled plan are
+    made on the first, and both are scored on the second by the mean per-step objective
+    (:func:`robust_objective`). Robust planning pays when the snapshots differ in a way that
+    repeats (e.g. bursts of task families); on noise alone it fits the noise and loses.
+
+    Parameters
+    ----------
+    step_loads : array_like of float, shape (T, E)
+        Snapshots in time order; fewer than 4 never pay.
+    G, W : int
+    allow_colocated : bool
+    seed, iterations : int
+        Passed to the planners.
+    margin : float
+        Relative improvement the robust plan needs on the second half.
+
+    Returns
+    -------
+    bool
+    """
+    S = _as_load(step_loads, ndim=2)
+    T = S.shape[0]
+    if T < 4 or S.sum() <= 0:
+        return False
+    first, second = S[: T // 2], S[T // 2 :]
+    if first.sum() <= 0 or second.sum() <= 0:
+        return False
+    pooled = plan_layer(first.sum(axis=0), G, W, allow_colocated=allow_colocated, seed=seed, iterations=iterations)
+    robust = plan_layer_robust(first, G, W, "mean", allow_colocated=allow_colocated, seed=seed, iterations=iterations)
+    held_pooled = robust_objective(pooled, second, "mean")
+    held_robust = robust_objective(robust, second, "mean")
+    return held_robust < held_pooled - margin * (held_pooled - 1.0 if held_pooled > 1.0 else held_pooled)

@@ -9,9 +9,11 @@ largest GPU load of *every* plan, so each layer reports its gap. Works on counts
 * ``robust: auto | mean | worst | none`` plans on the per-step counts (trace steps, or SGLang
   ``stat`` dumps ``[steps, layers, E]``, aggregated into at most ``robust_steps`` contiguous
   windows) for the mean (or worst) per-step largest load: what out-of-sample balance needs.
-  ``auto`` (the default) is ``mean`` when the calibration workload has per-step counts of two
-  steps or more, else ``none`` (the pooled loads); per-family counts are used as snapshots
-  only when ``mean`` or ``worst`` is asked for.
+  ``auto`` (the default), with per-step counts of four windows or more, plans each layer
+  robustly only where that pays on held-out steps (a robust and a pooled plan made on the
+  first half of the windows, scored on the second half: :func:`moeopt.balance.robust_pays`),
+  else on the pooled loads; per-family counts are used as snapshots only when ``mean`` or
+  ``worst`` is asked for.
 * ``hierarchical: true`` keeps every expert's copies inside one node (EPLB's hierarchical
   constraint, ``cluster.gpus_per_node``).
 * With a current plan (``solve --from PLAN``): ``max_moves`` / ``target_maxvio`` re-plan
@@ -81,10 +83,10 @@ def has_steps(problem: Problem) -> bool:
 
 
 def robust_mode(problem: Problem, robust: str) -> str:
-    """``robust`` with ``auto`` resolved: ``mean`` with per-step counts, else ``none``."""
+    """``robust``, with ``auto`` kept only when there are per-step counts (else ``none``)."""
     if robust != "auto":
         return robust
-    return "mean" if has_steps(problem) else "none"
+    return "auto" if has_steps(problem) else "none"
 
 
 def robust_snapshots(problem: Problem, windows: int = DEFAULT_ROBUST_STEPS) -> np.ndarray:
@@ -190,7 +192,7 @@ class Balance:
             load = np.stack([shrink_loads(row, params.shrink) for row in load])
         slots = np.empty((L, G, W), dtype=np.int64)
         # the unconstrained plan of every layer at once (batched), unless a mode needs per-layer work
-        fast = params.search == "fast" and robust == "none" and not params.hierarchical
+        fast = params.search == "fast" and robust in ("none", "auto") and not params.hierarchical
         t_plan = time.perf_counter()
         base = plan_layers_fast(load, G, W, allow_colocated=allow) if fast else None
         if base is not None and current is None:
@@ -200,7 +202,9 @@ class Balance:
             stats["robust_snapshots"] = int(steps.shape[1])
         moves: list[int] = []
         frontier: list[list[tuple[int, float]]] = []
-        for l in ctx.layers(0 if base is not None and current is None else L, self.name):
+        pooled_layers = 0
+        looped = L if current is not None or base is None or robust == "auto" else 0
+        for l in ctx.layers(looped, self.name):
             if current is not None:
                 cur = current.slots[l]
                 free = (
@@ -232,6 +236,25 @@ class Balance:
                         unconstrained=free,
                     )
                 )
+            elif (
+                robust == "auto"
+                and steps is not None
+                and not core.robust_pays(
+                    steps[l], G, W, allow_colocated=allow, seed=ctx.seed, iterations=params.iterations
+                )
+            ):
+                pooled_layers += 1  # the pooled plan (the batched one when there is one)
+                if base is None:
+                    slots[l] = core.plan_layer(
+                        load[l],
+                        G,
+                        W,
+                        allow_colocated=allow,
+                        seed=ctx.seed + l,
+                        iterations=params.iterations,
+                        gpus_per_node=c.gpus_per_node,
+                        hierarchical=params.hierarchical,
+                    )
             elif robust != "none":
                 assert steps is not None
                 slots[l] = core.plan_layer_robust(
@@ -254,6 +277,8 @@ class Balance:
                     gpus_per_node=c.gpus_per_node,
                     hierarchical=params.hierarchical,
                 )
+        if robust == "auto" and current is None:
+            stats["robust_layers"] = L - pooled_layers  # layers where planning on the steps paid
         plan = Plan(slots=slots, experts=problem.experts, dispatch=Dispatch(kind=params.dispatch))
         stats["plan_time"] = time.perf_counter() - t_plan  # the planner alone, bounds and scoring excluded
         per_layer = np.array([float(maxvio(core.gpu_loads(slots[l], true_load[l]))) for l in range(L)])
