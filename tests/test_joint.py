@@ -164,6 +164,32 @@ def test_joint_meets_the_limit_on_calibration(small_instance):
     r.plan.check(inst.cluster, layers=2, experts=16, own=True)
 
 
+def test_unreachable_limit_is_planned_above_the_least_reachable(small_instance):
+    """Without replica slots and eps 0, no layer can meet the limit: each is planned eps above
+    the balance plan's MaxVio, the note says so, and the plan saves more than the balanced one."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from moeopt.methods.joint import reachable_limits
+
+    inst, wl = small_instance
+    bare = inst.replace(cluster=replace(inst.cluster, replica_slots_per_gpu=0))
+    r = solve(bare, method="joint", params={"eps": 0.0, "time_per_layer": 0.5, "bound_time": 0}, workloads=wl)
+    reached = r.stats["eps_per_layer"]
+    assert r.stats["eps_relaxed_layers"] == [0, 1] and all(e > 0 for e in reached)
+    assert "below the least reachable MaxVio" in r.stats["note"] and r.params["eps"] == 0.0
+    balanced = solve(bare, method="balance", workloads=wl)
+    assert r.metrics["comm_per_token"] < balanced.metrics["comm_per_token"]
+    # a reachable limit is kept as it is; an unreachable one becomes eps above what is reached
+    load = wl.calibration_stats.expert_load
+    problem = SimpleNamespace(layers=2, stats=SimpleNamespace(expert_load=load), instance=bare)
+    slots = np.stack([np.arange(16).reshape(4, 4)] * 2)
+    limits, relaxed = reachable_limits(problem, slots, 10.0)
+    assert relaxed == [] and (limits == 10.0).all()
+    limits, relaxed = reachable_limits(problem, slots, 0.0)
+    assert relaxed == [0, 1] and (limits > 0).all()
+
+
 def test_joint_exact_runs_and_certifies(small_instance):
     """joint-exact solves each small layer's model (or falls back to the search) and reports
     the model's value and bound per layer."""
