@@ -170,7 +170,7 @@ def run_cell(kind: str, E: int, G: int, limit: float, methods=METHODS, old: dict
         start, _ = heuristic_home(
             g, AgnosticParams(), np.random.default_rng(0), deadline=time.perf_counter() + min(10.0, 0.1 * limit)
         )
-    if "lagrangian" in methods:
+    if "lagrangian" in methods or "lagrangian" not in row:  # the cheap bound is the others' floor
         t0 = time.perf_counter()
         cheap, name = grouping_bound(g)
         row["lagrangian"] = {"bound": cheap, "kind": name, "time": time.perf_counter() - t0}
@@ -197,15 +197,7 @@ def run_cell(kind: str, E: int, G: int, limit: float, methods=METHODS, old: dict
         say(f"  colgen: bound {cg.bound:.6g} plan {cg.objective:.6g} {row['colgen']['time']:.1f} s proven {cg.proven}")
     if "triangle" in methods:
         tri = triangle_bound(g, limit)
-        row["triangle"] = {
-            "bound": tri.bound,
-            "time": tri.seconds,
-            "converged": tri.converged,
-            "rounds": tri.rounds,
-            "cuts": tri.cuts,
-            "lp_value": tri.lp_value,
-            "history": [list(h) for h in tri.history],
-        }
+        row["triangle"] = {**tri.record(), "time": tri.seconds, "history": [list(h) for h in tri.history]}
         say(f"  triangle: bound {tri.bound:.6g} {tri.seconds:.1f} s converged {tri.converged} rounds {tri.rounds}")
     plans = [row["agnostic"], row.get("cpsat", {}).get("objective"), row.get("colgen", {}).get("objective")]
     best = max(v for v in plans if v is not None)
@@ -392,8 +384,7 @@ def markdown(res: dict) -> str:
     rows = []
     for r in res["cells"]:
         target = TARGETS.get((r["E"], r["G"]))
-        cg = r["colgen"]
-        tri = r.get("triangle")
+        cg, tri, cp = r.get("colgen"), r.get("triangle"), r.get("cpsat", {})
         met = "-" if target is None else ("yes" if r["best_gap"] <= target else "no")
         rows.append(
             [
@@ -403,10 +394,10 @@ def markdown(res: dict) -> str:
                 r["cap"],
                 fmt(r["best_plan"], 6),
                 pct(r["lagrangian"]["gap"]),
-                pct(r["cpsat"].get("gap")) if r["cpsat"].get("status") != "refused" else "refused",
-                pct(cg["gap"]),
-                f"{cg['time']:.1f} s",
-                "yes" if cg["proven"] else "no",
+                pct(cp.get("gap")) if cp.get("status") != "refused" else "refused",
+                "-" if cg is None else pct(cg["gap"]),
+                "-" if cg is None else f"{cg['time']:.1f} s",
+                "-" if cg is None else ("yes" if cg["proven"] else "no"),
                 "-" if tri is None else pct(tri["gap"]),
                 "-" if tri is None else f"{tri['time']:.1f} s" + ("" if tri["converged"] else " (limit)"),
                 pct(r["best_gap"]),
@@ -453,21 +444,22 @@ def plot(res: dict, path: Path) -> None:
     kinds = sorted({r["kind"] for r in res["cells"]})
     fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.5), squeeze=False)
     for ax, kind in zip(axes[0], kinds, strict=True):
-        for r in res["cells"]:
-            if r["kind"] != kind:
-                continue
-            h = np.array([[t, b] for t, b, _ in r["colgen"]["history"]])
-            gaps = np.maximum(h[:, 1] - r["best_plan"], 0) / h[:, 1]
-            line = ax.step(h[:, 0], 100 * gaps, where="post", label=f"E={r['E']} G={r['G']}")[0]
-            ax.axhline(100 * r["lagrangian"]["gap"], color=line.get_color(), ls=":", lw=0.8)
+        for i, r in enumerate(c for c in res["cells"] if c["kind"] == kind):
+            color = f"C{i % 10}"
+            ax.axhline(100 * r["lagrangian"]["gap"], color=color, ls=":", lw=0.8)
+            ax.plot([], [], color=color, label=f"E={r['E']} G={r['G']}")
+            if "colgen" in r:
+                h = np.array([[t, b] for t, b, _ in r["colgen"]["history"]])
+                gaps = np.maximum(h[:, 1] - r["best_plan"], 0) / h[:, 1]
+                ax.step(h[:, 0], 100 * gaps, where="post", color=color)
             if "triangle" in r and r["triangle"]["history"]:
                 t = np.array(r["triangle"]["history"])
                 tg = np.maximum(t[:, 1] - r["best_plan"], 0) / t[:, 1]
-                ax.step(t[:, 0], 100 * tg, where="post", color=line.get_color(), ls="--", lw=1.0)
+                ax.step(t[:, 0], 100 * tg, where="post", color=color, ls="--", lw=1.0)
         ax.set_yscale("log")
         ax.set_xlabel("seconds")
-        ax.set_ylabel("gap %  (solid: column generation, dashed: triangle, dotted: Lagrangian)")
-        ax.set_title(kind)
+        ax.set_ylabel("gap to the best plan (%)")
+        ax.set_title(f"{kind}: solid column generation, dashed triangle, dotted Lagrangian", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

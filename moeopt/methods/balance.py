@@ -202,6 +202,20 @@ class Balance:
             stats["robust_snapshots"] = int(steps.shape[1])
         moves: list[int] = []
         frontier: list[list[tuple[int, float]]] = []
+
+        def pooled_plan(l: int) -> np.ndarray:
+            """Layer ``l`` planned on its pooled loads, one layer at a time."""
+            return core.plan_layer(
+                load[l],
+                G,
+                W,
+                allow_colocated=allow,
+                seed=ctx.seed + l,
+                iterations=params.iterations,
+                gpus_per_node=c.gpus_per_node,
+                hierarchical=params.hierarchical,
+            )
+
         pooled_layers = 0
         looped = L if current is not None or base is None or robust == "auto" else 0
         for l in ctx.layers(looped, self.name):
@@ -245,16 +259,7 @@ class Balance:
             ):
                 pooled_layers += 1  # the pooled plan (the batched one when there is one)
                 if base is None:
-                    slots[l] = core.plan_layer(
-                        load[l],
-                        G,
-                        W,
-                        allow_colocated=allow,
-                        seed=ctx.seed + l,
-                        iterations=params.iterations,
-                        gpus_per_node=c.gpus_per_node,
-                        hierarchical=params.hierarchical,
-                    )
+                    slots[l] = pooled_plan(l)
             elif robust != "none":
                 assert steps is not None
                 slots[l] = core.plan_layer_robust(
@@ -267,16 +272,7 @@ class Balance:
                     iterations=params.iterations,
                 )
             else:
-                slots[l] = core.plan_layer(
-                    load[l],
-                    G,
-                    W,
-                    allow_colocated=allow,
-                    seed=ctx.seed + l,
-                    iterations=params.iterations,
-                    gpus_per_node=c.gpus_per_node,
-                    hierarchical=params.hierarchical,
-                )
+                slots[l] = pooled_plan(l)
         if robust == "auto" and current is None:
             stats["robust_layers"] = L - pooled_layers  # layers where planning on the steps paid
         plan = Plan(slots=slots, experts=problem.experts, dispatch=Dispatch(kind=params.dispatch))

@@ -353,13 +353,7 @@ def strong_certificate(
         bound, name = cert.bound, "colgen"
     if kind in ("triangle", "both"):
         tri = triangle_bound(g, share)
-        record["triangle"] = {
-            "bound": tri.bound,
-            "rounds": tri.rounds,
-            "cuts": tri.cuts,
-            "converged": tri.converged,
-            "seconds": tri.seconds,
-        }
+        record["triangle"] = tri.record()
         if tri.bound < bound:
             bound, name = tri.bound, "triangle"
     return home, bound, name, record

@@ -87,6 +87,17 @@ class TriangleResult:
     def termination(self) -> str:
         return "converged" if self.converged else "time_limit"
 
+    def record(self) -> dict:
+        """The run's numbers as a JSON-ready dict (history left out)."""
+        return {
+            "bound": self.bound,
+            "seconds": self.seconds,
+            "converged": self.converged,
+            "rounds": self.rounds,
+            "cuts": self.cuts,
+            "lp_value": self.lp_value,
+        }
+
 
 class _PairLP:
     """The pair LP in highspy: its base rows (degree, load) and the cuts of the moment."""
