@@ -298,6 +298,15 @@ def test_balance_auto_plans_on_steps_only_where_it_pays():
     pooled = solve(inst, method="balance", params={"robust": "none"})
     if auto.stats["robust_layers"] == 0:
         assert np.array_equal(auto.plan.slots, pooled.plan.slots)
+    # robust plans do not keep the hierarchical constraint: auto falls back, an explicit mode is refused
+    from dataclasses import replace
+
+    from moeopt.errors import InputError
+
+    nodes = inst.replace(cluster=replace(inst.cluster, gpus_per_node=2, replica_slots_per_gpu=1))
+    assert solve(nodes, method="balance", params={"hierarchical": True}).stats["robust"] == "none"
+    with pytest.raises(InputError, match="hierarchical"):
+        solve(nodes, method="balance", params={"hierarchical": True, "robust": "mean"})
 
 
 # --------------------------------------------------------------------------------------------------

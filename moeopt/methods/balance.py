@@ -82,11 +82,12 @@ def has_steps(problem: Problem) -> bool:
     return sc is not None and sc.shape[1] > 1
 
 
-def robust_mode(problem: Problem, robust: str) -> str:
-    """``robust``, with ``auto`` kept only when there are per-step counts (else ``none``)."""
+def robust_mode(problem: Problem, robust: str, hierarchical: bool = False) -> str:
+    """``robust``, with ``auto`` kept only when there are per-step counts and no hierarchical
+    constraint (robust plans do not keep it), else ``none``."""
     if robust != "auto":
         return robust
-    return "auto" if has_steps(problem) else "none"
+    return "auto" if has_steps(problem) and not hierarchical else "none"
 
 
 def robust_snapshots(problem: Problem, windows: int = DEFAULT_ROBUST_STEPS) -> np.ndarray:
@@ -130,6 +131,8 @@ class BalanceParams:
             raise ValueError(f"robust must be auto, none, mean or worst, got {self.robust!r}")
         if self.robust_steps < 0:
             raise ValueError(f"robust_steps must be >= 0, got {self.robust_steps}")
+        if self.hierarchical and self.robust in ("mean", "worst"):
+            raise ValueError("robust mode does not keep the hierarchical constraint: set one of robust, hierarchical")
         if self.iterations < 0:
             raise ValueError(f"iterations must be >= 0, got {self.iterations}")
         if self.max_moves is not None and self.max_moves < 0:
@@ -184,7 +187,7 @@ class Balance:
         G, W, L = c.gpus, c.width, problem.layers
         load = problem.stats.expert_load  # [L, E]
         allow = c.allow_colocated_copies
-        robust = robust_mode(problem, params.robust)
+        robust = robust_mode(problem, params.robust, params.hierarchical)
         steps = robust_snapshots(problem, params.robust_steps) if robust != "none" else None
         current = ctx.current
         true_load = load
