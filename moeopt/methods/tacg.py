@@ -321,18 +321,12 @@ def certificate_seconds(ctx: Context, layers_left: int) -> float:
     return max(ctx.budget.child(1.0 / layers_left, most=most).remaining(), 0.1)
 
 
-def colgen_certificate(g: Grouping, home: np.ndarray, seconds: float, seed: int):
-    """Column generation from ``home`` in ``seconds``."""
-    from moeopt.colgen import column_generation
-
-    return column_generation(g, seconds, start_home=home, seed=seed)
-
-
 def strong_certificate(
     g: Grouping, home: np.ndarray, ctx: Context, layers_left: int, kind: str
 ) -> tuple[np.ndarray, float, str, dict]:
     """The ``certificate`` bound (``colgen``, ``triangle`` or ``both``) for one layer: returns
     the plan (column generation's MILP may improve it), the bound, its name and a record."""
+    from moeopt.colgen import column_generation
     from moeopt.solvers.grouping_triangle import triangle_bound
 
     seconds = certificate_seconds(ctx, layers_left)
@@ -340,7 +334,7 @@ def strong_certificate(
     record: dict = {}
     bound, name = math.inf, kind
     if kind in ("colgen", "both"):
-        cert = colgen_certificate(g, home, share, ctx.seed)
+        cert = column_generation(g, share, start_home=home, seed=ctx.seed)
         if cert.home is not None and cert.objective > g.objective(home):
             home = cert.home
         record["colgen"] = {

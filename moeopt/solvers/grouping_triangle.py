@@ -83,10 +83,6 @@ class TriangleResult:
     seconds: float
     history: list[tuple[float, float]] = field(default_factory=list)
 
-    @property
-    def termination(self) -> str:
-        return "converged" if self.converged else "time_limit"
-
     def record(self) -> dict:
         """The run's numbers as a JSON-ready dict (history left out)."""
         return {
