@@ -335,7 +335,7 @@ def strong_certificate(
     bound, name = math.inf, kind
     if kind in ("colgen", "both"):
         cert = column_generation(g, share, start_home=home, seed=ctx.seed)
-        if cert.home is not None and cert.objective > g.objective(home):
+        if cert.home is not None and cert.objective is not None and cert.objective > g.objective(home):
             home = cert.home
         record["colgen"] = {
             "bound": cert.bound,
