@@ -190,6 +190,48 @@ def test_unreachable_limit_is_planned_above_the_least_reachable(small_instance):
     assert relaxed == [0, 1] and (limits > 0).all()
 
 
+def test_family_guard_raises_lambda_only_as_far_as_needed(small_instance):
+    """The family guard starts from the λ chosen on the mixture and only doubles it: the
+    mixture stays within eps and the communication within 2 % of the mixture's choice, λ never
+    falls, and it stops at the first λ whose worst single-family calibration MaxVio is within
+    10 % of the most balanced guard's (or at the largest λ, or where the next doubling would
+    break eps or the communication cap)."""
+    from moeopt.methods.joint import FAMILY_COMM_SLACK, FAMILY_SLACK, LAM_GRID, choose_dispatch
+    from moeopt.registry import Problem
+
+    inst, wl = small_instance
+    params = {"eps": 0.3, "time_per_layer": 0.3, "bound_time": 0, "family_guard": False}
+    r = solve(inst, method="joint", params=params, workloads=wl)
+    problem = Problem(inst, wl.calibration_stats, wl.calibration)
+    plain = parse_params(get_method("joint"), params)
+    guarded = replace(plain, family_guard=True)
+    a = choose_dispatch(r.plan, wl.calibration, problem, plain)
+    b = choose_dispatch(r.plan, wl.calibration, problem, guarded)
+    assert a.met and b.met and b.maxvio <= 0.3 + 1e-9
+    assert a.dispatch.kind == b.dispatch.kind == "locality"
+    assert b.dispatch.lam >= a.dispatch.lam
+
+    fams = [wl.calibration.only_family(n) for n in wl.calibration.family_names]
+    assert len(fams) > 1
+
+    def worst(lam):
+        p = r.plan.with_dispatch(plain.guard(lam))
+        return max(evaluate(p, f, inst.cluster)["maxvio"] for f in fams)
+
+    assert b.worst_family_maxvio == pytest.approx(worst(b.dispatch.lam))
+    ref = worst(LAM_GRID[-1])
+    lam = a.dispatch.lam
+    while lam < b.dispatch.lam:  # every λ passed over missed the family target
+        assert worst(lam) > (1 + FAMILY_SLACK) * ref
+        lam = min(2 * lam, LAM_GRID[-1])
+    assert lam == b.dispatch.lam
+    if b.dispatch.lam < LAM_GRID[-1] and b.worst_family_maxvio > (1 + FAMILY_SLACK) * ref:
+        nxt = r.plan.with_dispatch(plain.guard(min(2 * b.dispatch.lam, LAM_GRID[-1])))
+        m = evaluate(nxt, wl.calibration, inst.cluster)
+        assert m["maxvio"] > 0.3 or m["comm_per_token"] > (1 + FAMILY_COMM_SLACK) * a.comm
+    assert b.comm <= (1 + FAMILY_COMM_SLACK) * a.comm + 1e-12
+
+
 def test_joint_exact_runs_and_certifies(small_instance):
     """joint-exact solves each small layer's model (or falls back to the search) and reports
     the model's value and bound per layer."""
