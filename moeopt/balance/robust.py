@@ -141,13 +141,15 @@ class _RobustLayout(SlotTable):
         new_a = S[:, a] / np.maximum(c[a] - 1, 1)
         old_x = S[:, x] / c[x]
         new_x = S[:, x] / (c[x] + 1)
-        # [T, K, G]
-        tot = (
-            self.Lg[:, None, :]
-            + (new_a - old_a)[:, :, None] * M[:, a].T[None, :, :]
-            + (new_x - old_x)[:, :, None] * M[:, x].T[None, :, :]
-        )
-        kk = np.arange(a.size)
+        # [T, K, G]: every GPU's load, then the few (candidate, GPU) pairs a replacement changes
+        # (the holders of a and of x) added in place, not a dense K x G multiply per expert (a
+        # sparse form without the [T, K, G] array was slower: many small numpy calls)
+        K = a.size
+        tot = np.repeat(self.Lg[:, None, :], K, axis=1)
+        for e, d in ((a, new_a - old_a), (x, new_x - old_x)):
+            hk, hg = np.nonzero(M[:, e].T)
+            tot[:, hk, hg] += d[:, hk] * M[hg, e[hk]]
+        kk = np.arange(K)
         tot[:, kk, g] += new_x - new_a
         return self.agg(tot.max(axis=2))
 
@@ -247,6 +249,7 @@ def plan_layer_robust(
     iterations: int = DEFAULT_ITERATIONS,
     max_moves: int | None = None,
     n_try: int = 3,
+    start: IntArray | None = None,
 ) -> IntArray:
     """Plan one layer for per-step loads, minimizing the mean (or worst) per-step largest GPU load.
 
@@ -267,17 +270,23 @@ def plan_layer_robust(
         Cap on accepted moves (default ``2 * G * W``).
     n_try : int
         Number of critical GPUs (most often at the maximum) tried per move.
+    start : ndarray of int, shape (G, W), optional
+        The pooled plan to start from, when the caller has it (default: ``plan_layer`` on the
+        pooled loads with ``seed`` and ``iterations``).
 
     Returns
     -------
     ndarray of int, shape (G, W)
-        Never worse than the pooled plan (``plan_layer(step_loads.sum(0))``) on
+        Never worse than the pooled plan (``start``, default ``plan_layer(step_loads.sum(0))``) on
         :func:`robust_objective`: only strictly improving moves are accepted.
     """
     S = _as_load(step_loads, ndim=2)
     E = S.shape[1]
     _check_shape(E, G, W, allow_colocated)
-    pooled = plan_layer(S.sum(axis=0), G, W, allow_colocated=allow_colocated, seed=seed, iterations=iterations)
+    if start is None:
+        pooled = plan_layer(S.sum(axis=0), G, W, allow_colocated=allow_colocated, seed=seed, iterations=iterations)
+    else:
+        pooled = np.asarray(start, dtype=np.int64)
     if S.sum() <= 0:
         return pooled
     Ss = S * _step_scale(S, G, normalize)[:, None]
@@ -337,7 +346,7 @@ def robust_pays(
     if first.sum() <= 0 or second.sum() <= 0:
         return False
     pooled = plan_layer(first.sum(axis=0), G, W, allow_colocated=allow_colocated, seed=seed, iterations=iterations)
-    robust = plan_layer_robust(first, G, W, "mean", allow_colocated=allow_colocated, seed=seed, iterations=iterations)
+    robust = plan_layer_robust(first, G, W, "mean", allow_colocated=allow_colocated, start=pooled)
     held_pooled = robust_objective(pooled, second, "mean")
     held_robust = robust_objective(robust, second, "mean")
     return held_robust < held_pooled - margin * (held_pooled - 1.0 if held_pooled > 1.0 else held_pooled)
