@@ -122,9 +122,17 @@ def resolve(instance: Instance, workers: int | None, ray: str | bool | None) -> 
     return Executor(workers=workers, ray=ray)
 
 
-def is_layerwise(method: Any) -> bool:
-    """Whether ``method`` is solved one layer at a time (it declares how to combine layers)."""
-    return getattr(method, "combine", None) in _COMBINE and getattr(method, "layerwise", True)
+def is_layerwise(method: Any, problem: Problem | None = None, params: Any = None, ctx: Context | None = None) -> bool:
+    """Whether ``method`` is solved one layer at a time: it declares how to combine layers and
+    does not set ``layerwise = False``; a method with ``split_layers(problem, params, ctx)``
+    decides per run (given the run's ``problem``), e.g. ``balance`` splits when each layer's
+    work (robust or migration-aware planning) outweighs its batched pass over all layers."""
+    if getattr(method, "combine", None) not in _COMBINE:
+        return False
+    split = getattr(method, "split_layers", None)
+    if split is not None and problem is not None:
+        return bool(split(problem, params, ctx))
+    return bool(getattr(method, "layerwise", True))
 
 
 def layer_seed(seed: int, layer: int) -> int:
@@ -601,7 +609,7 @@ def run(
     ``note`` then gets a one-line remark when a parallel executor was asked for.
     """
     executor = executor or Executor()
-    if not is_layerwise(method):
+    if not is_layerwise(method, problem, params, ctx):
         if executor.kind != "serial" and note is not None:
             note(f"note: method {method.name!r} solves all layers together; running it serially here")
         # --time-limit is per layer: a method planning every layer at once gets L x T

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -17,7 +17,7 @@ from moeopt import execute
 from moeopt.cli import main
 from moeopt.errors import InputError
 from moeopt.io import load_instance, plan_to_json
-from moeopt.registry import Context, Problem, get_method
+from moeopt.registry import Context, Problem, get_method, parse_params
 from moeopt.result import Result, Status
 from moeopt.solve import load_workloads, solve
 from tests.conftest import DATA, INSTANCES, ROOT
@@ -49,6 +49,34 @@ def _loaded(path):
     return _LOADED[path]
 
 
+def _splits(path, method, params) -> bool:
+    """Whether the run of ``method`` on ``path`` is split per layer (moeopt.execute)."""
+    inst, wl = _loaded(path)
+    impl = get_method(method)
+    problem = Problem(inst, wl.calibration_stats, wl.calibration, wl.profile)
+    return execute.is_layerwise(impl, problem, parse_params(impl, params or {}), Context())
+
+
+def test_balance_splits_layers_only_for_per_layer_work():
+    """balance is solved whole on pooled loads (its batched pass is faster), and split per
+    layer when robust planning, migration, the hierarchical constraint or the thorough search
+    make each layer's work dominate; without a problem the class default (whole) holds."""
+    impl = get_method("balance")
+    assert not execute.is_layerwise(impl)
+    inst, wl = _loaded(QUICKSTART)
+    stepped = Problem(inst, wl.calibration_stats, wl.calibration, wl.profile)
+    pooled = Problem(inst, replace(wl.calibration_stats, step_counts=None), None, wl.profile)
+    assert wl.calibration_stats.step_counts is not None  # the quickstart trace has steps: robust auto
+    p = parse_params(impl, {})
+    assert execute.is_layerwise(impl, stepped, p, Context())
+    assert not execute.is_layerwise(impl, pooled, p, Context())
+    assert not execute.is_layerwise(impl, stepped, parse_params(impl, {"robust": "none"}), Context())
+    for extra in ({"hierarchical": True}, {"search": "thorough"}):
+        assert execute.is_layerwise(impl, pooled, parse_params(impl, extra), Context())
+    plan = solve(inst, method="balance", workloads=wl).plan
+    assert execute.is_layerwise(impl, pooled, p, Context(current=plan))
+
+
 def _plan_bytes(path, method, params, **executor) -> tuple[bytes, Result]:
     inst, wl = _loaded(path)
     r = solve(inst, method=method, params=params, seed=3, workloads=wl, **executor)
@@ -67,7 +95,7 @@ def test_pool_gives_the_serial_plans(path, method, params):
     serial, rs = _plan_bytes(path, method, params, workers=1)
     pooled, rp = _plan_bytes(path, method, params, workers=2)
     assert pooled == serial
-    if execute.is_layerwise(get_method(method)):
+    if _splits(path, method, params):
         assert rs.stats["executor"] == "serial" and rp.stats["executor"] == "2 workers"
     else:  # solved whole in this process, whatever the executor
         assert rs.stats["executor"] == rp.stats["executor"] == "serial (whole model)"
@@ -89,7 +117,7 @@ def test_ray_gives_the_serial_plans(local_ray, path, method, params):
     serial, _ = _plan_bytes(path, method, params)
     on_ray, r = _plan_bytes(path, method, params, ray="local")
     assert on_ray == serial
-    if execute.is_layerwise(get_method(method)):
+    if _splits(path, method, params):
         assert r.stats["executor"] == "ray (local)"
     assert local_ray.is_initialized()  # a Ray already running is used, not shut down
 

@@ -156,16 +156,25 @@ class Balance:
     migration_aware: ClassVar[bool] = True
     #: solved layer by layer (moeopt.execute); peak/mean load and its bound average over layers
     combine: ClassVar[str] = "mean"
-    #: the batched planner does all layers in one pass (much faster than one call per layer)
+    #: the batched planner does all layers in one pass (much faster than one call per layer) ...
     layerwise: ClassVar[bool] = False
     uses_trace: ClassVar[bool] = False
+
+    def split_layers(self, problem: Problem, params: BalanceParams, ctx: Context | None) -> bool:
+        """... but robust planning on per-step counts, migration from a current plan, the
+        hierarchical constraint and the thorough search work layer by layer: then the layers
+        are split (moeopt.execute), so ``--workers`` and Ray spread them, and the serial run
+        gives the same plan (every layer with its own seed)."""
+        robust = robust_mode(problem, params.robust, params.hierarchical)
+        current = ctx is not None and ctx.current is not None
+        return current or robust != "none" or params.hierarchical or params.search != "fast"
 
     def combine_stats(self, per_layer: list[dict], params: BalanceParams) -> dict:
         """The layers' statistics; the migration frontier adds moves and averages MaxVio."""
         from moeopt.execute import combine_stats
 
         rest = [{k: v for k, v in s.items() if k != "migration_frontier"} for s in per_layer]
-        out = combine_stats(rest, self.combine)
+        out = combine_stats(rest, self.combine, {"robust_snapshots": "max", "plan_time": "sum"})
         fronts = [s["migration_frontier"] for s in per_layer if "migration_frontier" in s]
         if fronts:
             out["migration_frontier"] = [
