@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from moeopt import console, plot
 from moeopt.cli import main
@@ -121,7 +122,12 @@ def test_gap_plot_from_history(solved, tmp_path):
 def test_gap_plot_without_history_is_one_line(tmp_path, capsys):
     """A method that solves all layers together records no history: one line says so, no file."""
     report = tmp_path / "r.json"
-    assert main(["solve", str(QUICKSTART), "--method", "balance", "--quiet", "--report", str(report)]) == 0
+    doc = yaml.safe_load(QUICKSTART.read_text())  # balance on pooled loads: one pass over all layers
+    doc["workload"] = {k: str(QUICKSTART.parent / v) for k, v in doc["workload"].items()}
+    doc["method"] = {"name": "balance", "robust": "none"}
+    pooled = tmp_path / "pooled.yaml"
+    pooled.write_text(yaml.safe_dump(doc))
+    assert main(["solve", str(pooled), "--quiet", "--report", str(report)]) == 0
     out = tmp_path / "gap.png"
     assert main(["plot", str(report), "--kind", "gap", "-o", str(out)]) == 2
     err = capsys.readouterr().err
