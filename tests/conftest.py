@@ -36,3 +36,18 @@ def quickstart_path() -> Path:
 def real_data() -> Path:
     """The real router statistics: the shared originals when present, else the bundled copies."""
     return REAL if REAL.is_dir() else INSTANCES / "real"
+
+
+@pytest.fixture
+def pooled_balance_quickstart(tmp_path) -> Path:
+    """The quickstart instance with ``balance`` on pooled loads (``robust: none``): one batched
+    pass over all layers, solved whole (robust planning on its steps is split per layer)."""
+    import yaml
+
+    src = INSTANCES / "quickstart.yaml"
+    doc = yaml.safe_load(src.read_text())
+    doc["workload"] = {k: str(src.parent / v) for k, v in doc["workload"].items()}
+    doc["method"] = {"name": "balance", "robust": "none"}
+    path = tmp_path / "pooled-balance.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path

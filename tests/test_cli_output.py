@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from moeopt import console
 from moeopt.cli import build_parser, main
@@ -102,15 +101,10 @@ def test_terminal_stderr_shows_progress():
     assert not any(LAYER_LINE.search(line) for line in out.splitlines())
 
 
-def test_quiet_writes_nothing_on_stderr(capsys, tmp_path):
+def test_quiet_writes_nothing_on_stderr(capsys, pooled_balance_quickstart):
     """--quiet: results on stdout, nothing at all on stderr, even the note a --verbose run shows
     (balance on pooled loads plans all layers in one pass: --workers gets a note)."""
-    doc = yaml.safe_load(QUICKSTART.read_text())
-    doc["workload"] = {k: str(QUICKSTART.parent / v) for k, v in doc["workload"].items()}
-    doc["method"] = {"name": "balance", "robust": "none"}
-    pooled = tmp_path / "pooled.yaml"
-    pooled.write_text(yaml.safe_dump(doc))
-    argv = ["solve", str(pooled), "--workers", "2"]
+    argv = ["solve", str(pooled_balance_quickstart), "--workers", "2"]
     assert main([*argv, "--quiet"]) == 0
     out, err = capsys.readouterr()
     assert err == "" and "| MaxVio" in out

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from moeopt import console, plot
 from moeopt.cli import main
@@ -119,15 +118,10 @@ def test_gap_plot_from_history(solved, tmp_path):
     assert_sane_png(out)
 
 
-def test_gap_plot_without_history_is_one_line(tmp_path, capsys):
+def test_gap_plot_without_history_is_one_line(tmp_path, capsys, pooled_balance_quickstart):
     """A method that solves all layers together records no history: one line says so, no file."""
     report = tmp_path / "r.json"
-    doc = yaml.safe_load(QUICKSTART.read_text())  # balance on pooled loads: one pass over all layers
-    doc["workload"] = {k: str(QUICKSTART.parent / v) for k, v in doc["workload"].items()}
-    doc["method"] = {"name": "balance", "robust": "none"}
-    pooled = tmp_path / "pooled.yaml"
-    pooled.write_text(yaml.safe_dump(doc))
-    assert main(["solve", str(pooled), "--quiet", "--report", str(report)]) == 0
+    assert main(["solve", str(pooled_balance_quickstart), "--quiet", "--report", str(report)]) == 0
     out = tmp_path / "gap.png"
     assert main(["plot", str(report), "--kind", "gap", "-o", str(out)]) == 2
     err = capsys.readouterr().err
