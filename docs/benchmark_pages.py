@@ -415,15 +415,24 @@ def render_joint(d: dict) -> str:
                 s["replica_slots"],
                 num(s["unconstrained_reduction"], 1),
                 f"{num(best.get('reduction'), 1)} % at {num(best.get('maxvio'))}" if best else "-",
-                f"{100 * best['share_of_unconstrained']:.0f} %" if best else "-",
+                (
+                    f"{100 * best['share_of_unconstrained']:.1f} % "
+                    + ("(met)" if best["share_of_unconstrained"] >= info["target_share"] else "(not met)")
+                )
+                if best and best.get("share_of_unconstrained") is not None
+                else "-",
                 len(s["other_points_beating_a_joint_point"]),
                 f"{num(w['joint_min_over_eps'], 2)} – {num(w['joint_max_over_eps'], 2)}",
                 num(w["hottest_replication"], 2),
+                "-"
+                if w["joint_max_over_eps"] is None or w["hottest_replication"] is None
+                else ("yes" if w["joint_max_over_eps"] < w["hottest_replication"] else "no"),
             ]
         )
     heads = ["instance", "replica slots", "unconstrained grouping: reduction %", f"`joint`, best at MaxVio ≤ {target}"]
     heads += ["share of the unconstrained reduction", "other plans beating a `joint` plan on both axes"]
     heads += ["worst single-family MaxVio, `joint` over `eps`", "… `hottest-replication`"]
+    heads += ["`joint`'s below at every `eps`"]
     out += [table(body, heads), ""]
     for f in d["frontiers"]:
         out += [f"## {f['instance']}, {f['replica_slots']} replica slot(s) per GPU", ""]
