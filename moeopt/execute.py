@@ -61,6 +61,8 @@ __all__ = [
     "is_layerwise",
     "layer_problem",
     "layer_seed",
+    "map_items",
+    "pool_map",
     "run",
     "run_layer",
 ]
@@ -362,13 +364,21 @@ def _run_serial(tasks: list[LayerTask], done: Callable[[LayerOutcome], None]) ->
 
 
 def _run_pool(tasks: list[LayerTask], workers: int, done: Callable[[LayerOutcome], None]) -> None:
+    pool_map(run_layer, [(t,) for t in tasks], workers, done)
+
+
+def pool_map(
+    fn: Callable[..., Any], items: Sequence[tuple[Any, ...]], workers: int, done: Callable[[Any], None]
+) -> None:
+    """``fn(*item)`` for every item in ``workers`` local processes, ``done`` called with each
+    result as it finishes; Ctrl-C or an error stops every worker."""
     pool = None
     try:
         with deferred_interrupt():  # Ctrl-C waits until every worker is known, so all are stopped
             pool = ProcessPoolExecutor(
-                max_workers=min(workers, len(tasks)), mp_context=mp_context(), initializer=worker_init
+                max_workers=min(workers, len(items)), mp_context=mp_context(), initializer=worker_init
             )
-            pending = {pool.submit(run_layer, t) for t in tasks}
+            pending = {pool.submit(fn, *item) for item in items}
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in sorted(finished, key=id):
@@ -378,6 +388,20 @@ def _run_pool(tasks: list[LayerTask], workers: int, done: Callable[[LayerOutcome
             stop_pool(pool)
         raise
     pool.shutdown(wait=True)
+
+
+def map_items(
+    fn: Callable[..., Any], items: Sequence[tuple[Any, ...]], executor: Executor | None, done: Callable[[Any], None]
+) -> None:
+    """``fn(*item)`` for every item on ``executor`` (None: serially, in order); ``done`` gets
+    each result (in completion order on a pool or Ray). ``fn`` must be importable by name."""
+    if executor is None or executor.kind == "serial" or len(items) <= 1:
+        for item in items:
+            done(fn(*item))
+    elif executor.kind == "ray":
+        ray_map(fn, items, executor, done)
+    else:
+        pool_map(fn, items, executor.workers, done)
 
 
 def import_ray() -> Any:
@@ -610,12 +634,16 @@ def run(
     """
     executor = executor or Executor()
     if not is_layerwise(method, problem, params, ctx):
-        if executor.kind != "serial" and note is not None:
+        if executor.kind != "serial" and note is not None and not getattr(method, "spreads_layers", False):
             note(f"note: method {method.name!r} solves all layers together; running it serially here")
         # --time-limit is per layer: a method planning every layer at once gets L x T
         whole = None if ctx.time_limit is None else ctx.time_limit * problem.layers
-        result = method.solve(problem, params, replace(ctx, budget=Budget(whole)))
-        return result.replace(stats={**result.stats, "executor": "serial (whole model)"})
+        # the executor goes along: a whole-model method may still spread its per-layer phases
+        result = method.solve(problem, params, replace(ctx, budget=Budget(whole), executor=executor))
+        where = "serial (whole model)"
+        if executor.kind != "serial" and getattr(method, "spreads_layers", False):
+            where = f"whole model, its per-layer searches on {executor.describe()}"
+        return result.replace(stats={**result.stats, "executor": where})
     tasks = layer_tasks(method, problem, params, ctx)
     outcomes: list[LayerOutcome | None] = [None] * len(tasks)
     say = ctx.log or console.progress_line

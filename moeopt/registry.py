@@ -75,6 +75,9 @@ class Context:
     #: the clock every phase takes its share from (:mod:`moeopt.budget`); default: a budget of
     #: ``time_limit`` started when the context is made
     budget: Budget = _NO_BUDGET
+    #: where a method solved whole (``layerwise = False``) may spread its per-layer phases
+    #: (:func:`moeopt.execute.map_items`); None: serially
+    executor: Any = None
 
     def __post_init__(self) -> None:
         if self.budget is _NO_BUDGET:

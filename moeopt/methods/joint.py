@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from moeopt import balance as core
+from moeopt import console, execute
 from moeopt import joint as jm
 from moeopt.budget import Budget
 from moeopt.errors import InputError
@@ -477,6 +478,61 @@ def finish(
     )
 
 
+def search_layer(
+    layer: jm.JointLayer,
+    starts: dict[str, np.ndarray],
+    load: np.ndarray,
+    experts: int,
+    params: JointParams,
+    seed: int,
+    l: int,
+    per_layer: float,
+) -> dict:
+    """Layer ``l``'s search from each start (a share of ``per_layer`` seconds and of the
+    evaluations each, by start weight); the best plan and the run's statistics. Seeded by
+    ``(seed, l)`` alone: the same plan in this process, a worker or a Ray task."""
+    runs: dict[str, tuple[float, jm.SlotState, Any]] = {}
+    weight = {"grouping": 2.0, "balance": 1.0, "hint": 1.0}
+    total = sum(weight[k] for k in starts)
+    capped = 0
+    for label, s in starts.items():
+        share = per_layer * weight[label] / total
+        try:
+            state = jm.SlotState(_fill(s, load), experts)
+        except ValueError:  # e.g. a hint with colocated copies: not a joint start
+            continue
+        rng = np.random.default_rng([seed, l, len(runs)])
+        cost = jm.SampleCost(layer, params.coarse_tokens, seed=seed + l)
+        best, value, st = jm.local_search(
+            state,
+            cost,
+            rng,
+            candidates=params.candidates,
+            kicks=params.kicks,
+            deadline=time.perf_counter() + share,
+            evaluations=max(1, round(params.evaluations * weight[label] / total)),
+        )
+        capped += int(st.capped)
+        runs[label] = (value, best, st)
+    label, (value, best, st) = min(runs.items(), key=lambda kv: kv[1][0])
+    stats = {
+        "start": label,
+        "value": value,
+        "starts": {
+            k: {
+                "start_value": v[2].start_value,
+                "value": v[0],
+                "moves": v[2].moves,
+                "rounds": v[2].rounds,
+                "kicks": v[2].kicks,
+                "evaluated": v[2].evaluated,
+            }
+            for k, v in runs.items()
+        },
+    }
+    return {"layer": l, "slots": best.slots, "capped": capped, "stats": stats}
+
+
 # ----------------------------------------------------------------------------- methods
 @register
 class Joint:
@@ -491,8 +547,10 @@ class Joint:
     Params: ClassVar[type] = JointParams
     metric_hooks: ClassVar[tuple] = ()
     #: solved whole (not split per layer by the executor): one dispatch rule, with one λ,
-    #: is chosen for all layers on the whole calibration trace
+    #: is chosen for all layers on the whole calibration trace ...
     layerwise: ClassVar[bool] = False
+    #: ... but the layers' searches run on the run's executor (--workers, Ray), the same plans
+    spreads_layers: ClassVar[bool] = True
 
     def available(self) -> bool:
         return True
@@ -517,55 +575,41 @@ class Joint:
         if ctx.hint is not None:
             starts["hint"] = ctx.hint.padded(problem.instance.cluster.width).slots
         slots = np.empty((problem.layers,) + next(iter(starts.values())).shape[1:], dtype=np.int64)
-        layer_stats = []
+        layer_stats: list[dict] = [{} for _ in range(problem.layers)]
         capped = 0
-        # the searches take 80 % of what is left (the dispatch choice follows), each layer its share
+        # the searches take 80 % of what is left (the dispatch choice follows), each layer its share;
+        # the layers' searches are independent: on a pool or Ray they run side by side
         search = ctx.budget.child(0.8)
-        for l in ctx.layers(problem.layers, self.name):
-            layer = layers[l]
-            runs: dict[str, tuple[float, jm.SlotState, Any]] = {}
-            weight = {"grouping": 2.0, "balance": 1.0, "hint": 1.0}
-            total = sum(weight[k] for k in starts)
-            per_layer = min(params.time_per_layer, search.remaining() / (problem.layers - l))
-            for label, s in starts.items():
-                share = per_layer * weight[label] / total
-                try:
-                    state = jm.SlotState(_fill(s[l], load[l]), problem.experts)
-                except ValueError:  # e.g. a hint with colocated copies: not a joint start
-                    continue
-                rng = np.random.default_rng([ctx.seed, l, len(runs)])
-                cost = jm.SampleCost(layer, params.coarse_tokens, seed=ctx.seed + l)
-                best, value, st = jm.local_search(
-                    state,
-                    cost,
-                    rng,
-                    candidates=params.candidates,
-                    kicks=params.kicks,
-                    deadline=time.perf_counter() + share,
-                    evaluations=max(1, round(params.evaluations * weight[label] / total)),
-                )
-                capped += int(st.capped)
-                runs[label] = (value, best, st)
-            label, (value, best, st) = min(runs.items(), key=lambda kv: kv[1][0])
-            slots[l] = best.slots
-            layer_stats.append(
-                {
-                    "start": label,
-                    "value": value,
-                    "starts": {
-                        k: {
-                            "start_value": v[2].start_value,
-                            "value": v[0],
-                            "moves": v[2].moves,
-                            "rounds": v[2].rounds,
-                            "kicks": v[2].kicks,
-                            "evaluated": v[2].evaluated,
-                        }
-                        for k, v in runs.items()
-                    },
-                }
-            )
-            ctx.say(f"{self.name} layer {l}: feasible plan, objective {value:.4f} from {label}")
+        per_layer = min(params.time_per_layer, search.remaining() / problem.layers)
+        items = [
+            (layers[l], {k: s[l] for k, s in starts.items()}, load[l], problem.experts, params, ctx.seed, l, per_layer)
+            for l in range(problem.layers)
+        ]
+        bar = console.bar(
+            total=problem.layers,
+            desc=self.name,
+            unit="layer",
+            disable=problem.layers <= 1,
+            quiet=ctx.quiet,
+            leave=False,
+        )
+        found: dict[int, dict] = {}
+
+        def done(out: dict) -> None:
+            found[out["layer"]] = out
+            bar.update(1)
+
+        try:
+            execute.map_items(search_layer, items, ctx.executor, done)
+        finally:
+            bar.close()
+        for l in range(problem.layers):
+            out = found[l]
+            slots[l] = out["slots"]
+            capped += out["capped"]
+            layer_stats[l] = out["stats"]
+            ls = out["stats"]
+            ctx.say(f"{self.name} layer {l}: feasible plan, objective {ls['value']:.4f} from {ls['start']}")
         stats = {"search": layer_stats, "search_objective": float(np.mean([s["value"] for s in layer_stats]))}
         if relaxed:
             stats["eps_per_layer"] = limits.tolist()
@@ -620,6 +664,7 @@ class JointExact(Joint):
         "the joint model exactly: MILP over slot contents with the dispatch as continuous flow (small layers)"
     )
     Params: ClassVar[type] = JointExactParams
+    spreads_layers: ClassVar[bool] = False  # its layers' MILPs run in this process
 
     def solve(self, problem: Problem, params: JointParams, ctx: Context) -> Result:
         if not isinstance(params, JointExactParams):
