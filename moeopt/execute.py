@@ -642,7 +642,7 @@ def run(
         result = method.solve(problem, params, replace(ctx, budget=Budget(whole), executor=executor))
         where = "serial (whole model)"
         if executor.kind != "serial" and getattr(method, "spreads_layers", False):
-            where = f"whole model, its per-layer searches on {executor.describe()}"
+            where = f"whole model, its per-layer searches and bounds on {executor.describe()}"
         return result.replace(stats={**result.stats, "executor": where})
     tasks = layer_tasks(method, problem, params, ctx)
     outcomes: list[LayerOutcome | None] = [None] * len(tasks)

@@ -101,10 +101,21 @@ def test_pool_gives_the_serial_plans(path, method, params):
     else:  # solved whole in this process (a method may spread its per-layer phases)
         assert rs.stats["executor"] == "serial (whole model)"
         spread = getattr(get_method(method), "spreads_layers", False)
-        whole = "whole model, its per-layer searches on 2 workers" if spread else "serial (whole model)"
+        whole = "whole model, its per-layer searches and bounds on 2 workers" if spread else "serial (whole model)"
         assert rp.stats["executor"] == whole
     assert rp.objective == pytest.approx(rs.objective) and rp.status == rs.status
     assert rp.metrics["maxvio"] == rs.metrics["maxvio"]
+
+
+def test_joint_certificate_on_workers_is_the_serial_one():
+    """joint's per-layer certificates run on the executor too: with every layer's LP solved the
+    bound is the serial run's, layer by layer."""
+    serial, rs = _plan_bytes(QUICKSTART, "joint", {"bound_time": 5})
+    pooled, rp = _plan_bytes(QUICKSTART, "joint", {"bound_time": 5}, workers=2)
+    assert pooled == serial
+    assert all(rs.stats["bound_lp_solved_per_layer"]) and all(rp.stats["bound_lp_solved_per_layer"])
+    assert rp.stats["distinct_lower_bound_per_layer"] == rs.stats["distinct_lower_bound_per_layer"]
+    assert rp.bound == rs.bound <= rs.objective
 
 
 @pytest.fixture(scope="module")

@@ -399,27 +399,32 @@ def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: C
     Under uniform token homes the evaluator counts ``distinct (1 - 1/G)`` remote GPUs per token
     (the expectation over the home); with known homes (``trace`` homes, ``previous-layer``) a
     home saves at most one GPU: ``distinct - 1``."""
-    from moeopt.colgen.cover import distinct_lower_bound, remote_lower_bound
+    from moeopt.colgen.cover import remote_lower_bound
 
     if params.bound_time <= 0:
         return None
     trace = _need_trace(problem, "joint")
     c = problem.instance.cluster
     uniform = getattr(c, "token_home", "uniform") == "uniform" and trace.home is None
-    lower, distinct, seconds, proven = [], [], [], []
     own = ctx.budget.child(0.5)  # at most half of what is left: the dispatch choice follows
+    limit = own.cap(min(params.bound_time, own.remaining() / problem.layers), floor=0.05)
+    items = [
+        (trace.topk[:, l], problem.experts, c.gpus, c.width, limit, slots[l], ctx.seed, l)
+        for l in range(problem.layers)
+    ]
+    found: dict[int, tuple[float, float, bool]] = {}
+    # independent per layer: on the run's executor (--workers, Ray) when there is one
+    execute.map_items(bound_layer, items, ctx.executor, lambda out: found.__setitem__(out[0], out[1:]))
+    lower, distinct, seconds, proven = [], [], [], []
     for l in range(problem.layers):
-        limit = own.cap(min(params.bound_time, own.remaining() / (problem.layers - l)), floor=0.05)
-        b = distinct_lower_bound(
-            trace.topk[:, l], problem.experts, c.gpus, c.width, time_limit=limit, start_slots=slots[l], seed=ctx.seed
-        )
-        lower.append(remote_lower_bound(b.distinct, c.gpus, uniform))
-        distinct.append(b.distinct)
-        seconds.append(b.seconds)
-        proven.append(b.proven)
+        d, sec, ok = found[l]
+        lower.append(remote_lower_bound(d, c.gpus, uniform))
+        distinct.append(d)
+        seconds.append(sec)
+        proven.append(ok)
         ctx.say(
             f"joint layer {l}: communication lower bound {lower[-1]:.4f} remote GPUs per token "
-            f"(distinct GPUs >= {b.distinct:.4f}, LP {'solved' if b.proven else 'not solved'}), {b.seconds:.2f} s"
+            f"(distinct GPUs >= {d:.4f}, LP {'solved' if ok else 'not solved'}), {sec:.2f} s"
         )
     stats = {
         "communication_lower_bound_per_layer": lower,
@@ -429,6 +434,17 @@ def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: C
         "bound_token_homes": "uniform" if uniform else "known",
     }
     return float(np.mean(lower)), stats
+
+
+def bound_layer(
+    topk: np.ndarray, experts: int, gpus: int, width: int, limit: float, start: np.ndarray, seed: int, l: int
+) -> tuple[int, float, float, bool]:
+    """Layer ``l``'s certificate (:func:`moeopt.colgen.cover.distinct_lower_bound`): the layer,
+    the bound on its distinct GPUs per token, the seconds taken and whether the LP was solved."""
+    from moeopt.colgen.cover import distinct_lower_bound
+
+    b = distinct_lower_bound(topk, experts, gpus, width, time_limit=limit, start_slots=start, seed=seed)
+    return l, float(b.distinct), float(b.seconds), bool(b.proven)
 
 
 def _need_trace(problem: Problem, name: str) -> Trace:
