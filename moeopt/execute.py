@@ -358,25 +358,26 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
         manager.join(timeout=5)  # the workers are gone: it notices and ends
 
 
-def _run_serial(tasks: list[LayerTask], done: Callable[[LayerOutcome], None]) -> None:
-    for task in tasks:
-        done(run_layer(task))
-
-
-def _run_pool(tasks: list[LayerTask], workers: int, done: Callable[[LayerOutcome], None]) -> None:
-    pool_map(run_layer, [(t,) for t in tasks], workers, done)
-
-
 def pool_map(
-    fn: Callable[..., Any], items: Sequence[tuple[Any, ...]], workers: int, done: Callable[[Any], None]
+    fn: Callable[..., Any],
+    items: Sequence[tuple[Any, ...]],
+    workers: int,
+    done: Callable[[Any], None],
+    *,
+    initializer: Callable[..., None] = worker_init,
+    initargs: tuple[Any, ...] = (),
 ) -> None:
     """``fn(*item)`` for every item in ``workers`` local processes, ``done`` called with each
-    result as it finishes; Ctrl-C or an error stops every worker."""
+    result as it finishes; Ctrl-C or an error stops every worker. ``initializer(*initargs)``
+    runs once in each worker (it must leave SIGINT to the parent, as :func:`worker_init` does)."""
     pool = None
     try:
         with deferred_interrupt():  # Ctrl-C waits until every worker is known, so all are stopped
             pool = ProcessPoolExecutor(
-                max_workers=min(workers, len(items)), mp_context=mp_context(), initializer=worker_init
+                max_workers=min(workers, len(items)),
+                mp_context=mp_context(),
+                initializer=initializer,
+                initargs=initargs,
             )
             pending = {pool.submit(fn, *item) for item in items}
         while pending:
@@ -391,17 +392,35 @@ def pool_map(
 
 
 def map_items(
-    fn: Callable[..., Any], items: Sequence[tuple[Any, ...]], executor: Executor | None, done: Callable[[Any], None]
-) -> None:
-    """``fn(*item)`` for every item on ``executor`` (None: serially, in order); ``done`` gets
-    each result (in completion order on a pool or Ray). ``fn`` must be importable by name."""
-    if executor is None or executor.kind == "serial" or len(items) <= 1:
-        for item in items:
-            done(fn(*item))
+    fn: Callable[..., Any],
+    items: Sequence[tuple[Any, ...]],
+    executor: Executor | None,
+    done: Callable[[Any], object] | None = None,
+) -> list[Any]:
+    """``fn(*item)`` for every item on ``executor`` (None or serial: in this process, in order;
+    a pool of one item too); the results in the order of ``items``. ``done`` is called with
+    each result as it finishes (progress). ``fn`` must be importable by name."""
+    out: dict[int, Any] = {}
+
+    def got(pair: tuple[int, Any]) -> None:
+        out[pair[0]] = pair[1]
+        if done is not None:
+            done(pair[1])
+
+    numbered = [(fn, i, *item) for i, item in enumerate(items)]  # fn by name: a Ray task takes a function
+    if executor is None or executor.kind == "serial" or (executor.kind == "pool" and len(items) <= 1):
+        for item in numbered:
+            got(_numbered(*item))
     elif executor.kind == "ray":
-        ray_map(fn, items, executor, done)
+        ray_map(_numbered, numbered, executor, got)
     else:
-        pool_map(fn, items, executor.workers, done)
+        pool_map(_numbered, numbered, executor.workers, got)
+    return [out[i] for i in range(len(items))]
+
+
+def _numbered(fn: Callable[..., Any], i: int, *item: Any) -> tuple[int, Any]:
+    """``(i, fn(*item))``: a result that knows its item (results arrive out of order)."""
+    return i, fn(*item)
 
 
 def import_ray() -> Any:
@@ -411,10 +430,6 @@ def import_ray() -> Any:
     except ImportError:
         raise MoeoptError(RAY_INSTALL_HINT) from None
     return ray
-
-
-def _run_ray(tasks: list[LayerTask], executor: Executor, done: Callable[[LayerOutcome], None]) -> None:
-    ray_map(run_layer, [(t,) for t in tasks], executor, done)
 
 
 #: seconds to wait for a Ray head's port before saying it is unreachable (Ray itself retries
@@ -666,12 +681,7 @@ def run(
         bar.update(1)
 
     try:
-        if executor.kind == "ray":
-            _run_ray(tasks, executor, done)
-        elif executor.kind == "pool" and len(tasks) > 1:
-            _run_pool(tasks, executor.workers, done)
-        else:
-            _run_serial(tasks, done)
+        map_items(run_layer, [(t,) for t in tasks], executor, done)
     finally:
         bar.close()
     finished = [o for o in outcomes if o is not None]

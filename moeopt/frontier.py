@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +33,6 @@ import numpy as np
 from tabulate import tabulate
 
 from moeopt import console, execute
-from moeopt.budget import deferred_interrupt
 from moeopt.errors import MoeoptError
 from moeopt.instance import Instance
 from moeopt.registry import get_method, method_names, metric_hooks
@@ -271,35 +269,6 @@ def _ray_point(shared: dict[str, Any], index: int, method: str, e: float | None)
     return _point_task(index, method, e)
 
 
-def _run_pool(
-    units: list[tuple[str, float | None]],
-    workers: int,
-    shared: dict[str, Any],
-    done: Callable[[int, FrontierPoint], None],
-) -> None:
-    """The points in a process pool (as :mod:`moeopt.execute` runs layers): Ctrl-C or an
-    error stops every worker."""
-    pool = None
-    try:
-        with deferred_interrupt():  # Ctrl-C waits until every worker is known, so all are stopped
-            pool = ProcessPoolExecutor(
-                max_workers=min(workers, len(units)),
-                mp_context=execute.mp_context(),
-                initializer=_point_worker_init,
-                initargs=(shared,),
-            )
-            pending = {pool.submit(_point_task, i, m, e) for i, (m, e) in enumerate(units)}
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in sorted(finished, key=id):
-                done(*fut.result())
-    except BaseException:
-        if pool is not None:
-            execute.stop_pool(pool)
-        raise
-    pool.shutdown(wait=True)
-
-
 def frontier(
     instance: Instance,
     *,
@@ -351,7 +320,15 @@ def frontier(
     try:
         shared = dict(instance=instance, wl=wl, families=families, time_limit=time_limit, seed=seed)
         if executor.kind == "pool" and len(units) > 1:
-            _run_pool(units, executor.workers, shared, done)
+            items = [(i, m, e) for i, (m, e) in enumerate(units)]
+            execute.pool_map(
+                _point_task,
+                items,
+                executor.workers,
+                lambda out: done(*out),
+                initializer=_point_worker_init,
+                initargs=(shared,),
+            )
         elif executor.kind == "ray" and len(units) > 1:
             items = [(i, m, e) for i, (m, e) in enumerate(units)]
             execute.ray_map(_ray_point, items, executor, lambda out: done(*out), shared=shared)

@@ -409,15 +409,12 @@ def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: C
     own = ctx.budget.child(0.5)  # at most half of what is left: the dispatch choice follows
     limit = own.cap(min(params.bound_time, own.remaining() / problem.layers), floor=0.05)
     items = [
-        (trace.topk[:, l], problem.experts, c.gpus, c.width, limit, slots[l], ctx.seed, l)
-        for l in range(problem.layers)
+        (trace.topk[:, l], problem.experts, c.gpus, c.width, limit, slots[l], ctx.seed) for l in range(problem.layers)
     ]
-    found: dict[int, tuple[float, float, bool]] = {}
     # independent per layer: on the run's executor (--workers, Ray) when there is one
-    execute.map_items(bound_layer, items, ctx.executor, lambda out: found.__setitem__(out[0], out[1:]))
+    found = execute.map_items(bound_layer, items, ctx.executor)
     lower, distinct, seconds, proven = [], [], [], []
-    for l in range(problem.layers):
-        d, sec, ok = found[l]
+    for l, (d, sec, ok) in enumerate(found):
         lower.append(remote_lower_bound(d, c.gpus, uniform))
         distinct.append(d)
         seconds.append(sec)
@@ -437,14 +434,14 @@ def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: C
 
 
 def bound_layer(
-    topk: np.ndarray, experts: int, gpus: int, width: int, limit: float, start: np.ndarray, seed: int, l: int
-) -> tuple[int, float, float, bool]:
-    """Layer ``l``'s certificate (:func:`moeopt.colgen.cover.distinct_lower_bound`): the layer,
-    the bound on its distinct GPUs per token, the seconds taken and whether the LP was solved."""
+    topk: np.ndarray, experts: int, gpus: int, width: int, limit: float, start: np.ndarray, seed: int
+) -> tuple[float, float, bool]:
+    """One layer's certificate (:func:`moeopt.colgen.cover.distinct_lower_bound`): the bound on
+    its distinct GPUs per token, the seconds taken and whether the LP was solved."""
     from moeopt.colgen.cover import distinct_lower_bound
 
     b = distinct_lower_bound(topk, experts, gpus, width, time_limit=limit, start_slots=start, seed=seed)
-    return l, float(b.distinct), float(b.seconds), bool(b.proven)
+    return float(b.distinct), float(b.seconds), bool(b.proven)
 
 
 def _need_trace(problem: Problem, name: str) -> Trace:
@@ -546,7 +543,7 @@ def search_layer(
             for k, v in runs.items()
         },
     }
-    return {"layer": l, "slots": best.slots, "capped": capped, "stats": stats}
+    return {"slots": best.slots, "capped": capped, "stats": stats}
 
 
 # ----------------------------------------------------------------------------- methods
@@ -590,9 +587,6 @@ class Joint:
             starts["balance"] = balanced
         if ctx.hint is not None:
             starts["hint"] = ctx.hint.padded(problem.instance.cluster.width).slots
-        slots = np.empty((problem.layers,) + next(iter(starts.values())).shape[1:], dtype=np.int64)
-        layer_stats: list[dict] = [{} for _ in range(problem.layers)]
-        capped = 0
         # the searches take 80 % of what is left (the dispatch choice follows), each layer its share;
         # the layers' searches are independent: on a pool or Ray they run side by side
         search = ctx.budget.child(0.8)
@@ -601,30 +595,16 @@ class Joint:
             (layers[l], {k: s[l] for k, s in starts.items()}, load[l], problem.experts, params, ctx.seed, l, per_layer)
             for l in range(problem.layers)
         ]
-        bar = console.bar(
-            total=problem.layers,
-            desc=self.name,
-            unit="layer",
-            disable=problem.layers <= 1,
-            quiet=ctx.quiet,
-            leave=False,
-        )
-        found: dict[int, dict] = {}
-
-        def done(out: dict) -> None:
-            found[out["layer"]] = out
-            bar.update(1)
-
+        L = problem.layers
+        bar = console.bar(total=L, desc=self.name, unit="layer", disable=L <= 1, quiet=ctx.quiet, leave=False)
         try:
-            execute.map_items(search_layer, items, ctx.executor, done)
+            found = execute.map_items(search_layer, items, ctx.executor, lambda _: bar.update())
         finally:
             bar.close()
-        for l in range(problem.layers):
-            out = found[l]
-            slots[l] = out["slots"]
-            capped += out["capped"]
-            layer_stats[l] = out["stats"]
-            ls = out["stats"]
+        slots = np.stack([out["slots"] for out in found])
+        capped = sum(out["capped"] for out in found)
+        layer_stats = [out["stats"] for out in found]
+        for l, ls in enumerate(layer_stats):
             ctx.say(f"{self.name} layer {l}: feasible plan, objective {ls['value']:.4f} from {ls['start']}")
         stats = {"search": layer_stats, "search_objective": float(np.mean([s["value"] for s in layer_stats]))}
         if relaxed:
