@@ -121,6 +121,70 @@ def test_robust_never_worse_on_the_snapshots():
         assert a <= b + 1e-12
 
 
+def test_solve_from_keeps_the_engines_colocated_copies(deepseek_few_layers):
+    """An engine plan with two copies of one expert on one GPU (EPLB emits them) re-plans
+    without error; the re-plan keeps at most the colocated copies it found, adds none."""
+    from moeopt.plan import Plan
+
+    inst = instance(deepseek_few_layers)
+    slots = solve(inst, method="greedy", params={"replicate": True}).plan.slots.copy()
+    for l in range(slots.shape[0]):  # on GPU 0, a replicated expert's copy becomes a second copy of another
+        counts = np.bincount(slots[l].ravel(), minlength=256)
+        i = next(i for i in range(5) if counts[slots[l, 0, i]] > 1)
+        slots[l, 0, i] = slots[l, 0, (i + 1) % 5]
+    current = Plan(slots=slots, experts=256)
+    assert current.colocated == 4
+    same = solve(inst, params={"max_moves": 0}, current=current)
+    assert same.plan.same_layout(current)
+    out = solve(inst, current=current)
+    assert (out.plan.copies_on_gpu <= np.maximum(current.copies_on_gpu, 1)).all()
+    assert out.metrics["maxvio"] < same.metrics["maxvio"]
+
+
+def test_solve_from_with_per_step_counts_scores_the_steps(tmp_path):
+    """With per-step counts and robust mode, --from scores every candidate on the steps: the
+    frontier starts at the current plan's mean per-step MaxVio and no budget reaches (or beats)
+    the robust plan made without a current plan."""
+    import yaml
+
+    from moeopt.methods.balance import robust_snapshots
+    from moeopt.registry import Problem
+    from tests.conftest import INSTANCES as ROOT
+
+    src = ROOT / "quickstart.yaml"
+    doc = yaml.safe_load(src.read_text())
+    doc["workload"] = {k: str(src.parent / v) for k, v in doc["workload"].items()}
+    doc["cluster"] = {"gpus": 4, "replica_slots_per_gpu": 1}
+    doc["method"] = {"name": "balance", "robust": "mean"}
+    path = tmp_path / "steps.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    from moeopt.io import load_instance
+
+    inst = load_instance(path)
+    wl = load_workloads(inst)
+    snaps = robust_snapshots(Problem(inst, wl.calibration_stats, None, None))  # [L, T, E]
+    current = solve(inst, method="greedy", params={"replicate": True}, workloads=wl).plan
+
+    def per_step(plan):
+        return float(np.mean([core.robust_objective(plan.slots[l], snaps[l]) - 1 for l in range(len(snaps))]))
+
+    free = solve(inst, workloads=wl).plan
+    moved = solve(inst, workloads=wl, current=current)
+    assert moved.stats["migration_objective"] == "mean per-step"
+    frontier = moved.stats["migration_frontier"]
+    assert frontier[0]["moves"] == 0 and frontier[0]["maxvio"] == pytest.approx(per_step(current))
+    assert per_step(moved.plan) <= per_step(free) + 1e-12
+    pooled = solve(inst, workloads=wl, current=current, params={"robust": "none"})
+    assert pooled.stats["migration_objective"] == "pooled"
+    assert pooled.stats["migration_frontier"][0]["maxvio"] == pytest.approx(float(current_maxvio(current, wl)))
+
+
+def current_maxvio(plan, wl) -> float:
+    """The pooled MaxVio of a plan on the calibration loads (even split), layer mean."""
+    load = wl.calibration_stats.expert_load
+    return float(np.mean([core.maxvio(plan.slots[l], load[l]) for l in range(len(load))]))
+
+
 def test_solve_from_an_engine_file(deepseek_few_layers, tmp_path, capsys):
     """solve --from reads an engine placement and prints the moves-vs-MaxVio frontier."""
     path = tmp_path / "inst.yaml"

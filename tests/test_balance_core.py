@@ -356,6 +356,43 @@ def test_migration_budget_zero_unlimited_and_budget_respected(shape, data):
     assert vios[-1] <= ref + 1e-12
 
 
+@given(balance_shapes(min_experts=4, max_experts=15, spare=2), st.integers(2, 5), st.data())
+def test_migration_on_per_step_loads(shape, T, data):
+    """With per-step loads every candidate is scored on them: budget 0 is the current plan, the
+    frontier reads the per-step objective of real plans, never rises with the budget, and with no
+    budget the re-plan is at least as good as the robust plan it was given (mean and worst)."""
+    E, G, W = shape
+    cur = _round_robin_plan(E, G, W)
+    steps = np.stack([data.draw(float_arrays(E, 0.01, 100.0), label=f"step {t}") for t in range(T)])
+    load = steps.sum(axis=0)
+    for objective in ("mean", "worst"):
+        robust = B.plan_layer_robust(steps, G, W, objective, iterations=2)
+        kw = {"unconstrained": robust, "steps": steps, "objective": objective}
+
+        def vio(plan, objective=objective):
+            return B.robust_objective(plan, steps, objective) - 1.0
+
+        assert np.array_equal(B.replan_from(cur, load, max_moves=0, **kw), cur)
+        full = B.replan_from(cur, load, **kw)
+        check_plan(full, E, G, W, False)
+        assert vio(full) <= vio(robust) + 1e-12
+        budgets = [0, 1, 2, 5, G * W]
+        frontier = B.migration_frontier(cur, load, budgets, **kw)
+        assert frontier[0] == (0, pytest.approx(vio(cur)))
+        vios = [v for _, v in frontier]
+        assert all(a >= b - 1e-12 for a, b in zip(vios, vios[1:], strict=False))
+        assert vios[-1] <= vio(robust) + 1e-12
+        for budget in (1, 3):
+            out = B.replan_from(cur, load, max_moves=budget, **kw)
+            assert B.count_moves(cur, out) <= budget
+            assert vio(out) <= vio(cur) + 1e-12
+        # a per-step target: the fewest moves among the plans that reach it
+        target = (vio(cur) + vio(full)) / 2.0
+        hit = B.replan_from(cur, load, target_maxvio=target, **kw)
+        assert vio(hit) <= target + 1e-12
+        assert B.count_moves(cur, hit) <= B.count_moves(cur, full)
+
+
 def test_migration_target_reached_with_few_moves():
     rng = np.random.default_rng(3)
     E, G, W = 32, 8, 5

@@ -83,11 +83,12 @@ from moeopt.balance.loads import DEFAULT_ITERATIONS, gpu_loads, maxvio
 from moeopt.balance.migration import count_moves, migration_frontier, relabel, replan_from
 from moeopt.balance.packing import pack
 from moeopt.balance.planner import plan_layer, plan_layers
-from moeopt.balance.robust import plan_layer_robust, robust_objective, robust_pays
+from moeopt.balance.robust import Objective, plan_layer_robust, robust_objective, robust_pays
 from moeopt.packing import lpt_pack
 
 __all__ = [
     "DEFAULT_ITERATIONS",
+    "Objective",
     "copy_counts",
     "count_moves",
     "gpu_loads",

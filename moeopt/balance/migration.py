@@ -1,4 +1,10 @@
-"""Migration-aware re-planning: few moved slots from a current plan, and the moves-vs-MaxVio frontier."""
+"""Migration-aware re-planning: few moved slots from a current plan, and the moves-vs-MaxVio frontier.
+
+With per-step loads (``steps``, robust mode) every candidate plan is scored by the mean (or
+worst) per-step MaxVio of :func:`moeopt.balance.robust.robust_objective` instead of the pooled
+MaxVio: the moves are found on the pooled loads, the choice among them (and a target) is made on
+the objective robust planning optimizes, and the unconstrained plan is then the robust one.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from moeopt.balance.loads import (
     maxvio,
 )
 from moeopt.balance.planner import plan_layer
+from moeopt.balance.robust import Objective, robust_objective
 from moeopt.moves.driver import descend
 from moeopt.moves.slots import presence
 
@@ -182,6 +189,8 @@ def replan_from(
     seed: int = 0,
     iterations: int = DEFAULT_ITERATIONS,
     unconstrained: ArrayLike | None = None,
+    steps: ArrayLike | None = None,
+    objective: Objective = "mean",
 ) -> IntArray:
     """Re-plan a layer from ``current`` moving few expert weights.
 
@@ -200,7 +209,13 @@ def replan_from(
     seed, iterations : int
         For the unconstrained plan (:func:`plan_layer`).
     unconstrained : array_like of int, shape (G, W), optional
-        A precomputed unconstrained plan for ``load`` (skips the :func:`plan_layer` call).
+        A precomputed unconstrained plan for ``load`` (skips the :func:`plan_layer` call); with
+        ``steps``, pass the robust plan (:func:`moeopt.balance.plan_layer_robust`).
+    steps : array_like of float, shape (T, E), optional
+        Per-step loads: candidates are scored, and ``target_maxvio`` is read, as the ``objective``
+        (mean or worst) per-step MaxVio (:func:`moeopt.balance.robust_objective` minus 1).
+    objective : {"mean", "worst"}
+        With ``steps``.
 
     Returns
     -------
@@ -229,8 +244,18 @@ def replan_from(
     if budget <= 0:
         return cur.copy()
     full = _unconstrained(L, G, W, cur, allow_colocated, seed, iterations, unconstrained)
-    cands = _migration_candidates(cur, L, budget, target_maxvio, allow_colocated, full)
-    return _pick(cands, target_maxvio)[2]
+    walk_target = target_maxvio if steps is None else None  # a per-step target is checked in _pick
+    cands = _migration_candidates(cur, L, budget, walk_target, allow_colocated, full)
+    return _pick(_rescore(cands, steps, objective), target_maxvio)[2]
+
+
+def _rescore(
+    cands: list[tuple[int, float, IntArray]], steps: ArrayLike | None, objective: Objective
+) -> list[tuple[int, float, IntArray]]:
+    """The candidates scored by the per-step objective (MaxVio form), or as they are without steps."""
+    if steps is None:
+        return cands
+    return [(m, robust_objective(p, steps, objective) - 1.0, p) for m, _, p in cands]
 
 
 def _revert_path(cur: IntArray, full: IntArray, L: FloatArray, allow: bool) -> list[tuple[int, float, IntArray]]:
@@ -391,6 +416,8 @@ def migration_frontier(
     seed: int = 0,
     iterations: int = DEFAULT_ITERATIONS,
     unconstrained: ArrayLike | None = None,
+    steps: ArrayLike | None = None,
+    objective: Objective = "mean",
 ) -> list[tuple[int, float]]:
     """Moves used vs MaxVio reached, for each budget.
 
@@ -400,8 +427,8 @@ def migration_frontier(
     load : array_like of float, shape (E,)
     budgets : sequence of int
         Budgets of moved slots (``0`` gives the current plan's MaxVio).
-    allow_colocated, seed, iterations, unconstrained
-        As in :func:`replan_from`.
+    allow_colocated, seed, iterations, unconstrained, steps, objective
+        As in :func:`replan_from` (with ``steps`` the MaxVio is the per-step objective's).
 
     Returns
     -------
@@ -424,6 +451,7 @@ def migration_frontier(
     if top > 0:
         path = _revert_path(cur, full, L, allow_colocated)
         cands += _migration_candidates(cur, L, top, None, allow_colocated, full, path)
+    cands = _rescore(cands, steps, objective)
     best: dict[int, tuple[int, float]] = {}
     for b in sorted({int(x) for x in budgets}):
         m, v, _ = _pick([c for c in cands if c[0] <= b], None)

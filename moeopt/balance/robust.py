@@ -21,6 +21,9 @@ from moeopt.balance.planner import plan_layer
 from moeopt.moves.driver import Moves, descend
 from moeopt.moves.slots import SlotTable
 
+#: the per-step objectives of robust mode: the mean or the worst over the snapshots
+Objective = Literal["mean", "worst"]
+
 
 def _step_scale(S: FloatArray, G: int, normalize: bool) -> FloatArray:
     if not normalize:
@@ -32,7 +35,7 @@ def _step_scale(S: FloatArray, G: int, normalize: bool) -> FloatArray:
 def robust_objective(
     slots: ArrayLike,
     step_loads: ArrayLike,
-    objective: Literal["mean", "worst"] = "mean",
+    objective: Objective = "mean",
     *,
     normalize: bool = True,
 ) -> float:
@@ -241,7 +244,7 @@ def plan_layer_robust(
     step_loads: ArrayLike,
     G: int,
     W: int,
-    objective: Literal["mean", "worst"] = "mean",
+    objective: Objective = "mean",
     *,
     normalize: bool = True,
     allow_colocated: bool = False,

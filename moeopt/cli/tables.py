@@ -96,7 +96,9 @@ def migration_table(stats: dict) -> str:
     """Moves vs MaxVio of a migration-aware re-plan (``solve --from``)."""
     rows = [[f["budget"], f["moves"], f"{f['maxvio']:.4f}"] for f in stats["migration_frontier"]]
     head = f"moved expert weights: {stats['moves']} (per layer: max {max(stats['moves_per_layer'], default=0)})"
-    table = tabulate(rows, headers=["budget / layer", "moves (all layers)", "MaxVio"], tablefmt="github")
+    objective = stats.get("migration_objective", "pooled")
+    column = "MaxVio" if objective == "pooled" else f"{objective} MaxVio"  # e.g. "mean per-step MaxVio"
+    table = tabulate(rows, headers=["budget / layer", "moves (all layers)", column], tablefmt="github")
     return "\n".join([head, "migration frontier (calibration, even split):", table])
 
 

@@ -210,6 +210,7 @@ class Balance:
         if base is not None and current is None:
             slots[:] = base
         stats: dict[str, Any] = {"robust": robust}
+        step_objective: core.Objective = "worst" if robust == "worst" else "mean"
         if steps is not None:
             stats["robust_snapshots"] = int(steps.shape[1])
         moves: list[int] = []
@@ -228,7 +229,7 @@ class Balance:
                 hierarchical=params.hierarchical,
             )
 
-        pooled_layers = 0
+        pooled_layers = robust_layers = 0
         looped = L if current is not None or base is None or robust == "auto" else 0
         for l in ctx.layers(looped, self.name):
             if current is not None:
@@ -240,28 +241,38 @@ class Balance:
                         load[l], G, W, allow_colocated=allow, seed=ctx.seed + l, iterations=params.iterations
                     )
                 )
-                slots[l] = core.replan_from(
-                    cur,
-                    load[l],
-                    max_moves=params.max_moves,
-                    target_maxvio=params.target_maxvio,
-                    allow_colocated=allow,
-                    seed=ctx.seed,
-                    iterations=params.iterations,
-                    unconstrained=free,
-                )
-                moves.append(core.count_moves(cur, slots[l]))
-                frontier.append(
-                    core.migration_frontier(
-                        cur,
-                        load[l],
-                        FRONTIER_BUDGETS,
+                # with snapshots, every candidate is scored on them; the unconstrained plan is the
+                # robust one where planning on them pays (always with an explicit mode)
+                by_steps = None if steps is None else steps[l]
+                if by_steps is not None and (
+                    robust != "auto"
+                    or core.robust_pays(
+                        by_steps, G, W, allow_colocated=allow, seed=ctx.seed, iterations=params.iterations
+                    )
+                ):
+                    robust_layers += 1
+                    free = core.plan_layer_robust(
+                        by_steps,
+                        G,
+                        W,
+                        step_objective,
                         allow_colocated=allow,
                         seed=ctx.seed,
                         iterations=params.iterations,
-                        unconstrained=free,
-                    )
+                    )  # as planned without a current plan: no budget reaches its objective
+                migrate: dict[str, Any] = {
+                    "allow_colocated": allow,
+                    "seed": ctx.seed,
+                    "iterations": params.iterations,
+                    "unconstrained": free,
+                    "steps": by_steps,
+                    "objective": step_objective,
+                }
+                slots[l] = core.replan_from(
+                    cur, load[l], max_moves=params.max_moves, target_maxvio=params.target_maxvio, **migrate
                 )
+                moves.append(core.count_moves(cur, slots[l]))
+                frontier.append(core.migration_frontier(cur, load[l], FRONTIER_BUDGETS, **migrate))
             elif (
                 robust == "auto"
                 and steps is not None
@@ -278,15 +289,15 @@ class Balance:
                     steps[l],
                     G,
                     W,
-                    "worst" if robust == "worst" else "mean",
+                    step_objective,
                     allow_colocated=allow,
                     seed=ctx.seed,
                     iterations=params.iterations,
                 )
             else:
                 slots[l] = pooled_plan(l)
-        if robust == "auto" and current is None:
-            stats["robust_layers"] = L - pooled_layers  # layers where planning on the steps paid
+        if robust == "auto":  # layers where planning on the steps paid
+            stats["robust_layers"] = robust_layers if current is not None else L - pooled_layers
         plan = Plan(slots=slots, experts=problem.experts, dispatch=Dispatch(kind=params.dispatch))
         stats["plan_time"] = time.perf_counter() - t_plan  # the planner alone, bounds and scoring excluded
         per_layer = np.array([float(maxvio(core.gpu_loads(slots[l], true_load[l]))) for l in range(L)])
@@ -297,6 +308,8 @@ class Balance:
         if current is not None:
             stats["moves_per_layer"] = moves
             stats["moves"] = int(sum(moves))
+            # what the migration frontier's MaxVio (and target_maxvio) is read as
+            stats["migration_objective"] = "pooled" if steps is None else f"{step_objective} per-step"
             stats["migration_frontier"] = [
                 {
                     "budget": b,
