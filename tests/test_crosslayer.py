@@ -441,6 +441,11 @@ def test_crosslayer_params_validated():
     inst = synth_instance(L=2, E=8, tokens=256)
     with pytest.raises(InputError, match="starts"):
         solve(inst, method="crosslayer", params={"starts": "agnostic,magic"})
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(InputError, match="bound_time"):
+            solve(inst, method="crosslayer", params={"bound_time": bad})
+    res = solve(inst, method="crosslayer", params={"bound_time": 0})
+    assert res.bound is None and "communication_lower_bound_per_layer" not in res.stats
 
 
 # ----------------------------------------------------------------------------- exact model
@@ -485,3 +490,8 @@ def test_crosslayer_reaches_the_optimum_on_tiny_instances(seed, G, dep):
     ag = solve(inst, method="agnostic", workloads=wl, params={"eps_load": eps})
     assert plan_remote(cl.plan.home, topk, None, G).sum() == pytest.approx(opt)
     assert plan_remote(ag.plan.home, topk, None, G).sum() >= opt - 1e-9
+    # the certificate: valid against the brute-force optimum (per token and layer), not trivial
+    N, L = topk.shape[0], topk.shape[1]
+    assert 0.0 < cl.bound <= opt / (N * L) + 1e-9
+    assert cl.bound <= cl.objective + 1e-12
+    assert len(cl.stats["communication_lower_bound_per_layer"]) == L

@@ -32,14 +32,24 @@ The planner:
 4. the best plan over the starts on the calibration trace.
 
 Every step is a descent on the calibration objective, so the result is never worse than its
-relabeled starts. :func:`exact_crosslayer` computes the optimum of tiny instances (dynamic
-programming over all placements of each layer) to check the planner.
+relabeled starts.
+
+**Certificate** (``bound_time`` seconds per layer, 0: none): a token's remote GPUs at a layer are
+its distinct GPUs less at most one (its home), so every plan's objective is at least, per layer,
+the lower bound on distinct GPUs per token of :func:`moeopt.colgen.cover.distinct_lower_bound`
+(column generation over GPU contents, seeded with the plan) less 1, or times ``1 - 1/G`` at
+layer 0 under uniform homes (:func:`moeopt.colgen.cover.remote_lower_bound`). It ignores the
+load limit and assumes every token could stay, so it is valid for every plan and loose.
+
+:func:`exact_crosslayer` computes the optimum of tiny instances (dynamic programming over all
+placements of each layer) to check the planner and the certificate.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -62,7 +72,7 @@ from moeopt.methods.hypergraph import _available
 from moeopt.moves.driver import iterate
 from moeopt.registry import Context, Problem, register
 from moeopt.relabel import relabel_gpus, speed_classes, stay_counts
-from moeopt.result import Result, Status, Termination
+from moeopt.result import Result, Status, Termination, bound_closes
 from moeopt.solvers.partitioners import fixed_home_partition, mtkahypar_partition
 
 
@@ -380,6 +390,9 @@ class CrossLayerParams:
         (4 slots per GPU), skipped beyond.
     seed, preset
         Mt-KaHyPar seed offset and preset (starts ``hypergraph`` and ``forward``).
+    bound_time
+        Seconds per layer for the certificate (a lower bound on every plan's objective, see the
+        module docstring), after the search; 0: none.
     """
 
     eps_load: float | None = field(default=None, metadata={"inf": True})
@@ -393,8 +406,11 @@ class CrossLayerParams:
     chains: bool = True
     seed: int = 0
     preset: str = "default"
+    bound_time: float = 3.0
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.bound_time) and self.bound_time >= 0):
+            raise ValueError(f"bound_time must be a finite number >= 0, got {self.bound_time}")
         if self.eps_load is not None and not self.eps_load >= 0:
             raise ValueError(f"eps_load must be >= 0, got {self.eps_load}")
         names = [s.strip() for s in self.starts.split(",") if s.strip()]
@@ -474,12 +490,18 @@ class CrossLayer:
         plan = problem.plan(best)
         used = [None if lim is None else lim * G - 1.0 for lim in limits]
         maxload = [float(np.bincount(best[l], weights=loads[l], minlength=G).max() * G - 1.0) for l in range(L)]
+        objective = best_cost / max(trace.tokens, 1) / L
+        bound, certificate = self.certificate(problem, plan, params, ctx)
+        status = Status.FEASIBLE
+        if bound is not None and bound_closes(objective, bound):
+            status = Status.OPTIMAL
         return Result(
             method=self.name,
-            status=Status.FEASIBLE,
+            status=status,
             termination=Termination.TIME_LIMIT if any(r.get("capped") for r in report.values()) else None,
             plan=plan,
-            objective=best_cost / max(trace.tokens, 1) / L,
+            objective=objective,
+            bound=bound,
             objective_name="remote GPUs per token (previous-layer homes, calibration)",
             sense="min",
             wall_time=time.perf_counter() - t0,
@@ -489,8 +511,41 @@ class CrossLayer:
                 "starts": report,
                 "eps_load_used": used,
                 "calibration_maxvio_pooled": maxload,
+                **certificate,
             },
         )
+
+    @staticmethod
+    def certificate(problem: Problem, plan: Any, params: CrossLayerParams, ctx: Context) -> tuple[float | None, dict]:
+        """A lower bound on every plan's calibration objective (mean over layers of the remote
+        GPUs per token) and its per-layer figures; ``(None, {})`` when ``bound_time`` is 0."""
+        from moeopt import execute
+        from moeopt.colgen.cover import remote_lower_bound
+        from moeopt.methods.joint import bound_layer
+
+        if params.bound_time <= 0:
+            return None, {}
+        trace = problem.trace
+        assert trace is not None
+        c = problem.instance.cluster
+        items = [
+            (trace.topk[:, l], problem.experts, c.gpus, c.width, params.bound_time, plan.slots[l], ctx.seed)
+            for l in range(problem.layers)
+        ]
+        found = execute.map_items(bound_layer, items, ctx.executor)  # independent per layer
+        # layer 0: the trace's homes or uniform ones; later layers: the previous expert's GPU
+        lower = [remote_lower_bound(d, c.gpus, l == 0 and trace.home is None) for l, (d, _, _) in enumerate(found)]
+        for l, (d, sec, ok) in enumerate(found):
+            ctx.say(
+                f"crosslayer layer {l}: lower bound {lower[l]:.4f} remote GPUs per token "
+                f"(distinct GPUs >= {d:.4f}, LP {'solved' if ok else 'not solved'}), {sec:.2f} s"
+            )
+        return float(np.mean(lower)), {
+            "communication_lower_bound_per_layer": lower,
+            "distinct_lower_bound_per_layer": [d for d, _, _ in found],
+            "bound_seconds_per_layer": [sec for _, sec, _ in found],
+            "bound_lp_solved_per_layer": [ok for _, _, ok in found],
+        }
 
     # ---------------------------------------------------------------- starts
     def _start(self, kind, problem, params, ctx, loads, limits, relax) -> np.ndarray:
