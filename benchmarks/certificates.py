@@ -27,8 +27,10 @@ Bound methods per cell, each with the cell's time limit: ``lagrangian`` (the che
 ``tacg-cpsat`` hinted with the agnostic plan; its proved bound, min with the cheap one),
 ``colgen`` (:func:`moeopt.colgen.column_generation` from the same agnostic plan), ``triangle``
 (:func:`moeopt.solvers.grouping_triangle.triangle_bound`, the pair LP with triangle and star
-cuts). Gap = ``(bound - incumbent) / bound`` against the best plan any method found; "best" is
-the smallest bound of all (each is valid, so their minimum is), and the target is checked on it.
+cuts), ``sdp`` (:func:`moeopt.solvers.grouping_sdp.sdp_bound`, the semidefinite relaxation by
+SCS, its bound recomputed from the multipliers). Gap = ``(bound - incumbent) / bound`` against
+the best plan any method found; "best" is the smallest bound of all (each is valid, so their
+minimum is), and the target is checked on it.
 ``--methods triangle --merge`` reruns one method and keeps the others' numbers from the JSON.
 
 GEM layers (``--part gem``, or ``all``): the straggler latency S of SPEC section 5 at E = 64
@@ -70,6 +72,7 @@ from moeopt.methods.tacg import AgnosticParams, heuristic_home  # noqa: E402
 from moeopt.profile import synthetic_profile  # noqa: E402
 from moeopt.solve import Workloads, solve  # noqa: E402
 from moeopt.solvers import ExactSettings  # noqa: E402
+from moeopt.solvers.grouping_sdp import sdp_bound  # noqa: E402
 from moeopt.solvers.grouping_triangle import triangle_bound  # noqa: E402
 from moeopt.synth import SynthSpec, synthesize, trace_from_counts  # noqa: E402
 from moeopt.trace import stats_from_counts  # noqa: E402
@@ -140,7 +143,7 @@ def gap(bound: float, objective: float | None) -> float | None:
     return max(bound - objective, 0.0) / bound if bound > 0 else 0.0
 
 
-METHODS = ("lagrangian", "cpsat", "colgen", "triangle")
+METHODS = ("lagrangian", "cpsat", "colgen", "triangle", "sdp")
 
 
 def run_cell(kind: str, E: int, G: int, limit: float, methods=METHODS, old: dict | None = None) -> dict[str, Any]:
@@ -199,6 +202,10 @@ def run_cell(kind: str, E: int, G: int, limit: float, methods=METHODS, old: dict
         tri = triangle_bound(g, limit)
         row["triangle"] = {**tri.record(), "time": tri.seconds, "history": [list(h) for h in tri.history]}
         say(f"  triangle: bound {tri.bound:.6g} {tri.seconds:.1f} s converged {tri.converged} rounds {tri.rounds}")
+    if "sdp" in methods:
+        sdp = sdp_bound(g, limit)
+        row["sdp"] = {**sdp.record(), "time": sdp.seconds}
+        say(f"  sdp: bound {sdp.bound:.6g} {sdp.seconds:.1f} s status {sdp.status}")
     plans = [row["agnostic"], row.get("cpsat", {}).get("objective"), row.get("colgen", {}).get("objective")]
     best = max(v for v in plans if v is not None)
     row["best_plan"] = best
@@ -363,6 +370,20 @@ def pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.2f} %"
 
 
+def merged_line(info: dict) -> str:
+    """Which commit each method's numbers come from, through a chain of merged runs."""
+    parts, rest = [], info
+    while rest.get("merged"):
+        m = rest["machine"]
+        load = ", ".join(f"{x:.2f}" for x in m["load_average"])
+        parts.append(f"{', '.join(rest['merged']['methods'])} at commit {m['git_commit']} (load average {load})")
+        rest = rest["merged"]["earlier"]
+    m = rest["machine"]
+    load = ", ".join(f"{x:.2f}" for x in m["load_average"])
+    parts.append(f"the other methods at commit {m['git_commit']} (load average {load})")
+    return "Merged run: " + "; ".join(parts) + "."
+
+
 def markdown(res: dict) -> str:
     head = [
         "kind",
@@ -377,6 +398,8 @@ def markdown(res: dict) -> str:
         "colgen LP proven",
         "triangle gap",
         "triangle time",
+        "sdp gap",
+        "sdp time",
         "best gap",
         "target",
         "met",
@@ -384,7 +407,7 @@ def markdown(res: dict) -> str:
     rows = []
     for r in res["cells"]:
         target = r["target"]
-        cg, tri, cp = r.get("colgen"), r.get("triangle"), r.get("cpsat", {})
+        cg, tri, cp, sdp = r.get("colgen"), r.get("triangle"), r.get("cpsat", {}), r.get("sdp")
         met = "-" if r["met"] is None else ("yes" if r["met"] else "no")
         rows.append(
             [
@@ -400,6 +423,8 @@ def markdown(res: dict) -> str:
                 "-" if cg is None else ("yes" if cg["proven"] else "no"),
                 "-" if tri is None else pct(tri["gap"]),
                 "-" if tri is None else f"{tri['time']:.1f} s" + ("" if tri["converged"] else " (limit)"),
+                "-" if sdp is None else pct(sdp["gap"]),
+                "-" if sdp is None else f"{sdp['time']:.1f} s" + ("" if sdp["status"] == "optimal" else " (inexact)"),
                 pct(r["best_gap"]),
                 "-" if target is None else f"{100 * target:.0f} %",
                 met,
@@ -413,19 +438,12 @@ def markdown(res: dict) -> str:
             f"{res['info']['time_limit']:g} s per method and cell; gap = (bound - best plan) / bound, best plan = the "
             "best of agnostic's plan, CP-SAT's and column generation's restricted master MILP; best gap: the "
             "smallest bound of all methods (each is valid), on which the target is checked; triangle: the pair LP "
-            "with triangle and star cuts ('(limit)': stopped by the clock, else no violated cut left). Machine: "
+            "with triangle and star cuts ('(limit)': stopped by the clock, else no violated cut left); sdp: the "
+            "semidefinite relaxation solved by SCS, its bound recomputed from the multipliers (valid however SCS "
+            "stopped; the status when not optimal). Machine: "
             f"{m['cpus']} CPUs ({m['processor']}), Python {m['python']}, load average at start "
             f"{', '.join(f'{x:.2f}' for x in m['load_average'])}, commit {m['git_commit']}.",
-            *(
-                [
-                    f"Merged run: {', '.join(res['info']['merged']['methods'])} at commit {m['git_commit']}; the other "
-                    f"methods' numbers from commit {res['info']['merged']['earlier']['machine']['git_commit']} (load "
-                    "average at its start "
-                    f"{', '.join(f'{x:.2f}' for x in res['info']['merged']['earlier']['machine']['load_average'])})."
-                ]
-                if res["info"].get("merged")
-                else []
-            ),
+            *([merged_line(res["info"])] if res["info"].get("merged") else []),
             "",
             tabulate(rows, headers=head, tablefmt="github"),
             "",

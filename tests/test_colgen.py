@@ -201,3 +201,16 @@ def test_tacg_triangle_certificate(kind: str) -> None:
     records = res.stats["certificate"]
     assert len(records) == 2 and all("triangle" in r for r in records)
     assert ("colgen" in records[0]) == (kind == "both")
+
+
+def test_tacg_sdp_certificate() -> None:
+    """``certificate: sdp``: a bound no looser than the cheap one, above the plan, recorded per layer."""
+    pytest.importorskip("cvxpy")
+    p = make_problem(E=16, G=2, L=2, seed=3)
+    cheap = run("tacg", p, time_limit=5.0)
+    res = run("tacg", p, time_limit=5.0, certificate="sdp")
+    assert res.bound <= cheap.bound + 1e-9
+    assert res.bound >= res.objective - 1e-9
+    records = res.stats["certificate"]
+    assert len(records) == 2 and all(r["sdp"]["bound"] >= 0 for r in records)
+    assert res.bound < cheap.bound  # on this instance the SDP is strictly tighter than the cheap bounds

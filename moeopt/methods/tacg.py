@@ -40,7 +40,7 @@ from moeopt.trace import LIFT_EPS, Stats, log_lift
 #: seconds per layer when the caller gives no time limit
 DEFAULT_TIME_LIMIT = 10.0
 #: the bounds a heuristic plan can be certified with (TacgParams.certificate)
-CERTIFICATES = ("cheap", "colgen", "triangle", "both")
+CERTIFICATES = ("cheap", "colgen", "triangle", "sdp", "both")
 
 
 # ----------------------------------------------------------------------------- graph
@@ -141,8 +141,10 @@ class TacgParams:
         master MILP replaces the plan when it finds a better one; ``"triangle"`` also the pair
         LP with triangle and star cuts
         (:func:`moeopt.solvers.grouping_triangle.triangle_bound`, section 8), the one that
-        closes for large groups (cap 8 and more); ``"both"`` each of the two in half the time,
-        the smaller bound reported.
+        closes for large groups (cap 8 and more); ``"sdp"`` also the semidefinite relaxation
+        (:func:`moeopt.solvers.grouping_sdp.sdp_bound`, section 9), tighter still on groups
+        of 8 and 16 at E = 128 and 256; ``"both"`` colgen and triangle, each in half the
+        time, the smaller bound reported.
     """
 
     tau: float = 1.0
@@ -324,7 +326,7 @@ def certificate_seconds(ctx: Context, layers_left: int) -> float:
 def strong_certificate(
     g: Grouping, home: np.ndarray, ctx: Context, layers_left: int, kind: str
 ) -> tuple[np.ndarray, float, str, dict]:
-    """The ``certificate`` bound (``colgen``, ``triangle`` or ``both``) for one layer: returns
+    """The ``certificate`` bound (``colgen``, ``triangle``, ``sdp`` or ``both``) for one layer: returns
     the plan (column generation's MILP may improve it), the bound, its name and a record."""
     from moeopt.colgen import column_generation
     from moeopt.solvers.grouping_triangle import triangle_bound
@@ -350,6 +352,13 @@ def strong_certificate(
         record["triangle"] = tri.record()
         if tri.bound < bound:
             bound, name = tri.bound, "triangle"
+    if kind == "sdp":
+        from moeopt.solvers.grouping_sdp import sdp_bound
+
+        sdp = sdp_bound(g, seconds)
+        record["sdp"] = sdp.record()
+        if sdp.bound < bound:
+            bound, name = sdp.bound, "sdp"
     return home, bound, name, record
 
 
