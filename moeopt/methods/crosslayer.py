@@ -392,7 +392,8 @@ class CrossLayerParams:
         Mt-KaHyPar seed offset and preset (starts ``hypergraph`` and ``forward``).
     bound_time
         Seconds per layer for the certificate (a lower bound on every plan's objective, see the
-        module docstring), after the search; 0: none.
+        module docstring), after the search; 0: none. Under a time limit the search leaves the
+        certificate a fifth of the budget, and it takes at most that.
     """
 
     eps_load: float | None = field(default=None, metadata={"inf": True})
@@ -476,10 +477,12 @@ class CrossLayer:
             starts[kind] = relabeled.home
         best_kind, best, best_cost = None, None, np.inf
         report: dict[str, dict[str, Any]] = {}
+        # under a time limit the certificate keeps a fifth of what is left (at most bound_time per layer)
+        search = ctx.budget.child(0.8) if ctx.budget.limited and params.bound_time > 0 else ctx.budget
         for i, (kind, homes) in enumerate(starts.items()):
             before = float(plan_remote(homes, topk, first, G).sum())
             rng = np.random.default_rng([ctx.seed + params.seed, len(report)])
-            deadline = ctx.budget.child(1.0 / (len(starts) - i)).deadline  # this start's share of what is left
+            deadline = search.child(1.0 / (len(starts) - i)).deadline  # this start's share of what is left
             homes, info = self.sweep(homes, topk, first, G, S, loads, limits, relax, classes, params, rng, deadline)
             cost = float(plan_remote(homes, topk, first, G).sum())
             report[kind] = {"start": before / trace.tokens / L, "final": cost / trace.tokens / L, **info}
@@ -528,8 +531,9 @@ class CrossLayer:
         trace = problem.trace
         assert trace is not None
         c = problem.instance.cluster
+        limit = ctx.budget.cap(min(params.bound_time, ctx.budget.remaining() / problem.layers), floor=0.05)
         items = [
-            (trace.topk[:, l], problem.experts, c.gpus, c.width, params.bound_time, plan.slots[l], ctx.seed)
+            (trace.topk[:, l], problem.experts, c.gpus, c.width, limit, plan.slots[l], ctx.seed)
             for l in range(problem.layers)
         ]
         found = execute.map_items(bound_layer, items, ctx.executor)  # independent per layer
