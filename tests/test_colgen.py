@@ -214,3 +214,16 @@ def test_tacg_sdp_certificate() -> None:
     records = res.stats["certificate"]
     assert len(records) == 2 and all(r["sdp"]["bound"] >= 0 for r in records)
     assert res.bound < cheap.bound  # on this instance the SDP is strictly tighter than the cheap bounds
+
+
+def test_exact_methods_honour_a_strong_certificate() -> None:
+    """``tacg-cpsat`` with ``certificate: sdp``: when the solver leaves a gap, half the layer's
+    time goes to the SDP bound, which is reported when tighter (it was ignored before)."""
+    pytest.importorskip("cvxpy")
+    p = make_problem(E=32, G=4, L=1, seed=3, k=4)
+    plain = run("tacg-cpsat", p, time_limit=2.0)
+    res = run("tacg-cpsat", p, time_limit=2.0, certificate="sdp")
+    assert res.bound >= res.objective - 1e-9
+    assert res.stats["bound_kind"] == ["sdp"] and len(res.stats["certificate"]) == 1
+    assert res.bound < plain.bound  # the solver's own bound after 2 s is looser on this layer
+    assert "certificate" not in plain.stats

@@ -144,7 +144,8 @@ class TacgParams:
         closes for large groups (cap 8 and more); ``"sdp"`` also the semidefinite relaxation
         (:func:`moeopt.solvers.grouping_sdp.sdp_bound`, section 9), tighter still on groups
         of 8 and 16 at E = 128 and 256; ``"both"`` colgen and triangle, each in half the
-        time, the smaller bound reported.
+        time, the smaller bound reported. Exact methods: the solver gets half of each layer's
+        time, and the certificate the rest when the solver leaves a gap.
     """
 
     tau: float = 1.0
@@ -533,6 +534,7 @@ class TacgExact(TacgBase):
         homes: list[np.ndarray] = []
         statuses, bounds, kinds, incumbents, starts, gaps, walls = [], [], [], [], [], [], []
         terminations: list[Termination] = []
+        certs: list[dict] = []
         discarded = 0
         for l in ctx.layers(problem.layers, self.name):
             g = groupings[l]
@@ -545,8 +547,10 @@ class TacgExact(TacgBase):
                     start, _ = heuristic_home(g, params, rng, hint=hint, deadline=layer.child(0.25).deadline)
                 except InfeasibleError:
                     start = None  # the repair missed a packing: let the exact model look for one
-            # the rest of the layer's share (sizes were checked against the full limit above)
-            left = layer.cap(limit, floor=0.05)  # the layer's share is at most limit: the same value
+            # the rest of the layer's share (sizes were checked against the full limit above); with a
+            # strong certificate the solver gets half of it and the certificate the rest
+            strong = params.certificate != "cheap"
+            left = (layer.child(0.5) if strong else layer).cap(limit, floor=0.05)
             out = mod.solve(
                 g, ExactSettings(time_limit=left, hint=start, threads=params.threads, seed=ctx.seed, refuse=False)
             )
@@ -559,7 +563,18 @@ class TacgExact(TacgBase):
                 solver_bound = None  # below a known plan: not a proof (never seen from a finished solve)
                 discarded += 1
             bound = cheap if solver_bound is None else min(solver_bound, cheap)
-            kinds.append(kind if bound == cheap else "solver")
+            kind = kind if bound == cheap else "solver"
+            better = None
+            best = max([h for h in (start, out.home) if h is not None and g.feasible(h)], key=g.objective, default=None)
+            if strong and best is not None and not bound_closes(g.objective(best), bound):
+                # the solver left a gap: the certificate asked for (colgen's master may also improve the plan)
+                improved, sb, sname, record = strong_certificate(g, best, ctx, problem.layers - l, params.certificate)
+                certs.append(record)
+                if g.objective(improved) > g.objective(best) + 1e-12:
+                    better = improved  # kept below when better than the solver's plan
+                if sb < bound:
+                    bound, kind = sb, sname
+            kinds.append(kind)
             if out.status == Status.INFEASIBLE:
                 raise InfeasibleError(
                     f"layer {l}: {self.name} proved that no plan meets the load limit "
@@ -570,6 +585,8 @@ class TacgExact(TacgBase):
                 home = None  # outside the load tolerance after the backend's rounding
             if start is not None and (home is None or g.objective(start) > g.objective(home)):
                 home = start
+            if better is not None and (home is None or g.objective(better) > g.objective(home)):
+                home = better
             status = Status.NO_SOLUTION
             if home is not None:  # optimal whenever the bound closes, whoever found the plan
                 closed = bound_closes(g.objective(home), bound)
@@ -601,6 +618,8 @@ class TacgExact(TacgBase):
             "bound_kind": kinds,
             "solver_bounds_discarded": discarded,
         }
+        if certs:
+            stats["certificate"] = certs
         termination = combine_termination(terminations)
         if Status.NO_SOLUTION in statuses:
             return Result(
