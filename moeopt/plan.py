@@ -321,11 +321,13 @@ class Plan:
         layers: int | None = None,
         experts: int | None = None,
         own: bool = False,
+        kept: Plan | None = None,
     ) -> None:
         """Raise :class:`PlanError` (one line) unless the plan fits the instance.
 
         ``own=True`` is for moeopt's own planners: colocated copies are then an error unless
-        ``cluster.allow_colocated_copies``. Plans read from engines may hold them.
+        ``cluster.allow_colocated_copies``, or unless ``kept`` (the plan a re-plan started from,
+        same shape) already has them on that GPU. Plans read from engines may hold them.
         """
         G, W = cluster.gpus, cluster.width
         if layers is not None and self.layers != layers:
@@ -342,7 +344,11 @@ class Plan:
                 f"(cluster.slots_per_gpu + replica_slots_per_gpu)"
             )
         if own and not cluster.allow_colocated_copies and self.colocated:
-            l, e, g = np.argwhere(self.copies_on_gpu > 1)[0]
+            allowed = 1 if kept is None else np.maximum(kept.copies_on_gpu, 1)
+            added = self.copies_on_gpu > allowed
+            if not added.any():
+                return
+            l, e, g = np.argwhere(added)[0]
             raise PlanError(
                 f"plan.slots: layer {l} puts two copies of expert {e} on GPU {g}; "
                 f"set cluster.allow_colocated_copies: true to allow it"

@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
-
 from moeopt import console, execute
 from moeopt.errors import InputError, PlanError
 from moeopt.instance import Instance
@@ -138,13 +136,10 @@ def solve(
         return result.replace(wall_time=wall)
     plan = result.plan if dispatch is None else result.plan.with_dispatch(dispatch)
     own = not getattr(impl, "emits_colocated", False)
-    if own and current is not None and plan.colocated and current.colocated:
-        # a re-plan may keep the colocated copies the engine's plan already has (EPLB emits
-        # them), never add any: checked here, the rest of the plan as for any planner
-        kept = np.maximum(plan.copies_on_gpu - np.maximum(current.copies_on_gpu, 1), 0).sum() == 0
-        own = not kept
-    try:
-        plan.check(instance.cluster, layers=instance.model.layers, experts=instance.model.experts, own=own)
+    try:  # a re-plan may keep the colocated copies the engine's plan has (EPLB emits them), add none
+        plan.check(
+            instance.cluster, layers=instance.model.layers, experts=instance.model.experts, own=own, kept=current
+        )
     except PlanError as exc:  # a method returning an infeasible plan is a bug, not bad input
         raise RuntimeError(f"method {name!r} returned an infeasible plan: {exc}") from exc
     stats = result.stats

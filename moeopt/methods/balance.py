@@ -234,15 +234,9 @@ class Balance:
         for l in ctx.layers(looped, self.name):
             if current is not None:
                 cur = current.slots[l]
-                free = (
-                    base[l]
-                    if base is not None
-                    else core.plan_layer(
-                        load[l], G, W, allow_colocated=allow, seed=ctx.seed + l, iterations=params.iterations
-                    )
-                )
                 # with snapshots, every candidate is scored on them; the unconstrained plan is the
-                # robust one where planning on them pays (always with an explicit mode)
+                # robust one where planning on them pays (always with an explicit mode), as planned
+                # without a current plan, so that no budget reaches its objective
                 by_steps = None if steps is None else steps[l]
                 if by_steps is not None and (
                     robust != "auto"
@@ -259,7 +253,13 @@ class Balance:
                         allow_colocated=allow,
                         seed=ctx.seed,
                         iterations=params.iterations,
-                    )  # as planned without a current plan: no budget reaches its objective
+                    )
+                elif base is not None:
+                    free = base[l]
+                else:
+                    free = core.plan_layer(
+                        load[l], G, W, allow_colocated=allow, seed=ctx.seed + l, iterations=params.iterations
+                    )
                 migrate: dict[str, Any] = {
                     "allow_colocated": allow,
                     "seed": ctx.seed,

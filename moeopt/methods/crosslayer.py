@@ -522,34 +522,17 @@ class CrossLayer:
     def certificate(problem: Problem, plan: Any, params: CrossLayerParams, ctx: Context) -> tuple[float | None, dict]:
         """A lower bound on every plan's calibration objective (mean over layers of the remote
         GPUs per token) and its per-layer figures; ``(None, {})`` when ``bound_time`` is 0."""
-        from moeopt import execute
-        from moeopt.colgen.cover import remote_lower_bound
-        from moeopt.methods.joint import bound_layer
+        from moeopt.methods.joint import layer_certificates
 
         if params.bound_time <= 0:
             return None, {}
         trace = problem.trace
         assert trace is not None
-        c = problem.instance.cluster
         limit = ctx.budget.cap(min(params.bound_time, ctx.budget.remaining() / problem.layers), floor=0.05)
-        items = [
-            (trace.topk[:, l], problem.experts, c.gpus, c.width, limit, plan.slots[l], ctx.seed)
-            for l in range(problem.layers)
-        ]
-        found = execute.map_items(bound_layer, items, ctx.executor)  # independent per layer
         # layer 0: the trace's homes or uniform ones; later layers: the previous expert's GPU
-        lower = [remote_lower_bound(d, c.gpus, l == 0 and trace.home is None) for l, (d, _, _) in enumerate(found)]
-        for l, (d, sec, ok) in enumerate(found):
-            ctx.say(
-                f"crosslayer layer {l}: lower bound {lower[l]:.4f} remote GPUs per token "
-                f"(distinct GPUs >= {d:.4f}, LP {'solved' if ok else 'not solved'}), {sec:.2f} s"
-            )
-        return float(np.mean(lower)), {
-            "communication_lower_bound_per_layer": lower,
-            "distinct_lower_bound_per_layer": [d for d, _, _ in found],
-            "bound_seconds_per_layer": [sec for _, sec, _ in found],
-            "bound_lp_solved_per_layer": [ok for _, _, ok in found],
-        }
+        uniform = [l == 0 and trace.home is None for l in range(problem.layers)]
+        lower, stats = layer_certificates(problem, plan.slots, limit, uniform, ctx, "crosslayer")
+        return float(np.mean(lower)), stats
 
     # ---------------------------------------------------------------- starts
     def _start(self, kind, problem, params, ctx, loads, limits, relax) -> np.ndarray:

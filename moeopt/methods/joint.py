@@ -399,8 +399,6 @@ def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: C
     Under uniform token homes the evaluator counts ``distinct (1 - 1/G)`` remote GPUs per token
     (the expectation over the home); with known homes (``trace`` homes, ``previous-layer``) a
     home saves at most one GPU: ``distinct - 1``."""
-    from moeopt.colgen.cover import remote_lower_bound
-
     if params.bound_time <= 0:
         return None
     trace = _need_trace(problem, "joint")
@@ -408,29 +406,39 @@ def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: C
     uniform = getattr(c, "token_home", "uniform") == "uniform" and trace.home is None
     own = ctx.budget.child(0.5)  # at most half of what is left: the dispatch choice follows
     limit = own.cap(min(params.bound_time, own.remaining() / problem.layers), floor=0.05)
+    lower, stats = layer_certificates(problem, slots, limit, [uniform] * problem.layers, ctx, "joint")
+    stats["bound_token_homes"] = "uniform" if uniform else "known"
+    return float(np.mean(lower)), stats
+
+
+def layer_certificates(
+    problem: Problem, slots: np.ndarray, limit: float, uniform: list[bool], ctx: Context, name: str
+) -> tuple[list[float], dict]:
+    """Per layer, a lower bound on the calibration remote GPUs per token of every plan: the
+    bound on distinct GPUs per token of :func:`bound_layer` (``limit`` seconds, seeded with
+    ``slots[l]``) times ``1 - 1/G`` where the layer's token homes are ``uniform``, else less 1
+    (:func:`moeopt.colgen.cover.remote_lower_bound`). Independent per layer: on the run's
+    executor (--workers, Ray) when there is one. Returns the bounds and the per-layer stats."""
+    from moeopt.colgen.cover import remote_lower_bound
+
+    trace = _need_trace(problem, name)
+    c = problem.instance.cluster
     items = [
         (trace.topk[:, l], problem.experts, c.gpus, c.width, limit, slots[l], ctx.seed) for l in range(problem.layers)
     ]
-    # independent per layer: on the run's executor (--workers, Ray) when there is one
     found = execute.map_items(bound_layer, items, ctx.executor)
-    lower, distinct, seconds, proven = [], [], [], []
+    lower = [remote_lower_bound(d, c.gpus, uniform[l]) for l, (d, _, _) in enumerate(found)]
     for l, (d, sec, ok) in enumerate(found):
-        lower.append(remote_lower_bound(d, c.gpus, uniform))
-        distinct.append(d)
-        seconds.append(sec)
-        proven.append(ok)
         ctx.say(
-            f"joint layer {l}: communication lower bound {lower[-1]:.4f} remote GPUs per token "
+            f"{name} layer {l}: communication lower bound {lower[l]:.4f} remote GPUs per token "
             f"(distinct GPUs >= {d:.4f}, LP {'solved' if ok else 'not solved'}), {sec:.2f} s"
         )
-    stats = {
+    return lower, {
         "communication_lower_bound_per_layer": lower,
-        "distinct_lower_bound_per_layer": distinct,
-        "bound_seconds_per_layer": seconds,
-        "bound_lp_solved_per_layer": proven,
-        "bound_token_homes": "uniform" if uniform else "known",
+        "distinct_lower_bound_per_layer": [d for d, _, _ in found],
+        "bound_seconds_per_layer": [sec for _, sec, _ in found],
+        "bound_lp_solved_per_layer": [ok for _, _, ok in found],
     }
-    return float(np.mean(lower)), stats
 
 
 def bound_layer(

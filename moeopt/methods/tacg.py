@@ -557,7 +557,8 @@ class TacgExact(TacgBase):
             cheap, kind = grouping_bound(
                 g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
             )
-            known = max([g.objective(h) for h in (start, out.home) if h is not None and g.feasible(h)], default=0.0)
+            feasible = [h for h in (start, out.home) if h is not None and g.feasible(h)]
+            known = max((g.objective(h) for h in feasible), default=0.0)
             solver_bound = out.bound
             if solver_bound is not None and solver_bound < known - 1e-6 * max(abs(known), 1.0):
                 solver_bound = None  # below a known plan: not a proof (never seen from a finished solve)
@@ -565,7 +566,7 @@ class TacgExact(TacgBase):
             bound = cheap if solver_bound is None else min(solver_bound, cheap)
             kind = kind if bound == cheap else "solver"
             better = None
-            best = max([h for h in (start, out.home) if h is not None and g.feasible(h)], key=g.objective, default=None)
+            best = max(feasible, key=g.objective, default=None)
             if strong and best is not None and not bound_closes(g.objective(best), bound):
                 # the solver left a gap: the certificate asked for (colgen's master may also improve the plan)
                 improved, sb, sname, record = strong_certificate(g, best, ctx, problem.layers - l, params.certificate)

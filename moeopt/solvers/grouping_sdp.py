@@ -108,8 +108,8 @@ def sdp_bound(problem: Grouping, seconds: float) -> SdpResult:
     W, w, G, cap = problem.graph, problem.load, problem.groups, problem.cap
     E = len(w)
     total = float(np.triu(W, 1).sum())
-    if E <= 1 or cap <= 1 or total <= 0:
-        return SdpResult(0.0 if cap <= 1 or E <= 1 else total, None, "trivial", time.perf_counter() - t0)
+    if E <= 1 or cap <= 1 or total <= 0:  # no pair can share a GPU, or no pair has affinity (W >= 0)
+        return SdpResult(0.0, None, "trivial", time.perf_counter() - t0)
     full = E == G * cap
     X = cp.Variable((E, E), symmetric=True)
     one = np.ones(E)
