@@ -372,11 +372,14 @@ def pct(v: float | None) -> str:
 
 def merged_line(info: dict) -> str:
     """Which commit each method's numbers come from, through a chain of merged runs."""
-    parts, rest = [], info
+    parts, rest, covered = [], info, set()
     while rest.get("merged"):
         m = rest["machine"]
         load = ", ".join(f"{x:.2f}" for x in m["load_average"])
-        parts.append(f"{', '.join(rest['merged']['methods'])} at commit {m['git_commit']} (load average {load})")
+        fresh = [x for x in rest["merged"]["methods"] if x not in covered]  # a later rerun replaced the rest
+        if fresh:
+            parts.append(f"{', '.join(fresh)} at commit {m['git_commit']} (load average {load})")
+        covered.update(fresh)
         rest = rest["merged"]["earlier"]
     m = rest["machine"]
     load = ", ".join(f"{x:.2f}" for x in m["load_average"])
