@@ -71,6 +71,7 @@ METHODS = {  # label: (method, params)
     "eplb-hierarchical": ("eplb", {"policy": "hierarchical"}),
     "greedy": ("greedy", {"replicate": True}),
     "balance": ("balance", {}),
+    "balance-nospread": ("balance", {"spread": False}),  # packed for the calibration loads alone
     "balance-thorough": ("balance", {"search": "thorough"}),
     "balance-hierarchical": ("balance", {"hierarchical": True}),
     "balance-shrink": ("balance", {"shrink": 0.65}),  # hedges a load shift; meant for lp dispatch
@@ -310,6 +311,45 @@ def stepped_markdown(rows: list[dict]) -> list[str]:
     ]
 
 
+def done_when(rows: list[dict]) -> list[list]:
+    """The issue's checks for ``balance`` on the DeepSeek-V3 files, per shape and calibration
+    file: in sample at most a tenth of EPLB global's MaxVio, out of sample at most 0.8x under
+    ``lp`` and no worse under ``even``, in less wall time."""
+    out = []
+    key = ("workload", "calibration", "evaluation", "gpus")
+    for r in rows:
+        if r["method"] != "balance" or r["workload"] != "deepseek-v3" or r["calibration"] != r["evaluation"]:
+            continue
+        other = next(
+            x
+            for x in rows
+            if x["workload"] == r["workload"]
+            and x["calibration"] == r["calibration"]
+            and x["gpus"] == r["gpus"]
+            and x["evaluation"] != r["evaluation"]
+            and x["method"] == "balance"
+        )
+        pick = {id(x): x for x in rows if x["method"] == "eplb-global"}
+        e_in = next(x for x in pick.values() if all(x[k] == r[k] for k in key))
+        e_out = next(x for x in pick.values() if all(x[k] == other[k] for k in key))
+        ins = (r["maxvio_even"] / e_in["maxvio_even"], r["maxvio_lp"] / e_in["maxvio_lp"])
+        outs = (other["maxvio_even"] / e_out["maxvio_even"], other["maxvio_lp"] / e_out["maxvio_lp"])
+        faster = r["wall_s"] < e_in["wall_s"]
+        ok = max(ins) <= 0.1 and outs[1] <= 0.8 and outs[0] <= 1.0 and faster
+        out.append(
+            [
+                f"{r['calibration']} → {other['evaluation']}",
+                f"{r['gpus']} × ({r['slots']})",
+                f"{ins[0]:.3f} / {ins[1]:.3f}",
+                f"{outs[0]:.3f}",
+                f"{outs[1]:.3f}",
+                f"{r['wall_s']:.3f} / {e_in['wall_s']:.3f}",
+                "yes" if ok else "no",
+            ]
+        )
+    return out
+
+
 def markdown(rows: list[dict], info: dict) -> str:
     head = [
         "workload",
@@ -355,7 +395,7 @@ def markdown(rows: list[dict], info: dict) -> str:
     ]
     ratio = []
     for r in rows:
-        if r["method"] not in ("balance", "balance-shrink"):
+        if r["method"] not in ("balance", "balance-nospread", "balance-shrink"):
             continue
         e = next(
             (
@@ -393,6 +433,26 @@ def markdown(rows: list[dict], info: dict) -> str:
             "MaxVio − bound, absolute.",
             "",
             tabulate(body, headers=head, tablefmt="github"),
+            "",
+            "## Done-when check: `balance` against EPLB global on the DeepSeek-V3 files",
+            "",
+            "Ratios to EPLB global's MaxVio in the same cell (lower is better). Targets: in sample (even / lp) "
+            "<= 0.1; out of sample (planned on the calibration file, scored on the other) <= 0.8 under `lp` and "
+            "<= 1 (never worse) under `even`; wall time below EPLB's.",
+            "",
+            tabulate(
+                done_when(rows),
+                headers=[
+                    "calibration → other file",
+                    "GPUs × slots",
+                    "in sample even / lp",
+                    "out of sample even",
+                    "out of sample lp",
+                    "wall s: balance / EPLB",
+                    "met",
+                ],
+                tablefmt="github",
+            ),
             "",
             "## balance / EPLB global (lower is better)",
             "",

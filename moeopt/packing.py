@@ -240,13 +240,7 @@ def _items_batch(loads: NDArray[np.float64], counts: IntArray, P: int) -> tuple[
     return np.take_along_axis(ids, order, axis=1), np.take_along_axis(w, order, axis=1)
 
 
-def lpt_pack_batch(loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_colocated: bool = False) -> IntArray:
-    """LPT of the copies given by ``counts[L, E]`` into ``G x W`` slots, every layer at once.
-
-    Returns expert ids ``[L, G, W]``; layer by layer the same bins as
-    ``e[lpt_pack(w, e, G, W, allow_colocated)]`` with ``e = repeat(arange(E), counts[l])`` (slot
-    order inside a bin is fill order).
-    """
+def _check_batch(loads: ArrayLike, counts: ArrayLike, G: int, W: int) -> tuple[NDArray[np.float64], IntArray]:
     Ld = np.asarray(loads, dtype=np.float64)
     if Ld.ndim != 2:
         raise ValueError(f"load must have 2 dimension(s), got shape {Ld.shape}")
@@ -255,10 +249,22 @@ def lpt_pack_batch(loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_co
     if not np.all(np.isfinite(Ld)) or np.any(Ld < 0):
         raise ValueError("load must be finite and >= 0")
     c = np.asarray(counts, dtype=np.int64)
+    P = G * W
+    if c.shape != Ld.shape or np.any(c.sum(axis=1) != P) or np.any(c < 1):
+        raise ValueError(f"counts must be [L, E] >= 1 summing to G*W = {P} per layer")
+    return Ld, c
+
+
+def lpt_pack_batch(loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_colocated: bool = False) -> IntArray:
+    """LPT of the copies given by ``counts[L, E]`` into ``G x W`` slots, every layer at once.
+
+    Returns expert ids ``[L, G, W]``; layer by layer the same bins as
+    ``e[lpt_pack(w, e, G, W, allow_colocated)]`` with ``e = repeat(arange(E), counts[l])`` (slot
+    order inside a bin is fill order).
+    """
+    Ld, c = _check_batch(loads, counts, G, W)
     nL, E = Ld.shape
     P = G * W
-    if c.shape != (nL, E) or np.any(c.sum(axis=1) != P) or np.any(c < 1):
-        raise ValueError(f"counts must be [L, E] >= 1 summing to G*W = {P} per layer")
     es, ws = _items_batch(Ld, c, P)
     # sk: bin sums, inf once a bin is full; has2[(l, x), g]: GPU g of layer l holds expert x
     sk = np.zeros(nL * G)
@@ -293,3 +299,64 @@ def lpt_pack_batch(loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_co
         e = np.repeat(np.arange(E), c[l])
         out[l] = e[lpt_pack((Ld[l] / c[l])[e], e, G, W, allow_colocated)]
     return out
+
+
+def spread_pack_batch(
+    loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_colocated: bool = False
+) -> tuple[IntArray, NDArray[np.bool_]]:
+    """LPT with the copies of replicated experts spread evenly over the GPUs, every layer at once.
+
+    The ``M`` copies of experts with two copies or more are placed first, heaviest first, in
+    rounds of ``G``: round ``k`` admits a GPU only while it holds at most ``k`` of them, so every
+    GPU ends with ``floor(M / G)`` or ``ceil(M / G)``; then the single copies, heaviest first onto
+    the lightest GPU with a free slot. Every GPU then holds a share of load it can hand to another
+    GPU when the loads shift (``lp`` dispatch) or that is split with other GPUs (``even``).
+
+    Returns expert ids ``[L, G, W]`` and a flag per layer: False where some item found no
+    admissible GPU; that layer is plain LPT (:func:`lpt_pack`) instead.
+    """
+    Ld, c = _check_batch(loads, counts, G, W)
+    nL, E = Ld.shape
+    P = G * W
+    es, ws = _items_batch(Ld, c, P)
+    multi = np.take_along_axis(c, es, axis=1) >= 2
+    first = np.argsort(~multi, axis=1, kind="stable")  # replicated copies first, each part in LPT order
+    es = np.take_along_axis(es, first, axis=1)
+    ws = np.take_along_axis(ws, first, axis=1)
+    multi = np.take_along_axis(multi, first, axis=1)
+    cap = (np.cumsum(multi, axis=1) - 1) // G + 1  # round of a replicated copy: at most this many per GPU
+    sk = np.zeros(nL * G)
+    fill = np.zeros(nL * G, dtype=np.int64)
+    held = np.zeros(nL * G, dtype=np.int64)  # replicated copies per GPU
+    full_inf = np.where(np.arange(P + 2) >= W, np.inf, 0.0)
+    gsel = np.empty((nL, P), dtype=np.int64)
+    arG = np.arange(nL) * G
+    arE = np.arange(nL) * E
+    has2 = None if allow_colocated else np.zeros((nL * E, G), dtype=bool)
+    for r in range(P):
+        key = sk.reshape(nL, G)
+        m = multi[:, r]
+        if m.any():
+            key = np.where(m[:, None] & (held.reshape(nL, G) >= cap[:, r, None]), np.inf, key)
+        if has2 is not None:
+            rowx = arE + es[:, r]
+            key = np.where(has2[rowx], np.inf, key)
+        g = key.argmin(axis=1)
+        gsel[:, r] = g
+        idx = arG + g
+        cnt = fill[idx] + 1
+        fill[idx] = cnt
+        held[idx] += m
+        sk[idx] += ws[:, r] + full_inf[cnt]
+        if has2 is not None:
+            has2[rowx, g] = True
+    order = np.argsort(gsel, axis=1, kind="stable")
+    out = np.take_along_axis(es, order, axis=1).reshape(nL, G, W)
+    bad = (fill.reshape(nL, G) != W).any(axis=1)
+    if not allow_colocated and W > 1:
+        srt = np.sort(out, axis=2)
+        bad |= (srt[:, :, 1:] == srt[:, :, :-1]).any(axis=(1, 2))
+    for l in np.flatnonzero(bad):
+        e = np.repeat(np.arange(E), c[l])
+        out[l] = e[lpt_pack((Ld[l] / c[l])[e], e, G, W, allow_colocated)]
+    return out, ~bad

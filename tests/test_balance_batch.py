@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 
 from moeopt import balance as B
 from moeopt.balance import batch as BB
+from moeopt.balance.bound import _pigeonhole_feasible, _pigeonhole_feasible_batch, lower_bound_batch
 from moeopt.balance.layout import _Layout
 from moeopt.balance.loads import _cap
+from moeopt.packing import spread_pack_batch
 
 REAL = Path(__file__).resolve().parents[1] / "instances" / "real" / "deepseek_v3_prefill_in1024.json"
 
@@ -115,18 +117,72 @@ def test_lpt_pack_batch_repairs_stuck_layers_like_per_layer():
 
 
 @settings(deadline=None)
-@given(layers(max_l=4, max_e=12, max_g=6, max_w=4), st.sampled_from([None, 1, 8]))
-def test_plan_layers_fast_valid_never_worse_than_lpt(case, partners):
+@given(layers(max_l=4, max_e=12, max_g=6, max_w=4), st.sampled_from([None, 1, 8]), st.booleans())
+def test_plan_layers_fast_valid_never_worse_than_lpt(case, partners, spread):
     loads, G, W, allow = case
     nL, E = loads.shape
-    out = BB.plan_layers_fast(loads, G, W, allow_colocated=allow, partners=partners)
+    out = BB.plan_layers_fast(loads, G, W, allow_colocated=allow, partners=partners, spread=spread)
     assert out.shape == (nL, G, W)
     for l, row in enumerate(loads):
         check_layer(out[l], E, G, W, allow)
         lpt = lpt_reference(row, G, W, allow)
         assert B.gpu_loads(out[l], row).max() <= B.gpu_loads(lpt, row).max() * (1 + 1e-12) + 1e-12
-    again = BB.plan_layers_fast(loads, G, W, allow_colocated=allow, partners=partners)
+    again = BB.plan_layers_fast(loads, G, W, allow_colocated=allow, partners=partners, spread=spread)
     assert np.array_equal(out, again)
+
+
+def replicated_per_gpu(slots: np.ndarray, E: int) -> np.ndarray:
+    """Copies of replicated experts (two copies or more) on every GPU of ``slots[G, W]``."""
+    c = np.bincount(slots.ravel(), minlength=E)
+    return (c[slots] >= 2).sum(axis=1)
+
+
+@settings(deadline=None)
+@given(layers(max_l=4, max_e=12, max_g=6, max_w=4))
+def test_spread_pack_holds_every_copy_and_spreads_replicated_ones(case):
+    loads, G, W, allow = case
+    nL, E = loads.shape
+    c = BB.copy_counts_batch(loads, G * W, _cap(E, G, W, allow))
+    out, ok = spread_pack_batch(loads, c, G, W, allow)
+    for l in range(nL):
+        check_layer(out[l], E, G, W, allow)
+        assert np.array_equal(np.bincount(out[l].ravel(), minlength=E), c[l])  # the copy counts as given
+        if ok[l]:
+            M = int(c[l][c[l] >= 2].sum())
+            per = replicated_per_gpu(out[l], E)
+            assert per.min() >= M // G and per.max() <= -(-M // G), (per, M)
+
+
+@settings(deadline=None)
+@given(layers(max_l=3, max_e=12, max_g=6, max_w=4), st.integers(0, 2**31 - 1))
+def test_swap_descent_with_classes_keeps_every_gpu_class_counts(case, seed):
+    loads, G, W, allow = case
+    nL, E = loads.shape
+    c = BB.copy_counts_batch(loads, G * W, _cap(E, G, W, allow))
+    start = BB.lpt_pack_batch(loads, c, G, W, allow)
+    classes = np.random.default_rng(seed).integers(0, 3, size=(nL, E))
+    out, _ = BB.swap_descent_batch(start, loads, allow_colocated=allow, classes=classes)
+    for l in range(nL):
+        check_layer(out[l], E, G, W, allow)
+        for k in range(3):
+            before = (classes[l][start[l]] == k).sum(axis=1)
+            after = (classes[l][out[l]] == k).sum(axis=1)
+            assert np.array_equal(before, after)
+        assert B.gpu_loads(out[l], loads[l]).max() <= B.gpu_loads(start[l], loads[l]).max() + 1e-9
+
+
+def test_spread_on_real_loads_leaves_no_gpu_without_a_replicated_copy():
+    # plain packing leaves some GPUs with single copies only (nothing to hand over when the loads
+    # shift); spreading gives every GPU its share, at a MaxVio still far below LPT's
+    loads = real_loads()
+    G, W = 64, 5
+    plain = BB.plan_layers_fast(loads, G, W)
+    spread = BB.plan_layers_fast(loads, G, W, spread=True)
+    assert np.array_equal(spread, BB.plan_layers_fast(loads, G, W, spread=True))
+    assert sum(int((replicated_per_gpu(s, 256) == 0).sum()) for s in plain) > 0
+    assert all(replicated_per_gpu(s, 256).min() >= 1 for s in spread)
+    lpt = np.array([B.maxvio(lpt_reference(row, G, W, False), row) for row in loads])
+    assert BB.maxvio_batch(spread, loads).mean() < lpt.mean() / 5
 
 
 def test_plan_layers_fast_real_loads_beat_lpt_and_are_deterministic():
@@ -206,3 +262,51 @@ def test_input_errors():
         BB.swap_descent_batch(np.array([[[0, 0], [1, 2]]]), np.ones((1, 3)))  # colocated start
     out, _ = BB.swap_descent_batch(np.array([[[0, 0], [1, 2]]]), np.ones((1, 3)), allow_colocated=True)
     assert sorted(out.ravel().tolist()) == [0, 0, 1, 2]
+
+
+@settings(deadline=None, max_examples=300)
+@given(layers(max_l=4, max_e=14, max_g=6, max_w=5))
+def test_lower_bound_batch_equals_per_layer(case):
+    loads, G, W, allow = case
+    expected = [B.lower_bound(row, G, W, allow) for row in loads]
+    assert lower_bound_batch(loads, G, W, allow).tolist() == expected
+
+
+def test_lower_bound_batch_real_loads_and_errors():
+    loads = real_loads(6)
+    for G, W in ((64, 5), (32, 9)):
+        assert lower_bound_batch(loads, G, W).tolist() == [B.lower_bound(r, G, W) for r in loads]
+    assert lower_bound_batch(np.zeros((2, 4)), 2, 2).tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError):
+        lower_bound_batch(np.ones(4), 2, 2)
+    with pytest.raises(ValueError):
+        lower_bound_batch(-np.ones((1, 4)), 2, 2)
+
+
+@settings(deadline=None, max_examples=300)
+@given(layers(max_l=4, max_e=14, max_g=6, max_w=5), st.floats(0.05, 1.5))
+def test_pigeonhole_test_batch_equals_per_layer(case, frac):
+    # the batched necessary test answers as the per-layer one at any T (not only at the bound)
+    loads, G, W, allow = case
+    keep = loads.sum(axis=1) > 0
+    loads = loads[keep]
+    if not loads.size:
+        return
+    E = loads.shape[1]
+    cap = _cap(E, G, W, allow)
+    T = frac * loads.max(axis=1)
+    expected = [_pigeonhole_feasible(row, float(t), G, W, cap) for row, t in zip(loads, T, strict=True)]
+    assert _pigeonhole_feasible_batch(loads, T, G, W, cap).tolist() == expected
+
+
+def test_spread_pack_caps_replicated_copies_where_lpt_piles_them():
+    # one heavy expert in 2 copies, ten light ones in 2: without the round cap the light copies
+    # fill the GPU the heavy expert left free (10 of the 22 replicated copies land there);
+    # spreading allows floor / ceil(22 / 3) = 7 / 8
+    loads = np.array([[40.0] + [2.0] * 10 + [3.0] * 8])
+    counts = np.array([[2] + [2] * 10 + [1] * 8])
+    out, ok = spread_pack_batch(loads, counts, 3, 10)
+    assert ok.all()
+    check_layer(out[0], 19, 3, 10, False)
+    per = replicated_per_gpu(out[0], 19)
+    assert per.min() >= 7 and per.max() <= 8

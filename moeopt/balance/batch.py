@@ -48,6 +48,8 @@ exactly that plan and only applies strictly improving exchanges).
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
@@ -63,7 +65,7 @@ from moeopt.balance.loads import (
     gpu_loads,
 )
 from moeopt.balance.planner import plan_layer
-from moeopt.packing import lpt_pack_batch
+from moeopt.packing import lpt_pack_batch, spread_pack_batch
 
 __all__ = [
     "copy_counts_batch",
@@ -177,6 +179,7 @@ def swap_descent_batch(
     target: float | None = None,
     max_rounds: int | None = None,
     partners: int | None = DEFAULT_PARTNERS,
+    classes: ArrayLike | None = None,
 ) -> tuple[IntArray, IntArray]:
     """Max-GPU swap descent on every layer at once (copy counts fixed).
 
@@ -202,6 +205,9 @@ def swap_descent_batch(
     partners : int, optional
         Lightest GPUs searched first (``None``: all at once). Only the path changes, not the
         stopping rule.
+    classes : array_like of int, shape (L, E), optional
+        A class per expert; only items of one class are exchanged, so every GPU keeps its number
+        of items of each class (the spread of multi-copy experts, :func:`spread_pack_batch`).
 
     Returns
     -------
@@ -239,6 +245,12 @@ def swap_descent_batch(
     if not allow_colocated:
         pres = np.zeros(nL * G * E, dtype=bool)
         pres[(np.arange(nL * G)[:, None] * E + e2).ravel()] = True
+    c2 = None  # class of every slot's expert, rows = (layer, GPU); exchanges keep it (same class)
+    if classes is not None:
+        cl = np.asarray(classes, dtype=np.int64)
+        if cl.shape != (nL, E):
+            raise ValueError(f"classes must be [L, E] = [{nL}, {E}], got shape {cl.shape}")
+        c2 = np.take_along_axis(cl, e.reshape(nL, P), axis=1).reshape(nL * G, W)
     for _ in range(rounds):
         if act.size == 0:
             break
@@ -253,11 +265,11 @@ def swap_descent_batch(
                 break
         sA[ra, b] = np.inf  # b is no partner of itself
         fb = act * G + b  # flat (layer, GPU) row of b
-        i, g2, j, v = _best_swaps(e2, w2, pres, act, fb, sA, sb, Q)
+        i, g2, j, v = _best_swaps(e2, w2, pres, act, fb, sA, sb, Q, c2)
         ok = v < sb - tol[act]
         if Q < G - 1 and not ok.all():  # nothing among the lightest GPUs: try all of them
             n = np.flatnonzero(~ok)
-            i[n], g2[n], j[n], v[n] = _best_swaps(e2, w2, pres, act[n], fb[n], sA[n], sb[n], G - 1)
+            i[n], g2[n], j[n], v[n] = _best_swaps(e2, w2, pres, act[n], fb[n], sA[n], sb[n], G - 1, c2)
             ok = v < sb - tol[act]
         if not ok.all():
             act, b, fb, i, g2, j = act[ok], b[ok], fb[ok], i[ok], g2[ok], j[ok]
@@ -290,12 +302,14 @@ def _best_swaps(
     sA: FloatArray,
     sb: FloatArray,
     Q: int,
+    c2: IntArray | None = None,
 ) -> tuple[IntArray, IntArray, IntArray, FloatArray]:
     """Best exchange of an item of GPU row ``fb[a]`` (layer ``act[a]``) with an item of another GPU.
 
     ``e2``/``w2`` are experts/weights with rows = (layer, GPU), ``pres`` the flat presence matrix
     (``None``: colocation allowed); ``sA[a]`` the layer's GPU loads with ``inf`` at the source.
-    Partners: the ``Q`` lightest GPUs (all when ``Q >= G - 1``). Returns ``(slot on the source,
+    Partners: the ``Q`` lightest GPUs (all when ``Q >= G - 1``); ``c2`` (optional, like ``e2``): the
+    class of every slot's expert, only items of one class are exchanged. Returns ``(slot on the source,
     partner GPU, partner slot, new pair maximum)``, each ``[A]``.
     """
     A, G = sA.shape
@@ -326,6 +340,8 @@ def _best_swaps(
         val -= d
     d += sb[:, None, None]  # the source gains d, the partner loses d
     np.maximum(val, d, out=val)
+    if c2 is not None:  # an exchange across classes is inadmissible
+        val[c2[fb][:, :, None] != c2[rows].reshape(A, 1, Qn * W)] = np.inf
     val = val.reshape(A, -1)
     k = val.argmin(axis=1)
     i, r = np.divmod(k, Qn * W)
@@ -349,6 +365,7 @@ def plan_layers_fast(
     partners: int | None = DEFAULT_PARTNERS,
     polish_above: float | None = None,
     polish_iterations: int = DEFAULT_ITERATIONS,
+    spread: bool = False,
 ) -> IntArray:
     """Plan every layer of ``loads[L, E]`` at once; returns expert ids ``slots[L, G, W]``.
 
@@ -372,6 +389,13 @@ def plan_layers_fast(
         Default: no polish.
     polish_iterations : int
         Perturbation rounds of the per-layer planner used by the polish.
+    spread : bool
+        Spread the copies of replicated experts evenly over the GPUs (every GPU
+        ``floor(M / G)`` or ``ceil(M / G)`` of the ``M``): :func:`moeopt.packing.spread_pack_batch`
+        start, then the swap descent exchanges only copies of replicated experts among themselves
+        and single copies among themselves. Every GPU keeps load it can share when the loads shift
+        (see the module notes); a layer where this ends above plain LPT's largest GPU load is
+        planned without it.
 
     Returns
     -------
@@ -386,9 +410,19 @@ def plan_layers_fast(
     cap = _cap(E, G, W, allow_colocated)
     c = copy_counts_batch(Ld, G * W, cap)
     start = lpt_pack_batch(Ld, c, G, W, allow_colocated)
-    out, _ = swap_descent_batch(
-        start, Ld, allow_colocated=allow_colocated, target=target, max_rounds=max_rounds, partners=partners
+    descend = partial(
+        swap_descent_batch, allow_colocated=allow_colocated, target=target, max_rounds=max_rounds, partners=partners
     )
+    if spread:
+        spread_start, ok = spread_pack_batch(Ld, c, G, W, allow_colocated)
+        out, _ = descend(spread_start, Ld, classes=(c >= 2).astype(np.int64))
+        # never worse than LPT: a layer above plain LPT's largest GPU load is planned without spreading
+        peak = gpu_loads_batch(out, Ld).max(axis=1)
+        plain = ~ok | (peak > gpu_loads_batch(start, Ld).max(axis=1))
+        if plain.any():
+            out[plain], _ = descend(start[plain], Ld[plain])
+    else:
+        out, _ = descend(start, Ld)
     if polish_above is not None:
         mv = maxvio_batch(out, Ld)
         for l in np.flatnonzero(mv > polish_above):
