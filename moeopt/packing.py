@@ -263,12 +263,31 @@ def lpt_pack_batch(loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_co
     order inside a bin is fill order).
     """
     Ld, c = _check_batch(loads, counts, G, W)
+    es, ws = _items_batch(Ld, c, G * W)
+    return _fill_batch(Ld, c, es, ws, G, W, allow_colocated)[0]
+
+
+def _fill_batch(
+    Ld: NDArray[np.float64],
+    c: IntArray,
+    es: IntArray,
+    ws: NDArray[np.float64],
+    G: int,
+    W: int,
+    allow_colocated: bool,
+    multi: NDArray[np.bool_] | None = None,
+    cap: IntArray | None = None,
+) -> tuple[IntArray, NDArray[np.bool_]]:
+    """Items ``es``/``ws [L, P]`` in their order, each onto the lightest admissible GPU of its layer
+    (a free slot, not its expert's GPU, and, for an item with ``multi``, fewer than ``cap`` such
+    items there); returns expert ids ``[L, G, W]`` and the layers where some item found no
+    admissible GPU, which are re-packed by the per-layer LPT (:func:`lpt_pack`, which repairs)."""
     nL, E = Ld.shape
     P = G * W
-    es, ws = _items_batch(Ld, c, P)
     # sk: bin sums, inf once a bin is full; has2[(l, x), g]: GPU g of layer l holds expert x
     sk = np.zeros(nL * G)
     fill = np.zeros(nL * G, dtype=np.int64)
+    held = np.zeros(nL * G, dtype=np.int64)  # items with ``multi`` per GPU
     full_inf = np.where(np.arange(P + 2) >= W, np.inf, 0.0)  # added when a bin gets its W-th item
     gsel = np.empty((nL, P), dtype=np.int64)
     arG = np.arange(nL) * G
@@ -276,6 +295,9 @@ def lpt_pack_batch(loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_co
     has2 = None if allow_colocated else np.zeros((nL * E, G), dtype=bool)
     for r in range(P):
         key = sk.reshape(nL, G)
+        m = None if multi is None or cap is None or not multi[:, r].any() else multi[:, r]
+        if m is not None and cap is not None:
+            key = np.where(m[:, None] & (held.reshape(nL, G) >= cap[:, r, None]), np.inf, key)
         if has2 is not None:
             rowx = arE + es[:, r]
             key = np.where(has2[rowx], np.inf, key)
@@ -284,6 +306,8 @@ def lpt_pack_batch(loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_co
         idx = arG + g
         cnt = fill[idx] + 1
         fill[idx] = cnt
+        if m is not None:
+            held[idx] += m
         sk[idx] += ws[:, r] + full_inf[cnt]
         if has2 is not None:
             has2[rowx, g] = True
@@ -298,7 +322,7 @@ def lpt_pack_batch(loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_co
     for l in np.flatnonzero(bad):
         e = np.repeat(np.arange(E), c[l])
         out[l] = e[lpt_pack((Ld[l] / c[l])[e], e, G, W, allow_colocated)]
-    return out
+    return out, bad
 
 
 def spread_pack_batch(
@@ -325,38 +349,5 @@ def spread_pack_batch(
     ws = np.take_along_axis(ws, first, axis=1)
     multi = np.take_along_axis(multi, first, axis=1)
     cap = (np.cumsum(multi, axis=1) - 1) // G + 1  # round of a replicated copy: at most this many per GPU
-    sk = np.zeros(nL * G)
-    fill = np.zeros(nL * G, dtype=np.int64)
-    held = np.zeros(nL * G, dtype=np.int64)  # replicated copies per GPU
-    full_inf = np.where(np.arange(P + 2) >= W, np.inf, 0.0)
-    gsel = np.empty((nL, P), dtype=np.int64)
-    arG = np.arange(nL) * G
-    arE = np.arange(nL) * E
-    has2 = None if allow_colocated else np.zeros((nL * E, G), dtype=bool)
-    for r in range(P):
-        key = sk.reshape(nL, G)
-        m = multi[:, r]
-        if m.any():
-            key = np.where(m[:, None] & (held.reshape(nL, G) >= cap[:, r, None]), np.inf, key)
-        if has2 is not None:
-            rowx = arE + es[:, r]
-            key = np.where(has2[rowx], np.inf, key)
-        g = key.argmin(axis=1)
-        gsel[:, r] = g
-        idx = arG + g
-        cnt = fill[idx] + 1
-        fill[idx] = cnt
-        held[idx] += m
-        sk[idx] += ws[:, r] + full_inf[cnt]
-        if has2 is not None:
-            has2[rowx, g] = True
-    order = np.argsort(gsel, axis=1, kind="stable")
-    out = np.take_along_axis(es, order, axis=1).reshape(nL, G, W)
-    bad = (fill.reshape(nL, G) != W).any(axis=1)
-    if not allow_colocated and W > 1:
-        srt = np.sort(out, axis=2)
-        bad |= (srt[:, :, 1:] == srt[:, :, :-1]).any(axis=(1, 2))
-    for l in np.flatnonzero(bad):
-        e = np.repeat(np.arange(E), c[l])
-        out[l] = e[lpt_pack((Ld[l] / c[l])[e], e, G, W, allow_colocated)]
+    out, bad = _fill_batch(Ld, c, es, ws, G, W, allow_colocated, multi, cap)
     return out, ~bad

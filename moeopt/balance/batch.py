@@ -28,6 +28,13 @@ Algorithm (:func:`plan_layers_fast`)
    Deterministic: no randomness, no wall clock. Looking at the lightest GPUs first takes about 60 %
    of the time of scoring all ``P`` partners every round and ends at an equally good local optimum
    on the bundled DeepSeek-V3 loads.
+   With ``spread`` (the ``balance`` method's default) the start is
+   :func:`moeopt.packing.spread_pack_batch` instead (every GPU gets ``floor`` or ``ceil`` of
+   ``M / G`` of the ``M`` copies of replicated experts) and exchanges stay within a class
+   (replicated copies with replicated copies, single with single), so that spread holds to the
+   end; a layer that ends above plain LPT's largest GPU load gets the plain descent from LPT.
+   Why: formulations/balance.md ("Spreading the replicated copies"). It costs about 1.5x the
+   plain path's time.
 4. Optional **polish** (``polish_above``): layers whose MaxVio is still above it are re-planned by
    :func:`moeopt.balance.plan_layer` (better of LPT/differencing starts, replace moves, iterated local
    search); its plan is kept only where it is better. It costs about 25 ms per layer: on the bundled
@@ -35,8 +42,9 @@ Algorithm (:func:`plan_layers_fast`)
    time, so it is off by default.
 
 On the bundled DeepSeek-V3 loads (58 layers, 256 experts) the whole model takes 0.025-0.045 s of one
-core at 64 x 5 and 32 x 9, with mean MaxVio about 0.0007 / 0.0002, against about 0.02 / 0.007 for
-DeepSeek's EPLB (global policy), which takes 0.06-0.14 s of CPU in the same process.
+core at 64 x 5 and 32 x 9, with mean MaxVio about 0.0007 / 0.0002 (with ``spread``: 0.04-0.06 s,
+0.0013 / 0.0003), against about 0.02 / 0.007 for DeepSeek's EPLB (global policy), which takes
+0.06-0.14 s of CPU in the same process.
 
 This path keeps its own batched kernels rather than the per-layer slot state and driver of
 :mod:`moeopt.moves` (objects per layer would bring back the Python loop over layers) for its swap
