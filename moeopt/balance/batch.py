@@ -438,3 +438,53 @@ def plan_layers_fast(
             if gpu_loads(alt, Ld[l]).max() < gpu_loads(out[l], Ld[l]).max():
                 out[l] = alt
     return out
+
+
+def plan_layers_hierarchical_fast(
+    loads: ArrayLike,
+    G: int,
+    W: int,
+    gpus_per_node: int,
+    *,
+    allow_colocated: bool = False,
+    spread: bool = False,
+) -> IntArray:
+    """:func:`plan_layers_fast` under EPLB's hierarchical constraint (every expert's copies in one
+    node of ``gpus_per_node`` GPUs); returns ``slots[L, G, W]``.
+
+    The experts are split over the ``N`` nodes, ``floor`` or ``ceil`` of ``E / N`` per node, by LPT and
+    the swap descent on the expert loads (every layer at once), then every (layer, node)
+    sub-problem is planned by :func:`plan_layers_fast` at once (two batches when the nodes hold
+    two expert counts).
+    """
+    Ld = _as_loads(loads)
+    nL, E = Ld.shape
+    n = int(gpus_per_node)
+    if n < 1 or G % n:
+        raise ValueError(f"G={G} is not a multiple of gpus_per_node={gpus_per_node}")
+    N = G // n
+    per_node = -(-E // N)
+    if per_node > n * W:
+        raise ValueError(f"{per_node} experts per node do not fit {n} x {W} slots")
+    if not allow_colocated and per_node - (1 if E % N else 0) < W:
+        raise ValueError(f"nodes get {E // N} experts, fewer than W={W}: needs allow_colocated")
+    # experts to nodes, every layer at once: LPT then swap descent with exactly per_node items per
+    # node; the N * per_node - E < N padding items are copies of one zero-load dummy expert, so no
+    # node gets two of them and every node holds floor or ceil of E / N real experts
+    pad = N * per_node - E
+    node_load = np.concatenate([Ld, np.zeros((nL, 1))], axis=1) if pad else Ld
+    counts = np.ones(node_load.shape, dtype=np.int64)
+    if pad:
+        counts[:, E] = pad
+    nodes, _ = swap_descent_batch(lpt_pack_batch(node_load, counts, N, per_node), node_load)
+    nodes = nodes.reshape(nL * N, per_node)
+    members = [np.sort(row[row < E]) for row in nodes]  # per (layer, node): its experts, ascending
+    out = np.empty((nL * N, n, W), dtype=np.int64)
+    sizes = np.array([m.size for m in members])
+    for size in np.unique(sizes):
+        rows = np.flatnonzero(sizes == size)
+        mem = np.stack([members[r] for r in rows])  # [R, size]
+        sub_load = np.take_along_axis(Ld[rows // N], mem, axis=1)
+        sub = plan_layers_fast(sub_load, n, W, allow_colocated=allow_colocated, spread=spread)
+        out[rows] = np.take_along_axis(mem[:, None, :], sub.reshape(len(rows), 1, n * W), axis=2).reshape(-1, n, W)
+    return out.reshape(nL, G, W)

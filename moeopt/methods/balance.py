@@ -21,7 +21,9 @@ largest GPU load of *every* plan, so each layer reports its gap. Works on counts
   one, score on the other): held-out MaxVio under ``lp`` dispatch 0.51 -> 0.41 and
   0.58 -> 0.46 at 64 x (4 + 1), in-sample MaxVio 0.0008 -> 0.0013 (EPLB: 0.019).
 * ``hierarchical: true`` keeps every expert's copies inside one node (EPLB's hierarchical
-  constraint, ``cluster.gpus_per_node``).
+  constraint, ``cluster.gpus_per_node``): the ``fast`` search splits the experts over the nodes
+  and plans every (layer, node) at once (:func:`moeopt.balance.batch.plan_layers_hierarchical_fast`),
+  ``thorough`` node by node with the iterated local search.
 * With a current plan (``solve --from PLAN``): ``max_moves`` / ``target_maxvio`` re-plan
   moving few expert weights, and the moves-vs-MaxVio frontier is reported.
 """
@@ -35,10 +37,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from moeopt import balance as core
-from moeopt.balance.batch import plan_layers_fast
+from moeopt.balance.batch import plan_layers_fast, plan_layers_hierarchical_fast
 from moeopt.balance.bound import lower_bound_batch
 from moeopt.balance.shift import shrink_loads
-from moeopt.errors import InputError
+from moeopt.errors import InfeasibleError, InputError
 from moeopt.evaluate import maxvio
 from moeopt.instance import Instance
 from moeopt.plan import Dispatch, Plan
@@ -114,6 +116,29 @@ def robust_snapshots(problem: Problem, windows: int = DEFAULT_ROBUST_STEPS) -> n
     )
 
 
+def check_hierarchical(problem: Problem) -> None:
+    """Raise :class:`InfeasibleError` when the nodes cannot hold their experts under the
+    hierarchical constraint (``floor`` or ``ceil`` of ``E / N`` experts per node of ``n`` GPUs x
+    ``W`` slots), saying what would fix it."""
+    c = problem.instance.cluster
+    G, W, n, E = c.gpus, c.width, c.gpus_per_node, problem.experts
+    N = G // n
+    lo, hi = E // N, -(-E // N)
+    src = f"{problem.instance.source}: " if problem.instance.source else ""
+    fix = "use larger nodes (cluster.gpus_per_node) or hierarchical: false"
+    if hi > n * W:
+        raise InfeasibleError(
+            f"{src}method.hierarchical: {N} nodes of {n} GPUs x {W} slots hold at most {n * W} experts each, "
+            f"but {E} experts need {hi} in some node; {fix}"
+        )
+    if not c.allow_colocated_copies and lo < W:
+        raise InfeasibleError(
+            f"{src}method.hierarchical: {N} nodes of {n} GPUs get {lo} experts each, fewer than the {W} slots "
+            f"of a GPU, so some GPU would hold two copies of one expert; {fix}, or set "
+            "cluster.allow_colocated_copies: true"
+        )
+
+
 @dataclass
 class BalanceParams:
     """Parameters of ``balance``."""
@@ -168,13 +193,13 @@ class Balance:
     uses_trace: ClassVar[bool] = False
 
     def split_layers(self, problem: Problem, params: BalanceParams, ctx: Context | None) -> bool:
-        """... but robust planning on per-step counts, migration from a current plan, the
-        hierarchical constraint and the thorough search work layer by layer: then the layers
+        """... but robust planning on per-step counts, migration from a current plan and the
+        thorough search work layer by layer: then the layers
         are split (moeopt.execute), so ``--workers`` and Ray spread them, and the serial run
         gives the same plan (every layer with its own seed)."""
         robust = robust_mode(problem, params.robust, params.hierarchical)
         current = ctx is not None and ctx.current is not None
-        return current or robust != "none" or params.hierarchical or params.search != "fast"
+        return current or robust != "none" or params.search != "fast"
 
     def combine_stats(self, per_layer: list[dict], params: BalanceParams) -> dict:
         """The layers' statistics; the migration frontier adds moves and averages MaxVio."""
@@ -199,6 +224,8 @@ class Balance:
 
     def solve(self, problem: Problem, params: BalanceParams, ctx: Context) -> Result:
         t0 = time.perf_counter()
+        if params.hierarchical:
+            check_hierarchical(problem)
         c = problem.instance.cluster
         G, W, L = c.gpus, c.width, problem.layers
         load = problem.stats.expert_load  # [L, E]
@@ -211,9 +238,15 @@ class Balance:
             load = np.stack([shrink_loads(row, params.shrink) for row in load])
         slots = np.empty((L, G, W), dtype=np.int64)
         # the unconstrained plan of every layer at once (batched), unless a mode needs per-layer work
-        fast = params.search == "fast" and robust in ("none", "auto") and not params.hierarchical
+        fast = params.search == "fast" and robust in ("none", "auto")
         t_plan = time.perf_counter()
-        base = plan_layers_fast(load, G, W, allow_colocated=allow, spread=params.spread) if fast else None
+        base = None
+        if fast and params.hierarchical:
+            base = plan_layers_hierarchical_fast(
+                load, G, W, c.gpus_per_node, allow_colocated=allow, spread=params.spread
+            )
+        elif fast:
+            base = plan_layers_fast(load, G, W, allow_colocated=allow, spread=params.spread)
         if base is not None and current is None:
             slots[:] = base
         stats: dict[str, Any] = {"robust": robust}
