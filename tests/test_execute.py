@@ -60,8 +60,9 @@ def _splits(path, method, params) -> bool:
 
 def test_balance_splits_layers_only_for_per_layer_work():
     """balance is solved whole on pooled loads (its batched pass is faster), and split per
-    layer when robust planning, migration, the hierarchical constraint or the thorough search
-    make each layer's work dominate; without a problem the class default (whole) holds."""
+    layer when robust planning, migration or the thorough search make each layer's work
+    dominate (the hierarchical constraint too, with the thorough search; the fast search plans
+    every layer's nodes at once); without a problem the class default (whole) holds."""
     impl = get_method("balance")
     assert not execute.is_layerwise(impl)
     inst, wl = _loaded(QUICKSTART)
@@ -72,8 +73,9 @@ def test_balance_splits_layers_only_for_per_layer_work():
     assert execute.is_layerwise(impl, stepped, p, Context())
     assert not execute.is_layerwise(impl, pooled, p, Context())
     assert not execute.is_layerwise(impl, stepped, parse_params(impl, {"robust": "none"}), Context())
-    for extra in ({"hierarchical": True}, {"search": "thorough"}):
+    for extra in ({"hierarchical": True, "search": "thorough"}, {"search": "thorough"}):
         assert execute.is_layerwise(impl, pooled, parse_params(impl, extra), Context())
+    assert not execute.is_layerwise(impl, pooled, parse_params(impl, {"hierarchical": True}), Context())
     plan = solve(inst, method="balance", workloads=wl).plan
     assert execute.is_layerwise(impl, pooled, p, Context(current=plan))
 
