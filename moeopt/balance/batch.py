@@ -81,6 +81,7 @@ __all__ = [
     "lpt_pack_batch",
     "maxvio_batch",
     "plan_layers_fast",
+    "plan_layers_hierarchical_fast",
     "swap_descent_batch",
 ]
 
