@@ -375,6 +375,7 @@ def plan_layers_fast(
     polish_above: float | None = None,
     polish_iterations: int = DEFAULT_ITERATIONS,
     spread: bool = False,
+    spread_budget: float = 0.1,
 ) -> IntArray:
     """Plan every layer of ``loads[L, E]`` at once; returns expert ids ``slots[L, G, W]``.
 
@@ -405,6 +406,10 @@ def plan_layers_fast(
         and single copies among themselves. Every GPU keeps load it can share when the loads shift
         (see the module notes); a layer where this ends above plain LPT's largest GPU load is
         planned without it.
+    spread_budget : float
+        With ``spread``: the mean MaxVio over layers stays within this fraction of plain LPT's
+        (about EPLB's) where the plain descent can keep it there: the layers where spreading
+        costs the most in sample are planned without it until it does.
 
     Returns
     -------
@@ -416,6 +421,8 @@ def plan_layers_fast(
     Ld = _as_loads(loads)
     nL, E = Ld.shape
     _check_shape(E, G, W, allow_colocated)
+    if not spread_budget >= 0:
+        raise ValueError(f"spread_budget must be >= 0, got {spread_budget}")
     cap = _cap(E, G, W, allow_colocated)
     c = copy_counts_batch(Ld, G * W, cap)
     start = lpt_pack_batch(Ld, c, G, W, allow_colocated)
@@ -426,10 +433,23 @@ def plan_layers_fast(
         spread_start, ok = spread_pack_batch(Ld, c, G, W, allow_colocated)
         out, _ = descend(spread_start, Ld, classes=(c >= 2).astype(np.int64))
         # never worse than LPT: a layer above plain LPT's largest GPU load is planned without spreading
-        peak = gpu_loads_batch(out, Ld).max(axis=1)
-        plain = ~ok | (peak > gpu_loads_batch(start, Ld).max(axis=1))
+        lpt_mv = maxvio_batch(start, Ld)
+        mv = maxvio_batch(out, Ld)
+        plain = ~ok | (mv > lpt_mv)
         if plain.any():
             out[plain], _ = descend(start[plain], Ld[plain])
+            mv[plain] = maxvio_batch(out[plain], Ld[plain])
+        # in sample, the mean MaxVio stays within spread_budget of LPT's: where spreading costs more,
+        # the layers where it costs most are planned without it
+        budget = spread_budget * lpt_mv.sum() if np.isfinite(spread_budget) else np.inf
+        if mv.sum() > budget:
+            alt, _ = descend(start, Ld)
+            alt_mv = maxvio_batch(alt, Ld)
+            gain = mv - alt_mv
+            for l in np.argsort(-gain, kind="stable"):
+                if mv.sum() <= budget or gain[l] <= 0:
+                    break
+                out[l], mv[l] = alt[l], alt_mv[l]
     else:
         out, _ = descend(start, Ld)
     if polish_above is not None:
@@ -486,6 +506,7 @@ def plan_layers_hierarchical_fast(
         rows = np.flatnonzero(sizes == size)
         mem = np.stack([members[r] for r in rows])  # [R, size]
         sub_load = np.take_along_axis(Ld[rows // N], mem, axis=1)
-        sub = plan_layers_fast(sub_load, n, W, allow_colocated=allow_colocated, spread=spread)
+        # no in-sample budget per node: a node's LPT says little about the layer's balance
+        sub = plan_layers_fast(sub_load, n, W, allow_colocated=allow_colocated, spread=spread, spread_budget=np.inf)
         out[rows] = np.take_along_axis(mem[:, None, :], sub.reshape(len(rows), 1, n * W), axis=2).reshape(-1, n, W)
     return out.reshape(nL, G, W)

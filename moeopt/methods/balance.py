@@ -17,9 +17,10 @@ largest GPU load of *every* plan, so each layer reports its gap. Works on counts
 * ``spread: true`` (the default; the ``fast`` search) gives every GPU its share of the
   replicated experts' copies (``floor`` or ``ceil`` of their number over the GPUs): a plan
   packed for the calibration loads alone leaves some GPUs with single copies only, which
-  can hand nothing over when the loads shift. Measured on the DeepSeek-V3 files (plan on
-  one, score on the other): held-out MaxVio under ``lp`` dispatch 0.51 -> 0.41 and
-  0.58 -> 0.46 at 64 x (4 + 1), in-sample MaxVio 0.0008 -> 0.0013 (EPLB: 0.019).
+  can hand nothing over when the loads shift. The in-sample mean MaxVio stays within a tenth
+  of plain LPT's (about EPLB's). Measured on the DeepSeek-V3 files (plan on one, score on
+  the other): held-out MaxVio under ``lp`` dispatch 0.51 -> 0.41 and 0.58 -> 0.46 at
+  64 x (4 + 1), in-sample MaxVio 0.0008 -> 0.0013 (EPLB: 0.019).
 * ``hierarchical: true`` keeps every expert's copies inside one node (EPLB's hierarchical
   constraint, ``cluster.gpus_per_node``): the ``fast`` search splits the experts over the nodes
   and plans every (layer, node) at once (:func:`moeopt.balance.batch.plan_layers_hierarchical_fast`),
