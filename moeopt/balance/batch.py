@@ -70,6 +70,7 @@ from moeopt.balance.loads import (
     _as_load,
     _cap,
     _check_shape,
+    _node_shape,
     gpu_loads,
 )
 from moeopt.balance.planner import plan_layer
@@ -481,14 +482,7 @@ def plan_layers_hierarchical_fast(
     Ld = _as_loads(loads)
     nL, E = Ld.shape
     n = int(gpus_per_node)
-    if n < 1 or G % n:
-        raise ValueError(f"G={G} is not a multiple of gpus_per_node={gpus_per_node}")
-    N = G // n
-    per_node = -(-E // N)
-    if per_node > n * W:
-        raise ValueError(f"{per_node} experts per node do not fit {n} x {W} slots")
-    if not allow_colocated and per_node - (1 if E % N else 0) < W:
-        raise ValueError(f"nodes get {E // N} experts, fewer than W={W}: needs allow_colocated")
+    N, per_node = _node_shape(E, G, W, n, allow_colocated)
     # experts to nodes, every layer at once: LPT then swap descent with exactly per_node items per
     # node; the N * per_node - E < N padding items are copies of one zero-load dummy expert, so no
     # node gets two of them and every node holds floor or ceil of E / N real experts

@@ -34,6 +34,20 @@ def _check_shape(E: int, G: int, W: int, allow_colocated: bool = True) -> None:
         raise ValueError(f"W={W} slots per GPU need colocated copies with only {E} experts")
 
 
+def _node_shape(E: int, G: int, W: int, n: int, allow_colocated: bool) -> tuple[int, int]:
+    """Nodes ``N = G / n`` and the most experts a node holds (``ceil(E / N)``) under the hierarchical
+    constraint; raises ValueError when the nodes cannot hold their experts."""
+    if n < 1 or G % n:
+        raise ValueError(f"G={G} is not a multiple of gpus_per_node={n}")
+    N = G // n
+    per_node = -(-E // N)
+    if per_node > n * W:
+        raise ValueError(f"{per_node} experts per node do not fit {n} x {W} slots")
+    if not allow_colocated and per_node - (1 if E % N else 0) < W:
+        raise ValueError(f"nodes get {E // N} experts, fewer than W={W}: needs allow_colocated")
+    return N, per_node
+
+
 def _cap(E: int, G: int, W: int, allow_colocated: bool) -> int:
     """Largest useful copy count of one expert: ``G`` without colocation, else all spare slots + 1."""
     spare = G * W - E + 1

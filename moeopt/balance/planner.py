@@ -9,7 +9,7 @@ from numpy.typing import ArrayLike
 
 from moeopt.balance.copies import copy_counts
 from moeopt.balance.layout import _Layout
-from moeopt.balance.loads import DEFAULT_ITERATIONS, FloatArray, IntArray, _as_load, _cap, _check_shape
+from moeopt.balance.loads import DEFAULT_ITERATIONS, FloatArray, IntArray, _as_load, _cap, _check_shape, _node_shape
 from moeopt.balance.packing import _ils, pack
 
 
@@ -40,15 +40,8 @@ def _plan_hierarchical(
     smooth_moves: int,
     lookahead: int = 4,
 ) -> IntArray:
-    if G % n:
-        raise ValueError(f"G={G} is not a multiple of gpus_per_node={n}")
     E = L.size
-    N = G // n
-    per_node = -(-E // N)
-    if per_node > n * W:
-        raise ValueError(f"{per_node} experts per node do not fit {n} x {W} slots")
-    if not allow and per_node - (1 if E % N else 0) < W:
-        raise ValueError(f"nodes get {E // N} experts, fewer than W={W}: needs allow_colocated")
+    N, per_node = _node_shape(E, G, W, n, allow)
     Ep = N * per_node
     # pad with < N zero-load dummies sharing one id, so no node gets two: every node then holds
     # floor(E/N) or ceil(E/N) experts
