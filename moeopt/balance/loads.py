@@ -41,10 +41,18 @@ def _node_shape(E: int, G: int, W: int, n: int, allow_colocated: bool) -> tuple[
         raise ValueError(f"G={G} is not a multiple of gpus_per_node={n}")
     N = G // n
     per_node = -(-E // N)
+    bigger = "use larger nodes (cluster.gpus_per_node)"
     if per_node > n * W:
-        raise ValueError(f"{per_node} experts per node do not fit {n} x {W} slots")
-    if not allow_colocated and per_node - (1 if E % N else 0) < W:
-        raise ValueError(f"nodes get {E // N} experts, fewer than W={W}: needs allow_colocated")
+        raise ValueError(
+            f"{N} nodes of {n} GPUs x {W} slots hold at most {n * W} experts each, but {E} experts need "
+            f"{per_node} in some node; {bigger} or hierarchical: false"
+        )
+    if not allow_colocated and E // N < W:
+        raise ValueError(
+            f"{N} nodes of {n} GPUs get {E // N} experts each, fewer than the {W} slots of a GPU, so some GPU "
+            f"would hold two copies of one expert; {bigger}, cluster.allow_colocated_copies: true, or "
+            "hierarchical: false"
+        )
     return N, per_node
 
 

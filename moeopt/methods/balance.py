@@ -40,6 +40,7 @@ import numpy as np
 from moeopt import balance as core
 from moeopt.balance.batch import plan_layers_fast, plan_layers_hierarchical_fast
 from moeopt.balance.bound import lower_bound_batch
+from moeopt.balance.loads import _node_shape
 from moeopt.balance.shift import shrink_loads
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.evaluate import maxvio
@@ -119,25 +120,13 @@ def robust_snapshots(problem: Problem, windows: int = DEFAULT_ROBUST_STEPS) -> n
 
 def check_hierarchical(problem: Problem) -> None:
     """Raise :class:`InfeasibleError` when the nodes cannot hold their experts under the
-    hierarchical constraint (``floor`` or ``ceil`` of ``E / N`` experts per node of ``n`` GPUs x
-    ``W`` slots), saying what would fix it."""
+    hierarchical constraint (:func:`moeopt.balance.loads._node_shape`), saying what would fix it."""
     c = problem.instance.cluster
-    G, W, n, E = c.gpus, c.width, c.gpus_per_node, problem.experts
-    N = G // n
-    lo, hi = E // N, -(-E // N)
-    src = f"{problem.instance.source}: " if problem.instance.source else ""
-    fix = "use larger nodes (cluster.gpus_per_node) or hierarchical: false"
-    if hi > n * W:
-        raise InfeasibleError(
-            f"{src}method.hierarchical: {N} nodes of {n} GPUs x {W} slots hold at most {n * W} experts each, "
-            f"but {E} experts need {hi} in some node; {fix}"
-        )
-    if not c.allow_colocated_copies and lo < W:
-        raise InfeasibleError(
-            f"{src}method.hierarchical: {N} nodes of {n} GPUs get {lo} experts each, fewer than the {W} slots "
-            f"of a GPU, so some GPU would hold two copies of one expert; {fix}, or set "
-            "cluster.allow_colocated_copies: true"
-        )
+    try:
+        _node_shape(problem.experts, c.gpus, c.width, c.gpus_per_node, c.allow_colocated_copies)
+    except ValueError as exc:
+        src = f"{problem.instance.source}: " if problem.instance.source else ""
+        raise InfeasibleError(f"{src}method.hierarchical: {exc}") from None
 
 
 @dataclass
