@@ -66,6 +66,19 @@ def test_balance_vs_eplb_in_sample(deepseek_few_layers):
     assert ours <= 0.1 * eplb
 
 
+@pytest.mark.parametrize(("params", "joined"), [({}, False), ({"dispatch": "lp"}, True), ({"connect": True}, True)])
+def test_lp_plans_connect_the_copy_graph(deepseek_few_layers, params, joined):
+    """Under lp dispatch (or when asked) every layer's GPUs are joined by shared experts."""
+    from moeopt.balance.batch import copy_graph_batch
+
+    r = solve(instance(deepseek_few_layers, **params))
+    counts = r.plan.copy_counts
+    comps = copy_graph_batch(r.plan.slots, counts)[1]
+    assert (comps == 1).all() if joined else (comps > 1).any()
+    assert r.plan.dispatch.kind == params.get("dispatch", "even")
+    assert r.bound <= r.objective + 1e-12
+
+
 @pytest.mark.parametrize("search", ["fast", "thorough"])
 def test_hierarchical_keeps_copies_in_a_node(deepseek_few_layers, search):
     """hierarchical: every expert's copies sit inside one node of 8 GPUs (both searches)."""

@@ -117,19 +117,19 @@ def test_lpt_pack_batch_repairs_stuck_layers_like_per_layer():
 
 
 @settings(deadline=None)
-@given(layers(max_l=4, max_e=12, max_g=6, max_w=4), st.sampled_from([None, 1, 8]), st.booleans())
-def test_plan_layers_fast_valid_never_worse_than_lpt(case, partners, spread):
+@given(layers(max_l=4, max_e=12, max_g=6, max_w=4), st.sampled_from([None, 1, 8]), st.booleans(), st.booleans())
+def test_plan_layers_fast_valid_never_worse_than_lpt(case, partners, spread, connect):
     loads, G, W, allow = case
     nL, E = loads.shape
-    out = BB.plan_layers_fast(loads, G, W, allow_colocated=allow, partners=partners, spread=spread)
+    out = BB.plan_layers_fast(loads, G, W, allow_colocated=allow, partners=partners, spread=spread, connect=connect)
     assert out.shape == (nL, G, W)
     for l, row in enumerate(loads):
         check_layer(out[l], E, G, W, allow)
         lpt = lpt_reference(row, G, W, allow)
         assert B.gpu_loads(out[l], row).max() <= B.gpu_loads(lpt, row).max() * (1 + 1e-12) + 1e-12
-    again = BB.plan_layers_fast(loads, G, W, allow_colocated=allow, partners=partners, spread=spread)
+    again = BB.plan_layers_fast(loads, G, W, allow_colocated=allow, partners=partners, spread=spread, connect=connect)
     assert np.array_equal(out, again)
-    if spread:  # in sample within a tenth of LPT's mean MaxVio wherever the plain descent is
+    if spread or connect:  # in sample within a tenth of LPT's mean MaxVio wherever the plain descent is
         plain = BB.maxvio_batch(BB.plan_layers_fast(loads, G, W, allow_colocated=allow, partners=partners), loads)
         lpt = np.array([B.maxvio(lpt_reference(row, G, W, allow), row) for row in loads])
         assert BB.maxvio_batch(out, loads).sum() <= max(0.1 * lpt.sum(), plain.sum()) + 1e-9
@@ -173,6 +173,61 @@ def test_swap_descent_with_classes_keeps_every_gpu_class_counts(case, seed):
             after = (classes[l][out[l]] == k).sum(axis=1)
             assert np.array_equal(before, after)
         assert B.gpu_loads(out[l], loads[l]).max() <= B.gpu_loads(start[l], loads[l]).max() + 1e-9
+
+
+def copy_graph_reference(slots: np.ndarray, E: int) -> tuple[int, int]:
+    """Components of the GPUs joined by shared experts, and the cycle rank of the bipartite
+    GPU-expert graph of the replicated copies (edges - nodes + components), by networkx."""
+    import networkx as nx
+
+    G = slots.shape[0]
+    c = np.bincount(slots.ravel(), minlength=E)
+    bip = nx.MultiGraph()
+    bip.add_nodes_from(("g", g) for g in range(G))
+    for g, row in enumerate(slots):
+        for x in row:
+            if c[x] >= 2:
+                bip.add_edge(("g", g), ("e", int(x)))
+    gpus = {g: i for i, comp in enumerate(nx.connected_components(bip)) for kind, g in comp if kind == "g"}
+    rank = bip.number_of_edges() - bip.number_of_nodes() + nx.number_connected_components(bip)
+    return len(set(gpus.values())), rank
+
+
+@settings(deadline=None)
+@given(layers(max_l=3, max_e=14, max_g=6, max_w=4))
+def test_connect_copies_merges_two_components_per_exchange(case):
+    loads, G, W, allow = case
+    nL, E = loads.shape
+    c = BB.copy_counts_batch(loads, G * W, _cap(E, G, W, allow))
+    start = BB.spread_pack_batch(loads, c, G, W, allow)[0] if not allow else BB.lpt_pack_batch(loads, c, G, W, allow)
+    _, before, off_tree = BB.copy_graph_batch(start, c)
+    for l in range(nL):  # the graph's components and cycles, as networkx counts them
+        comps, rank = copy_graph_reference(start[l], E)
+        assert before[l] == comps and off_tree[l].sum() == rank
+    out, swaps = BB.connect_copies_batch(start, loads)
+    _, after, _ = BB.copy_graph_batch(out, c)
+    for l in range(nL):
+        check_layer(out[l], E, G, W, allow)
+        assert np.array_equal(np.bincount(out[l].ravel(), minlength=E), c[l])  # copy counts kept
+        single = c[l][start[l]] == 1
+        assert np.array_equal(out[l][single], start[l][single])  # single copies never move
+        assert after[l] == before[l] - swaps[l]  # every exchange merged two components
+        assert after[l] == copy_graph_reference(out[l], E)[0]
+
+
+def test_connect_on_real_loads_joins_every_gpu_and_keeps_the_balance():
+    # packing for balance alone leaves several groups of GPUs per layer that share no expert (under
+    # lp dispatch none can hand load to another); connecting leaves one, at LPT's balance or better
+    loads = real_loads()
+    for G, W in ((64, 5), (32, 9)):
+        c = BB.copy_counts_batch(loads, G * W, _cap(256, G, W, False))
+        spread = BB.plan_layers_fast(loads, G, W, spread=True)
+        joined = BB.plan_layers_fast(loads, G, W, spread=True, connect=True)
+        assert BB.copy_graph_batch(spread, c)[1].mean() > 3
+        assert (BB.copy_graph_batch(joined, c)[1] == 1).all()
+        lpt = np.array([B.maxvio(lpt_reference(row, G, W, False), row) for row in loads])
+        assert (BB.maxvio_batch(joined, loads) <= lpt + 1e-12).all()
+        assert BB.maxvio_batch(joined, loads).mean() < lpt.mean() / 5
 
 
 def test_spread_on_real_loads_leaves_no_gpu_without_a_replicated_copy():

@@ -35,7 +35,14 @@ Algorithm (:func:`plan_layers_fast`)
    end; a layer that ends above plain LPT's largest GPU load gets the plain descent from LPT.
    Why: formulations/balance.md ("Spreading the replicated copies"). It costs about 1.5x the
    plain path's time.
-4. Optional **polish** (``polish_above``): layers whose MaxVio is still above it are re-planned by
+4. Optional **connect** (``connect``, the ``balance`` method's default under ``lp`` dispatch):
+   :func:`connect_copies_batch` exchanges copies of replicated experts, closest per-copy loads
+   first, until every layer's copy graph (GPUs joined by shared experts) is connected, then a swap
+   descent over single copies only repairs the loads (the replicated copies, and so the graph,
+   stay). Under ``lp`` a GPU hands load only along that graph. On the bundled DeepSeek-V3 files
+   (plan on one, score on the other) held-out ``lp`` MaxVio drops 3-16 %, for about 30 ms more;
+   a layer that ends above plain LPT's largest GPU load keeps its plan without it.
+5. Optional **polish** (``polish_above``): layers whose MaxVio is still above it are re-planned by
    :func:`moeopt.balance.plan_layer` (better of LPT/differencing starts, replace moves, iterated local
    search); its plan is kept only where it is better. It costs about 25 ms per layer: on the bundled
    DeepSeek-V3 loads at 64 x 5 it lowers the mean MaxVio from about 0.00075 to 0.0004 for 30x the
@@ -60,6 +67,8 @@ from functools import partial
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 
 from moeopt.balance.copies import copy_counts
 from moeopt.balance.loads import (
@@ -77,7 +86,9 @@ from moeopt.balance.planner import plan_layer
 from moeopt.packing import lpt_pack_batch, spread_pack_batch
 
 __all__ = [
+    "connect_copies_batch",
     "copy_counts_batch",
+    "copy_graph_batch",
     "gpu_loads_batch",
     "lpt_pack_batch",
     "maxvio_batch",
@@ -359,6 +370,124 @@ def _best_swaps(
     return i, cand[ra, q], j, val[ra, k]
 
 
+def copy_graph_batch(slots: ArrayLike, counts: ArrayLike) -> tuple[IntArray, IntArray, NDArray[np.bool_]]:
+    """The copy graph of every layer: GPUs joined by the experts they share.
+
+    As a bipartite graph (a node per GPU and per expert, an edge per copy of a replicated
+    expert), every layer at once (one block per layer). Returns the component of every GPU
+    ``[L, G]``, the number of components per layer ``[L]``, and per slot ``[L, G * W]`` whether its
+    copy is a non-tree edge of a spanning forest: such a copy lies on a cycle, so moving it away
+    leaves its component connected.
+    """
+    ef = np.asarray(slots, dtype=np.int64)
+    nL, G, W = ef.shape
+    ef = ef.reshape(nL, G * W)
+    cnt = np.asarray(counts, dtype=np.int64)
+    E = cnt.shape[1]
+    V = G + E
+    multi = (np.take_along_axis(cnt, ef, axis=1) >= 2).ravel()
+    lay = np.repeat(np.arange(nL), G * W)
+    u = (lay * V + np.tile(np.repeat(np.arange(G), W), nL))[multi]
+    v = (lay * V + G + ef.ravel())[multi]
+    N = nL * V
+    # one edge per (GPU, expert): a colocated copy is a parallel edge, on a cycle of two
+    key, first, inverse = np.unique(u * N + v, return_index=True, return_inverse=True)
+    # distinct weights 1..m: the spanning forest's data names its edges
+    graph = coo_matrix((np.arange(1, key.size + 1, dtype=np.float64), (u[first], v[first])), shape=(N, N)).tocsr()
+    _, label = connected_components(graph, directed=False)
+    tree = np.zeros(key.size, dtype=bool)
+    tree[minimum_spanning_tree(graph).data.astype(np.int64) - 1] = True
+    in_tree = np.zeros(u.size, dtype=bool)
+    in_tree[first] = tree
+    off_tree = np.zeros(nL * G * W, dtype=bool)
+    off_tree[np.flatnonzero(multi)] = ~in_tree
+    glab = label.reshape(nL, V)[:, :G]
+    srt = np.sort(glab, axis=1)
+    return glab, 1 + (srt[:, 1:] != srt[:, :-1]).sum(axis=1), off_tree.reshape(nL, G * W)
+
+
+def connect_copies_batch(slots: ArrayLike, loads: ArrayLike) -> tuple[IntArray, IntArray]:
+    """Exchange copies of replicated experts until every layer's copy graph is connected.
+
+    Under ``lp`` dispatch a GPU hands load only to GPUs it shares an expert with, and through
+    them further along the copy graph (GPUs joined by shared experts); a component of that graph
+    balances only within itself. With ``R`` redundant copies the graph can be connected when
+    ``R >= G - 1`` (a spanning tree uses ``G - 1``), but packing for balance alone leaves about
+    seven components per DeepSeek-V3 layer at ``R = G``.
+
+    Every round, for every layer: each exchange of a copy ``p`` on a cycle (a non-tree edge of
+    :func:`copy_graph_batch`, component A) with a copy ``q`` of another replicated expert in
+    another component B (no colocation) merges A and B (A stays connected without ``p``; ``q``'s
+    GPU joins A through ``p``'s expert, ``p``'s GPU joins the rest of B through ``q``'s), so the
+    exchanges with the closest per-copy loads are applied, at most one per component in a round.
+    A layer stops when connected or when no such exchange exists. Single copies never move, so
+    the loads change only by the exchanged copies' differences (a single-copy descent repairs
+    them, :func:`plan_layers_fast`).
+
+    Returns the slots ``[L, G, W]`` and the exchanges per layer ``[L]``.
+    """
+    ef = np.array(slots, dtype=np.int64)
+    nL, G, W = ef.shape
+    P = G * W
+    Ld = _as_loads(loads)
+    E = Ld.shape[1]
+    ef = ef.reshape(nL, P)
+    cnt = np.zeros((nL, E), dtype=np.int64)
+    np.add.at(cnt, (np.repeat(np.arange(nL), P), ef.ravel()), 1)
+    share = Ld / cnt
+    gof = np.repeat(np.arange(G), W)
+    pres = np.zeros((nL, G, E), dtype=np.int64)  # copies of each expert on each GPU
+    np.add.at(pres, (np.repeat(np.arange(nL), P), np.tile(gof, nL), ef.ravel()), 1)
+    multi_all = np.take_along_axis(cnt, ef, axis=1) >= 2
+    act = np.arange(nL)
+    swaps = np.zeros(nL, dtype=np.int64)
+    for _ in range(G):  # every round merges at least one pair of components per active layer
+        glab, n, off_tree = copy_graph_batch(ef[act].reshape(-1, G, W), cnt[act])
+        keep = (n > 1) & off_tree.any(axis=1)
+        act, glab, off_tree = act[keep], glab[keep], off_tree[keep]
+        if act.size == 0:
+            break
+        multi = multi_all[act]
+        A, K, M = act.size, int(off_tree.sum(axis=1).max()), int(multi.sum(axis=1).max())
+        pk = np.argsort(~off_tree, axis=1, kind="stable")[:, :K]  # slots of copies on cycles
+        qm = np.argsort(~multi, axis=1, kind="stable")[:, :M]  # slots of replicated copies
+        efa = ef[act]
+        xp, xq = np.take_along_axis(efa, pk, axis=1), np.take_along_axis(efa, qm, axis=1)
+        gp, gq = gof[pk], gof[qm]
+        cp_, cq = np.take_along_axis(glab, gp, axis=1), np.take_along_axis(glab, gq, axis=1)
+        la = act[:, None, None]
+        ok = np.take_along_axis(off_tree, pk, axis=1)[:, :, None] & np.take_along_axis(multi, qm, axis=1)[:, None, :]
+        ok &= cp_[:, :, None] != cq[:, None, :]
+        ok &= (pres[la, gp[:, :, None], xq[:, None, :]] == 0) & (pres[la, gq[:, None, :], xp[:, :, None]] == 0)
+        diff = np.abs(share[act[:, None], xp][:, :, None] - share[act[:, None], xq][:, None, :])
+        cost = np.where(ok, diff, np.inf).reshape(A, K * M)
+        comp_p = np.broadcast_to(cp_[:, :, None], (A, K, M)).reshape(A, K * M)
+        comp_q = np.broadcast_to(cq[:, None, :], (A, K, M)).reshape(A, K * M)
+        ar = np.arange(A)
+        moved = np.zeros(A, dtype=bool)
+        while True:  # disjoint merges in one round: each component in at most one exchange
+            k = cost.argmin(axis=1)
+            a = ar[np.isfinite(cost[ar, k])]
+            if a.size == 0:
+                break
+            i, j = np.divmod(k[a], M)
+            lay, p1, p2 = act[a], pk[a, i], qm[a, j]
+            x1, x2 = ef[lay, p1], ef[lay, p2]
+            g1, g2 = gof[p1], gof[p2]
+            ef[lay, p1], ef[lay, p2] = x2, x1
+            pres[lay, g1, x1] -= 1
+            pres[lay, g2, x2] -= 1
+            pres[lay, g1, x2] += 1
+            pres[lay, g2, x1] += 1
+            swaps[lay] += 1
+            moved[a] = True
+            c1, c2 = cp_[a, i][:, None], cq[a, j][:, None]
+            used = (comp_p[a] == c1) | (comp_p[a] == c2) | (comp_q[a] == c1) | (comp_q[a] == c2)
+            cost[a] = np.where(used, np.inf, cost[a])
+        act = act[moved]
+    return ef.reshape(nL, G, W), swaps
+
+
 # --------------------------------------------------------------------------------------------------
 # whole model
 # --------------------------------------------------------------------------------------------------
@@ -377,6 +506,7 @@ def plan_layers_fast(
     polish_iterations: int = DEFAULT_ITERATIONS,
     spread: bool = False,
     spread_budget: float = 0.1,
+    connect: bool = False,
 ) -> IntArray:
     """Plan every layer of ``loads[L, E]`` at once; returns expert ids ``slots[L, G, W]``.
 
@@ -408,9 +538,14 @@ def plan_layers_fast(
         (see the module notes); a layer where this ends above plain LPT's largest GPU load is
         planned without it.
     spread_budget : float
-        With ``spread``: the mean MaxVio over layers stays within this fraction of plain LPT's
-        (about EPLB's) where the plain descent can keep it there: the layers where spreading
-        costs the most in sample are planned without it until it does.
+        With ``spread`` or ``connect``: the mean MaxVio over layers stays within this fraction of plain LPT's
+        (about EPLB's) where the plain descent can keep it there: the layers where they cost the
+        most in sample are planned without them until it does.
+    connect : bool
+        Connect every layer's copy graph (:func:`connect_copies_batch`), then repair the loads by
+        a swap descent over single copies only (the replicated copies, and so the graph, stay),
+        for ``lp`` dispatch: a connected plan can move load between any two GPUs. A layer that
+        ends above plain LPT's largest GPU load keeps its plan without it.
 
     Returns
     -------
@@ -430,35 +565,62 @@ def plan_layers_fast(
     descend = partial(
         swap_descent_batch, allow_colocated=allow_colocated, target=target, max_rounds=max_rounds, partners=partners
     )
+    plain_plan: IntArray | None = None  # the plain descent from LPT, computed once when needed
+
+    def plain() -> IntArray:
+        nonlocal plain_plan
+        if plain_plan is None:
+            plain_plan, _ = descend(start, Ld)
+        return plain_plan
+
+    if not (spread or connect) or nL == 0:
+        out = plain()
+        return out if polish_above is None else _polish(out, Ld, G, W, allow_colocated, polish_above, polish_iterations)
+    lpt_mv = maxvio_batch(start, Ld)
+    budget = spread_budget * lpt_mv.sum() if np.isfinite(spread_budget) else np.inf
     if spread:
         spread_start, ok = spread_pack_batch(Ld, c, G, W, allow_colocated)
         out, _ = descend(spread_start, Ld, classes=(c >= 2).astype(np.int64))
         # never worse than LPT: a layer above plain LPT's largest GPU load is planned without spreading
-        lpt_mv = maxvio_batch(start, Ld)
         mv = maxvio_batch(out, Ld)
-        plain = ~ok | (mv > lpt_mv)
-        if plain.any():
-            out[plain], _ = descend(start[plain], Ld[plain])
-            mv[plain] = maxvio_batch(out[plain], Ld[plain])
-        # in sample, the mean MaxVio stays within spread_budget of LPT's: where spreading costs more,
-        # the layers where it costs most are planned without it
-        budget = spread_budget * lpt_mv.sum() if np.isfinite(spread_budget) else np.inf
-        if mv.sum() > budget:
-            alt, _ = descend(start, Ld)
-            alt_mv = maxvio_batch(alt, Ld)
-            gain = mv - alt_mv
-            for l in np.argsort(-gain, kind="stable"):
-                if mv.sum() <= budget or gain[l] <= 0:
-                    break
-                out[l], mv[l] = alt[l], alt_mv[l]
+        back = ~ok | (mv > lpt_mv)
+        if back.any():
+            out[back] = plain()[back]
+            mv[back] = maxvio_batch(out[back], Ld[back])
     else:
-        out, _ = descend(start, Ld)
-    if polish_above is not None:
+        out = plain().copy()
         mv = maxvio_batch(out, Ld)
-        for l in np.flatnonzero(mv > polish_above):
-            alt = plan_layer(Ld[l], G, W, allow_colocated=allow_colocated, seed=int(l), iterations=polish_iterations)
-            if gpu_loads(alt, Ld[l]).max() < gpu_loads(out[l], Ld[l]).max():
-                out[l] = alt
+    if connect and W > 1:
+        joined, _ = connect_copies_batch(out, Ld)
+        # repair by single copies only: a replicated expert is a class of its own, so its copies stay
+        frozen = np.where(c >= 2, 1 + np.arange(E)[None, :], 0)
+        joined, _ = descend(joined, Ld, classes=frozen)
+        joined_mv = maxvio_batch(joined, Ld)
+        take = joined_mv <= lpt_mv
+        out[take], mv[take] = joined[take], joined_mv[take]
+    # in sample, the mean MaxVio stays within spread_budget of LPT's: where spreading or connecting
+    # costs more, the layers where it costs most get the plain descent
+    if (spread or connect) and mv.sum() > budget:
+        alt = plain()
+        alt_mv = maxvio_batch(alt, Ld)
+        gain = mv - alt_mv
+        for l in np.argsort(-gain, kind="stable"):
+            if mv.sum() <= budget or gain[l] <= 0:
+                break
+            out[l], mv[l] = alt[l], alt_mv[l]
+    return out if polish_above is None else _polish(out, Ld, G, W, allow_colocated, polish_above, polish_iterations)
+
+
+def _polish(
+    out: IntArray, Ld: FloatArray, G: int, W: int, allow_colocated: bool, above: float, iterations: int
+) -> IntArray:
+    """Layers of ``out`` with MaxVio above ``above`` re-planned by :func:`moeopt.balance.plan_layer`
+    (seed = layer index), the better plan kept."""
+    mv = maxvio_batch(out, Ld)
+    for l in np.flatnonzero(mv > above):
+        alt = plan_layer(Ld[l], G, W, allow_colocated=allow_colocated, seed=int(l), iterations=iterations)
+        if gpu_loads(alt, Ld[l]).max() < gpu_loads(out[l], Ld[l]).max():
+            out[l] = alt
     return out
 
 
