@@ -15,7 +15,7 @@ from moeopt.balance import batch as BB
 from moeopt.balance.bound import _pigeonhole_feasible, _pigeonhole_feasible_batch, lower_bound_batch
 from moeopt.balance.layout import _Layout
 from moeopt.balance.loads import _cap
-from moeopt.packing import spread_pack_batch
+from moeopt.packing import lpt_and_spread_pack_batch, spread_pack_batch
 
 REAL = Path(__file__).resolve().parents[1] / "instances" / "real" / "deepseek_v3_prefill_in1024.json"
 
@@ -148,6 +148,9 @@ def test_spread_pack_holds_every_copy_and_spreads_replicated_ones(case):
     nL, E = loads.shape
     c = BB.copy_counts_batch(loads, G * W, _cap(E, G, W, allow))
     out, ok = spread_pack_batch(loads, c, G, W, allow)
+    lpt, both, ok2 = lpt_and_spread_pack_batch(loads, c, G, W, allow)  # the two packings in one pass
+    assert np.array_equal(lpt, BB.lpt_pack_batch(loads, c, G, W, allow))
+    assert np.array_equal(both, out) and np.array_equal(ok2, ok)
     for l in range(nL):
         check_layer(out[l], E, G, W, allow)
         assert np.array_equal(np.bincount(out[l].ravel(), minlength=E), c[l])  # the copy counts as given
@@ -199,7 +202,7 @@ def test_connect_copies_merges_two_components_per_exchange(case):
     loads, G, W, allow = case
     nL, E = loads.shape
     c = BB.copy_counts_batch(loads, G * W, _cap(E, G, W, allow))
-    start = BB.spread_pack_batch(loads, c, G, W, allow)[0] if not allow else BB.lpt_pack_batch(loads, c, G, W, allow)
+    start = spread_pack_batch(loads, c, G, W, allow)[0] if not allow else BB.lpt_pack_batch(loads, c, G, W, allow)
     _, before, off_tree = BB.copy_graph_batch(start, c)
     for l in range(nL):  # the graph's components and cycles, as networkx counts them
         comps, rank = copy_graph_reference(start[l], E)

@@ -83,7 +83,7 @@ from moeopt.balance.loads import (
     gpu_loads,
 )
 from moeopt.balance.planner import plan_layer
-from moeopt.packing import lpt_pack_batch, spread_pack_batch
+from moeopt.packing import lpt_and_spread_pack_batch, lpt_pack_batch
 
 __all__ = [
     "connect_copies_batch",
@@ -110,14 +110,19 @@ def _as_loads(loads: ArrayLike) -> FloatArray:
     return _as_load(loads, ndim=2)
 
 
+def _copies_batch(flat: IntArray, E: int) -> IntArray:
+    """int ``[L, E]``: copies of every expert in ``flat[L, P]`` (one bincount for all layers)."""
+    nL = flat.shape[0]
+    return np.bincount((np.arange(nL)[:, None] * E + flat).ravel(), minlength=nL * E).reshape(nL, E)
+
+
 def gpu_loads_batch(slots: ArrayLike, loads: ArrayLike) -> FloatArray:
     """float ``[L, G]``: per-GPU loads of ``slots[L, G, W]`` under ``even`` dispatch."""
     s = np.asarray(slots, dtype=np.int64)
     Ld = np.asarray(loads, dtype=np.float64)
     nL, E = Ld.shape
     flat = s.reshape(nL, -1)
-    c = np.zeros((nL, E), dtype=np.int64)
-    np.add.at(c, (np.repeat(np.arange(nL), flat.shape[1]), flat.ravel()), 1)
+    c = _copies_batch(flat, E)
     share = Ld / np.maximum(c, 1)
     return np.take_along_axis(share, flat, axis=1).reshape(s.shape).sum(axis=2)
 
@@ -197,7 +202,7 @@ def swap_descent_batch(
     loads: ArrayLike,
     *,
     allow_colocated: bool = False,
-    target: float | None = None,
+    target: float | ArrayLike | None = None,
     max_rounds: int | None = None,
     partners: int | None = DEFAULT_PARTNERS,
     classes: ArrayLike | None = None,
@@ -219,8 +224,8 @@ def swap_descent_batch(
     loads : array_like of float, shape (L, E)
     allow_colocated : bool
         Allow exchanges that put two copies of one expert on one GPU.
-    target : float, optional
-        A layer stops once its MaxVio is ``<= target``.
+    target : float or array_like of float, shape (L,), optional
+        A layer stops once its MaxVio is ``<= target`` (one value, or one per layer).
     max_rounds : int, optional
         Cap on rounds, i.e. exchanges per layer (default ``4 * G * W``).
     partners : int, optional
@@ -243,8 +248,7 @@ def swap_descent_batch(
     E = Ld.shape[1]
     if e.size and (e.min() < 0 or e.max() >= E):
         raise ValueError("slot holds an expert id outside [0, E)")
-    cnt = np.zeros((nL, E), dtype=np.int64)
-    np.add.at(cnt, (np.repeat(np.arange(nL), P), e.reshape(nL, P).ravel()), 1)
+    cnt = _copies_batch(e.reshape(nL, P), E)
     if np.any(cnt < 1):
         raise ValueError("a layer has an expert without a copy")
     if not allow_colocated and W > 1:
@@ -255,7 +259,7 @@ def swap_descent_batch(
     s = w.sum(axis=2)
     mean = s.mean(axis=1)
     tol = _TOL * np.maximum(mean, 1e-300)
-    stop = mean * (1.0 + target) if target is not None else np.full(nL, -np.inf)
+    stop = mean * (1.0 + np.asarray(target, dtype=np.float64)) if target is not None else np.full(nL, -np.inf)
     rounds = 4 * P if max_rounds is None else int(max_rounds)
     swaps = np.zeros(nL, dtype=np.int64)
     act = np.flatnonzero(mean > 0)
@@ -362,7 +366,7 @@ def _best_swaps(
     d += sb[:, None, None]  # the source gains d, the partner loses d
     np.maximum(val, d, out=val)
     if c2 is not None:  # an exchange across classes is inadmissible
-        val[c2[fb][:, :, None] != c2[rows].reshape(A, 1, Qn * W)] = np.inf
+        np.copyto(val, np.inf, where=c2[fb][:, :, None] != c2[rows].reshape(A, 1, Qn * W))
     val = val.reshape(A, -1)
     k = val.argmin(axis=1)
     i, r = np.divmod(k, Qn * W)
@@ -391,11 +395,15 @@ def copy_graph_batch(slots: ArrayLike, counts: ArrayLike) -> tuple[IntArray, Int
     v = (lay * V + G + ef.ravel())[multi]
     N = nL * V
     # one edge per (GPU, expert): a colocated copy is a parallel edge, on a cycle of two
-    key, first, inverse = np.unique(u * N + v, return_index=True, return_inverse=True)
+    srt = np.sort(ef.reshape(nL * G, W), axis=1)
+    if W > 1 and (srt[:, 1:] == srt[:, :-1]).any():
+        first = np.unique(u * N + v, return_index=True)[1]
+    else:
+        first = np.arange(u.size)
     # distinct weights 1..m: the spanning forest's data names its edges
-    graph = coo_matrix((np.arange(1, key.size + 1, dtype=np.float64), (u[first], v[first])), shape=(N, N)).tocsr()
+    graph = coo_matrix((np.arange(1, first.size + 1, dtype=np.float64), (u[first], v[first])), shape=(N, N)).tocsr()
     _, label = connected_components(graph, directed=False)
-    tree = np.zeros(key.size, dtype=bool)
+    tree = np.zeros(first.size, dtype=bool)
     tree[minimum_spanning_tree(graph).data.astype(np.int64) - 1] = True
     in_tree = np.zeros(u.size, dtype=bool)
     in_tree[first] = tree
@@ -415,76 +423,89 @@ def connect_copies_batch(slots: ArrayLike, loads: ArrayLike) -> tuple[IntArray, 
     ``R >= G - 1`` (a spanning tree uses ``G - 1``), but packing for balance alone leaves about
     seven components per DeepSeek-V3 layer at ``R = G``.
 
-    Every round, for every layer: each exchange of a copy ``p`` on a cycle (a non-tree edge of
-    :func:`copy_graph_batch`, component A) with a copy ``q`` of another replicated expert in
-    another component B (no colocation) merges A and B (A stays connected without ``p``; ``q``'s
-    GPU joins A through ``p``'s expert, ``p``'s GPU joins the rest of B through ``q``'s), so the
-    exchanges with the closest per-copy loads are applied, at most one per component in a round.
-    A layer stops when connected or when no such exchange exists. Single copies never move, so
-    the loads change only by the exchanged copies' differences (a single-copy descent repairs
-    them, :func:`plan_layers_fast`).
+    On the bipartite GPU-expert graph of :func:`copy_graph_batch` with a spanning forest F: the
+    exchange of a copy ``p`` = (GPU a, expert x) off F (component A) with a copy ``q`` = (GPU b,
+    expert y) of component B != A (no colocation) merges A and B: A stays spanned by F without
+    ``p``; (b, x) joins B's part holding b to A and (a, y) joins A to B's part holding y. F minus
+    ``q`` plus (b, x) and, when ``q`` was on F, (a, y) spans the merged component, so every other
+    copy off F stays off it and (a, y) is off it when ``q`` was: the forest is kept up to date
+    without recomputing it. Every step applies, per layer, the exchange with the closest per-copy
+    loads; a layer stops when connected or when no such exchange exists. Single copies never
+    move, so the loads change only by the exchanged copies' differences (a single-copy descent
+    repairs them, :func:`plan_layers_fast`).
 
-    Returns the slots ``[L, G, W]`` and the exchanges per layer ``[L]``.
+    Returns the slots ``[L, G, W]`` and the exchanges per layer ``[L]`` (each merged two
+    components).
     """
     ef = np.array(slots, dtype=np.int64)
     nL, G, W = ef.shape
     P = G * W
     Ld = _as_loads(loads)
     E = Ld.shape[1]
+    glab, n, off_tree = copy_graph_batch(ef, _copies_batch(ef.reshape(nL, P), E))
     ef = ef.reshape(nL, P)
-    cnt = np.zeros((nL, E), dtype=np.int64)
-    np.add.at(cnt, (np.repeat(np.arange(nL), P), ef.ravel()), 1)
+    cnt = _copies_batch(ef, E)
     share = Ld / cnt
     gof = np.repeat(np.arange(G), W)
-    pres = np.zeros((nL, G, E), dtype=np.int64)  # copies of each expert on each GPU
-    np.add.at(pres, (np.repeat(np.arange(nL), P), np.tile(gof, nL), ef.ravel()), 1)
-    multi_all = np.take_along_axis(cnt, ef, axis=1) >= 2
-    act = np.arange(nL)
+    pres = _copies_batch(ef.reshape(nL * G, W), E).ravel()  # copies of expert x on GPU g: [(layer * G + g) * E + x]
+    multi = np.take_along_axis(cnt, ef, axis=1) >= 2
     swaps = np.zeros(nL, dtype=np.int64)
-    for _ in range(G):  # every round merges at least one pair of components per active layer
-        glab, n, off_tree = copy_graph_batch(ef[act].reshape(-1, G, W), cnt[act])
-        keep = (n > 1) & off_tree.any(axis=1)
-        act, glab, off_tree = act[keep], glab[keep], off_tree[keep]
+    while True:  # a pass over the copies off the forest; the next pass sees those the exchanges added
+        act = np.flatnonzero((n > 1) & off_tree.any(axis=1))
         if act.size == 0:
             break
-        multi = multi_all[act]
-        A, K, M = act.size, int(off_tree.sum(axis=1).max()), int(multi.sum(axis=1).max())
-        pk = np.argsort(~off_tree, axis=1, kind="stable")[:, :K]  # slots of copies on cycles
-        qm = np.argsort(~multi, axis=1, kind="stable")[:, :M]  # slots of replicated copies
-        efa = ef[act]
-        xp, xq = np.take_along_axis(efa, pk, axis=1), np.take_along_axis(efa, qm, axis=1)
+        K, M = int(off_tree[act].sum(axis=1).max()), int(multi[act].sum(axis=1).max())
+        pk = np.argsort(~off_tree[act], axis=1, kind="stable")[:, :K]  # slots of copies off the forest
+        qm = np.argsort(~multi[act], axis=1, kind="stable")[:, :M]  # slots of replicated copies
+        alive = (
+            np.take_along_axis(off_tree[act], pk, axis=1)[:, :, None]
+            & np.take_along_axis(multi[act], qm, axis=1)[:, None, :]
+        )
+        alive &= pk[:, :, None] != qm[:, None, :]
         gp, gq = gof[pk], gof[qm]
-        cp_, cq = np.take_along_axis(glab, gp, axis=1), np.take_along_axis(glab, gq, axis=1)
-        la = act[:, None, None]
-        ok = np.take_along_axis(off_tree, pk, axis=1)[:, :, None] & np.take_along_axis(multi, qm, axis=1)[:, None, :]
-        ok &= cp_[:, :, None] != cq[:, None, :]
-        ok &= (pres[la, gp[:, :, None], xq[:, None, :]] == 0) & (pres[la, gq[:, None, :], xp[:, :, None]] == 0)
-        diff = np.abs(share[act[:, None], xp][:, :, None] - share[act[:, None], xq][:, None, :])
-        cost = np.where(ok, diff, np.inf).reshape(A, K * M)
-        comp_p = np.broadcast_to(cp_[:, :, None], (A, K, M)).reshape(A, K * M)
-        comp_q = np.broadcast_to(cq[:, None, :], (A, K, M)).reshape(A, K * M)
-        ar = np.arange(A)
-        moved = np.zeros(A, dtype=bool)
-        while True:  # disjoint merges in one round: each component in at most one exchange
-            k = cost.argmin(axis=1)
-            a = ar[np.isfinite(cost[ar, k])]
-            if a.size == 0:
+        merged_any = False
+        while True:
+            r = np.flatnonzero(alive.any(axis=(1, 2)))  # rows (layers of act) with candidates left
+            if r.size == 0:
                 break
-            i, j = np.divmod(k[a], M)
+            lay_r, pk_r, qm_r, gp_r, gq_r = act[r], pk[r], qm[r], gp[r], gq[r]
+            efr = ef[lay_r]
+            xp, xq = np.take_along_axis(efr, pk_r, axis=1), np.take_along_axis(efr, qm_r, axis=1)
+            cp_, cq = np.take_along_axis(glab[lay_r], gp_r, axis=1), np.take_along_axis(glab[lay_r], gq_r, axis=1)
+            rowp, rowq = (lay_r[:, None] * G + gp_r) * E, (lay_r[:, None] * G + gq_r) * E
+            ok = alive[r] & (cp_[:, :, None] != cq[:, None, :])
+            ok &= pres[rowp[:, :, None] + xq[:, None, :]] == 0  # q's expert not on p's GPU
+            ok &= pres[rowq[:, None, :] + xp[:, :, None]] == 0  # and p's not on q's
+            diff = np.abs(share[lay_r[:, None], xp][:, :, None] - share[lay_r[:, None], xq][:, None, :])
+            cost = np.where(ok, diff, np.inf).reshape(r.size, K * M)
+            k = cost.argmin(axis=1)
+            found = np.isfinite(cost[np.arange(r.size), k])
+            alive[r[~found]] = False
+            if not found.any():
+                break
+            merged_any = True
+            a, k = r[found], k[found]
+            i, j = np.divmod(k, M)
             lay, p1, p2 = act[a], pk[a, i], qm[a, j]
             x1, x2 = ef[lay, p1], ef[lay, p2]
             g1, g2 = gof[p1], gof[p2]
             ef[lay, p1], ef[lay, p2] = x2, x1
-            pres[lay, g1, x1] -= 1
-            pres[lay, g2, x2] -= 1
-            pres[lay, g1, x2] += 1
-            pres[lay, g2, x1] += 1
+            r1, r2 = (lay * G + g1) * E, (lay * G + g2) * E
+            pres[r1 + x1] -= 1
+            pres[r2 + x2] -= 1
+            pres[r1 + x2] += 1
+            pres[r2 + x1] += 1
+            # the forest: (g2, x1) joins it; (g1, x2) is off it when q was
+            off_tree[lay, p1] = off_tree[lay, p2]
+            off_tree[lay, p2] = False
+            alive[a] &= ((pk[a] != p1[:, None]) & (pk[a] != p2[:, None]))[:, :, None]
+            c1, c2 = glab[lay, g1], glab[lay, g2]
+            glab[lay] = np.where(glab[lay] == c2[:, None], c1[:, None], glab[lay])
+            n[lay] -= 1
             swaps[lay] += 1
-            moved[a] = True
-            c1, c2 = cp_[a, i][:, None], cq[a, j][:, None]
-            used = (comp_p[a] == c1) | (comp_p[a] == c2) | (comp_q[a] == c1) | (comp_q[a] == c2)
-            cost[a] = np.where(used, np.inf, cost[a])
-        act = act[moved]
+            alive[a] &= (n[lay] > 1)[:, None, None]
+        if not merged_any:
+            break
     return ef.reshape(nL, G, W), swaps
 
 
@@ -561,7 +582,12 @@ def plan_layers_fast(
         raise ValueError(f"spread_budget must be >= 0, got {spread_budget}")
     cap = _cap(E, G, W, allow_colocated)
     c = copy_counts_batch(Ld, G * W, cap)
-    start = lpt_pack_batch(Ld, c, G, W, allow_colocated)
+    if spread:  # LPT (the reference every layer must meet) and the spread start in one pass
+        lpt, spread_start, ok = lpt_and_spread_pack_batch(Ld, c, G, W, allow_colocated)
+        assert lpt is not None
+        start = lpt
+    else:
+        start = lpt_pack_batch(Ld, c, G, W, allow_colocated)
     descend = partial(
         swap_descent_batch, allow_colocated=allow_colocated, target=target, max_rounds=max_rounds, partners=partners
     )
@@ -579,7 +605,6 @@ def plan_layers_fast(
     lpt_mv = maxvio_batch(start, Ld)
     budget = spread_budget * lpt_mv.sum() if np.isfinite(spread_budget) else np.inf
     if spread:
-        spread_start, ok = spread_pack_batch(Ld, c, G, W, allow_colocated)
         out, _ = descend(spread_start, Ld, classes=(c >= 2).astype(np.int64))
         # never worse than LPT: a layer above plain LPT's largest GPU load is planned without spreading
         mv = maxvio_batch(out, Ld)
@@ -592,9 +617,18 @@ def plan_layers_fast(
         mv = maxvio_batch(out, Ld)
     if connect and W > 1:
         joined, _ = connect_copies_batch(out, Ld)
-        # repair by single copies only: a replicated expert is a class of its own, so its copies stay
+        # repair by single copies only (a replicated expert is a class of its own, so its copies stay),
+        # until each layer is back at its balance before connecting
         frozen = np.where(c >= 2, 1 + np.arange(E)[None, :], 0)
-        joined, _ = descend(joined, Ld, classes=frozen)
+        joined, _ = swap_descent_batch(
+            joined,
+            Ld,
+            allow_colocated=allow_colocated,
+            target=mv if target is None else np.maximum(mv, target),
+            max_rounds=max_rounds,
+            partners=partners,
+            classes=frozen,
+        )
         joined_mv = maxvio_batch(joined, Ld)
         take = joined_mv <= lpt_mv
         out[take], mv[take] = joined[take], joined_mv[take]

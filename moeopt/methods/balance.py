@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from moeopt import balance as core
-from moeopt.balance.batch import plan_layers_fast, plan_layers_hierarchical_fast
+from moeopt.balance.batch import gpu_loads_batch, plan_layers_fast, plan_layers_hierarchical_fast
 from moeopt.balance.bound import lower_bound_batch
 from moeopt.balance.loads import _node_shape
 from moeopt.balance.shift import shrink_loads
@@ -343,7 +343,7 @@ class Balance:
             stats["robust_layers"] = robust_layers if current is not None else L - pooled_layers
         plan = Plan(slots=slots, experts=problem.experts, dispatch=Dispatch(kind=params.dispatch))
         stats["plan_time"] = time.perf_counter() - t_plan  # the planner alone, bounds and scoring excluded
-        per_layer = np.array([float(maxvio(core.gpu_loads(slots[l], true_load[l]))) for l in range(L)])
+        per_layer = maxvio(gpu_loads_batch(slots, true_load))  # every layer at once
         bounds = layer_bounds(true_load, G, W, allow)
         stats["calibration_maxvio_per_layer"] = per_layer.tolist()
         stats["bound_maxvio_per_layer"] = bounds.tolist()
