@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
@@ -23,20 +24,16 @@ class Cost(Protocol):
 
 
 def _popcount(x: np.ndarray) -> np.ndarray:
-    """Set bits of each uint64."""
+    """Set bits of each uint64 (uint8)."""
     if hasattr(np, "bitwise_count"):
-        return np.bitwise_count(x).astype(np.int64)
+        return np.bitwise_count(x)
     b = np.ascontiguousarray(x).view(np.uint8).reshape(x.shape + (8,))  # pragma: no cover - numpy < 2
-    return _BYTE_POP[b].sum(axis=-1).astype(np.int64)  # pragma: no cover
+    return _BYTE_POP[b].sum(axis=-1, dtype=np.uint8)  # pragma: no cover
 
 
-_BYTE_POP = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+_BYTE_POP = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 _ONE = np.uint64(1)
-
-
-def _lowest_bit(x: np.ndarray) -> np.ndarray:
-    """Index of the lowest set bit of each (non-zero) uint64."""
-    return _popcount((x & (~x + _ONE)) - _ONE)
+_ZERO = np.uint64(0)
 
 
 def holder_masks(holds: np.ndarray) -> np.ndarray:
@@ -48,16 +45,6 @@ def holder_masks(holds: np.ndarray) -> np.ndarray:
     return np.bitwise_or.reduce(np.where(holds, bits[None, :], np.uint64(0)), axis=1)
 
 
-def _pick(mask: np.ndarray, rot: np.ndarray, G: int) -> np.ndarray:
-    """One GPU of each (non-zero) mask: the first set bit at or after ``rot`` (cyclically in
-    ``G`` bits), so that ties spread evenly over the tied GPUs across tokens."""
-    r = rot.astype(np.uint64)
-    full = np.uint64((1 << G) - 1) if G < 64 else np.uint64(0xFFFFFFFFFFFFFFFF)
-    rotated = (np.right_shift(mask, r) | np.left_shift(mask, (np.uint64(G) - r) % np.uint64(64))) & full
-    rotated = np.where(r == 0, mask, rotated)
-    return (_lowest_bit(rotated) + rot) % G
-
-
 def route_masks(
     tok_masks: np.ndarray, rot: np.ndarray, G: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -67,7 +54,12 @@ def route_masks(
     An expert with one copy runs there. The others are decided one top-k position after
     another, each on the holder with the most of the token's other experts (decided ones
     where they run, undecided ones on every holder); ties go to the first tied GPU at or
-    after the token's ``rot`` (spreading tied load evenly, as the guard's load pressure does).
+    after the token's ``rot`` (in ``[0, G)``; spreading tied load evenly, as the guard's load
+    pressure does). A pair with no holder (empty mask) runs on GPU ``(64 + rot) % G``.
+
+    Counts are kept per token and GPU, updated as positions are decided: as small-int
+    arrays ``[G, rows]`` in chunks of rows when ``(k + 1) * G < 256`` (:func:`_route_dense`),
+    else bit-sliced over the uint64 masks (:func:`_route_sliced`).
 
     Returns
     -------
@@ -83,105 +75,195 @@ def route_masks(
     distinct
         int ``[n]``: distinct GPUs each token uses.
     """
-    gpu, used, fixed = _route(tok_masks, rot, G)
-    alt, alt_gpu = _alternatives(tok_masks, gpu, used, fixed, rot, G)
-    return gpu, alt, alt_gpu, _popcount(used)
-
-
-def _planes(k: int) -> int:
-    return max(1, int(math.ceil(math.log2(k + 1))))
-
-
-def _count_planes(contrib: np.ndarray, skip: int, nplanes: int) -> list[np.ndarray]:
-    """Bit-sliced sum over positions ``!= skip`` of masks ``contrib [m, k]``: plane ``i`` holds
-    bit ``i`` of each GPU's count (saturating at ``2**nplanes - 1``)."""
-    m, k = contrib.shape
-    planes = [np.zeros(m, dtype=np.uint64) for _ in range(nplanes)]
-    for j in range(k):
-        if j == skip:
-            continue
-        carry = contrib[:, j]
-        for i in range(nplanes):
-            nxt = planes[i] & carry
-            planes[i] = planes[i] ^ carry
-            carry = nxt
-        for i in range(nplanes):  # saturate: a carry out of the top plane sets every plane
-            planes[i] |= carry
-    return planes
-
-
-def _most(cand: np.ndarray, planes: list[np.ndarray]) -> np.ndarray:
-    """The bits of ``cand`` with the largest count (bit-sliced ``planes``)."""
-    zero = np.uint64(0)
-    best = cand.copy()
-    for plane in reversed(planes):
-        x = best & plane
-        best = np.where(x != zero, x, best)
-    return best
-
-
-def _count_at(planes: list[np.ndarray], b: np.ndarray) -> np.ndarray:
-    """The count of GPU ``b`` in bit-sliced ``planes``."""
-    bb = b.astype(np.uint64)
-    return sum(((np.right_shift(pl, bb) & _ONE).astype(np.int64) << i) for i, pl in enumerate(planes))
-
-
-def _route(tok_masks: np.ndarray, rot: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The routing of :func:`route_masks`: GPUs ``[n, k]``, used-GPU masks ``[n]``, and which
-    pairs have a single holder ``[n, k]``."""
     n, k = tok_masks.shape
-    zero = np.uint64(0)
-    fixed = _popcount(tok_masks) == 1
-    gpu = np.where(fixed, _lowest_bit(tok_masks), -1)
-    used = np.bitwise_or.reduce(np.where(fixed, tok_masks, zero), axis=1)
-    rows = np.nonzero((~fixed).any(axis=1))[0]
-    if not len(rows):
-        return gpu, used, fixed
-    nplanes = _planes(k)
-    contrib = tok_masks[rows].copy()  # decided: the GPU's bit; undecided: every holder
-    for j in range(k):
-        r = np.nonzero(~fixed[rows, j])[0]
-        if not len(r):
-            continue
-        planes = _count_planes(contrib[r], j, nplanes)
-        g = _pick(_most(contrib[r, j], planes), rot[rows[r]], G)
-        gpu[rows[r], j] = g
-        contrib[r, j] = np.left_shift(_ONE, g.astype(np.uint64))
-        used[rows[r]] |= contrib[r, j]
-    return gpu, used, fixed
+    if (k + 1) * G >= 256:
+        return _route_sliced(tok_masks, rot, G)
+    out = (
+        np.empty((n, k), dtype=np.int64),
+        np.empty((n, k)),
+        np.empty((n, k), dtype=np.int64),
+        np.empty(n, dtype=np.int64),
+    )
+    for s in range(0, n, _CHUNK):
+        part = slice(s, s + _CHUNK)
+        _route_dense(tok_masks[part], rot[part], G, *(a[part] for a in out))
+    return out
 
 
-def _alternatives(
-    tok_masks: np.ndarray, gpu: np.ndarray, used: np.ndarray, fixed: np.ndarray, rot: np.ndarray, G: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each routed pair's next-best holder (most co-located experts, ties spread by ``rot``):
-    the cost of diverting it there ``[n, k]`` (see :func:`route_masks`) and the GPU."""
-    n, k = tok_masks.shape
-    zero = np.uint64(0)
-    alt = np.full((n, k), np.inf)
-    alt_gpu = np.full((n, k), -1, dtype=np.int64)
-    rows = np.nonzero((~fixed).any(axis=1))[0]
-    if not len(rows):
-        return alt, alt_gpu
-    nplanes = _planes(k)
-    contrib = np.left_shift(_ONE, gpu[rows].astype(np.uint64))  # where each pair runs
+_CHUNK = 4096  # rows per dense pass: its [k, G, rows] temporaries stay in cache
+
+
+def _divert_cost(cb: np.ndarray, cab: np.ndarray) -> np.ndarray:
+    """``alt`` of a pair from the pairs on its GPU ``cb`` (itself included) and on its
+    next-best holder ``cab`` (see :func:`route_masks`)."""
+    drop = cb - 1 - cab  # co-located experts lost
+    return np.where((drop <= 0) & ((cab > 0) | (cb == 1)), 0.0, np.where(drop <= 1, 1.0, np.inf))
+
+
+@lru_cache(maxsize=64)
+def _dense_tables(k: int, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Decoding of :func:`_route_dense`'s best keys ``key`` (0: no holder) by rotation ``r``:
+    the GPU ``[r * W + key]`` (``W = k * G + 1``; no holder: where an empty mask runs), the
+    alternative GPU (no holder: -1) and the cost ``[S_b * W + key]`` of diverting to it."""
+    W = k * G + 1
+    key = np.arange(W)
+    r = np.arange(G)[:, None]
+    gpu = (r + (-key) % G) % G
+    cost = np.where(key == 0, np.inf, _divert_cost(np.arange(W)[:, None] // G, (key - 1) // G))
+    return np.where(key == 0, (64 + r) % G, gpu).ravel(), np.where(key == 0, -1, gpu).ravel(), cost.ravel()
+
+
+def _route_dense(
+    tok: np.ndarray,
+    rot: np.ndarray,
+    G: int,
+    gpu: np.ndarray,
+    alt: np.ndarray,
+    alt_gpu: np.ndarray,
+    distinct: np.ndarray,
+) -> None:
+    """:func:`route_masks` of rows ``tok [m, k]`` into the outputs, on uint8 counts.
+
+    ``S [G, m]`` holds ``G *`` each GPU's count; a holder's key is ``S + pri`` with ``pri``
+    in ``1..G``, largest for the first GPU at or after ``rot`` (so the keys of a token's
+    holders differ, the largest is the routing's choice, and 0 marks non-holders)."""
+    m, k = tok.shape
+    u8 = np.uint8
+    t_gpu, t_alt, t_cost = _dense_tables(k, G)
+    W = k * G + 1
+    nb = 1 << max(0, (G - 1).bit_length() - 3)  # bytes of a G-bit word
+    b = np.ascontiguousarray(tok.astype(f"<u{nb}").T).view(u8).reshape(k, m, nb)
+    H = np.empty((k, nb, 8, m), u8)  # holders [k, G, m], 0/1
+    np.right_shift(np.ascontiguousarray(b.transpose(0, 2, 1))[:, :, None, :], _BIT_SHIFTS, out=H)
+    H &= u8(1)
+    H = H.reshape(k, nb * 8, m)[:, :G]
+    y = (rot + (G - 1)).astype(u8)[None, :] - np.arange(G, dtype=u8)[:, None]
+    pri = np.minimum(y, y - u8(G))  # (rot - g - 1) mod G
+    pri += u8(1)
+    HG = H * u8(G)
+    S = HG.sum(axis=0, dtype=u8)  # undecided pairs count on every holder
+    buf = np.empty_like(S)
+    run = np.empty((k, G, m), dtype=bool)  # where each pair runs
+    runu = run.view(u8)
+    best = np.empty((2, k, m), u8)  # best keys: routing, alternative
+    empty = (tok == 0).any(axis=0)
     for j in range(k):
-        r = np.nonzero(~fixed[rows, j])[0]
-        if not len(r):
-            continue
-        t = rows[r]
-        planes = _count_planes(contrib[r], j, nplanes)
-        b = gpu[t, j]
-        opts = tok_masks[t, j] & ~np.left_shift(_ONE, b.astype(np.uint64))
-        has = opts != zero
-        ab = _pick(np.where(has, _most(opts, planes), _ONE), rot[t], G)
-        drop = _count_at(planes, b) - _count_at(planes, ab)  # co-located experts lost
-        alone = (gpu[t] == b[:, None]).sum(axis=1) == 1
-        on_used = (np.right_shift(used[t], ab.astype(np.uint64)) & _ONE) == _ONE
-        cost = np.where((drop <= 0) & (on_used | alone), 0.0, np.where(drop <= 1, 1.0, np.inf))
-        alt[t, j] = np.where(has, cost, np.inf)
-        alt_gpu[t, j] = np.where(has, ab, -1)
-    return alt, alt_gpu
+        S -= HG[j]
+        np.add(S, pri, out=buf)
+        buf *= H[j]
+        top = np.max(buf, axis=0, out=best[0, j])
+        np.equal(buf, top, out=run[j])
+        if empty[j]:
+            z = np.flatnonzero(top == 0)
+            run[j][:, z] = False
+            run[j][(64 + rot[z]) % G, z] = True
+        np.multiply(runu[j], u8(G), out=buf)
+        S += buf
+    # alternatives: the best other holder, by the final counts
+    key = np.greater(H, runu).view(u8) * (S + pri)
+    np.max(key, axis=1, out=best[1])
+    np.multiply(runu, S, out=key)
+    Sb = key.max(axis=1).astype(np.int64)  # G * pairs on the pair's GPU
+    Sb *= W
+    Sb += best[1]
+    idx = best.astype(np.int64)
+    idx += rot * W
+    gpu[:] = t_gpu.take(idx[0]).T
+    alt_gpu[:] = t_alt.take(idx[1]).T
+    alt[:] = t_cost.take(Sb).T
+    np.sum(S > 0, axis=0, out=distinct)
+
+
+_BIT_SHIFTS = np.arange(8, dtype=np.uint8)[None, None, :, None]
+
+
+@lru_cache(maxsize=64)
+def _sliced_tables(k: int, G: int) -> tuple[np.ndarray, np.ndarray]:
+    """The GPU ``[p * G + r]`` of rotated bit ``p`` at rotation ``r`` (``p = 64``: -1), and the
+    cost ``[has * (k + 1)**2 + cb * (k + 1) + cab]`` of :func:`_divert_cost` (no ``has``: inf)."""
+    p = np.arange(65)[:, None]
+    gpu = np.where(p < 64, (p + np.arange(G)[None, :]) % G, -1)
+    cost = _divert_cost(np.arange(k + 1)[:, None], np.arange(k + 1)[None, :])
+    return gpu.ravel(), np.concatenate([np.full(cost.size, np.inf), cost.ravel()])
+
+
+def _route_sliced(
+    tok_masks: np.ndarray, rot: np.ndarray, G: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`route_masks` on bit-sliced counts: plane ``i`` holds bit ``i`` of each GPU's
+    count (at most ``k``). Masks are rotated to each token's frame (bit ``p``: GPU
+    ``(p + rot) % G``), so the first tied GPU at or after ``rot`` is the lowest tied bit."""
+    m, k = tok_masks.shape
+    t_gpu, t_cost = _sliced_tables(k, G)
+    r = rot.astype(np.uint64)[:, None]
+    full = np.uint64((1 << G) - 1) if G < 64 else np.uint64(0xFFFFFFFFFFFFFFFF)
+    tok = (np.right_shift(tok_masks, r) | np.left_shift(np.left_shift(tok_masks, np.uint64(G - 1) - r), _ONE)) & full
+    tokT = np.ascontiguousarray(tok.T)
+    planes = [np.zeros(m, np.uint64) for _ in range(max(1, math.ceil(math.log2(k + 1))))]
+    for j in range(k):
+        _add_bits(planes, tokT[j])  # undecided pairs count on every holder
+    empty = (tokT == _ZERO).any(axis=1)
+    run = np.empty((k, m), np.uint64)  # the bit each pair runs on
+    x, z = np.empty(m, np.uint64), np.empty(m, np.uint64)
+    for j in range(k):
+        _sub_bits(planes, tokT[j])
+        best = tokT[j].copy()
+        _most(best, planes, x, z)
+        np.negative(best, out=x)
+        np.bitwise_and(best, x, out=run[j])  # lowest bit: the first tied GPU from rot
+        if empty[j]:
+            run[j][tokT[j] == _ZERO] = np.uint64(1 << (64 % G))
+        _add_bits(planes, run[j])
+    # alternatives: the best other holder, by the final counts
+    runT = np.ascontiguousarray(run.T)
+    best = tok & ~runT
+    has = best != _ZERO
+    P = [p[:, None] for p in planes]
+    _most(best, P, np.empty_like(best), np.empty_like(best))
+    ab = best & np.negative(best)
+    K = k + 1
+    idx = has.astype(np.uint16) * np.uint16(K * K)
+    idx += _count_bits(P, runT).astype(np.uint16) * np.uint16(K)
+    idx += _count_bits(P, ab)
+    rg = rot.astype(np.uint16)[:, None]
+    gpu = t_gpu.take(_popcount(runT - _ONE).astype(np.uint16) * np.uint16(G) + rg)
+    alt_gpu = t_gpu.take(_popcount(ab - _ONE).astype(np.uint16) * np.uint16(G) + rg)
+    return gpu, t_cost.take(idx), alt_gpu, _popcount(np.bitwise_or.reduce(run, axis=0)).astype(np.int64)
+
+
+def _add_bits(planes: list[np.ndarray], bits: np.ndarray) -> None:
+    """Add 1 to the bit-sliced counts of the GPUs in ``bits`` (in place; no overflow)."""
+    for p in planes[:-1]:
+        carry = p & bits
+        p ^= bits
+        bits = carry
+    planes[-1] ^= bits
+
+
+def _sub_bits(planes: list[np.ndarray], bits: np.ndarray) -> None:
+    """Subtract 1 from the bit-sliced counts of the GPUs in ``bits`` (in place; all >= 1)."""
+    for p in planes[:-1]:
+        p ^= bits
+        bits = p & bits
+    planes[-1] ^= bits
+
+
+def _most(best: np.ndarray, planes: list[np.ndarray], x: np.ndarray, z: np.ndarray) -> None:
+    """Keep the bits of ``best`` with the largest count (in place; ``x``, ``z``: scratch)."""
+    for p in reversed(planes):
+        np.bitwise_and(best, p, out=x)
+        np.equal(x, _ZERO, out=z, casting="unsafe")
+        np.negative(z, out=z)  # all ones where no bit of best is in this plane
+        z |= p
+        best &= z
+
+
+def _count_bits(planes: list[np.ndarray], bit: np.ndarray) -> np.ndarray:
+    """uint8 count of the GPU of each single ``bit``."""
+    c = np.zeros(bit.shape, np.uint8)
+    for i, p in enumerate(planes):
+        c += ((p & bit) != _ZERO).view(np.uint8) << np.uint8(i)
+    return c
 
 
 def route_locality_first(
