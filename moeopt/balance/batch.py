@@ -102,6 +102,8 @@ __all__ = [
 _TOL = _RTOL * 8
 #: weight that makes an exchange inadmissible (finite, so no inf - inf)
 _HUGE = 1e300
+#: with connect: the spread descent stops at this fraction of LPT's MaxVio (per layer)
+CONNECT_TARGET = 0.05
 #: lightest GPUs searched first by the swap descent
 DEFAULT_PARTNERS = 8
 
@@ -605,7 +607,18 @@ def plan_layers_fast(
     lpt_mv = maxvio_batch(start, Ld)
     budget = spread_budget * lpt_mv.sum() if np.isfinite(spread_budget) else np.inf
     if spread:
-        out, _ = descend(spread_start, Ld, classes=(c >= 2).astype(np.int64))
+        # with connect, the descent only brings each layer within a small fraction of LPT's MaxVio:
+        # the single-copy repair after connecting descends to the same level again
+        first = None if not connect else np.maximum(CONNECT_TARGET * lpt_mv, 0.0 if target is None else target)
+        out, _ = swap_descent_batch(
+            spread_start,
+            Ld,
+            allow_colocated=allow_colocated,
+            target=target if first is None else first,
+            max_rounds=max_rounds,
+            partners=partners,
+            classes=(c >= 2).astype(np.int64),
+        )
         # never worse than LPT: a layer above plain LPT's largest GPU load is planned without spreading
         mv = maxvio_batch(out, Ld)
         back = ~ok | (mv > lpt_mv)
