@@ -79,6 +79,17 @@ def test_lp_plans_connect_the_copy_graph(deepseek_few_layers, params, joined):
     assert r.bound <= r.objective + 1e-12
 
 
+def test_connect_follows_the_dispatch_and_refuses_what_it_cannot_keep():
+    from moeopt.methods.balance import BalanceParams
+
+    assert not BalanceParams().connects and BalanceParams(dispatch="lp").connects
+    assert BalanceParams(connect=True).connects and not BalanceParams(dispatch="lp", connect=False).connects
+    assert not BalanceParams(dispatch="lp", hierarchical=True).connects  # copies stay inside their node
+    for bad in ({"hierarchical": True}, {"search": "thorough"}):
+        with pytest.raises(ValueError, match="connect"):
+            BalanceParams(connect=True, **bad)
+
+
 @pytest.mark.parametrize("search", ["fast", "thorough"])
 def test_hierarchical_keeps_copies_in_a_node(deepseek_few_layers, search):
     """hierarchical: every expert's copies sit inside one node of 8 GPUs (both searches)."""

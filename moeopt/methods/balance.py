@@ -169,12 +169,20 @@ class BalanceParams:
             raise ValueError(f"max_moves must be >= 0, got {self.max_moves}")
         if self.target_maxvio is not None and not (np.isfinite(self.target_maxvio) and self.target_maxvio >= 0):
             raise ValueError(f"target_maxvio must be a finite number >= 0, got {self.target_maxvio}")
+        if self.connect and (self.hierarchical or self.search != "fast"):
+            raise ValueError(
+                "connect joins GPUs across the whole cluster in the fast search: it does not go with "
+                "hierarchical: true or search: thorough (set connect: false, or leave it out)"
+            )
         Dispatch(kind=self.dispatch)
 
     @property
     def connects(self) -> bool:
-        """Whether the fast search connects the copy graph: as asked, else under ``lp`` dispatch."""
-        return self.dispatch == "lp" if self.connect is None else self.connect
+        """Whether the fast search connects the copy graph: as asked, else under ``lp`` dispatch
+        (not with the hierarchical constraint, whose copies stay inside their node)."""
+        if self.connect is None:
+            return self.dispatch == "lp" and not self.hierarchical
+        return self.connect
 
 
 @register
