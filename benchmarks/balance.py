@@ -23,12 +23,16 @@ Workloads (real data, ``instances/real/``):
   Scored on the held-out trace: MaxVio of the pooled loads and the mean over steps of each
   step's MaxVio (what a forward pass waits for).
 
+``balance-lp`` is ``balance`` with ``dispatch: lp``: the plan for an engine that dispatches by
+LP, whose copy graph is connected (``connect``). Each plan is scored under both rules; the
+done-when table takes each plan under its own.
+
 For every (workload, shape, method): MaxVio on the evaluation loads under ``even`` dispatch
 (EPLB's model) and ``lp`` dispatch (the best split per batch), the balance lower bound on
 the evaluation loads (in sample) and the absolute gap to it, the method's wall time for the
-whole model, and for ``balance`` the expert weights it moves from the EPLB plan: all of them
-(its full plan, GPUs relabeled to EPLB's) and the fewest that reach a tenth of EPLB's
-MaxVio (``solve --from``).
+whole model (the median of 7 runs for sub-second methods), and for ``balance`` the expert
+weights it moves from the EPLB plan: all of them (its full plan, GPUs relabeled to EPLB's)
+and the fewest that reach a tenth of EPLB's MaxVio (``solve --from``).
 
 Run: ``python benchmarks/balance.py`` (about 5 min on 2 cores). Writes
 ``benchmarks/results/balance.json``, ``balance.md`` and ``balance.png``.
@@ -66,11 +70,15 @@ DEEPSEEK = {
 OLMOE = REAL / "olmoe_mixtral_domain_expert_counts.npz"
 SHAPES = {"deepseek": ((64, 4), (32, 8)), "olmoe": ((16, 4), (8, 8))}
 GPUS_PER_NODE = 8
+#: a method whose run takes less than FAST seconds is run REPEATS times and its median time
+#: reported (one run of a few tens of milliseconds varies by 2x on a shared 2-core machine)
+FAST, REPEATS = 0.5, 7
 METHODS = {  # label: (method, params)
     "eplb-global": ("eplb", {"policy": "global"}),
     "eplb-hierarchical": ("eplb", {"policy": "hierarchical"}),
     "greedy": ("greedy", {"replicate": True}),
     "balance": ("balance", {}),
+    "balance-lp": ("balance", {"dispatch": "lp"}),  # the plan for lp dispatch: its copy graph connected
     "balance-nospread": ("balance", {"spread": False}),  # packed for the calibration loads alone
     "balance-thorough": ("balance", {"search": "thorough"}),
     "balance-hierarchical": ("balance", {"hierarchical": True}),
@@ -101,10 +109,14 @@ def run_method(label: str, inst: Instance, wl, workers: int = 1) -> tuple[Plan, 
     if name == "eplb" and not getattr(run_method, "warm", False):
         solve(inst, method=name, params=params, workloads=wl, workers=workers)
         run_method.warm = True  # type: ignore[attr-defined]
-    r = solve(inst, method=name, params=params, workloads=wl, workers=workers)
+    runs = [solve(inst, method=name, params=params, workloads=wl, workers=workers)]
+    while runs[0].wall_time < FAST and len(runs) < REPEATS:  # sub-second runs: the median of several
+        runs.append(solve(inst, method=name, params=params, workloads=wl, workers=workers))
+    r = runs[0]
     # the method's own time (scoring excluded) and its algorithm alone (EPLB's call, our planner)
-    run_method.algorithm = r.stats.get("eplb_wall_time", r.stats.get("plan_time"))  # type: ignore[attr-defined]
-    return r.plan, r.wall_time
+    algo = [x.stats.get("eplb_wall_time", x.stats.get("plan_time")) for x in runs]
+    run_method.algorithm = None if algo[0] is None else float(np.median(algo))  # type: ignore[attr-defined]
+    return r.plan, float(np.median([x.wall_time for x in runs]))
 
 
 def cell(label, kind, calib_name, eval_name, G, W, plan, wall, ev: Stats, cluster, bounds=None) -> dict:
@@ -313,28 +325,34 @@ def stepped_markdown(rows: list[dict]) -> list[str]:
 
 def done_when(rows: list[dict]) -> list[list]:
     """The issue's checks for ``balance`` on the DeepSeek-V3 files, per shape and calibration
-    file: in sample at most a tenth of EPLB global's MaxVio, out of sample at most 0.8x under
-    ``lp`` and no worse under ``even``, in less wall time."""
+    file, each plan scored under the dispatch it is made for (the rule is part of the plan):
+    ``balance`` (``even``) and ``balance-lp`` (``lp``, copy graph connected). In sample at most
+    a tenth of EPLB global's MaxVio, out of sample at most 0.8x under ``lp`` and no worse under
+    ``even``, each in less wall time than EPLB."""
     out = []
     key = ("workload", "calibration", "evaluation", "gpus")
+
+    def find(method: str, like: dict, same_file: bool) -> dict:
+        return next(
+            x
+            for x in rows
+            if x["method"] == method
+            and x["workload"] == like["workload"]
+            and x["calibration"] == like["calibration"]
+            and x["gpus"] == like["gpus"]
+            and (x["evaluation"] == x["calibration"]) == same_file
+        )
+
     for r in rows:
         if r["method"] != "balance" or r["workload"] != "deepseek-v3" or r["calibration"] != r["evaluation"]:
             continue
-        other = next(
-            x
-            for x in rows
-            if x["workload"] == r["workload"]
-            and x["calibration"] == r["calibration"]
-            and x["gpus"] == r["gpus"]
-            and x["evaluation"] != r["evaluation"]
-            and x["method"] == "balance"
-        )
-        pick = {id(x): x for x in rows if x["method"] == "eplb-global"}
-        e_in = next(x for x in pick.values() if all(x[k] == r[k] for k in key))
-        e_out = next(x for x in pick.values() if all(x[k] == other[k] for k in key))
-        ins = (r["maxvio_even"] / e_in["maxvio_even"], r["maxvio_lp"] / e_in["maxvio_lp"])
-        outs = (other["maxvio_even"] / e_out["maxvio_even"], other["maxvio_lp"] / e_out["maxvio_lp"])
-        faster = r["wall_s"] < e_in["wall_s"]
+        other = find("balance", r, False)
+        lp_in, lp_out = find("balance-lp", r, True), find("balance-lp", r, False)
+        e_in, e_out = find("eplb-global", r, True), find("eplb-global", r, False)
+        assert all(e_out[k] == other[k] for k in key)
+        ins = (r["maxvio_even"] / e_in["maxvio_even"], lp_in["maxvio_lp"] / e_in["maxvio_lp"])
+        outs = (other["maxvio_even"] / e_out["maxvio_even"], lp_out["maxvio_lp"] / e_out["maxvio_lp"])
+        faster = r["wall_s"] < e_in["wall_s"] and lp_in["wall_s"] < e_in["wall_s"]
         ok = max(ins) <= 0.1 and outs[1] <= 0.8 and outs[0] <= 1.0 and faster
         out.append(
             [
@@ -343,7 +361,7 @@ def done_when(rows: list[dict]) -> list[list]:
                 f"{ins[0]:.3f} / {ins[1]:.3f}",
                 f"{outs[0]:.3f}",
                 f"{outs[1]:.3f}",
-                f"{r['wall_s']:.3f} / {e_in['wall_s']:.3f}",
+                f"{r['wall_s']:.3f} / {lp_in['wall_s']:.3f} / {e_in['wall_s']:.3f}",
                 "yes" if ok else "no",
             ]
         )
@@ -395,7 +413,7 @@ def markdown(rows: list[dict], info: dict) -> str:
     ]
     ratio = []
     for r in rows:
-        if r["method"] not in ("balance", "balance-nospread", "balance-shrink"):
+        if r["method"] not in ("balance", "balance-lp", "balance-nospread", "balance-shrink"):
             continue
         e = next(
             (
@@ -436,9 +454,11 @@ def markdown(rows: list[dict], info: dict) -> str:
             "",
             "## Done-when check: `balance` against EPLB global on the DeepSeek-V3 files",
             "",
-            "Ratios to EPLB global's MaxVio in the same cell (lower is better). Targets: in sample (even / lp) "
-            "<= 0.1; out of sample (planned on the calibration file, scored on the other) <= 0.8 under `lp` and "
-            "<= 1 (never worse) under `even`; wall time below EPLB's.",
+            "Ratios to EPLB global's MaxVio in the same cell (lower is better), each plan scored under the dispatch "
+            "it is made for: `balance` under `even` (the default), `balance-lp` (`dispatch: lp`, copy graph "
+            "connected) under `lp`; EPLB's plan under both. Targets: in sample (even / lp) <= 0.1; out of sample "
+            "(planned on the calibration file, scored on the other) <= 0.8 under `lp` and <= 1 (never worse) under "
+            "`even`; wall time below EPLB's for both plans.",
             "",
             tabulate(
                 done_when(rows),
@@ -448,7 +468,7 @@ def markdown(rows: list[dict], info: dict) -> str:
                     "in sample even / lp",
                     "out of sample even",
                     "out of sample lp",
-                    "wall s: balance / EPLB",
+                    "wall s: balance / balance-lp / EPLB",
                     "met",
                 ],
                 tablefmt="github",

@@ -40,7 +40,7 @@ Algorithm (:func:`plan_layers_fast`)
    first, until every layer's copy graph (GPUs joined by shared experts) is connected, then a swap
    descent over single copies only repairs the loads (the replicated copies, and so the graph,
    stay). Under ``lp`` a GPU hands load only along that graph. On the bundled DeepSeek-V3 files
-   (plan on one, score on the other) held-out ``lp`` MaxVio drops 3-16 %, for about 30 ms more;
+   (plan on one, score on the other) held-out ``lp`` MaxVio drops 4-16 %, for about 15-20 ms more;
    a layer that ends above plain LPT's largest GPU load keeps its plan without it.
 5. Optional **polish** (``polish_above``): layers whose MaxVio is still above it are re-planned by
    :func:`moeopt.balance.plan_layer` (better of LPT/differencing starts, replace moves, iterated local

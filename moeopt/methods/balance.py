@@ -26,7 +26,7 @@ largest GPU load of *every* plan, so each layer reports its gap. Works on counts
   repairs the loads by moving single copies only: under ``lp`` a GPU hands load only along
   that graph, and packing for balance alone leaves about seven separate groups of GPUs per
   DeepSeek-V3 layer (:func:`moeopt.balance.batch.connect_copies_batch`). Held-out MaxVio under
-  ``lp`` 3-16 % lower on the DeepSeek-V3 files, in-sample ``lp`` MaxVio 0; not with
+  ``lp`` 2-16 % lower on the DeepSeek-V3 and OLMoE loads, in-sample ``lp`` MaxVio 0; not with
   ``hierarchical`` (copies stay inside their node).
 * ``hierarchical: true`` keeps every expert's copies inside one node (EPLB's hierarchical
   constraint, ``cluster.gpus_per_node``): the ``fast`` search splits the experts over the nodes
