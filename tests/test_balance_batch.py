@@ -34,6 +34,11 @@ def layers(draw, max_l: int = 4, max_e: int = 12, max_g: int = 6, max_w: int = 4
     return np.array(vals, dtype=float).reshape(nL, E), G, W, allow
 
 
+def water_filled(loads: np.ndarray, G: int, W: int, allow: bool) -> np.ndarray:
+    """The copy counts ``[L, E]`` every batched packing starts from."""
+    return BB.copy_counts_batch(loads, G * W, _cap(loads.shape[1], G, W, allow))
+
+
 def lpt_reference(load: np.ndarray, G: int, W: int, allow: bool) -> np.ndarray:
     """Plain LPT with the water-filled copy counts, from the per-layer module."""
     E = load.size
@@ -85,8 +90,7 @@ def test_copy_counts_batch_caps_ties_and_errors():
 @given(layers(max_l=4, max_e=12, max_g=6, max_w=4))
 def test_lpt_pack_batch_equals_per_layer(case):
     loads, G, W, allow = case
-    E = loads.shape[1]
-    c = BB.copy_counts_batch(loads, G * W, _cap(E, G, W, allow))
+    c = water_filled(loads, G, W, allow)
     got = BB.lpt_pack_batch(loads, c, G, W, allow)
     for l, row in enumerate(loads):
         assert np.array_equal(got[l], lpt_reference(row, G, W, allow))
@@ -146,7 +150,7 @@ def replicated_per_gpu(slots: np.ndarray, E: int) -> np.ndarray:
 def test_spread_pack_holds_every_copy_and_spreads_replicated_ones(case):
     loads, G, W, allow = case
     nL, E = loads.shape
-    c = BB.copy_counts_batch(loads, G * W, _cap(E, G, W, allow))
+    c = water_filled(loads, G, W, allow)
     out, ok = spread_pack_batch(loads, c, G, W, allow)
     lpt, both, ok2 = lpt_and_spread_pack_batch(loads, c, G, W, allow)  # the two packings in one pass
     assert np.array_equal(lpt, BB.lpt_pack_batch(loads, c, G, W, allow))
@@ -165,7 +169,7 @@ def test_spread_pack_holds_every_copy_and_spreads_replicated_ones(case):
 def test_swap_descent_with_classes_keeps_every_gpu_class_counts(case, seed):
     loads, G, W, allow = case
     nL, E = loads.shape
-    c = BB.copy_counts_batch(loads, G * W, _cap(E, G, W, allow))
+    c = water_filled(loads, G, W, allow)
     start = BB.lpt_pack_batch(loads, c, G, W, allow)
     classes = np.random.default_rng(seed).integers(0, 3, size=(nL, E))
     out, _ = BB.swap_descent_batch(start, loads, allow_colocated=allow, classes=classes)
@@ -201,7 +205,7 @@ def copy_graph_reference(slots: np.ndarray, E: int) -> tuple[int, int]:
 def test_connect_copies_merges_two_components_per_exchange(case):
     loads, G, W, allow = case
     nL, E = loads.shape
-    c = BB.copy_counts_batch(loads, G * W, _cap(E, G, W, allow))
+    c = water_filled(loads, G, W, allow)
     start = spread_pack_batch(loads, c, G, W, allow)[0] if not allow else BB.lpt_pack_batch(loads, c, G, W, allow)
     _, before, off_tree = BB.copy_graph_batch(start, c)
     for l in range(nL):  # the graph's components and cycles, as networkx counts them
