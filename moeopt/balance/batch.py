@@ -647,7 +647,7 @@ def plan_layers_fast(
         out[take], mv[take] = joined[take], joined_mv[take]
     # in sample, the mean MaxVio stays within spread_budget of LPT's: where spreading or connecting
     # costs more, the layers where it costs most get the plain descent
-    if (spread or connect) and mv.sum() > budget:
+    if mv.sum() > budget:
         alt = plain()
         alt_mv = maxvio_batch(alt, Ld)
         gain = mv - alt_mv
