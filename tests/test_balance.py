@@ -75,6 +75,7 @@ def test_lp_plans_connect_the_copy_graph(deepseek_few_layers, params, joined):
     counts = r.plan.copy_counts
     comps = copy_graph_batch(r.plan.slots, counts)[1]
     assert (comps == 1).all() if joined else (comps > 1).any()
+    assert r.stats["copy_graph_components_per_layer"] == comps.tolist()  # reported as planned
     assert r.plan.dispatch.kind == params.get("dispatch", "even")
     assert r.bound <= r.objective + 1e-12
 

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from moeopt import balance as core
-from moeopt.balance.batch import gpu_loads_batch, plan_layers_fast, plan_layers_hierarchical_fast
+from moeopt.balance.batch import copy_graph_batch, gpu_loads_batch, plan_layers_fast, plan_layers_hierarchical_fast
 from moeopt.balance.bound import lower_bound_batch
 from moeopt.balance.loads import _node_shape
 from moeopt.balance.shift import shrink_loads
@@ -356,6 +356,8 @@ class Balance:
         stats["calibration_maxvio_per_layer"] = per_layer.tolist()
         stats["bound_maxvio_per_layer"] = bounds.tolist()
         stats["gap_per_layer"] = (per_layer - bounds).tolist()
+        # groups of GPUs joined by shared experts: under lp dispatch load moves only within one
+        stats["copy_graph_components_per_layer"] = copy_graph_batch(slots, plan.copy_counts)[1].tolist()
         if current is not None:
             stats["moves_per_layer"] = moves
             stats["moves"] = int(sum(moves))
