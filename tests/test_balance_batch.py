@@ -386,8 +386,9 @@ def test_spread_pack_caps_replicated_copies_where_lpt_piles_them():
     st.integers(0, 2**31 - 1),
     st.booleans(),
     st.booleans(),
+    st.booleans(),
 )
-def test_hierarchical_fast_keeps_every_expert_in_one_node(nL, shape, W, seed, spread, allow):
+def test_hierarchical_fast_keeps_every_expert_in_one_node(nL, shape, W, seed, spread, allow, connect):
     G, n = shape
     N = G // n
     rng = np.random.default_rng(seed)
@@ -398,7 +399,7 @@ def test_hierarchical_fast_keeps_every_expert_in_one_node(nL, shape, W, seed, sp
             BB.plan_layers_hierarchical_fast(np.ones((nL, E)), G, W, n, allow_colocated=allow)
         return
     loads = rng.integers(0, 30, size=(nL, E)).astype(float)
-    out = BB.plan_layers_hierarchical_fast(loads, G, W, n, allow_colocated=allow, spread=spread)
+    out = BB.plan_layers_hierarchical_fast(loads, G, W, n, allow_colocated=allow, spread=spread, connect=connect)
     node = np.arange(G) // n
     for l in range(nL):
         check_layer(out[l], E, G, W, allow)
@@ -406,7 +407,8 @@ def test_hierarchical_fast_keeps_every_expert_in_one_node(nL, shape, W, seed, sp
         assert all(len(h) == 1 for h in held), "an expert's copies in two nodes"
         per = np.bincount([h.pop() for h in held], minlength=N)
         assert per.min() >= E // N and per.max() <= per_node
-    assert np.array_equal(out, BB.plan_layers_hierarchical_fast(loads, G, W, n, allow_colocated=allow, spread=spread))
+    again = BB.plan_layers_hierarchical_fast(loads, G, W, n, allow_colocated=allow, spread=spread, connect=connect)
+    assert np.array_equal(out, again)
 
 
 def test_hierarchical_fast_on_real_loads_is_far_below_eplb_hierarchical():
@@ -415,3 +417,9 @@ def test_hierarchical_fast_on_real_loads_is_far_below_eplb_hierarchical():
     out = BB.plan_layers_hierarchical_fast(loads, 64, 5, 8, spread=True)
     assert BB.maxvio_batch(out, loads).max() < 0.03
     assert all(replicated_per_gpu(s, 256).min() >= 1 for s in out)
+    # connected inside the nodes (copies never leave their node): about one group of GPUs per node
+    joined = BB.plan_layers_hierarchical_fast(loads, 64, 5, 8, spread=True, connect=True)
+    c = np.array([np.bincount(s.ravel(), minlength=256) for s in joined])
+    before, after = BB.copy_graph_batch(out, c)[1], BB.copy_graph_batch(joined, c)[1]
+    assert (after >= 8).all() and (after <= before).all() and (after == 8).mean() > 0.8 and before.mean() > 11
+    assert BB.maxvio_batch(joined, loads).max() < 0.03

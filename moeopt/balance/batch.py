@@ -679,6 +679,7 @@ def plan_layers_hierarchical_fast(
     *,
     allow_colocated: bool = False,
     spread: bool = False,
+    connect: bool = False,
 ) -> IntArray:
     """:func:`plan_layers_fast` under EPLB's hierarchical constraint (every expert's copies in one
     node of ``gpus_per_node`` GPUs); returns ``slots[L, G, W]``.
@@ -710,6 +711,8 @@ def plan_layers_hierarchical_fast(
         mem = np.stack([members[r] for r in rows])  # [R, size]
         sub_load = np.take_along_axis(Ld[rows // N], mem, axis=1)
         # no in-sample budget per node: a node's LPT says little about the layer's balance
-        sub = plan_layers_fast(sub_load, n, W, allow_colocated=allow_colocated, spread=spread, spread_budget=np.inf)
+        sub = plan_layers_fast(
+            sub_load, n, W, allow_colocated=allow_colocated, spread=spread, spread_budget=np.inf, connect=connect
+        )
         out[rows] = np.take_along_axis(mem[:, None, :], sub.reshape(len(rows), 1, n * W), axis=2).reshape(-1, n, W)
     return out.reshape(nL, G, W)

@@ -26,8 +26,8 @@ largest GPU load of *every* plan, so each layer reports its gap. Works on counts
   repairs the loads by moving single copies only: under ``lp`` a GPU hands load only along
   that graph, and packing for balance alone leaves about seven separate groups of GPUs per
   DeepSeek-V3 layer (:func:`moeopt.balance.batch.connect_copies_batch`). Held-out MaxVio under
-  ``lp`` 2-16 % lower on the DeepSeek-V3 and OLMoE loads, in-sample ``lp`` MaxVio 0; not with
-  ``hierarchical`` (copies stay inside their node).
+  ``lp`` 2-16 % lower on the DeepSeek-V3 and OLMoE loads, in-sample ``lp`` MaxVio 0; with
+  ``hierarchical``, inside every node (copies stay inside their node: one group per node).
 * ``hierarchical: true`` keeps every expert's copies inside one node (EPLB's hierarchical
   constraint, ``cluster.gpus_per_node``): the ``fast`` search splits the experts over the nodes
   and plans every (layer, node) at once (:func:`moeopt.balance.batch.plan_layers_hierarchical_fast`),
@@ -169,20 +169,18 @@ class BalanceParams:
             raise ValueError(f"max_moves must be >= 0, got {self.max_moves}")
         if self.target_maxvio is not None and not (np.isfinite(self.target_maxvio) and self.target_maxvio >= 0):
             raise ValueError(f"target_maxvio must be a finite number >= 0, got {self.target_maxvio}")
-        if self.connect and (self.hierarchical or self.search != "fast"):
+        if self.connect and self.search != "fast":
             raise ValueError(
-                "connect joins GPUs across the whole cluster in the fast search: it does not go with "
-                "hierarchical: true or search: thorough (set connect: false, or leave it out)"
+                "connect is a step of the fast search: it does not go with search: thorough "
+                "(set connect: false, or leave it out)"
             )
         Dispatch(kind=self.dispatch)
 
     @property
     def connects(self) -> bool:
-        """Whether the fast search connects the copy graph: as asked, else under ``lp`` dispatch
-        (not with the hierarchical constraint, whose copies stay inside their node)."""
-        if self.connect is None:
-            return self.dispatch == "lp" and not self.hierarchical
-        return self.connect
+        """Whether the fast search connects the copy graph (with ``hierarchical``, inside every
+        node): as asked, else under ``lp`` dispatch."""
+        return self.dispatch == "lp" if self.connect is None else self.connect
 
 
 @register
@@ -254,7 +252,7 @@ class Balance:
         base = None
         if fast and params.hierarchical:
             base = plan_layers_hierarchical_fast(
-                load, G, W, c.gpus_per_node, allow_colocated=allow, spread=params.spread
+                load, G, W, c.gpus_per_node, allow_colocated=allow, spread=params.spread, connect=params.connects
             )
         elif fast:
             base = plan_layers_fast(load, G, W, allow_colocated=allow, spread=params.spread, connect=params.connects)
