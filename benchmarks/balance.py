@@ -82,6 +82,7 @@ METHODS = {  # label: (method, params)
     "balance-nospread": ("balance", {"spread": False}),  # packed for the calibration loads alone
     "balance-thorough": ("balance", {"search": "thorough"}),
     "balance-hierarchical": ("balance", {"hierarchical": True}),
+    "balance-hierarchical-lp": ("balance", {"hierarchical": True, "dispatch": "lp"}),  # connected inside nodes
     "balance-shrink": ("balance", {"shrink": 0.65}),  # hedges a load shift; meant for lp dispatch
     "balance-pooled": ("balance", {"robust": "none"}),  # the pooled loads even when there are steps
 }
