@@ -339,27 +339,22 @@ def spread_pack_batch(
     Returns expert ids ``[L, G, W]`` and a flag per layer: False where some item found no
     admissible GPU; that layer is plain LPT (:func:`lpt_pack`) instead.
     """
-    return lpt_and_spread_pack_batch(loads, counts, G, W, allow_colocated, lpt=False)[1:]
+    Ld, c = _check_batch(loads, counts, G, W)
+    es, ws = _items_batch(Ld, c, G * W)
+    s_es, s_ws, s_multi, cap = _spread_order(c, es, ws, G)
+    out, bad = _fill_batch(Ld, c, s_es, s_ws, G, W, allow_colocated, s_multi, cap)
+    return out, ~bad
 
 
 def lpt_and_spread_pack_batch(
-    loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_colocated: bool = False, *, lpt: bool = True
-) -> tuple[IntArray | None, IntArray, NDArray[np.bool_]]:
-    """:func:`lpt_pack_batch` (None unless ``lpt``) and :func:`spread_pack_batch` of the same copies,
-    packed in one pass: the two packings are rows of one batch, so the per-item loop runs once."""
+    loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_colocated: bool = False
+) -> tuple[IntArray, IntArray, NDArray[np.bool_]]:
+    """:func:`lpt_pack_batch` and :func:`spread_pack_batch` of the same copies, packed in one pass
+    (the two packings are rows of one batch, so the per-item loop runs once)."""
     Ld, c = _check_batch(loads, counts, G, W)
     nL = Ld.shape[0]
-    P = G * W
-    es, ws = _items_batch(Ld, c, P)
-    multi = np.take_along_axis(c, es, axis=1) >= 2
-    first = np.argsort(~multi, axis=1, kind="stable")  # replicated copies first, each part in LPT order
-    s_es = np.take_along_axis(es, first, axis=1)
-    s_ws = np.take_along_axis(ws, first, axis=1)
-    s_multi = np.take_along_axis(multi, first, axis=1)
-    cap = (np.cumsum(s_multi, axis=1) - 1) // G + 1  # round of a replicated copy: at most this many per GPU
-    if not lpt:
-        out, bad = _fill_batch(Ld, c, s_es, s_ws, G, W, allow_colocated, s_multi, cap)
-        return None, out, ~bad
+    es, ws = _items_batch(Ld, c, G * W)
+    s_es, s_ws, s_multi, cap = _spread_order(c, es, ws, G)
     out, bad = _fill_batch(
         np.concatenate([Ld, Ld]),
         np.concatenate([c, c]),
@@ -368,7 +363,19 @@ def lpt_and_spread_pack_batch(
         G,
         W,
         allow_colocated,
-        np.concatenate([np.zeros_like(multi), s_multi]),  # LPT's rows: no item counts against a cap
+        np.concatenate([np.zeros_like(s_multi), s_multi]),  # LPT's rows: no item counts against a cap
         np.concatenate([cap, cap]),
     )
     return out[:nL], out[nL:], ~bad[nL:]
+
+
+def _spread_order(
+    c: IntArray, es: IntArray, ws: NDArray[np.float64], G: int
+) -> tuple[IntArray, NDArray[np.float64], NDArray[np.bool_], IntArray]:
+    """The spread packing's item order (replicated copies first, each part in LPT order), which
+    items are replicated copies, and the most of them a GPU may hold when each is placed."""
+    multi = np.take_along_axis(c, es, axis=1) >= 2
+    first = np.argsort(~multi, axis=1, kind="stable")
+    s_multi = np.take_along_axis(multi, first, axis=1)
+    cap = (np.cumsum(s_multi, axis=1) - 1) // G + 1  # round of a replicated copy: at most this many per GPU
+    return np.take_along_axis(es, first, axis=1), np.take_along_axis(ws, first, axis=1), s_multi, cap

@@ -444,9 +444,9 @@ def connect_copies_batch(slots: ArrayLike, loads: ArrayLike) -> tuple[IntArray, 
     P = G * W
     Ld = _as_loads(loads)
     E = Ld.shape[1]
-    glab, n, off_tree = copy_graph_batch(ef, _copies_batch(ef.reshape(nL, P), E))
+    cnt = _copies_batch(ef.reshape(nL, P), E)
+    glab, n, off_tree = copy_graph_batch(ef, cnt)
     ef = ef.reshape(nL, P)
-    cnt = _copies_batch(ef, E)
     share = Ld / cnt
     gof = np.repeat(np.arange(G), W)
     pres = _copies_batch(ef.reshape(nL * G, W), E).ravel()  # copies of expert x on GPU g: [(layer * G + g) * E + x]
@@ -585,9 +585,7 @@ def plan_layers_fast(
     cap = _cap(E, G, W, allow_colocated)
     c = copy_counts_batch(Ld, G * W, cap)
     if spread:  # LPT (the reference every layer must meet) and the spread start in one pass
-        lpt, spread_start, ok = lpt_and_spread_pack_batch(Ld, c, G, W, allow_colocated)
-        assert lpt is not None
-        start = lpt
+        start, spread_start, ok = lpt_and_spread_pack_batch(Ld, c, G, W, allow_colocated)
     else:
         start = lpt_pack_batch(Ld, c, G, W, allow_colocated)
     descend = partial(
@@ -702,13 +700,13 @@ def plan_layers_hierarchical_fast(
     if pad:
         counts[:, E] = pad
     nodes, _ = swap_descent_batch(lpt_pack_batch(node_load, counts, N, per_node), node_load)
-    nodes = nodes.reshape(nL * N, per_node)
-    members = [np.sort(row[row < E]) for row in nodes]  # per (layer, node): its experts, ascending
+    # per (layer, node): its experts ascending, the dummy (id E) last
+    nodes = np.sort(nodes.reshape(nL * N, per_node), axis=1)
     out = np.empty((nL * N, n, W), dtype=np.int64)
-    sizes = np.array([m.size for m in members])
+    sizes = (nodes < E).sum(axis=1)
     for size in np.unique(sizes):
         rows = np.flatnonzero(sizes == size)
-        mem = np.stack([members[r] for r in rows])  # [R, size]
+        mem = nodes[rows, :size]  # [R, size]
         sub_load = np.take_along_axis(Ld[rows // N], mem, axis=1)
         # no in-sample budget per node: a node's LPT says little about the layer's balance
         sub = plan_layers_fast(
