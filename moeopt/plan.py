@@ -259,8 +259,8 @@ class Plan:
     @property
     def colocated(self) -> int:
         """Number of copies that share a GPU with another copy of the same expert."""
-        c = self.copies_on_gpu
-        return int(np.maximum(c - 1, 0).sum())
+        s = np.sort(self.slots, axis=-1)  # a GPU's copies of one expert end up side by side
+        return int(((s[..., 1:] == s[..., :-1]) & (s[..., 1:] >= 0)).sum())
 
     @property
     def replicas(self) -> tuple[np.ndarray, ...]:

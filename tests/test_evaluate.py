@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from moeopt.dispatch import route_trace
 from moeopt.errors import PlanError
@@ -137,6 +138,17 @@ def test_plan_checks_itself():
         Plan(slots=np.array([0, 1]))
     with pytest.raises(PlanError, match="dispatch.kind"):
         Dispatch(kind="random")
+
+
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 4), st.integers(1, 5), st.integers(0, 2**31 - 1))
+def test_colocated_counts_every_copy_beyond_the_first_on_a_gpu(L, G, W, E, seed):
+    """``Plan.colocated`` (sorted slots) equals the sum over (layer, expert, GPU) of copies - 1."""
+    rng = np.random.default_rng(seed)
+    E = min(E, G * W)  # every expert needs a slot; the rest: repeats and empty slots
+    rows = [rng.permutation(np.concatenate([np.arange(E), rng.integers(-1, E, G * W - E)])) for _ in range(L)]
+    slots = np.stack(rows).reshape(L, G, W)
+    plan = Plan(slots=slots, experts=E)
+    assert plan.colocated == int(np.maximum(plan.copies_on_gpu - 1, 0).sum())
 
 
 def test_colocated_copies_are_legal_but_not_for_planners():

@@ -530,6 +530,7 @@ def plan_layers_fast(
     spread: bool = False,
     spread_budget: float = 0.1,
     connect: bool = False,
+    counts: ArrayLike | None = None,
 ) -> IntArray:
     """Plan every layer of ``loads[L, E]`` at once; returns expert ids ``slots[L, G, W]``.
 
@@ -569,6 +570,9 @@ def plan_layers_fast(
         a swap descent over single copies only (the replicated copies, and so the graph, stay),
         for ``lp`` dispatch: a connected plan can move load between any two GPUs. A layer that
         ends above plain LPT's largest GPU load keeps its plan without it.
+    counts : array_like of int, shape (L, E), optional
+        The water-filled copy counts (:func:`copy_counts_batch` of ``loads`` with ``G * W`` copies
+        and the colocation cap), when the caller has computed them already.
 
     Returns
     -------
@@ -583,7 +587,7 @@ def plan_layers_fast(
     if not spread_budget >= 0:
         raise ValueError(f"spread_budget must be >= 0, got {spread_budget}")
     cap = _cap(E, G, W, allow_colocated)
-    c = copy_counts_batch(Ld, G * W, cap)
+    c = copy_counts_batch(Ld, G * W, cap) if counts is None else np.asarray(counts, dtype=np.int64)
     if spread:  # LPT (the reference every layer must meet) and the spread start in one pass
         start, spread_start, ok = lpt_and_spread_pack_batch(Ld, c, G, W, allow_colocated)
     else:

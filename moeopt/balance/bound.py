@@ -184,8 +184,13 @@ def _pigeonhole_feasible_batch(L: FloatArray, T: FloatArray, G: int, W: int, cap
     return ok
 
 
-def lower_bound_batch(loads: ArrayLike, G: int, W: int, allow_colocated: bool = False) -> FloatArray:
+def lower_bound_batch(
+    loads: ArrayLike, G: int, W: int, allow_colocated: bool = False, counts: ArrayLike | None = None
+) -> FloatArray:
     """:func:`lower_bound` of every row of ``loads[L, E]``; float ``[L]``.
+
+    ``counts`` (optional): the water-filled copy counts of ``loads``
+    (:func:`moeopt.balance.batch.copy_counts_batch` with ``G * W`` copies), when the caller has them.
 
     The average and per-copy terms and the pigeonhole test at their maximum run for all layers
     at once (on real loads the test passes there on most layers, and that maximum is the bound);
@@ -210,7 +215,7 @@ def lower_bound_batch(loads: ArrayLike, G: int, W: int, allow_colocated: bool = 
     if pos.size == 0:
         return out
     Lp = Ld[pos]
-    c = copy_counts_batch(Lp, G * W, cap)
+    c = copy_counts_batch(Lp, G * W, cap) if counts is None else np.asarray(counts, dtype=np.int64)[pos]
     lo = np.maximum(total[pos] / G, (Lp / c).max(axis=1))
     ok = _pigeonhole_feasible_batch(Lp, lo, G, W, cap)
     out[pos] = lo

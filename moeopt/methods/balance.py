@@ -45,9 +45,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from moeopt import balance as core
-from moeopt.balance.batch import copy_graph_batch, gpu_loads_batch, plan_layers_fast, plan_layers_hierarchical_fast
+from moeopt.balance.batch import (
+    copy_counts_batch,
+    copy_graph_batch,
+    gpu_loads_batch,
+    plan_layers_fast,
+    plan_layers_hierarchical_fast,
+)
 from moeopt.balance.bound import lower_bound_batch
-from moeopt.balance.loads import _node_shape
+from moeopt.balance.loads import _cap, _node_shape
 from moeopt.balance.shift import shrink_loads
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.evaluate import maxvio
@@ -61,11 +67,14 @@ from moeopt.utilization import utilization_trace
 FRONTIER_BUDGETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 
 
-def layer_bounds(load: np.ndarray, G: int, W: int, allow_colocated: bool) -> np.ndarray:
-    """float ``[L]``: lower bound on the MaxVio of every plan, layer by layer (even split)."""
+def layer_bounds(
+    load: np.ndarray, G: int, W: int, allow_colocated: bool, counts: np.ndarray | None = None
+) -> np.ndarray:
+    """float ``[L]``: lower bound on the MaxVio of every plan, layer by layer (even split);
+    ``counts``: the loads' water-filled copy counts, when already computed."""
     load = np.asarray(load, dtype=np.float64)
     mean = load.sum(axis=1) / G
-    bound = lower_bound_batch(load, G, W, allow_colocated)
+    bound = lower_bound_batch(load, G, W, allow_colocated, counts)
     out = np.divide(bound, mean, out=np.ones_like(bound), where=mean > 0) - 1.0
     return np.maximum(out, 0.0)
 
@@ -250,12 +259,22 @@ class Balance:
         fast = params.search == "fast" and robust in ("none", "auto")
         t_plan = time.perf_counter()
         base = None
+        # the water-filled copy counts, shared by the batched planner and the bound
+        counts = copy_counts_batch(true_load, G * W, _cap(problem.experts, G, W, allow)) if fast else None
         if fast and params.hierarchical:
             base = plan_layers_hierarchical_fast(
                 load, G, W, c.gpus_per_node, allow_colocated=allow, spread=params.spread, connect=params.connects
             )
         elif fast:
-            base = plan_layers_fast(load, G, W, allow_colocated=allow, spread=params.spread, connect=params.connects)
+            base = plan_layers_fast(
+                load,
+                G,
+                W,
+                allow_colocated=allow,
+                spread=params.spread,
+                connect=params.connects,
+                counts=counts if params.shrink is None else None,
+            )
         if base is not None and current is None:
             slots[:] = base
         stats: dict[str, Any] = {"robust": robust}
@@ -350,7 +369,7 @@ class Balance:
         plan = Plan(slots=slots, experts=problem.experts, dispatch=Dispatch(kind=params.dispatch))
         stats["plan_time"] = time.perf_counter() - t_plan  # the planner alone, bounds and scoring excluded
         per_layer = maxvio(gpu_loads_batch(slots, true_load))  # every layer at once
-        bounds = layer_bounds(true_load, G, W, allow)
+        bounds = layer_bounds(true_load, G, W, allow, counts)
         stats["calibration_maxvio_per_layer"] = per_layer.tolist()
         stats["bound_maxvio_per_layer"] = bounds.tolist()
         stats["gap_per_layer"] = (per_layer - bounds).tolist()
