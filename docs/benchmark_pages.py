@@ -210,6 +210,17 @@ def render_balance(d: dict) -> str:
 
 
 # --------------------------------------------------------------------------- crosslayer
+def _crosslayer_cell(r: dict, top_k: bool = True) -> tuple[str, str]:
+    """A crosslayer row's shape (named after its real data, if any) and dependency."""
+    shape = f"{r['gpus']} × {r['experts']}" + (f" (top-{r['top_k']})" if top_k else "")
+    workload = r.get("workload", "synthetic")
+    dep = r["layer_dependency"]
+    return (
+        shape if workload == "synthetic" else f"{workload}: {shape}",
+        "none (count-sampled)" if dep is None else num(dep, 1),
+    )
+
+
 def render_crosslayer(d: dict) -> str:
     info = d["info"]
     out = [
@@ -219,8 +230,7 @@ def render_crosslayer(d: dict) -> str:
     ]
     body = [
         [
-            f"{r['gpus']} × {r['experts']} (top-{r['top_k']})",
-            num(r["layer_dependency"], 1),
+            *_crosslayer_cell(r),
             r["method"],
             num(r["remote_uniform"]),
             num(r["remote_previous_layer"]),
@@ -245,12 +255,15 @@ def render_crosslayer(d: dict) -> str:
         ]
         summary = [
             [
-                f"{r['gpus']} × {r['experts']}",
-                num(r["layer_dependency"], 1),
+                *_crosslayer_cell(r, top_k=False),
                 pct(-r["reduction_vs_agnostic_pct"]),
                 num(r["maxvio_above_agnostic"]),
                 pct(-r["stay_ceiling_vs_agnostic_pct"]) if r.get("stay_ceiling_vs_agnostic_pct") is not None else "-",
-                "yes" if r["reduction_vs_agnostic_pct"] >= 10.0 and r["maxvio_above_agnostic"] <= 0.02 else "no",
+                "(control)"
+                if not r["layer_dependency"]
+                else "yes"
+                if r["reduction_vs_agnostic_pct"] >= 10.0 and r["maxvio_above_agnostic"] <= 0.02
+                else "no",
             ]
             for r in cl
         ]
