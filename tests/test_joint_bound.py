@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moeopt.colgen.cover import HypergraphPricer, distinct_lower_bound, remote_lower_bound, token_patterns
+from moeopt.colgen.cover import (
+    HypergraphPricer,
+    distinct_lower_bound,
+    pair_saving_bound,
+    remote_lower_bound,
+    token_patterns,
+)
 from moeopt.evaluate import evaluate
 from moeopt.io import load_instance
 from moeopt.solve import load_workloads, solve
@@ -107,6 +113,58 @@ def test_pricing_upper_bounds_every_column(W):
     if W <= 4:
         assert pr.proven and pr.upper == pytest.approx(best)
     assert (pricer.reduced(pr.groups, pi) <= pr.upper + 1e-9).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    E=st.integers(2, 5),
+    G=st.integers(1, 3),
+    W=st.integers(1, 3),
+    k=st.integers(1, 3),
+    tokens=st.integers(1, 12),
+)
+def test_pair_bound_is_below_the_brute_force_optimum(seed, E, G, W, k, tokens):
+    """The bound without column generation (pair LP and star), spare slots included, never
+    exceeds the best plan's mean distinct GPUs per token."""
+    if G * W < E:
+        W = -(-E // G)
+    k = min(k, E)
+    topk = random_tokens(seed, E, k, tokens)
+    pats, w = token_patterns(topk)
+    need = float(sum(len(set(p.tolist())) * x for p, x in zip(pats, w, strict=True)))
+    saving = pair_saving_bound(pats, w, E, G, W)
+    assert saving >= -1e-9
+    assert (need - saving) / w.sum() <= brute_force(topk, E, G, W) + 1e-9
+
+
+@pytest.mark.parametrize(("E", "G", "W"), [(12, 4, 3), (12, 4, 4), (16, 4, 4), (10, 3, 5)])
+def test_pair_bound_holds_for_random_plans_with_copies(E, G, W):
+    """Against the saving of many random plans (replicated experts in the spare slots, counted
+    by hand), on layers larger than brute force can reach."""
+    rng = np.random.default_rng(E * G * W)
+    topk = random_tokens(E + W, E, 4, 200)
+    pats, w = token_patterns(topk)
+    bound = pair_saving_bound(pats, w, E, G, W)
+    best = 0.0
+    for _ in range(300):
+        slots = np.concatenate([rng.permutation(E), rng.integers(0, E, G * W - E)])
+        rng.shuffle(slots)
+        groups = [np.unique(g) for g in slots.reshape(G, W)]
+        if len(set().union(*map(set, groups))) < E:
+            continue
+        best = max(best, sum(direct_value(pats, w, g) for g in groups))
+    assert 0 < best <= bound + 1e-9
+
+
+def test_pair_bound_certifies_a_large_layer_the_column_generation_cannot_finish():
+    """256 experts on 64 GPUs, 2 seconds: no exact pricing in time, the pair bound is the
+    certificate, far above one GPU per token and below the agnostic-like chunk plan's figure."""
+    topk = random_tokens(5, 256, 8, 4000)
+    b = distinct_lower_bound(topk, 256, 64, 4, time_limit=0.5)
+    assert b.info["gen_kind"] == "pair"
+    linear = np.mean([len(np.unique(t // 4)) for t in topk])  # GPU g holds experts 4g .. 4g + 3
+    assert 5.0 < b.distinct <= linear + 1e-9
 
 
 def test_remote_conversion():
