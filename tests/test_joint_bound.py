@@ -14,6 +14,7 @@ from moeopt.colgen.cover import (
     distinct_lower_bound,
     pair_saving_bound,
     remote_lower_bound,
+    stay_upper_bound,
     token_patterns,
 )
 from moeopt.evaluate import evaluate
@@ -167,11 +168,61 @@ def test_pair_bound_certifies_a_large_layer_the_column_generation_cannot_finish(
     assert 5.0 < b.distinct <= linear + 1e-9
 
 
+def layer_plans(E: int, G: int, W: int) -> list[list[int]]:
+    """Every plan of one layer as G bitmasks of at most W distinct experts covering all E."""
+    sets = [sum(1 << e for e in c) for m in range(1, min(W, E) + 1) for c in itertools.combinations(range(E), m)]
+    full = (1 << E) - 1
+    return [list(p) for p in itertools.combinations_with_replacement(sets, G) if np.bitwise_or.reduce(p) == full]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    E=st.integers(2, 4),
+    G=st.integers(1, 3),
+    W=st.integers(1, 3),
+    k=st.integers(1, 3),
+    tokens=st.integers(1, 10),
+)
+def test_stay_bound_is_above_every_pair_of_plans(seed, E, G, W, k, tokens):
+    """The share of tokens whose previous top-1 expert shares a GPU with one of their experts
+    (in the best case for them: any GPU holding it) never exceeds the bound, over every pair of
+    plans of tiny layers, spare slots included."""
+    if G * W < E:
+        W = -(-E // G)
+    k = min(k, E)
+    rng = np.random.default_rng(seed)
+    prev = rng.integers(0, E, tokens)
+    topk = random_tokens(seed + 1, E, k, tokens)
+    bound = stay_upper_bound(prev, topk, E, G, W)
+    tok = [sum(1 << int(e) for e in row) for row in topk]
+    plans = layer_plans(E, G, W)
+    best = 0
+    for before in plans:
+        for now in plans:
+            stay = sum(
+                any(g0 >> int(e) & 1 and g1 & t for g0, g1 in zip(before, now, strict=True))
+                for e, t in zip(prev, tok, strict=True)
+            )
+            best = max(best, stay)
+    assert 0.0 <= bound <= 1.0
+    assert best / tokens <= bound + 1e-9
+
+
+def test_stay_bound_is_tight_when_one_gpu_can_keep_every_token():
+    """Two experts, one GPU of two slots: every token stays (bound 1); on 2 GPUs of one slot a
+    token whose previous expert is 0 and whose expert is 1 cannot stay."""
+    prev, topk = np.array([0, 1, 0]), np.array([[1], [1], [0]])
+    assert stay_upper_bound(prev, topk, 2, 1, 2) == pytest.approx(1.0)
+    assert stay_upper_bound(prev, topk, 2, 2, 1) == pytest.approx(2 / 3)
+
+
 def test_remote_conversion():
     """Uniform homes: distinct (1 - 1/G); known homes: distinct - 1, never below 0."""
     assert remote_lower_bound(3.0, 4, True) == pytest.approx(2.25)
     assert remote_lower_bound(3.0, 4, False) == pytest.approx(2.0)
     assert remote_lower_bound(0.5, 4, False) == 0.0
+    assert remote_lower_bound(3.0, 4, False, stay=0.25) == pytest.approx(2.75)
 
 
 def test_joint_reports_a_valid_bound():

@@ -375,8 +375,6 @@ def _pair_lp_bound(e: np.ndarray, f: np.ndarray, a: np.ndarray, E: int, G: int, 
     ``[1, G]``, summing to at most ``G W``): ``y_ef <= c_e, c_f`` and ``sum_f y_ef <= (W - 1) c_e``.
     Without spare slots every ``c_e = 1``: a fractional b-matching.
     """
-    from scipy.optimize import linprog
-
     nE = a.size
     if nE == 0:
         return 0.0
@@ -405,12 +403,73 @@ def _pair_lp_bound(e: np.ndarray, f: np.ndarray, a: np.ndarray, E: int, G: int, 
         b_ub = np.r_[np.zeros(E + 2 * nE), float(G * W)]
         obj = np.r_[a, np.zeros(E)]
         lo, hi = np.r_[np.zeros(nE), np.ones(E)], np.full(nv, float(G))
+    return _lp_upper_bound(obj, A_ub, b_ub, lo, hi)
+
+
+def _lp_upper_bound(
+    obj: np.ndarray, A_ub: sp.csr_matrix, b_ub: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> float | None:
+    """``max obj x`` s.t. ``A_ub x <= b_ub``, ``lo <= x <= hi``, as a valid upper bound: the
+    Lagrangian value ``lam b + sum_j max(r_j lo_j, r_j hi_j)`` (``r = obj - A^T lam``) at HiGHS's
+    duals ``lam >= 0`` (any such ``lam`` gives a bound, so solver tolerances cannot make it too
+    small); None when HiGHS does not solve the LP."""
+    from scipy.optimize import linprog
+
     res = linprog(-obj, A_ub=A_ub, b_ub=b_ub, bounds=np.c_[lo, hi], method="highs")
     if res.status != 0:
         return None
     lam = np.maximum(-np.asarray(res.ineqlin.marginals), 0.0)
-    red = obj - A_ub.T @ lam  # obj x <= lam b + red x for every x in the box
+    red = obj - A_ub.T @ lam
     return float(lam @ b_ub + np.maximum(red * lo, red * hi).sum())
+
+
+def stay_upper_bound(prev_top1: np.ndarray, topk: np.ndarray, experts: int, gpus: int, width: int) -> float:
+    """Under ``token_home: previous-layer``: an upper bound on the share of the tokens whose home
+    (the GPU that served their top-1 expert ``prev_top1 [N]`` at the previous layer) holds one of
+    their experts ``topk [N, k]`` at this layer, for every pair of plans of ``gpus x width`` slots.
+
+    With ``B_ef`` the tokens of previous top-1 ``e`` that use ``f`` here and ``z_ef`` the GPUs
+    holding ``e`` at the previous layer and ``f`` at this one, the staying tokens are at most
+    ``sum B_ef z_ef``; every pair of plans has ``sum_f z_ef <= W c_e``, ``sum_e z_ef <= W d_f``,
+    ``z_ef <= min(c_e, d_f)`` (``c``, ``d``: each layer's copies, in ``[1, G]``, at most ``G W``
+    in all; all 1 without spare slots). The LP over that polytope (:func:`_lp_upper_bound`), at
+    most 1.
+    """
+    prev = np.asarray(prev_top1, dtype=np.int64)
+    ids = np.asarray(topk, dtype=np.int64)
+    N = len(prev)
+    if N == 0:
+        return 0.0
+    E, G, W = experts, gpus, width
+    pairs = np.unique(np.c_[np.repeat(np.arange(N), ids.shape[1]), (prev[:, None] * E + ids).reshape(-1)], axis=0)
+    B = np.bincount(pairs[:, 1], minlength=E * E).astype(np.float64)  # tokens per (e, f), each once
+    nz = np.flatnonzero(B)
+    e, f, b = nz // E, nz % E, B[nz]
+    nZ = b.size
+    ar = np.arange(nZ)
+    if G * W <= E:
+        A_ub = sp.csr_matrix((np.ones(2 * nZ), (np.r_[e, E + f], np.r_[ar, ar])), shape=(2 * E, nZ))
+        ub = _lp_upper_bound(b, A_ub, np.full(2 * E, float(W)), np.zeros(nZ), np.ones(nZ))
+    else:
+        nv = nZ + 2 * E
+        ce, df = nZ + np.arange(E), nZ + E + np.arange(E)
+        deg = sp.csr_matrix(
+            (
+                np.r_[np.ones(2 * nZ), np.full(2 * E, -float(W))],
+                (np.r_[e, E + f, np.arange(2 * E)], np.r_[ar, ar, ce, df]),
+            ),
+            shape=(2 * E, nv),
+        )
+        link = [
+            sp.csr_matrix((np.r_[np.ones(nZ), -np.ones(nZ)], (np.r_[ar, ar], np.r_[ar, x])), shape=(nZ, nv))
+            for x in (ce[e], df[f])
+        ]
+        total = sp.csr_matrix((np.ones(2 * E), (np.repeat([0, 1], E), np.r_[ce, df])), shape=(2, nv))
+        A_ub = sp.vstack([deg, *link, total]).tocsr()
+        b_ub = np.r_[np.zeros(2 * E + 2 * nZ), float(G * W), float(G * W)]
+        obj = np.r_[b, np.zeros(2 * E)]
+        ub = _lp_upper_bound(obj, A_ub, b_ub, np.r_[np.zeros(nZ), np.ones(2 * E)], np.full(nv, float(G)))
+    return 1.0 if ub is None else min(1.0, max(ub, 0.0) / N)
 
 
 def distinct_lower_bound(
@@ -493,7 +552,9 @@ def distinct_lower_bound(
     )
 
 
-def remote_lower_bound(distinct: float, gpus: int, uniform_homes: bool) -> float:
+def remote_lower_bound(distinct: float, gpus: int, uniform_homes: bool, stay: float = 1.0) -> float:
     """Remote GPUs per token from a bound on distinct ones: ``distinct (1 - 1/G)`` under uniform
-    token homes (the evaluator's expectation), else ``distinct - 1`` (the home saves at most one)."""
-    return distinct * (1.0 - 1.0 / gpus) if uniform_homes else max(distinct - 1.0, 0.0)
+    token homes (the evaluator's expectation), else ``distinct - stay`` (the home saves one GPU,
+    for at most the share ``stay`` of the tokens whose home can hold one of their experts:
+    :func:`stay_upper_bound`)."""
+    return distinct * (1.0 - 1.0 / gpus) if uniform_homes else max(distinct - stay, 0.0)

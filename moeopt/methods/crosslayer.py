@@ -531,7 +531,7 @@ class CrossLayer:
         limit = ctx.budget.cap(min(params.bound_time, ctx.budget.remaining() / problem.layers), floor=0.05)
         # layer 0: the trace's homes or uniform ones; later layers: the previous expert's GPU
         uniform = [l == 0 and trace.home is None for l in range(problem.layers)]
-        lower, stats = layer_certificates(problem, plan.slots, limit, uniform, ctx, "crosslayer")
+        lower, stats = layer_certificates(problem, plan.slots, limit, uniform, ctx, "crosslayer", previous_layer=True)
         return float(np.mean(lower)), stats
 
     # ---------------------------------------------------------------- starts

@@ -398,7 +398,8 @@ def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: C
 
     Under uniform token homes the evaluator counts ``distinct (1 - 1/G)`` remote GPUs per token
     (the expectation over the home); with known homes (``trace`` homes, ``previous-layer``) a
-    home saves at most one GPU: ``distinct - 1``."""
+    home saves at most one GPU: ``distinct - 1``, and under ``previous-layer`` homes only for the
+    share of tokens :func:`moeopt.colgen.cover.stay_upper_bound` allows."""
     if params.bound_time <= 0:
         return None
     trace = _need_trace(problem, "joint")
@@ -406,20 +407,29 @@ def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: C
     uniform = getattr(c, "token_home", "uniform") == "uniform" and trace.home is None
     own = ctx.budget.child(0.5)  # at most half of what is left: the dispatch choice follows
     limit = own.cap(min(params.bound_time, own.remaining() / problem.layers), floor=0.05)
-    lower, stats = layer_certificates(problem, slots, limit, [uniform] * problem.layers, ctx, "joint")
+    previous = getattr(c, "token_home", "uniform") == "previous-layer"
+    lower, stats = layer_certificates(problem, slots, limit, [uniform] * problem.layers, ctx, "joint", previous)
     stats["bound_token_homes"] = "uniform" if uniform else "known"
     return float(np.mean(lower)), stats
 
 
 def layer_certificates(
-    problem: Problem, slots: np.ndarray, limit: float, uniform: list[bool], ctx: Context, name: str
+    problem: Problem,
+    slots: np.ndarray,
+    limit: float,
+    uniform: list[bool],
+    ctx: Context,
+    name: str,
+    previous_layer: bool = False,
 ) -> tuple[list[float], dict]:
     """Per layer, a lower bound on the calibration remote GPUs per token of every plan: the
     bound on distinct GPUs per token of :func:`bound_layer` (``limit`` seconds, seeded with
-    ``slots[l]``) times ``1 - 1/G`` where the layer's token homes are ``uniform``, else less 1
-    (:func:`moeopt.colgen.cover.remote_lower_bound`). Independent per layer: on the run's
-    executor (--workers, Ray) when there is one. Returns the bounds and the per-layer stats."""
-    from moeopt.colgen.cover import remote_lower_bound
+    ``slots[l]``) times ``1 - 1/G`` where the layer's token homes are ``uniform``, else less the
+    share of tokens that can stay (1; with ``previous_layer`` homes, at layers >= 1, the bound of
+    :func:`moeopt.colgen.cover.stay_upper_bound`; :func:`moeopt.colgen.cover.remote_lower_bound`).
+    Independent per layer: on the run's executor (--workers, Ray) when there is one. Returns the
+    bounds and the per-layer stats."""
+    from moeopt.colgen.cover import remote_lower_bound, stay_upper_bound
 
     trace = _need_trace(problem, name)
     c = problem.instance.cluster
@@ -427,7 +437,13 @@ def layer_certificates(
         (trace.topk[:, l], problem.experts, c.gpus, c.width, limit, slots[l], ctx.seed) for l in range(problem.layers)
     ]
     found = execute.map_items(bound_layer, items, ctx.executor)
-    lower = [remote_lower_bound(d, c.gpus, uniform[l]) for l, (d, _, _) in enumerate(found)]
+    stays = [
+        stay_upper_bound(trace.topk[:, l - 1, 0], trace.topk[:, l], problem.experts, c.gpus, c.width)
+        if previous_layer and l > 0 and not uniform[l]
+        else 1.0
+        for l in range(problem.layers)
+    ]
+    lower = [remote_lower_bound(d, c.gpus, uniform[l], stays[l]) for l, (d, _, _) in enumerate(found)]
     for l, (d, sec, ok) in enumerate(found):
         ctx.say(
             f"{name} layer {l}: communication lower bound {lower[l]:.4f} remote GPUs per token "
@@ -438,6 +454,7 @@ def layer_certificates(
         "distinct_lower_bound_per_layer": [d for d, _, _ in found],
         "bound_seconds_per_layer": [sec for _, sec, _ in found],
         "bound_lp_solved_per_layer": [ok for _, _, ok in found],
+        "stay_upper_bound_per_layer": stays,
     }
 
 
