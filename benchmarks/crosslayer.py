@@ -374,8 +374,10 @@ def markdown(rows: list[dict], info: dict) -> str:
             "",
             f"`crosslayer`'s lower bound on every plan's calibration objective ({BOUND_TIME:g} s per layer, "
             "after the search, not in its wall time): per layer, a bound on distinct GPUs per token by "
-            "column generation, less the one GPU a token's home can save (times 1 − 1/G at layer 0, "
-            "uniform homes). It ignores the load limit and lets every token stay, so it is loose; "
+            "column generation (a pair LP where that is cut short), less the share of tokens whose home can "
+            "hold one of their experts (an LP over which previous-layer experts can share a GPU with which "
+            "experts of the layer; times 1 − 1/G at layer 0, uniform homes). It ignores the load limit, so it "
+            "is loose; "
             "gap = (objective − bound) / objective.",
             "",
             tabulate(

@@ -37,9 +37,11 @@ relabeled starts.
 **Certificate** (``bound_time`` seconds per layer, 0: none): a token's remote GPUs at a layer are
 its distinct GPUs less at most one (its home), so every plan's objective is at least, per layer,
 the lower bound on distinct GPUs per token of :func:`moeopt.colgen.cover.distinct_lower_bound`
-(column generation over GPU contents, seeded with the plan) less 1, or times ``1 - 1/G`` at
-layer 0 under uniform homes (:func:`moeopt.colgen.cover.remote_lower_bound`). It ignores the
-load limit and assumes every token could stay, so it is valid for every plan and loose.
+(column generation over GPU contents, seeded with the plan; a pair LP where that is cut short)
+less the share of tokens that can stay at all (:func:`moeopt.colgen.cover.stay_upper_bound`, an
+LP over which previous-layer experts can share a GPU with which experts of this layer), or
+times ``1 - 1/G`` at layer 0 under uniform homes (:func:`moeopt.colgen.cover.remote_lower_bound`).
+It ignores the load limit, so it is valid for every plan and loose.
 
 :func:`exact_crosslayer` computes the optimum of tiny instances (dynamic programming over all
 placements of each layer) to check the planner and the certificate.
