@@ -30,6 +30,14 @@ def random_tokens(seed: int, E: int, k: int, tokens: int) -> np.ndarray:
     return np.array([rng.choice(E, size=k, replace=False, p=pref[t % 2]) for t in range(tokens)])
 
 
+@st.composite
+def tiny_layers(draw, max_experts: int = 5, max_tokens: int = 12) -> tuple[int, int, int, int, int, int]:
+    """``(seed, E, G, W, k, tokens)`` of a tiny layer whose slots hold every expert."""
+    seed, E = draw(st.integers(0, 10_000)), draw(st.integers(2, max_experts))
+    G, W, k = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    return seed, E, G, max(W, -(-E // G)), min(k, E), draw(st.integers(1, max_tokens))
+
+
 def brute_force(topk: np.ndarray, E: int, G: int, W: int) -> float:
     """Least mean distinct GPUs per token over every plan (GPUs of ``min(W, E)`` distinct experts,
     every expert held): a plan with smaller GPUs extends to full ones with no token using more."""
@@ -72,20 +80,10 @@ def test_bound_is_not_trivial_when_the_lp_is_solved():
 
 
 @settings(max_examples=25)
-@given(
-    seed=st.integers(0, 10_000),
-    E=st.integers(2, 5),
-    G=st.integers(1, 3),
-    W=st.integers(1, 3),
-    k=st.integers(1, 3),
-    tokens=st.integers(1, 12),
-    time_limit=st.sampled_from([0.05, 2.0]),
-)
-def test_bound_property(seed, E, G, W, k, tokens, time_limit):
+@given(tiny_layers(), st.sampled_from([0.05, 2.0]))
+def test_bound_property(layer, time_limit):
     """Random small layers, solved or cut short: the bound stays below the optimum."""
-    if G * W < E:
-        W = -(-E // G)
-    k = min(k, E)
+    seed, E, G, W, k, tokens = layer
     topk = random_tokens(seed, E, k, tokens)
     b = distinct_lower_bound(topk, E, G, W, time_limit=time_limit)
     assert b.distinct <= brute_force(topk, E, G, W) + 1e-9
@@ -117,20 +115,11 @@ def test_pricing_upper_bounds_every_column(W):
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 10_000),
-    E=st.integers(2, 5),
-    G=st.integers(1, 3),
-    W=st.integers(1, 3),
-    k=st.integers(1, 3),
-    tokens=st.integers(1, 12),
-)
-def test_pair_bound_is_below_the_brute_force_optimum(seed, E, G, W, k, tokens):
+@given(tiny_layers())
+def test_pair_bound_is_below_the_brute_force_optimum(layer):
     """The bound without column generation (pair LP and star), spare slots included, never
     exceeds the best plan's mean distinct GPUs per token."""
-    if G * W < E:
-        W = -(-E // G)
-    k = min(k, E)
+    seed, E, G, W, k, tokens = layer
     topk = random_tokens(seed, E, k, tokens)
     pats, w = token_patterns(topk)
     need = float(sum(len(set(p.tolist())) * x for p, x in zip(pats, w, strict=True)))
@@ -176,21 +165,12 @@ def layer_plans(E: int, G: int, W: int) -> list[list[int]]:
 
 
 @settings(max_examples=30, deadline=None)
-@given(
-    seed=st.integers(0, 10_000),
-    E=st.integers(2, 4),
-    G=st.integers(1, 3),
-    W=st.integers(1, 3),
-    k=st.integers(1, 3),
-    tokens=st.integers(1, 10),
-)
-def test_stay_bound_is_above_every_pair_of_plans(seed, E, G, W, k, tokens):
+@given(tiny_layers(max_experts=4, max_tokens=10))
+def test_stay_bound_is_above_every_pair_of_plans(layer):
     """The share of tokens whose previous top-1 expert shares a GPU with one of their experts
     (in the best case for them: any GPU holding it) never exceeds the bound, over every pair of
     plans of tiny layers, spare slots included."""
-    if G * W < E:
-        W = -(-E // G)
-    k = min(k, E)
+    seed, E, G, W, k, tokens = layer
     rng = np.random.default_rng(seed)
     prev = rng.integers(0, E, tokens)
     topk = random_tokens(seed + 1, E, k, tokens)
