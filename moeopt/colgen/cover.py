@@ -441,8 +441,8 @@ def stay_upper_bound(prev_top1: np.ndarray, topk: np.ndarray, experts: int, gpus
     if N == 0:
         return 0.0
     E, G, W = experts, gpus, width
-    pairs = np.unique(np.c_[np.repeat(np.arange(N), ids.shape[1]), (prev[:, None] * E + ids).reshape(-1)], axis=0)
-    B = np.bincount(pairs[:, 1], minlength=E * E).astype(np.float64)  # tokens per (e, f), each once
+    key = np.unique((np.arange(N)[:, None] * E + prev[:, None]) * E + ids)  # (token, e, f), each once
+    B = np.bincount(key % (E * E), minlength=E * E).astype(np.float64)  # tokens per (e, f)
     nz = np.flatnonzero(B)
     e, f, b = nz // E, nz % E, B[nz]
     nZ = b.size
