@@ -204,6 +204,36 @@ def test_lagrangian_bound_tightens_the_star_bound() -> None:
     assert heuristic <= lag < 0.9 * star
 
 
+@given(st.integers(0, 10_000), st.integers(3, 12), st.integers(2, 5), st.booleans())
+def test_partner_values_equal_a_direct_per_expert_choice(seed, E, cap, ties) -> None:
+    """The Lagrangian bound's inner step against a plain computation: per multiplier and expert
+    the cap - 1 best partners by sorting, the least total over the multipliers, and a choice
+    that picks cap - 1 partners whose positive values make that total (ties included)."""
+    from moeopt.bounds import _multipliers, _partner_values
+
+    rng = np.random.default_rng(seed)
+    W = rng.integers(0, 3, (E, E)).astype(float) if ties else rng.random((E, E))
+    W = np.triu(W, 1) + np.triu(W, 1).T
+    g = Grouping(graph=W, load=rng.dirichlet(np.ones(E)), groups=-(-E // cap), cap=cap)
+    g = g.replace(load_limit=1.2 * g.min_max_load())
+    split = 0.5 * W + rng.normal(0, 0.1, (E, E))
+    mu = _multipliers(g, 5)
+    values, choice = _partner_values(split, g, mu)
+    c = min(cap, E) - 1
+    room = np.maximum(g.load_limit - g.load, 0.0)
+    for e in range(E):
+        totals = []
+        for m in mu:
+            red = np.delete(split[e] - m * g.load, e)
+            totals.append(np.maximum(np.sort(red)[::-1][:c], 0.0).sum() + m * room[e])
+        assert values[e] == pytest.approx(min(totals))
+        m = mu[int(np.argmin(totals))]
+        red = split[e] - m * g.load
+        picked = np.flatnonzero(choice[e])
+        assert choice[e, e] == 0 and len(picked) <= c and set(np.unique(choice[e])) <= {0.0, 1.0}
+        assert red[picked].sum() + m * room[e] == pytest.approx(values[e])
+
+
 def test_heuristic_certified_optimal_when_bound_closes() -> None:
     """One GPU (all pairs together) and top-1 routing (no pairs) are certified optimal."""
     one_gpu = run("tacg", make_problem(E=8, G=1, k=2, tokens=500))
