@@ -286,7 +286,10 @@ def markdown(rows: list[dict], info: dict) -> str:
         for r in rows
     ]
     cl = [r for r in rows if r["method"] == "crosslayer"]
-    key = lambda r: (r.get("workload", SYNTHETIC), r["gpus"], r["layer_dependency"])  # noqa: E731
+
+    def key(r: dict) -> tuple:
+        return r.get("workload", SYNTHETIC), r["gpus"], r["layer_dependency"]
+
     rl = {key(r): r for r in rows if r["method"] == "agnostic + relabel"}
 
     def met(r: dict) -> str:

@@ -132,7 +132,7 @@ def test_plan_layers_fast_valid_never_worse_than_lpt(case, partners, spread, con
         lpt = lpt_reference(row, G, W, allow)
         assert B.gpu_loads(out[l], row).max() <= B.gpu_loads(lpt, row).max() * (1 + 1e-12) + 1e-12
     # the copy counts given by a caller who has them (the method shares them with the bound): same plan
-    counts = BB.copy_counts_batch(loads, G * W, G * W - E + 1 if allow else min(G, G * W - E + 1))
+    counts = water_filled(loads, G, W, allow)
     again = BB.plan_layers_fast(
         loads, G, W, allow_colocated=allow, partners=partners, spread=spread, connect=connect, counts=counts
     )
@@ -340,9 +340,7 @@ def test_lower_bound_batch_equals_per_layer(case):
     loads, G, W, allow = case
     expected = [B.lower_bound(row, G, W, allow) for row in loads]
     assert lower_bound_batch(loads, G, W, allow).tolist() == expected
-    counts = BB.copy_counts_batch(
-        loads, G * W, G * W - loads.shape[1] + 1 if allow else min(G, G * W - loads.shape[1] + 1)
-    )
+    counts = water_filled(loads, G, W, allow)
     assert lower_bound_batch(loads, G, W, allow, counts).tolist() == expected
 
 
