@@ -448,8 +448,14 @@ def main() -> int:
     ap.add_argument("--out", default=str(OUT), help="folder for crosslayer.{json,md,png} (a one-cell run: elsewhere)")
     args = ap.parse_args()
     log = (lambda *_: None) if args.quiet else print
-    wanted = {int(x) for x in args.shapes.split(",")}
-    deps = {float(x) for x in args.dependencies.split(",")}
+    try:
+        wanted = {int(x) for x in args.shapes.split(",") if x.strip()}
+    except ValueError:
+        ap.error(f"--shapes: expected comma-separated GPU counts, got {args.shapes!r}")
+    try:
+        deps = {float(x) for x in args.dependencies.split(",") if x.strip()}
+    except ValueError:
+        ap.error(f"--dependencies: expected comma-separated numbers, got {args.dependencies!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -465,6 +471,8 @@ def main() -> int:
         if name not in REAL_CELLS:
             ap.error(f"--real: unknown cell {name!r}; expected some of {', '.join(REAL_CELLS)}")
         rows += run_real(name, log, args.workers)
+    if not rows:
+        ap.error("no cell to run: --shapes, --dependencies and --real select none")
     info = {"machine": machine(), "wall_s": time.perf_counter() - t0, "layers": LAYERS, "tokens": TOKENS}
     write_json(out / "crosslayer.json", {"info": info, "rows": rows})
     write_text(out / "crosslayer.md", markdown(rows, info))
