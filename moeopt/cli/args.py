@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from moeopt.errors import MoeoptError
@@ -55,8 +56,14 @@ def _engine_format(path: str) -> str:
     """Guess a plan file's format from its content: moeopt plan, SGLang, vLLM-Ascend, EPLB."""
     import json
 
-    if path.endswith(".pt"):
-        return "eplb"
+    from moeopt.io.engines import engine_file_format, load_engine_file
+
+    if Path(path).suffix.lower() in (".pt", ".npz"):
+        try:
+            data = load_engine_file(path)
+        except MoeoptError:
+            return "eplb"  # read_engine_plan says what is wrong with it
+        return engine_file_format(data) or "eplb"
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
@@ -77,11 +84,12 @@ def _current_plan(path: str, fmt: str | None, inst: Any) -> Any:
     if fmt == "plan":
         return _read_plan_for(path, inst).plan
     rows = None
-    if fmt == "sglang":
-        import json
+    if fmt == "sglang":  # JSON, or a .pt / .npz (SGLang's map, vLLM's EPLB state)
+        from moeopt.io.engines import load_engine_file
 
-        with open(path, encoding="utf-8") as fh:
-            rows = len(json.load(fh).get("physical_to_logical_map", []))
+        data = load_engine_file(path)
+        table = data.get("physical_to_logical_map", []) if isinstance(data, dict) else []
+        rows = len(table) if hasattr(table, "__len__") else None
     dense = max(0, rows - inst.model.layers) if rows is not None else 0
     plan = read_engine_plan(path, fmt, gpus=inst.cluster.gpus, experts=inst.model.experts, dense_layers=dense)
     _check_against(plan, inst, path)

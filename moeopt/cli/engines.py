@@ -90,11 +90,11 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_import(args: argparse.Namespace) -> int:
-    from moeopt.io import read_sglang_dump, write_counts
+    from moeopt.io import read_engine_dump, write_counts
 
     if Path(args.output).suffix.lower() != ".npz":
         raise MoeoptError(f"{args.output}: expected an .npz output (a trace or a counts file)")
-    w = read_sglang_dump(args.dump, top_k=args.top_k, trusted=args.trust_pickle)
+    w = read_engine_dump(args.dump, top_k=args.top_k, trusted=args.trust_pickle)
     if isinstance(w, Trace):
         write_trace(args.output, w)
         what = f"trace, {w.tokens} tokens, {w.layers} MoE layers, E={w.num_experts}, top-{w.top_k}, {w.steps} steps"

@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-format",
         choices=["plan", "sglang", "eplb", "vllm-ascend"],
         default=None,
-        help="format of --from (default: from the file's content; .pt is eplb)",
+        help="format of --from (default: from the file's content: its keys for .pt / .npz)",
     )
     dispatch_arg(s)
     common(s)
@@ -204,10 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--layer", type=_nonneg_int, default=0, help="the layer --graphml writes (default 0)")
     tt.add_argument("--plan", default=None, help="plan file: each expert's GPU as a --graphml node attribute")
     tt.set_defaults(func=cmd_trace_stats)
-    ti = tsub.add_parser("import", help="SGLang expert-distribution dump (.pt) -> trace or counts .npz")
+    ti = tsub.add_parser(
+        "import", help="SGLang expert-distribution dump or vLLM EPLB state (.pt) -> trace or counts .npz"
+    )
     ti.add_argument("dump")
-    ti.add_argument("--output", required=True, help="TRACE.npz (per_token dump) or COUNTS.npz (stat dump)")
-    ti.add_argument("--top-k", type=_positive_int, default=None, help="model top-k (stat dumps do not record it)")
+    ti.add_argument("--output", required=True, help="TRACE.npz (per_token dump) or COUNTS.npz (stat dump, vLLM)")
+    ti.add_argument(
+        "--top-k", type=_positive_int, default=None, help="model top-k (stat dumps and vLLM do not record it)"
+    )
     ti.add_argument("--trust-pickle", action="store_true", help="also unpickle non-tensor objects (runs code)")
     ti.add_argument("--quiet", action="store_true")
     ti.set_defaults(func=cmd_trace_import)

@@ -10,6 +10,9 @@ Pure conversions, no file access (:mod:`moeopt.io` reads and writes the files):
 * **SGLang expert-distribution recorder** dumps: ``per_token`` (token top-k in physical ids)
   and ``stat`` (``logical_count`` per step), read into a :class:`~moeopt.trace.Trace` or
   count-only :class:`~moeopt.trace.Stats`.
+* **vLLM EPLB state** tensors (``physical_to_logical_map`` with ``expert_load_window`` or
+  ``expert_load_pass``, or ``last_expert_load``): the loads vLLM rebalances on, read into
+  count-only :class:`~moeopt.trace.Stats` (:mod:`~moeopt.interop.vllm_eplb`).
 
 Physical slots
 --------------
@@ -43,7 +46,8 @@ distinct experts only (:func:`vllm_ascend_layout`) and refuses a plan whose devi
 then hold unequal numbers of experts.
 
 Modules: :mod:`~moeopt.interop.slots` (fill rule, maps to plans), :mod:`~moeopt.interop.sglang`,
-:mod:`~moeopt.interop.eplb`, :mod:`~moeopt.interop.vllm_ascend`, :mod:`~moeopt.interop.settings`.
+:mod:`~moeopt.interop.eplb`, :mod:`~moeopt.interop.vllm_ascend`, :mod:`~moeopt.interop.vllm_eplb`,
+:mod:`~moeopt.interop.settings`.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ from moeopt.interop.slots import (
     to_numpy,
 )
 from moeopt.interop.vllm_ascend import from_vllm_ascend, to_vllm_ascend, vllm_ascend_layout, vllm_ascend_redundant
+from moeopt.interop.vllm_eplb import is_vllm_eplb_state, stats_from_vllm_eplb
 
 __all__ = [
     "ENGINE_DISPATCH",
@@ -79,10 +84,12 @@ __all__ = [
     "from_eplb",
     "from_sglang",
     "from_vllm_ascend",
+    "is_vllm_eplb_state",
     "plan_from_physical",
     "read_sglang_dump",
     "sglang_dump_kind",
     "stats_from_sglang_stat",
+    "stats_from_vllm_eplb",
     "to_eplb",
     "to_numpy",
     "to_sglang",

@@ -12,7 +12,7 @@ counts), :mod:`~moeopt.io.engines` (serving-engine files), :mod:`~moeopt.io.plan
 
 from __future__ import annotations
 
-from moeopt.io.engines import read_engine_plan, read_sglang_dump, write_counts, write_engine_plan
+from moeopt.io.engines import read_engine_dump, read_engine_plan, read_sglang_dump, write_counts, write_engine_plan
 from moeopt.io.files import (
     PLAN_FORMAT,
     PLAN_FORMAT_V1,
@@ -41,6 +41,7 @@ __all__ = [
     "read_plan",
     "read_plan_file",
     "read_profile",
+    "read_engine_dump",
     "read_sglang_dump",
     "read_trace",
     "read_workload_file",

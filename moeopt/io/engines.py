@@ -58,6 +58,16 @@ def read_sglang_dump(path: str | Path, *, top_k: int | None = None, trusted: boo
     return interop.read_sglang_dump(_torch_load(path, trusted=trusted), top_k=top_k, source=str(path))
 
 
+def read_engine_dump(path: str | Path, *, top_k: int | None = None, trusted: bool = False) -> Trace | Stats:
+    """Read an engine's recorded expert loads from a ``.pt`` file (needs torch): vLLM's EPLB state
+    tensors (:mod:`moeopt.interop.vllm_eplb`) or an SGLang recorder dump (:func:`read_sglang_dump`)."""
+    path = Path(path)
+    obj = _torch_load(path, trusted=trusted)
+    if interop.is_vllm_eplb_state(obj):
+        return interop.stats_from_vllm_eplb(obj, top_k=top_k, source=str(path))
+    return interop.read_sglang_dump(obj, top_k=top_k, source=str(path))
+
+
 def write_counts(path: str | Path, stats: Stats) -> None:
     """Write count-only statistics as a counts ``.npz`` (``counts``, ``top_k``,
     ``family_names``, and ``step_counts`` when known), readable by ``read_workload_file``."""
@@ -139,6 +149,36 @@ def write_engine_plan(
     return notes
 
 
+def load_engine_file(path: str | Path) -> Any:
+    """The content of an engine file: a ``.pt`` (tensors only, needs torch), an ``.npz`` (as a
+    dict of arrays) or JSON; InputError when it cannot be read."""
+    path = Path(path)
+    src = str(path)
+    suffix = path.suffix.lower()
+    if suffix == ".pt":
+        return _torch_load(path)
+    if not path.is_file():
+        raise InputError(src, None, "file not found")
+    if suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        except _NPZ_ERRORS as exc:
+            raise InputError(src, None, f"not a readable .npz archive ({exc})") from None
+    return _read_json(path)
+
+
+def engine_file_format(data: Any) -> str | None:
+    """The placement format of an engine file's content (:func:`load_engine_file`): ``sglang``
+    (``physical_to_logical_map``, also what vLLM's EPLB state holds), ``eplb`` (``phy2log``),
+    ``vllm-ascend`` (``layer_list``), or None."""
+    if isinstance(data, dict):
+        for key, fmt in (("physical_to_logical_map", "sglang"), ("phy2log", "eplb"), ("layer_list", "vllm-ascend")):
+            if key in data:
+                return fmt
+    return None
+
+
 def read_engine_plan(
     path: str | Path,
     format: str,
@@ -173,25 +213,13 @@ def read_engine_plan(
     """
     path = Path(path)
     src = str(path)
-    suffix = path.suffix.lower()
     if format not in interop.ENGINE_FORMATS:
         raise InputError(None, "format", f"expected one of {', '.join(interop.ENGINE_FORMATS)}, got {format!r}")
     try:
         kind = Dispatch(kind=dispatch or interop.ENGINE_DISPATCH[format])
     except PlanError as exc:
         raise InputError(None, "dispatch", str(exc)) from None
-    if suffix == ".pt":
-        data: Any = _torch_load(path)
-    elif not path.is_file():
-        raise InputError(src, None, "file not found")
-    elif suffix == ".npz":
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                data = {k: z[k] for k in z.files}
-        except _NPZ_ERRORS as exc:
-            raise InputError(src, None, f"not a readable .npz archive ({exc})") from None
-    else:
-        data = _read_json(path)
+    data = load_engine_file(path)
     if format == "sglang":
         if gpus is None:
             raise InputError(src, "gpus", "SGLang maps do not record the GPU count; give it (--gpus or --instance)")

@@ -14,8 +14,9 @@ from moeopt.errors import InputError
 from moeopt.instance import (
     Model,
 )
+from moeopt.interop import is_vllm_eplb_state, stats_from_vllm_eplb
 from moeopt.io.engines import (
-    read_sglang_dump,
+    read_engine_dump,
 )
 from moeopt.io.files import (
     _NPZ_ERRORS,
@@ -87,11 +88,15 @@ def read_workload_file(
             raise InputError(src, None, f"not a readable .npz archive ({exc})") from None
         if format == "trace" or (format is None and "topk" in keys):
             return read_trace(path)
+        if format is None and "counts" not in keys and is_vllm_eplb_state(dict.fromkeys(keys)):
+            return stats_from_vllm_eplb({k: data[k] for k in keys}, top_k=top_k, source=src)
         if format == "olmoe-domains" or (format is None and any("/expert_counts/" in k for k in keys)):
             return _read_domain_counts(data, src, select)
         if format in (None, "counts") and "counts" in keys:
             return _counts_npz(data, src, top_k)
-        raise InputError(src, None, "expected a trace (key 'topk'), counts (key 'counts') or per-domain counts")
+        raise InputError(
+            src, None, "expected a trace (key 'topk'), counts (key 'counts'), per-domain counts or vLLM EPLB loads"
+        )
     if suffix == ".json":
         data = _read_json(path)
         if isinstance(data, dict) and "logical_count" in data:
@@ -113,7 +118,7 @@ def read_workload_file(
             raise InputError(src, None, f"not a readable .npy array ({exc})") from None
         return _counts(arr, src, "counts", top_k)
     if suffix == ".pt":
-        return _read_sglang_pt(path, top_k)
+        return _read_engine_pt(path, top_k)
     raise InputError(src, None, "unknown file type; expected .npz, .json, .csv, .npy or .pt")
 
 
@@ -202,8 +207,8 @@ def _sglang_counts(arr: np.ndarray, src: str, top_k: int | None) -> Stats:
     return stats
 
 
-def _read_sglang_pt(path: Path, top_k: int | None) -> Trace | Stats:
-    return read_sglang_dump(path, top_k=top_k)
+def _read_engine_pt(path: Path, top_k: int | None) -> Trace | Stats:
+    return read_engine_dump(path, top_k=top_k)
 
 
 def _read_domain_counts(data: Any, src: str, select: str | None) -> Stats:
