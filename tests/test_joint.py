@@ -329,6 +329,26 @@ def test_auto_is_the_default(tmp_path):
     assert solve(counts).method == "balance"
 
 
+def test_more_gpus_than_the_routing_holds(tmp_path, capsys):
+    """Past 64 GPUs joint is a one-line input error naming cluster.gpus (not a traceback from its
+    bit masks), and auto plans with balance, saying why."""
+    path = tmp_path / "wide.yaml"
+    path.write_text(
+        "model: {layers: 1, experts: 66, top_k: 2}\ncluster: {gpus: 66, replica_slots_per_gpu: 1}\n"
+        "workload:\n  synthetic: {tokens: 2048, structure_seed: 1}\n"
+    )
+    inst = load_instance(path)
+    with pytest.raises(InputError) as err:
+        solve(inst, method="joint", time_limit=1.0)
+    assert err.value.field == "cluster.gpus" and "at most 64 GPUs" in str(err.value) and "\n" not in str(err.value)
+    res = solve(inst, time_limit=1.0)
+    assert res.method == "balance" and "at most 64 GPUs" in res.stats["note"]
+    assert main(["solve", str(path), "--time-limit", "1"]) == 0
+    assert "planned with balance" in capsys.readouterr().err
+    assert main(["solve", str(path), "--method", "joint", "--time-limit", "1"]) == 2
+    assert "cluster.gpus" in capsys.readouterr().err
+
+
 def test_frontier_point_without_a_plan(small_instance):
     """A method that returns no plan at an unreachable load limit (hypergraph reports
     infeasible) becomes a point with an error, not a crash; it is never on the Pareto set."""

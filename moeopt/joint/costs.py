@@ -36,11 +36,15 @@ _ONE = np.uint64(1)
 _ZERO = np.uint64(0)
 
 
+#: GPUs per layer the routing's bit masks hold (one uint64 per expert)
+MAX_GPUS = 64
+
+
 def holder_masks(holds: np.ndarray) -> np.ndarray:
     """uint64 ``[E]``: bit g set when GPU g holds a copy of the expert (``holds [E, G]``)."""
     G = holds.shape[1]
-    if G > 64:
-        raise ValueError("the joint planner's routing handles at most 64 GPUs per layer")
+    if G > MAX_GPUS:
+        raise ValueError(f"the joint planner's routing handles at most {MAX_GPUS} GPUs per layer")
     bits = np.left_shift(_ONE, np.arange(G, dtype=np.uint64))
     return np.bitwise_or.reduce(np.where(holds, bits[None, :], np.uint64(0)), axis=1)
 

@@ -29,6 +29,7 @@ from moeopt import joint as jm
 from moeopt.budget import Budget
 from moeopt.errors import InputError
 from moeopt.evaluate import evaluate, maxvio
+from moeopt.joint.costs import MAX_GPUS
 from moeopt.methods.balance import balance_bound_hook
 from moeopt.methods.baselines import hottest_replicas
 from moeopt.plan import Dispatch, Plan
@@ -469,8 +470,22 @@ def bound_layer(
     return float(b.distinct), float(b.seconds), bool(b.proven)
 
 
+def _fits(problem: Problem) -> bool:
+    """Whether the cluster fits the joint planner's routing (at most ``MAX_GPUS`` GPUs)."""
+    return problem.instance.cluster.gpus <= MAX_GPUS
+
+
 def _need_trace(problem: Problem, name: str) -> Trace:
-    """The problem's token trace, or a one-line error naming the method that needs it."""
+    """The problem's token trace, or a one-line error naming the method that needs it (also when
+    the cluster has more GPUs than the routing holds)."""
+    if not _fits(problem):
+        src = str(problem.instance.source) if problem.instance.source else None
+        raise InputError(
+            src,
+            "cluster.gpus",
+            f"method {name!r} plans at most {MAX_GPUS} GPUs per layer, got {problem.instance.cluster.gpus}; "
+            "use balance (balance only) or hottest-replication (communication and copies)",
+        )
     if problem.trace is None:
         src = str(problem.instance.source) if problem.instance.source else None
         raise InputError(
@@ -763,9 +778,20 @@ class Auto:
         return True
 
     def choose(self, problem: Problem) -> str:
-        return "joint" if problem.trace is not None and problem.stats.has_coactivation else "balance"
+        if problem.trace is not None and problem.stats.has_coactivation and _fits(problem):
+            return "joint"
+        return "balance"
 
     def solve(self, problem: Problem, params: AutoParams, ctx: Context) -> Result:
         impl = get_method(self.choose(problem))
         result = impl.solve(problem, parse_params(impl, {}), ctx)
-        return result.replace(stats={**result.stats, "chosen_by": self.name})
+        stats = {**result.stats, "chosen_by": self.name}
+        if problem.trace is not None and not _fits(problem):
+            why = (
+                f"auto: joint plans at most {MAX_GPUS} GPUs per layer, this cluster has "
+                f"{problem.instance.cluster.gpus}: planned with balance (balance only; for communication "
+                "name a grouping or replication method)"
+            )
+            stats["note"] = f"{stats['note']}; {why}" if stats.get("note") else why
+            console.note(f"note: {why}")
+        return result.replace(stats=stats)
