@@ -347,6 +347,9 @@ def test_more_gpus_than_the_routing_holds(tmp_path, capsys):
     assert "planned with balance" in capsys.readouterr().err
     assert main(["solve", str(path), "--method", "joint", "--time-limit", "1"]) == 2
     assert "cluster.gpus" in capsys.readouterr().err
+    # the certificate joint shares with crosslayer has no such limit
+    cross = solve(inst.replace(cluster=replace(inst.cluster, token_home="previous-layer")), method="crosslayer")
+    assert cross.bound is not None and cross.bound <= cross.objective
 
 
 def test_frontier_point_without_a_plan(small_instance):

@@ -475,9 +475,9 @@ def _fits(problem: Problem) -> bool:
     return problem.instance.cluster.gpus <= MAX_GPUS
 
 
-def _need_trace(problem: Problem, name: str) -> Trace:
-    """The problem's token trace, or a one-line error naming the method that needs it (also when
-    the cluster has more GPUs than the routing holds)."""
+def _need_routing(problem: Problem, name: str) -> Trace:
+    """:func:`_need_trace`, and a one-line error when the cluster has more GPUs than the joint
+    planner's routing holds (the certificate alone, which ``crosslayer`` shares, has no such limit)."""
     if not _fits(problem):
         src = str(problem.instance.source) if problem.instance.source else None
         raise InputError(
@@ -486,6 +486,11 @@ def _need_trace(problem: Problem, name: str) -> Trace:
             f"method {name!r} plans at most {MAX_GPUS} GPUs per layer, got {problem.instance.cluster.gpus}; "
             "use balance (balance only) or hottest-replication (communication and copies)",
         )
+    return _need_trace(problem, name)
+
+
+def _need_trace(problem: Problem, name: str) -> Trace:
+    """The problem's token trace, or a one-line error naming the method that needs it."""
     if problem.trace is None:
         src = str(problem.instance.source) if problem.instance.source else None
         raise InputError(
@@ -610,7 +615,7 @@ class Joint:
 
     def solve(self, problem: Problem, params: JointParams, ctx: Context) -> Result:
         t0 = time.perf_counter()
-        _need_trace(problem, self.name)
+        _need_routing(problem, self.name)
         balanced = balance_starts(problem, ctx.seed)
         limits, relaxed = reachable_limits(problem, balanced, params.eps)
         if relaxed:
@@ -706,7 +711,7 @@ class JointExact(Joint):
         if not isinstance(params, JointExactParams):
             raise TypeError(f"{self.name} takes JointExactParams, got {type(params).__name__}")
         t0 = time.perf_counter()
-        _need_trace(problem, self.name)
+        _need_routing(problem, self.name)
         src = str(problem.instance.source) if problem.instance.source else None
         exact_params = replace(params, sample_tokens=params.sample_tokens)
         layers = layer_problems(problem, exact_params, ctx.seed)
