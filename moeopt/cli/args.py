@@ -53,27 +53,15 @@ def _read_plan_for(path: str, inst: Any) -> PlanFile:
 
 
 def _engine_format(path: str) -> str:
-    """Guess a plan file's format from its content: moeopt plan, SGLang, vLLM-Ascend, EPLB."""
-    import json
-
+    """Guess a plan file's format from its content (:func:`moeopt.io.engines.engine_file_format`:
+    SGLang, EPLB, vLLM-Ascend); otherwise a moeopt plan (JSON) or EPLB tensors (``.pt`` / ``.npz``)."""
     from moeopt.io.engines import engine_file_format, load_engine_file
 
-    if Path(path).suffix.lower() in (".pt", ".npz"):
-        try:
-            data = load_engine_file(path)
-        except MoeoptError:
-            return "eplb"  # read_engine_plan says what is wrong with it
-        return engine_file_format(data) or "eplb"
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        return "plan"  # read_plan_file says what is wrong with it
-    if isinstance(data, dict) and "physical_to_logical_map" in data:
-        return "sglang"
-    if isinstance(data, dict) and "layer_list" in data:
-        return "vllm-ascend"
-    return "plan"
+        data = load_engine_file(path)
+    except MoeoptError:
+        data = None  # the reader of the guessed format says what is wrong with it
+    return engine_file_format(data) or ("eplb" if Path(path).suffix.lower() in (".pt", ".npz") else "plan")
 
 
 def _current_plan(path: str, fmt: str | None, inst: Any) -> Any:
@@ -83,15 +71,8 @@ def _current_plan(path: str, fmt: str | None, inst: Any) -> Any:
     fmt = fmt or _engine_format(path)
     if fmt == "plan":
         return _read_plan_for(path, inst).plan
-    rows = None
-    if fmt == "sglang":  # JSON, or a .pt / .npz (SGLang's map, vLLM's EPLB state)
-        from moeopt.io.engines import load_engine_file
-
-        data = load_engine_file(path)
-        table = data.get("physical_to_logical_map", []) if isinstance(data, dict) else []
-        rows = len(table) if hasattr(table, "__len__") else None
-    dense = max(0, rows - inst.model.layers) if rows is not None else 0
-    plan = read_engine_plan(path, fmt, gpus=inst.cluster.gpus, experts=inst.model.experts, dense_layers=dense)
+    c = inst.cluster
+    plan = read_engine_plan(path, fmt, gpus=c.gpus, experts=inst.model.experts, model_layers=inst.model.layers)
     _check_against(plan, inst, path)
     return plan
 

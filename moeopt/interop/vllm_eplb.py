@@ -95,10 +95,11 @@ def stats_from_vllm_eplb(obj: Mapping[str, Any], *, top_k: int | None, source: s
     E = int(phys.max()) + 1
     if "logical_replica_count" in obj:
         E = max(E, to_numpy(obj["logical_replica_count"], source, "logical_replica_count").shape[-1])
-    # credit every slot's load to its logical expert: flat index (layer, expert) per slot
+    # credit every slot's load to its logical expert: one bincount over flat (step, layer, expert)
     idx = np.where(used, np.arange(L)[:, None] * E + phys, L * E)  # unused slots to a spill bin
-    steps = np.stack([np.bincount(idx.ravel(), weights=arr[t].ravel(), minlength=L * E + 1)[:-1] for t in range(T)])
-    steps = steps.reshape(T, L, E)
+    flat = (np.arange(T)[:, None] * (L * E + 1) + idx.ravel()[None, :]).ravel()
+    binned = np.bincount(flat, weights=arr.ravel(), minlength=T * (L * E + 1)).reshape(T, L * E + 1)
+    steps = binned[:, :-1].reshape(T, L, E)
     recorded = steps.sum(axis=(1, 2)) > 0
     if not recorded.any():
         raise InputError(source, key, "every load is zero: no forward pass was recorded")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sized
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,7 @@ def read_engine_plan(
     experts: int | None = None,
     dense_layers: int = 0,
     dispatch: str | None = None,
+    model_layers: int | None = None,
 ) -> Plan:
     """Read a serving-engine plan file into a plan, slot for slot (nothing merged).
 
@@ -205,6 +207,9 @@ def read_engine_plan(
         SGLang only: leading dense-layer rows to drop.
     dispatch
         The plan's dispatch kind (default: the engine's, :data:`moeopt.interop.ENGINE_DISPATCH`).
+    model_layers
+        SGLang only, without ``dense_layers``: the model's MoE layers; the map's rows beyond them
+        are its leading dense layers (SGLang counts every hidden layer).
 
     Raises
     ------
@@ -221,6 +226,9 @@ def read_engine_plan(
         raise InputError(None, "dispatch", str(exc)) from None
     data = load_engine_file(path)
     if format == "sglang":
+        if model_layers is not None and not dense_layers:
+            table = data.get("physical_to_logical_map") if isinstance(data, dict) else None
+            dense_layers = max(0, len(table) - model_layers) if isinstance(table, Sized) else 0
         if gpus is None:
             raise InputError(src, "gpus", "SGLang maps do not record the GPU count; give it (--gpus or --instance)")
         return interop.from_sglang(data, gpus, experts=experts, dense_layers=dense_layers, dispatch=kind, source=src)

@@ -118,7 +118,7 @@ def read_workload_file(
             raise InputError(src, None, f"not a readable .npy array ({exc})") from None
         return _counts(arr, src, "counts", top_k)
     if suffix == ".pt":
-        return _read_engine_pt(path, top_k)
+        return read_engine_dump(path, top_k=top_k)
     raise InputError(src, None, "unknown file type; expected .npz, .json, .csv, .npy or .pt")
 
 
@@ -205,10 +205,6 @@ def _sglang_counts(arr: np.ndarray, src: str, top_k: int | None) -> Stats:
     if steps is not None:
         stats = stats_from_counts(stats.counts, top_k=stats.top_k, step_counts=np.transpose(steps[:, keep], (1, 0, 2)))
     return stats
-
-
-def _read_engine_pt(path: Path, top_k: int | None) -> Trace | Stats:
-    return read_engine_dump(path, top_k=top_k)
 
 
 def _read_domain_counts(data: Any, src: str, select: str | None) -> Stats:
