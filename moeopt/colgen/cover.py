@@ -356,7 +356,8 @@ def pair_saving_bound(pats: np.ndarray, w: np.ndarray, experts: int, gpus: int, 
     upper = sp.triu(pair, k=1).tocoo()
     A = np.asarray(pair.todense())
     np.fill_diagonal(A, 0.0)
-    top = -np.sort(-A, axis=1)[:, : width - 1].sum(axis=1)
+    keep = min(width - 1, E)  # the W - 1 largest pair weights of every expert
+    top = np.partition(A, E - keep, axis=1)[:, E - keep :].sum(axis=1)
     m = min(width, int(first.sum(axis=1).max()))
     per = (1.0 - 1.0 / max(m, 1)) * np.minimum(n, top)
     spare = gpus * width - E
@@ -367,43 +368,54 @@ def pair_saving_bound(pats: np.ndarray, w: np.ndarray, experts: int, gpus: int, 
 
 
 def _pair_lp_bound(e: np.ndarray, f: np.ndarray, a: np.ndarray, E: int, G: int, W: int) -> float | None:
-    """The pair LP of the module notes, ``max sum_{e<f} A_ef y_ef``, as a valid bound: the
-    Lagrangian value at HiGHS's duals (any multipliers >= 0 give a bound, so solver tolerances
-    cannot make it too small); None when HiGHS does not solve it.
-
-    Variables ``y_ef`` (GPUs holding both), and with spare slots ``c_e`` (GPUs holding e, in
-    ``[1, G]``, summing to at most ``G W``): ``y_ef <= c_e, c_f`` and ``sum_f y_ef <= (W - 1) c_e``.
-    Without spare slots every ``c_e = 1``: a fractional b-matching.
-    """
-    nE = a.size
-    if nE == 0:
+    """The pair LP of the module notes, ``max sum_{e<f} A_ef y_ef``, as a valid bound (None when
+    HiGHS does not solve it): :func:`_copy_graph_lp` on the experts of one layer, with
+    ``sum_f y_ef <= (W - 1) c_e`` (``c_e = 1`` without spare slots: a fractional b-matching)."""
+    if a.size == 0:
         return 0.0
-    ar = np.arange(nE)
-    spare = G * W - E
-    if spare <= 0:
-        A_ub = sp.csr_matrix((np.ones(2 * nE), (np.concatenate([e, f]), np.tile(ar, 2))), shape=(E, nE))
-        b_ub = np.full(E, W - 1.0)
-        obj, lo, hi = a, np.zeros(nE), np.ones(nE)
-    else:
-        nv = nE + E
-        ce = nE + np.arange(E)
-        deg = sp.csr_matrix(
-            (
-                np.concatenate([np.ones(2 * nE), np.full(E, -(W - 1.0))]),
-                (np.concatenate([e, f, np.arange(E)]), np.concatenate([ar, ar, ce])),
-            ),
-            shape=(E, nv),
-        )
-        link = [
-            sp.csr_matrix((np.r_[np.ones(nE), -np.ones(nE)], (np.r_[ar, ar], np.r_[ar, nE + x])), shape=(nE, nv))
-            for x in (e, f)
-        ]
-        total = sp.csr_matrix((np.ones(E), (np.zeros(E, dtype=np.int64), ce)), shape=(1, nv))
-        A_ub = sp.vstack([deg, *link, total]).tocsr()
-        b_ub = np.r_[np.zeros(E + 2 * nE), float(G * W)]
-        obj = np.r_[a, np.zeros(E)]
-        lo, hi = np.r_[np.zeros(nE), np.ones(E)], np.full(nv, float(G))
-    return _lp_upper_bound(obj, A_ub, b_ub, lo, hi)
+    return _copy_graph_lp(e, f, a, np.zeros(E, dtype=np.int64), W - 1.0, G, W, spare=G * W > E)
+
+
+def _copy_graph_lp(
+    u: np.ndarray,
+    v: np.ndarray,
+    weight: np.ndarray,
+    group: np.ndarray,
+    degree: float,
+    G: int,
+    W: int,
+    spare: bool,
+) -> float | None:
+    """``max sum_i weight_i y_i`` over the edges ``(u_i, v_i)`` of a graph on ``group.size``
+    nodes (experts; ``group``: the layer of each), ``y_i`` the GPUs holding both ends, as a valid
+    upper bound (:func:`_lp_upper_bound`; None when HiGHS does not solve it).
+
+    With ``spare`` slots every node has a copy count ``c`` in ``[1, G]``, at most ``G W`` per
+    group, and ``y_i <= c_u, c_v``, ``sum_{i at x} y_i <= degree c_x``, ``y_i <= G``; without,
+    every ``c = 1``: ``y_i <= 1`` and ``sum_{i at x} y_i <= degree``.
+    """
+    n, N = weight.size, group.size
+    ar = np.arange(n)
+    if not spare:
+        A_ub = sp.csr_matrix((np.ones(2 * n), (np.r_[u, v], np.r_[ar, ar])), shape=(N, n))
+        return _lp_upper_bound(weight, A_ub, np.full(N, float(degree)), np.zeros(n), np.ones(n))
+    node = n + np.arange(N)  # the copy count's column of every node
+    nv = n + N
+    deg = sp.csr_matrix(
+        (np.r_[np.ones(2 * n), np.full(N, -float(degree))], (np.r_[u, v, np.arange(N)], np.r_[ar, ar, node])),
+        shape=(N, nv),
+    )
+    link = [
+        sp.csr_matrix((np.r_[np.ones(n), -np.ones(n)], (np.r_[ar, ar], np.r_[ar, node[x]])), shape=(n, nv))
+        for x in (u, v)
+    ]
+    groups = int(group.max()) + 1
+    total = sp.csr_matrix((np.ones(N), (group, node)), shape=(groups, nv))
+    A_ub = sp.vstack([deg, *link, total]).tocsr()
+    b_ub = np.r_[np.zeros(N + 2 * n), np.full(groups, float(G * W))]
+    return _lp_upper_bound(
+        np.r_[weight, np.zeros(N)], A_ub, b_ub, np.r_[np.zeros(n), np.ones(N)], np.full(nv, float(G))
+    )
 
 
 def _lp_upper_bound(
@@ -432,7 +444,7 @@ def stay_upper_bound(prev_top1: np.ndarray, topk: np.ndarray, experts: int, gpus
     holding ``e`` at the previous layer and ``f`` at this one, the staying tokens are at most
     ``sum B_ef z_ef``; every pair of plans has ``sum_f z_ef <= W c_e``, ``sum_e z_ef <= W d_f``,
     ``z_ef <= min(c_e, d_f)`` (``c``, ``d``: each layer's copies, in ``[1, G]``, at most ``G W``
-    in all; all 1 without spare slots). The LP over that polytope (:func:`_lp_upper_bound`), at
+    in all; all 1 without spare slots). The LP over that polytope (:func:`_copy_graph_lp`), at
     most 1.
     """
     prev = np.asarray(prev_top1, dtype=np.int64)
@@ -445,30 +457,9 @@ def stay_upper_bound(prev_top1: np.ndarray, topk: np.ndarray, experts: int, gpus
     B = np.bincount(key % (E * E), minlength=E * E).astype(np.float64)  # tokens per (e, f)
     nz = np.flatnonzero(B)
     e, f, b = nz // E, nz % E, B[nz]
-    nZ = b.size
-    ar = np.arange(nZ)
-    if G * W <= E:
-        A_ub = sp.csr_matrix((np.ones(2 * nZ), (np.r_[e, E + f], np.r_[ar, ar])), shape=(2 * E, nZ))
-        ub = _lp_upper_bound(b, A_ub, np.full(2 * E, float(W)), np.zeros(nZ), np.ones(nZ))
-    else:
-        nv = nZ + 2 * E
-        ce, df = nZ + np.arange(E), nZ + E + np.arange(E)
-        deg = sp.csr_matrix(
-            (
-                np.r_[np.ones(2 * nZ), np.full(2 * E, -float(W))],
-                (np.r_[e, E + f, np.arange(2 * E)], np.r_[ar, ar, ce, df]),
-            ),
-            shape=(2 * E, nv),
-        )
-        link = [
-            sp.csr_matrix((np.r_[np.ones(nZ), -np.ones(nZ)], (np.r_[ar, ar], np.r_[ar, x])), shape=(nZ, nv))
-            for x in (ce[e], df[f])
-        ]
-        total = sp.csr_matrix((np.ones(2 * E), (np.repeat([0, 1], E), np.r_[ce, df])), shape=(2, nv))
-        A_ub = sp.vstack([deg, *link, total]).tocsr()
-        b_ub = np.r_[np.zeros(2 * E + 2 * nZ), float(G * W), float(G * W)]
-        obj = np.r_[b, np.zeros(2 * E)]
-        ub = _lp_upper_bound(obj, A_ub, b_ub, np.r_[np.zeros(nZ), np.ones(2 * E)], np.full(nv, float(G)))
+    # nodes: the previous layer's experts (0..E-1), then this layer's (E..2E-1)
+    group = np.repeat(np.arange(2), E)
+    ub = _copy_graph_lp(e, E + f, b, group, float(W), G, W, spare=G * W > E)
     return 1.0 if ub is None else min(1.0, max(ub, 0.0) / N)
 
 
