@@ -95,6 +95,11 @@ def test_replica_count_widens_experts():
         ),
         ({"physical_to_logical_map": [[0, -2, 1]], "expert_load_pass": [[1, 1, 1]]}, "physical_to_logical_map", ">= 0"),
         ({"physical_to_logical_map": [[0, -1, 1]], "expert_load_pass": [[1, 1, 1]]}, "expert_load_pass", "unused"),
+        (
+            {"physical_to_logical_map": [[0, 10**12, 1]], "expert_load_pass": [[1, 1, 1]]},
+            "physical_to_logical_map",
+            "below the 3 physical slots",
+        ),
         ({"physical_to_logical_map": [[0, 1]], "expert_load_pass": [[1, -1]]}, "expert_load_pass", "negative"),
         (
             {"physical_to_logical_map": [[0, 1]], "expert_load_window": np.zeros((3, 1, 2))},
@@ -115,6 +120,13 @@ def test_bad_state_names_the_field(obj, field, message):
 def test_top_k_is_required():
     with pytest.raises(InputError, match="top_k"):
         interop.stats_from_vllm_eplb({"last_expert_load": [[1, 2]]}, top_k=None)
+    # more than the experts counted (here and in SGLang's stat dumps): one line naming top_k
+    with pytest.raises(InputError, match="top_k: expected at most the 2 experts"):
+        interop.stats_from_vllm_eplb({"last_expert_load": [[1, 2]]}, top_k=3)
+    with pytest.raises(InputError, match="top_k: expected at most the 2 experts"):
+        interop.stats_from_vllm_eplb({"physical_to_logical_map": [[0, 1, 1]], "expert_load_pass": [[1, 1, 1]]}, top_k=3)
+    with pytest.raises(InputError, match="top_k: expected at most the 2 experts"):
+        interop.read_sglang_dump({"logical_count": [[1, 2]]}, top_k=3)
 
 
 def test_npz_and_pt_files(tmp_path, capsys):

@@ -12,6 +12,7 @@ import numpy as np
 from moeopt.errors import InputError, PlanError
 from moeopt.interop.slots import (
     _dispatch,
+    check_top_k,
     engine_slots,
     plan_from_physical,
     to_numpy,
@@ -235,8 +236,7 @@ def stats_from_sglang_stat(obj: Any, *, top_k: int | None, source: str | None = 
         raise InputError(source, "logical_count", f"expected [steps, layers, experts], got shape {list(arr.shape)}")
     if not np.isfinite(arr).all() or (arr < 0).any():
         raise InputError(source, "logical_count", "contains negative, NaN or infinite counts")
-    if top_k is None or top_k < 1:
-        raise InputError(source, "top_k", "stat dumps do not record top-k; give the model's top_k (--top-k)")
+    top_k = check_top_k(top_k, arr.shape[2], source, "stat dumps")
     keep = arr.sum(axis=(0, 2)) > 0
     if not keep.any():
         raise InputError(source, "logical_count", "every layer is all zero")

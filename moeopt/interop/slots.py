@@ -56,6 +56,16 @@ def to_numpy(value: Any, source: str | None, field: str, *, integer: bool = True
     return arr.astype(np.int64) if integer else arr.astype(np.float64)
 
 
+def check_top_k(top_k: int | None, experts: int | None, source: str | None, what: str) -> int:
+    """The ``top_k`` a count-only dump needs (``what`` records none): an InputError naming
+    ``top_k`` when it is missing, below 1 or above the ``experts`` the counts have (when known)."""
+    if top_k is None or top_k < 1:
+        raise InputError(source, "top_k", f"{what} do not record top-k; give the model's top_k (--top-k)")
+    if experts is not None and top_k > experts:
+        raise InputError(source, "top_k", f"expected at most the {experts} experts the counts have, got {top_k}")
+    return top_k
+
+
 def _dispatch(dispatch: Dispatch | str | None, fmt: str) -> Dispatch:
     if isinstance(dispatch, Dispatch):
         return dispatch

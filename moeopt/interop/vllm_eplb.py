@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from moeopt.errors import InputError
-from moeopt.interop.slots import to_numpy
+from moeopt.interop.slots import check_top_k, to_numpy
 from moeopt.trace import Stats, stats_from_counts
 
 #: the load tensors of vLLM's EPLB state, in the order they are preferred
@@ -61,13 +61,13 @@ def stats_from_vllm_eplb(obj: Mapping[str, Any], *, top_k: int | None, source: s
     """
     if not is_vllm_eplb_state(obj):
         raise InputError(source, None, f"expected vLLM EPLB state with one of {', '.join(LOAD_KEYS)}")
-    if top_k is None or top_k < 1:
-        raise InputError(source, "top_k", "vLLM's EPLB state does not record top-k; give the model's top_k (--top-k)")
+    check_top_k(top_k, None, source, "vLLM's EPLB state tensors")  # missing: said before any shape
     key = next(k for k in LOAD_KEYS if k in obj)
     arr = _loads(obj, key, source)
     if key == "last_expert_load":
         if arr.ndim != 2 or 0 in arr.shape:
             raise InputError(source, key, f"expected [MoE layers, experts], got shape {list(arr.shape)}")
+        top_k = check_top_k(top_k, arr.shape[1], source, "vLLM's EPLB state tensors")
         if not arr.sum() > 0:
             raise InputError(source, key, "every load is zero: no traffic was recorded")
         return stats_from_counts(arr, top_k=top_k)
@@ -87,6 +87,10 @@ def stats_from_vllm_eplb(obj: Mapping[str, Any], *, top_k: int | None, source: s
         )
     if (phys < -1).any():
         raise InputError(source, "physical_to_logical_map", "expected logical ids >= 0 (-1: an unused slot)")
+    if phys.max() >= P:  # every logical expert has a physical slot: fewer experts than slots
+        raise InputError(
+            source, "physical_to_logical_map", f"expected logical ids below the {P} physical slots, found {phys.max()}"
+        )
     used = phys >= 0
     if not used.any():
         raise InputError(source, "physical_to_logical_map", "maps no slot to an expert")
@@ -107,4 +111,5 @@ def stats_from_vllm_eplb(obj: Mapping[str, Any], *, top_k: int | None, source: s
         start = int(to_numpy(obj["expert_load_window_step"], source, "expert_load_window_step").reshape(-1)[0])
         steps, recorded = np.roll(steps, -start, axis=0), np.roll(recorded, -start)
     steps = steps[recorded]
+    top_k = check_top_k(top_k, E, source, "vLLM's EPLB state tensors")
     return stats_from_counts(steps.sum(axis=0), top_k=top_k, step_counts=np.transpose(steps, (1, 0, 2)))
