@@ -239,3 +239,19 @@ def test_hierarchical_infeasible_nodes_say_why(deepseek_few_layers):
     # the thorough search (layer by layer) checks the same: 8 experts per node, 9 slots per GPU
     with pytest.raises(InfeasibleError, match="get 8 experts each, fewer than the 9 slots"):
         solve(instance(deepseek_few_layers, gpus=32, slots=8, gpn=1, hierarchical=True, search="thorough"))
+
+
+def test_absurd_gpu_count_is_a_clear_error(tmp_path, capsys):
+    """Water-filling prices every copy level: 10^6 GPUs is a one-line error naming cluster.gpus
+    (exit 2, nothing on stdout), not numpy's out-of-memory traceback."""
+    counts = tmp_path / "c.json"
+    counts.write_text(json.dumps({"counts": [list(range(1, 257))] * 2, "top_k": 2}))
+    inst = tmp_path / "wide.yaml"
+    inst.write_text(
+        "model: {layers: 2, experts: 256, top_k: 2}\ncluster: {gpus: 1000000, replica_slots_per_gpu: 1}\n"
+        "workload: {calibration: c.json}\nmethod: {name: balance}\n"
+    )
+    assert main(["solve", str(inst)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "cluster.gpus" in out.err and "memory budget" in out.err
+    assert len(out.err.strip().splitlines()) == 1

@@ -61,6 +61,7 @@ from moeopt.instance import Instance
 from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, bound_closes
+from moeopt.schema import check_size
 from moeopt.utilization import utilization_trace
 
 #: Budgets (moved slots per layer) of the migration frontier reported with ``--from``.
@@ -248,6 +249,15 @@ class Balance:
         G, W, L = c.gpus, c.width, problem.layers
         load = problem.stats.expert_load  # [L, E]
         allow = c.allow_colocated_copies
+        # water-filling prices (and sorts) every copy level of every expert: a clear error before numpy's
+        levels = _cap(problem.experts, G, W, allow)
+        check_size(
+            f"layers x copy levels x experts ({L} x {levels} x {problem.experts})",
+            L * levels * problem.experts,
+            str(problem.instance.source) if problem.instance.source else None,
+            "cluster.gpus",
+            itemsize=32,  # the prices, their sort order and the counts' temporaries
+        )
         robust = robust_mode(problem, params.robust, params.hierarchical)
         steps = robust_snapshots(problem, params.robust_steps) if robust != "none" else None
         current = ctx.current
