@@ -30,7 +30,7 @@ done-when table takes each plan under its own.
 For every (workload, shape, method): MaxVio on the evaluation loads under ``even`` dispatch
 (EPLB's model) and ``lp`` dispatch (the best split per batch), the balance lower bound on
 the evaluation loads (in sample) and the absolute gap to it, the method's wall time for the
-whole model (the median of 7 runs for sub-second methods, the methods' runs interleaved so that a
+whole model (the median of 11 runs for sub-second methods, the methods' runs interleaved so that a
 slow spell of the shared machine falls on all of them), and for ``balance`` the expert
 weights it moves from the EPLB plan: all of them (its full plan, GPUs relabeled to EPLB's)
 and the fewest that reach a tenth of EPLB's MaxVio (``solve --from``).
@@ -73,7 +73,7 @@ SHAPES = {"deepseek": ((64, 4), (32, 8)), "olmoe": ((16, 4), (8, 8))}
 GPUS_PER_NODE = 8
 #: a method whose run takes less than FAST seconds is run REPEATS times and its median time
 #: reported (one run of a few tens of milliseconds varies by 2x on a shared 2-core machine)
-FAST, REPEATS = 0.5, 7
+FAST, REPEATS = 0.5, 11
 METHODS = {  # label: (method, params)
     "eplb-global": ("eplb", {"policy": "global"}),
     "eplb-hierarchical": ("eplb", {"policy": "hierarchical"}),
@@ -81,6 +81,7 @@ METHODS = {  # label: (method, params)
     "balance": ("balance", {}),
     "balance-lp": ("balance", {"dispatch": "lp"}),  # the plan for lp dispatch: its copy graph connected
     "balance-nospread": ("balance", {"spread": False}),  # packed for the calibration loads alone
+    "balance-nogroups": ("balance", {"group_spread": False}),  # the expert groups not spread
     "balance-thorough": ("balance", {"search": "thorough"}),
     "balance-hierarchical": ("balance", {"hierarchical": True}),
     "balance-hierarchical-lp": ("balance", {"hierarchical": True, "dispatch": "lp"}),  # connected inside nodes
@@ -162,7 +163,7 @@ def cell(label, kind, calib_name, eval_name, G, W, plan, wall, ev: Stats, cluste
 
 
 def deepseek_rows(methods: list[str], log, workers: int = 1) -> tuple[list[dict], dict]:
-    model = Model(layers=58, experts=256, top_k=8)
+    model = Model(layers=58, experts=256, top_k=8, expert_groups=8)  # DeepSeek-V3's router: n_group = 8
     loads = {n: read_workload_file(p, top_k=8) for n, p in DEEPSEEK.items()}
     rows, per_layer = [], {}
     for G, W in SHAPES["deepseek"]:
@@ -438,7 +439,7 @@ def markdown(rows: list[dict], info: dict) -> str:
     ]
     ratio = []
     for r in rows:
-        if r["method"] not in ("balance", "balance-lp", "balance-nospread", "balance-shrink"):
+        if r["method"] not in ("balance", "balance-lp", "balance-nospread", "balance-nogroups", "balance-shrink"):
             continue
         e = next(
             (
@@ -473,7 +474,7 @@ def markdown(rows: list[dict], info: dict) -> str:
             "MaxVio = largest GPU load / mean − 1, mean over layers, on the evaluation loads. `even`: every copy "
             "serves 1/c of its expert (EPLB's model); `lp`: per batch, the best split over the copies. `bound`: the "
             "balance lower bound on MaxVio for every plan in these slots under even dispatch (in sample); `gap`: "
-            "MaxVio − bound, absolute. Wall time: the method's run on the whole model (median of 7 for sub-second "
+            f"MaxVio − bound, absolute. Wall time: the method's run on the whole model (median of {REPEATS} for sub-second "
             "methods, every method's runs of one cell interleaved).",
             "",
             tabulate(body, headers=head, tablefmt="github"),

@@ -12,7 +12,11 @@ from moeopt.errors import InfeasibleError
 
 @dataclass(frozen=True)
 class Model:
-    """MoE model shape: ``layers`` (L), routed ``experts`` per layer (E), ``top_k`` (k)."""
+    """MoE model shape: ``layers`` (L), routed ``experts`` per layer (E), ``top_k`` (k).
+
+    ``expert_groups``: the router's expert groups when it routes group-limited (DeepSeek-V3 / R1:
+    ``n_group = 8``; expert ``e`` is in group ``e // (E / expert_groups)``); None: no groups.
+    """
 
     layers: int
     experts: int
@@ -20,6 +24,7 @@ class Model:
     d_model: int = 1024
     d_ff: int = 512
     dtype: str = "bf16"
+    expert_groups: int | None = None
 
 
 TOKEN_HOMES = ("uniform", "trace", "previous-layer")

@@ -233,11 +233,17 @@ class ModelSchema(Strict):
     d_model: PosInt = 1024
     d_ff: PosInt = 512
     dtype: str = "bf16"
+    expert_groups: PosInt | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSchema:
         if self.top_k > self.experts:
             raise ValueError(f"top_k: expected at most experts={self.experts}, found {self.top_k}")
+        if self.expert_groups is not None and self.experts % self.expert_groups:
+            raise ValueError(
+                f"expert_groups: expected a divisor of experts={self.experts} (groups of consecutive "
+                f"expert ids, like DeepSeek-V3's n_group = 8), found {self.expert_groups}"
+            )
         return self
 
 

@@ -93,6 +93,10 @@ def trace(tmp_path: Path, name: str = "trace.npz", **arrays) -> Path:
     [
         ({"cluster__gpus": 10**12}, "cluster.gpus", "memory budget"),
         ({"model__experts": 10**9}, "model.experts", "memory budget"),
+        ({"model__expert_groups": 3}, "model.expert_groups", "divisor of experts=4"),
+        ({"model__expert_groups": 0}, "model.expert_groups", ">= 1"),
+        ({"model__expert_groups": "x"}, "model.expert_groups", "expected an integer"),
+        ({"method": {"name": "balance", "group_spread": True}}, "model.expert_groups", "expert groups"),
         ({"workload__synthetic__families": []}, "workload.synthetic.families", "at least 1 item"),
         ({"workload__synthetic__family_share": [1, -1, 0, 0]}, "workload.synthetic.family_share[1]", ">= 0"),
         ({"workload__synthetic__family_share": [0, 0, 0, 0]}, "workload.synthetic.family_share", "positive total"),

@@ -42,6 +42,12 @@ Algorithm (:func:`plan_layers_fast`)
    stay). Under ``lp`` a GPU hands load only along that graph. On the bundled DeepSeek-V3 files
    (plan on one, score on the other) held-out ``lp`` MaxVio drops 4-16 %, for about 15-20 ms more;
    a layer that ends above plain LPT's largest GPU load keeps its plan without it.
+   Or optional **group spread** (``groups``, the ``balance`` method's default when the model has
+   expert groups and the plan is not connected): :func:`moeopt.balance.groups.group_spread_batch`
+   exchanges copies of about equal load so every GPU holds its share of every router group's load
+   (group-limited routers shift load by group), every GPU at or below the larger of the layer's
+   largest load and ``mean * (1 + group_slack * LPT's MaxVio)``; with it, the spread descent stops at
+   that level (the exchanges may fill each layer up to it anyway).
 5. Optional **polish** (``polish_above``): layers whose MaxVio is still above it are re-planned by
    :func:`moeopt.balance.plan_layer` (better of LPT/differencing starts, replace moves, iterated local
    search); its plan is kept only where it is better. It costs about 25 ms per layer: on the bundled
@@ -71,6 +77,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 
 from moeopt.balance.copies import copy_counts
+from moeopt.balance.groups import DEFAULT_GROUP_SLACK, group_spread_batch
 from moeopt.balance.loads import (
     _RTOL,
     DEFAULT_ITERATIONS,
@@ -531,6 +538,8 @@ def plan_layers_fast(
     spread_budget: float = 0.1,
     connect: bool = False,
     counts: ArrayLike | None = None,
+    groups: ArrayLike | None = None,
+    group_slack: float = DEFAULT_GROUP_SLACK,
 ) -> IntArray:
     """Plan every layer of ``loads[L, E]`` at once; returns expert ids ``slots[L, G, W]``.
 
@@ -573,6 +582,14 @@ def plan_layers_fast(
     counts : array_like of int, shape (L, E), optional
         The water-filled copy counts (:func:`copy_counts_batch` of ``loads`` with ``G * W`` copies
         and the colocation cap), when the caller has computed them already.
+    groups : array_like of int, shape (E,), optional
+        The router's expert groups (:func:`moeopt.balance.groups.expert_groups`): after the
+        search, copies of about equal load are exchanged so every GPU holds its share of every
+        group's load (:func:`moeopt.balance.groups.group_spread_batch`), every GPU staying at or
+        below the larger of its layer's largest load and ``mean * (1 + group_slack * LPT's
+        MaxVio)``. Not with ``connect``.
+    group_slack : float
+        See ``groups``.
 
     Returns
     -------
@@ -603,7 +620,9 @@ def plan_layers_fast(
             plain_plan, _ = descend(start, Ld)
         return plain_plan
 
-    if not (spread or connect) or nL == 0:
+    if groups is not None and connect:
+        raise ValueError("groups does not go with connect (exchanges would cut the copy graph)")
+    if not (spread or connect or groups is not None) or nL == 0:
         out = plain()
         return out if polish_above is None else _polish(out, Ld, G, W, allow_colocated, polish_above, polish_iterations)
     lpt_mv = maxvio_batch(start, Ld)
@@ -612,6 +631,8 @@ def plan_layers_fast(
         # with connect, the descent only brings each layer within a small fraction of LPT's MaxVio:
         # the single-copy repair after connecting descends to the same level again
         first = None if not connect else np.maximum(CONNECT_TARGET * lpt_mv, 0.0 if target is None else target)
+        if groups is not None:  # the group exchanges may fill each layer up to this anyway
+            first = np.maximum(group_slack * lpt_mv, 0.0 if target is None else target)
         out, _ = swap_descent_batch(
             spread_start,
             Ld,
@@ -647,6 +668,13 @@ def plan_layers_fast(
         joined_mv = maxvio_batch(joined, Ld)
         take = joined_mv <= lpt_mv
         out[take], mv[take] = joined[take], joined_mv[take]
+    if groups is not None:
+        # the spread of replicated copies stays (exchanges within a class)
+        cls = (c >= 2).astype(np.int64) if spread else None
+        out, _ = group_spread_batch(
+            out, Ld, groups, slack=group_slack * lpt_mv, classes=cls, allow_colocated=allow_colocated
+        )
+        mv = maxvio_batch(out, Ld)
     # in sample, the mean MaxVio stays within spread_budget of LPT's: where spreading or connecting
     # costs more, the layers where it costs most get the plain descent
     if mv.sum() > budget:

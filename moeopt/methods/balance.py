@@ -53,6 +53,7 @@ from moeopt.balance.batch import (
     plan_layers_hierarchical_fast,
 )
 from moeopt.balance.bound import lower_bound_batch
+from moeopt.balance.groups import expert_groups
 from moeopt.balance.loads import _cap, _node_shape
 from moeopt.balance.shift import shrink_loads
 from moeopt.errors import InfeasibleError, InputError
@@ -161,6 +162,9 @@ class BalanceParams:
     target_maxvio: float | None = None  # with a current plan: stop moving once reached
     spread: bool = True  # fast search: every GPU gets its share of the replicated experts' copies
     connect: bool | None = None  # fast search: connect the copy graph (None: when dispatch is lp)
+    # fast search: every GPU its share of each expert group's load (None: when model.expert_groups is
+    # set and the plan is neither connected nor hierarchical)
+    group_spread: bool | None = None
 
     def __post_init__(self) -> None:
         if self.search not in ("fast", "thorough"):
@@ -184,7 +188,19 @@ class BalanceParams:
                 "connect is a step of the fast search: it does not go with search: thorough "
                 "(set connect: false, or leave it out)"
             )
+        if self.group_spread and (self.search != "fast" or self.connects or self.hierarchical):
+            raise ValueError(
+                "group_spread is a step of the fast flat search: it does not go with search: thorough, "
+                "hierarchical or connect (the default under dispatch: lp)"
+            )
         Dispatch(kind=self.dispatch)
+
+    def groups_spread(self, expert_groups: int | None) -> bool:
+        """Whether the fast search spreads the expert groups: as asked, else when the model has
+        expert groups and the search is fast, flat and does not connect the copy graph."""
+        if self.group_spread is not None:
+            return self.group_spread
+        return expert_groups is not None and self.search == "fast" and not self.connects and not self.hierarchical
 
     @property
     def connects(self) -> bool:
@@ -269,6 +285,15 @@ class Balance:
         fast = params.search == "fast" and robust in ("none", "auto")
         t_plan = time.perf_counter()
         base = None
+        stats: dict[str, Any] = {"robust": robust}
+        n_groups = problem.instance.model.expert_groups
+        if params.group_spread and n_groups is None:
+            raise InputError(
+                str(problem.instance.source) if problem.instance.source else None,
+                "model.expert_groups",
+                "method.group_spread needs the router's expert groups (DeepSeek-V3: 8)",
+            )
+        spread_groups = fast and params.groups_spread(n_groups)
         # the water-filled copy counts, shared by the batched planner and the bound
         counts = copy_counts_batch(true_load, G * W, _cap(problem.experts, G, W, allow)) if fast else None
         if fast and params.hierarchical:
@@ -284,10 +309,11 @@ class Balance:
                 spread=params.spread,
                 connect=params.connects,
                 counts=counts if params.shrink is None else None,
+                groups=expert_groups(problem.experts, n_groups) if spread_groups and n_groups else None,
             )
+            stats["group_spread"] = bool(spread_groups and n_groups)
         if base is not None and current is None:
             slots[:] = base
-        stats: dict[str, Any] = {"robust": robust}
         step_objective: core.Objective = "worst" if robust == "worst" else "mean"
         if steps is not None:
             stats["robust_snapshots"] = int(steps.shape[1])
