@@ -474,8 +474,8 @@ def markdown(rows: list[dict], info: dict) -> str:
             "MaxVio = largest GPU load / mean − 1, mean over layers, on the evaluation loads. `even`: every copy "
             "serves 1/c of its expert (EPLB's model); `lp`: per batch, the best split over the copies. `bound`: the "
             "balance lower bound on MaxVio for every plan in these slots under even dispatch (in sample); `gap`: "
-            f"MaxVio − bound, absolute. Wall time: the method's run on the whole model (median of {REPEATS} for sub-second "
-            "methods, every method's runs of one cell interleaved).",
+            f"MaxVio − bound, absolute. Wall time: the method's run on the whole model (median of {REPEATS} for "
+            "sub-second methods, every method's runs of one cell interleaved).",
             "",
             tabulate(body, headers=head, tablefmt="github"),
             "",
