@@ -15,7 +15,7 @@ from moeopt.io import (
     write_trace,
 )
 from moeopt.plan import Dispatch
-from moeopt.trace import Trace
+from moeopt.trace import Stats, Trace
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -90,11 +90,21 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_import(args: argparse.Namespace) -> int:
-    from moeopt.io import read_engine_dump, write_counts
+    from moeopt.io import combine_snapshots, read_engine_dump, read_workload_file, write_counts
 
     if Path(args.output).suffix.lower() != ".npz":
         raise MoeoptError(f"{args.output}: expected an .npz output (a trace or a counts file)")
-    w = read_engine_dump(args.dump, top_k=args.top_k, trusted=args.trust_pickle)
+
+    def read(path: str) -> Trace | Stats:
+        if Path(path).suffix.lower() == ".pt":
+            return read_engine_dump(path, top_k=args.top_k, trusted=args.trust_pickle)
+        return read_workload_file(path, top_k=args.top_k)  # an SGLang JSON dump, counts, a trace
+
+    w: Trace | Stats
+    if len(args.dump) == 1:
+        w = read(args.dump[0])
+    else:  # several snapshots: one count workload, each file's steps in turn (robust mode's input)
+        w = combine_snapshots([(path, read(path)) for path in args.dump])
     if isinstance(w, Trace):
         write_trace(args.output, w)
         what = f"trace, {w.tokens} tokens, {w.layers} MoE layers, E={w.num_experts}, top-{w.top_k}, {w.steps} steps"

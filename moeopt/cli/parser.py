@@ -205,9 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--plan", default=None, help="plan file: each expert's GPU as a --graphml node attribute")
     tt.set_defaults(func=cmd_trace_stats)
     ti = tsub.add_parser(
-        "import", help="SGLang expert-distribution dump or vLLM EPLB state (.pt) -> trace or counts .npz"
+        "import",
+        help="SGLang expert-distribution dump(s) or vLLM EPLB state (.pt) -> trace or counts .npz; several "
+        "dumps -> one counts .npz with every file's steps in turn (snapshots for balance's robust mode)",
     )
-    ti.add_argument("dump")
+    ti.add_argument("dump", nargs="+")
     ti.add_argument("--output", required=True, help="TRACE.npz (per_token dump) or COUNTS.npz (stat dump, vLLM)")
     ti.add_argument(
         "--top-k", type=_positive_int, default=None, help="model top-k (stat dumps and vLLM do not record it)"

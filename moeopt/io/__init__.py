@@ -12,7 +12,14 @@ counts), :mod:`~moeopt.io.engines` (serving-engine files), :mod:`~moeopt.io.plan
 
 from __future__ import annotations
 
-from moeopt.io.engines import read_engine_dump, read_engine_plan, read_sglang_dump, write_counts, write_engine_plan
+from moeopt.io.engines import (
+    combine_snapshots,
+    read_engine_dump,
+    read_engine_plan,
+    read_sglang_dump,
+    write_counts,
+    write_engine_plan,
+)
 from moeopt.io.files import (
     PLAN_FORMAT,
     PLAN_FORMAT_V1,
@@ -28,6 +35,7 @@ from moeopt.io.profiles import read_profile, write_profile
 from moeopt.io.workloads import fit_workload, read_trace, read_workload_file, write_trace
 
 __all__ = [
+    "combine_snapshots",
     "PLAN_FORMAT",
     "PLAN_FORMAT_V1",
     "PROFILE_FORMAT",

@@ -69,6 +69,47 @@ def read_engine_dump(path: str | Path, *, top_k: int | None = None, trusted: boo
     return interop.read_sglang_dump(obj, top_k=top_k, source=str(path))
 
 
+def combine_snapshots(items: list[tuple[str, Trace | Stats]]) -> Stats:
+    """Several recordings of one model (e.g. SGLang dumps taken at intervals, or one per workload)
+    as one count workload whose per-step counts are every file's steps in the given order (a file
+    without steps is one step: its counts), for ``balance``'s robust mode.
+
+    ``items`` are ``(source, workload)`` pairs; traces count through their statistics. Every file
+    must have the same MoE layers, experts and top-k (an error names the first that differs). The
+    counts are the files' sums, per family when every file has the same families, else as one
+    family ``all``; co-activations are dropped (counts only).
+    """
+    if not items:
+        raise ValueError("combine_snapshots needs at least one workload")
+    stats = [(src, w.stats() if isinstance(w, Trace) else w) for src, w in items]
+    src0, first = stats[0]
+    for src, s in stats[1:]:
+        for what, a, b in (
+            ("MoE layers", s.layers, first.layers),
+            ("experts", s.experts, first.experts),
+            ("top_k", s.top_k, first.top_k),
+        ):
+            if a != b:
+                raise InputError(src, None, f"expected {b} {what} like {src0}, found {a}")
+    steps = [s.step_counts if s.step_counts is not None else s.counts.sum(axis=0)[:, None, :] for _, s in stats]
+    same = all(s.family_names == first.family_names for _, s in stats)
+    if same:
+        counts = np.sum([s.counts for _, s in stats], axis=0)
+        tokens = np.sum([s.family_tokens for _, s in stats], axis=0)
+        names = first.family_names
+    else:
+        counts = np.sum([s.counts.sum(axis=0) for _, s in stats], axis=0)[None]
+        tokens = np.array([sum(float(s.family_tokens.sum()) for _, s in stats)])
+        names = ("all",)
+    return Stats(
+        family_names=tuple(names),
+        counts=counts.astype(np.float64),
+        family_tokens=np.asarray(tokens, dtype=np.float64),
+        top_k=first.top_k,
+        step_counts=np.concatenate(steps, axis=1).astype(np.float64),
+    )
+
+
 def write_counts(path: str | Path, stats: Stats) -> None:
     """Write count-only statistics as a counts ``.npz`` (``counts``, ``top_k``,
     ``family_names``, and ``step_counts`` when known), readable by ``read_workload_file``."""
