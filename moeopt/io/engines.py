@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sized
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,9 @@ def _torch_load(path: Path, *, trusted: bool = False) -> Any:
     if not path.is_file():
         raise InputError(str(path), None, "file not found")
     try:
-        return torch.load(path, map_location="cpu", weights_only=not trusted)
+        with warnings.catch_warnings():  # a damaged file makes torch warn before it raises: one line only
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=not trusted)
     except Exception as exc:  # torch raises many types for a bad file
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = "" if trusted else "; if it holds other objects and you trust it, use --trust-pickle"
