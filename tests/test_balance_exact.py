@@ -58,7 +58,7 @@ def instance(polish: str, allow: bool = False) -> Instance:
             gpus=3, gpus_per_node=3, slots_per_gpu=2, replica_slots_per_gpu=1, allow_colocated_copies=allow
         ),
         workload=Workload(calibration=WorkloadSource(synthetic={"tokens": 512, "skew": 1.2})),
-        method=MethodSpec(name="balance", params={"polish": polish, "polish_time": 5.0}),
+        method=MethodSpec(name="balance", params={"polish": polish, "polish_time": 5.0, "robust": "none"}),
     )
 
 
@@ -74,7 +74,10 @@ def test_method_polish_improves_or_keeps_the_plan_and_raises_the_bound():
     mv = [B.maxvio(polished.plan.slots[l], load[l]) for l in range(2)]
     assert polished.objective == pytest.approx(1.0 + float(np.mean(mv)), rel=1e-9)
     skipped = solve(instance("cpsat", allow=True))
-    assert skipped.stats["polish"].startswith("skipped")
+    assert skipped.stats["polish"] == "skipped: allow_colocated_copies"
+    lp = instance("cpsat")
+    lp = lp.replace(method=MethodSpec(name="balance", params={"polish": "cpsat", "dispatch": "lp", "robust": "none"}))
+    assert solve(lp).stats["polish"].startswith("skipped: a connected copy graph")
 
 
 @pytest.mark.parametrize(

@@ -263,14 +263,21 @@ class Balance:
         G, W = c.gpus, c.width
         L = load.shape[0]
         out = np.zeros(L)
-        if c.allow_colocated_copies or ctx.current is not None or G * W > params.polish_slots:
-            stats["polish"] = "skipped: " + (
-                "allow_colocated_copies"
-                if c.allow_colocated_copies
-                else "a current plan (solve --from)"
-                if ctx.current is not None
-                else f"{G} x {W} slots > polish_slots = {params.polish_slots}"
-            )
+        # what CP-SAT's model (pooled loads, even split, free placement) would not keep
+        why = [
+            (c.allow_colocated_copies, "allow_colocated_copies"),
+            (ctx.current is not None, "a current plan (solve --from)"),
+            (params.hierarchical, "hierarchical (copies in one node)"),
+            (params.connects, "a connected copy graph (dispatch: lp)"),
+            (
+                stats.get("robust") in ("mean", "worst") or stats.get("robust_layers", 0) > 0,
+                "layers planned robustly on the steps",
+            ),
+            (G * W > params.polish_slots, f"{G} x {W} slots > polish_slots = {params.polish_slots}"),
+        ]
+        skip = next((reason for cond, reason in why if cond), None)
+        if skip is not None:
+            stats["polish"] = f"skipped: {skip}"
             return out
         improved, optimal = 0, 0
         for l in ctx.layers(L, "cpsat polish"):
