@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from moeopt.balance.loads import FloatArray, IntArray, _as_load, _check_shape, gpu_loads
+from moeopt.balance.loads import IntArray, _as_load, _check_shape, gpu_loads
 from moeopt.budget import run_interruptible
 
 #: weights are scaled so the largest per-copy load is about this many units
@@ -136,22 +136,3 @@ def polish_layer(
         if cand.shape == (G, W) and float(gpu_loads(cand, L).max()) < base * (1 - 1e-12):
             slots, improved = cand, True
     return Polished(slots, bound, status, improved, time.perf_counter() - t0)
-
-
-def polish_layers(
-    loads: ArrayLike, slots: ArrayLike, *, time_limit: float = 1.0, seed: int = 0, threads: int = 1
-) -> tuple[IntArray, FloatArray, list[str], int]:
-    """:func:`polish_layer` on every layer of ``loads[L, E]`` / ``slots[L, G, W]`` (layer ``l`` seeded
-    ``seed + l``); returns the plans, the bounds ``[L]`` (largest GPU load), the statuses and the
-    number of layers CP-SAT improved."""
-    arr = _as_load(loads, ndim=2)
-    out = np.array(slots, dtype=np.int64)
-    bounds = np.zeros(arr.shape[0])
-    statuses: list[str] = []
-    improved = 0
-    for l in range(arr.shape[0]):
-        r = polish_layer(arr[l], out[l], time_limit=time_limit, seed=seed + l, threads=threads)
-        out[l], bounds[l] = r.slots, r.bound
-        statuses.append(r.status)
-        improved += int(r.improved)
-    return out, bounds, statuses, improved
