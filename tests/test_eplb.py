@@ -6,6 +6,7 @@ The tests that run EPLB need torch and sglang (``pip install -e '.[eplb]'`` then
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -103,15 +104,17 @@ def test_global_reaches_eplbs_balance_in_sample(deepseek_eplb):
 
 
 @pytest.mark.parametrize("counts", [PREFILL, DECODE])
-@pytest.mark.parametrize("num_groups", [None, 8])
+@pytest.mark.parametrize("num_groups", [None, 4, 8])
 def test_hierarchical_keeps_every_expert_in_one_node(deepseek_eplb, counts, num_groups):
-    """Hierarchical EPLB: groups packed to nodes, copies only within the expert's node."""
+    """Hierarchical EPLB: groups packed to nodes, copies only within the expert's node; by
+    default the model's router groups (8 in the bundled DeepSeek-V3 instance), as SGLang passes."""
     import torch
 
     inst, wl = instance(counts, 32, 8)  # 4 nodes of 8 GPUs
+    assert inst.model.expert_groups == 8
     L, G, W, gpn = 58, 32, 9, 8
     r = run(inst, wl, policy="hierarchical", num_groups=num_groups)
-    groups = num_groups or G // gpn
+    groups = num_groups or 8
     phy2log, _, _ = deepseek_eplb.rebalance_experts(
         torch.tensor(wl.calibration_stats.expert_load),
         num_replicas=G * W,
@@ -126,6 +129,21 @@ def test_hierarchical_keeps_every_expert_in_one_node(deepseek_eplb, counts, num_
     assert (on_node.sum(axis=2) == 1).all()
     assert r.stats["num_groups"] == groups and r.stats["num_nodes"] == 4
     assert 0 <= r.objective < 2
+
+
+@pytest.mark.parametrize(
+    ("expert_groups", "gpus", "expected"),
+    [(8, 32, 8), (8, 64, 8), (None, 32, 4), (8, 128, 16), (16, 128, 16)],
+)
+def test_hierarchical_groups_default_to_the_router_groups(deepseek_eplb, expert_groups, gpus, expected):
+    """Without ``num_groups`` the hierarchical policy takes ``model.expert_groups`` when it is
+    a multiple of the nodes (DeepSeek's EPLB needs that), else one group per node."""
+    base, wl = instance(PREFILL, 32, 8)
+    model = dataclasses.replace(base.model, expert_groups=expert_groups)
+    cluster = type(base.cluster)(gpus=gpus, gpus_per_node=8, slots_per_gpu=256 // gpus, replica_slots_per_gpu=1)
+    r = run(base.replace(model=model, cluster=cluster), wl, policy="hierarchical")
+    assert r.stats["num_groups"] == expected and r.stats["num_nodes"] == gpus // 8
+    assert eplb_mod.default_groups(model, gpus // 8) == expected
 
 
 def test_solve_path_keeps_colocated_copies(deepseek_eplb):

@@ -106,6 +106,14 @@ def rebalance(
     return phy2log.cpu().numpy(), log2phy.cpu().numpy(), logcnt.cpu().numpy()
 
 
+def default_groups(model: Any, nodes: int) -> int:
+    """EPLB's ``num_groups`` when the user gives none: the router's expert groups
+    (``model.expert_groups``, SGLang passes DeepSeek-V3's ``n_group``) when the hierarchical
+    policy can use them (a multiple of the nodes), else one group per node."""
+    groups = getattr(model, "expert_groups", None)
+    return int(groups) if groups and groups % nodes == 0 else nodes
+
+
 @register
 class Eplb:
     """DeepSeek's EPLB (global or hierarchical policy) on the calibration loads."""
@@ -136,7 +144,9 @@ class Eplb:
         #: nodes first (nodes = gpus / cluster.gpus_per_node), then replicate within nodes.
         policy: str = "global"
         #: hierarchical only: expert groups (EPLB's ``num_groups``, DeepSeek-V3's ``n_group`` = 8);
-        #: must divide the experts and be a multiple of the nodes. Default: the number of nodes.
+        #: must divide the experts and be a multiple of the nodes. Default: the model's
+        #: ``expert_groups`` when it is a multiple of the nodes (what SGLang passes: the router's
+        #: ``n_group``), else the number of nodes.
         num_groups: int | None = None
 
         def __post_init__(self) -> None:
@@ -169,7 +179,7 @@ class Eplb:
             raise InputError(src, "cluster", f"eplb needs at least {E} slots per layer (one per expert), got {G} x {W}")
         hierarchical = params.policy == "hierarchical"
         nodes = c.gpus // c.gpus_per_node
-        groups = params.num_groups if params.num_groups is not None else nodes
+        groups = params.num_groups if params.num_groups is not None else default_groups(problem.instance.model, nodes)
         if hierarchical:
             if E % groups:
                 raise InputError(
