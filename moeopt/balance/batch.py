@@ -285,6 +285,7 @@ def swap_descent_batch(
         if cl.shape != (nL, E):
             raise ValueError(f"classes must be [L, E] = [{nL}, {E}], got shape {cl.shape}")
         c2 = np.take_along_axis(cl, e.reshape(nL, P), axis=1).reshape(nL * G, W)
+        c2 = c2.astype(_small_int(c2))  # compared every round: a narrow type is faster
     for _ in range(rounds):
         if act.size == 0:
             break
@@ -327,6 +328,15 @@ def swap_descent_batch(
     return e, swaps
 
 
+def _small_int(a: IntArray) -> type:
+    """The narrowest of int8 / int16 / int64 that holds every value of ``a`` exactly."""
+    lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
+    for t in (np.int8, np.int16):
+        if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max:
+            return t
+    return np.int64
+
+
 def _best_swaps(
     e2: IntArray,
     w2: FloatArray,
@@ -361,8 +371,8 @@ def _best_swaps(
     wc = w2[rows]  # [A, Q, W]
     wb = w2[fb]  # [A, W]
     if pres is None:
-        d = wc.reshape(A, 1, Qn * W) - wb[:, :, None]
-        val = np.repeat(sc, W, axis=1)[:, None, :] - d
+        d = wc.reshape(A, 1, Qn * W) - wb[:, :, None]  # [A, W, Q*W]
+        part = sc[:, None, :, None]  # the partner GPU's load, broadcast over both items
     else:
         E = pres.size // e2.shape[0]
         # a partner item whose expert is on the source gets a huge weight (d + sb huge); a GPU that
@@ -370,12 +380,12 @@ def _best_swaps(
         inb = pres[(fb * E)[:, None, None] + e2[rows]]  # [A, Q, W]
         onp = pres[(rows * E)[:, None, :] + e2[fb][:, :, None]]  # [A, W, Q]
         d = np.where(inb, _HUGE, wc).reshape(A, 1, Qn * W) - wb[:, :, None]
-        val = np.repeat(np.where(onp, np.inf, sc[:, None, :]), W, axis=2)  # [A, W, Q*W]
-        val -= d
-    d += sb[:, None, None]  # the source gains d, the partner loses d
+        part = np.where(onp, np.inf, sc[:, None, :])[:, :, :, None]
+    val = (part - d.reshape(A, W, Qn, W)).reshape(A, W, Qn * W)  # the partner loses d
+    d += sb[:, None, None]  # the source gains d
     np.maximum(val, d, out=val)
     if c2 is not None:  # an exchange across classes is inadmissible
-        np.copyto(val, np.inf, where=c2[fb][:, :, None] != c2[rows].reshape(A, 1, Qn * W))
+        np.putmask(val, c2[fb][:, :, None] != c2[rows].reshape(A, 1, Qn * W), np.inf)
     val = val.reshape(A, -1)
     k = val.argmin(axis=1)
     i, r = np.divmod(k, Qn * W)
