@@ -212,9 +212,14 @@ def local_search(
        over-full GPU to a GPU with a free slot with the largest gain (least loss), preferring
        destinations that stay within the load limit.
     2. **Load repair** (when ``limit`` is given): while some GPU's ``Σ load[e] > limit``,
-       apply the move or swap with the largest gain among those that strictly reduce the
-       potential ``Σ_g max(0, load_g − limit)²`` (squared, so that splitting an excess
-       between two GPUs counts as progress).
+       apply the move or swap with the largest gain among those that take load off a GPU over
+       the limit without pushing the receiving GPU over it (a swap brings back a lighter
+       expert); where none is left, among those that strictly reduce the potential
+       ``Σ_g max(0, load_g − limit)²`` (squared, so that splitting an excess between two GPUs
+       counts as progress). Both lower the excess at every step but may do so by tiny amounts,
+       so each stage stops after ``4 E G + 10`` rounds (a stalled repair: ``limit_met``
+       False; :func:`moeopt.heuristics.spectral.load_repair` then restarts from a balanced
+       packing).
     3. **Refinement** (``refine``): best-improvement moves to free slots and swaps, each
        keeping every slot and load limit, until no step gains more than ``tol``.
 
@@ -301,7 +306,35 @@ def local_search(
 
     driver.descend(home, Moves(overflow, lambda home, steps: apply(steps, "repair")), max_steps)
 
-    # 2. load limit
+    # 2. load limit: first only steps that unload a GPU over the limit without pushing the
+    # receiving GPU over it (each lowers the total excess and creates none), then any step that
+    # lowers the squared excess
+    def unload(home: np.ndarray) -> Steps | None:
+        count, gl = state()
+        over = gl > lim + TOL
+        if not over.any():
+            return None
+        move, pair = gain.gains(home, gpus)
+        src = over[home]  # experts on a GPU over the limit
+        ok_m = src[:, None] & (count < slots)[None, :] & (gl[None, :] + load[:, None] <= lim + TOL)
+        ok_s = (
+            src[:, None]
+            & (home[:, None] != home[None, :])
+            & (load[None, :] < load[:, None])
+            & (gl[home][None, :] - load[None, :] + load[:, None] <= lim + TOL)
+        )
+        swap = move[idx[:, None], home[None, :]] + move[idx[None, :], home[:, None]] - pair
+        steps = _steps(
+            np.where(ok_m, move, -np.inf), np.where(ok_s, swap, -np.inf), home, gpus, threshold=-np.inf, batch=batch
+        )
+        return steps or None
+
+    # each repair stage takes at most ``repair_steps`` rounds: both lower the excess at every
+    # step but can crawl (tiny decreases), and a caller with a stalled repair has a fallback
+    repair_steps = min(max_steps, 4 * E * gpus + 10)
+    if limit is not None:
+        driver.descend(home, Moves(unload, lambda home, steps: apply(steps, "repair")), repair_steps)
+
     def excess(home: np.ndarray) -> Steps | None:
         count, gl = state()
         exc = _excess(gl, lim) ** 2
@@ -335,7 +368,8 @@ def local_search(
 
     if (
         limit is not None
-        and driver.descend(home, Moves(excess, lambda home, steps: apply(steps, "repair")), max_steps) == max_steps
+        and driver.descend(home, Moves(excess, lambda home, steps: apply(steps, "repair")), repair_steps)
+        == repair_steps
     ):
         log.limit_met = False  # out of steps
 
