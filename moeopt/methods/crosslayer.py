@@ -363,7 +363,9 @@ class CrossLayerParams:
     eps_load
         Load limit per layer, as ``agnostic``'s: each GPU's share of the layer's load at most
         ``(1 + eps_load) / G``; None (default): the automatic limit of ``tacg`` / ``agnostic``;
-        ``.inf``: none. Hard, as in every method.
+        ``.inf``: none. Hard, as in every method. The search from each start also keeps every
+        layer's largest load at or below that start's: the plan is never less balanced than
+        where it started (``agnostic``'s plan, the best start on the benchmarks).
     relax_eps_load
         Relax a limit that repair cannot meet (by ``x1.1`` steps) instead of failing; the
         starts get it too, and a note reports any relaxation.
@@ -485,7 +487,14 @@ class CrossLayer:
             before = float(plan_remote(homes, topk, first, G).sum())
             rng = np.random.default_rng([ctx.seed + params.seed, len(report)])
             deadline = search.child(1.0 / (len(starts) - i)).deadline  # this start's share of what is left
-            homes, info = self.sweep(homes, topk, first, G, S, loads, limits, relax, classes, params, rng, deadline)
+            # never less balanced than the start: each layer's limit is at most the start's largest
+            # load (a start is within the limit; on held-out tokens the plan then stays about as
+            # balanced as the start, e.g. agnostic's plan passed as the hint)
+            lims = [
+                None if lim is None else min(lim, float(np.bincount(homes[l], weights=loads[l], minlength=G).max()))
+                for l, lim in enumerate(limits)
+            ]
+            homes, info = self.sweep(homes, topk, first, G, S, loads, lims, relax, classes, params, rng, deadline)
             cost = float(plan_remote(homes, topk, first, G).sum())
             report[kind] = {"start": before / trace.tokens / L, "final": cost / trace.tokens / L, **info}
             ctx.say(f"crosslayer start {kind}: {before / trace.tokens / L:.4f} -> {cost / trace.tokens / L:.4f}")
