@@ -402,11 +402,9 @@ def test_crosslayer_never_worse_than_its_starts(planned):
         assert start["final"] <= start["start"] + 1e-12
 
 
-@pytest.mark.parametrize(("structure_seed", "dep", "successors"), [(0, 0.9, 2), (3, 0.5, 3)])
-def test_crosslayer_never_worse_than_relabeled_agnostic_with_successors(structure_seed, dep, successors):
-    """On expert-level dependent traces the planner (a descent from the relabeled agnostic
-    plan) is never worse than agnostic + relabel on the calibration trace, within the same
-    load limit."""
+def _agnostic_and_crosslayer(structure_seed: int, dep: float, successors: int):
+    """A tiny expert-level dependent instance, its workloads, and its ``agnostic`` plan and the
+    ``crosslayer`` plan from that start alone."""
     inst = synth_instance(L=3, E=16, k=2, G=4, dep=dep, tokens=1024, successors=successors)
     inst = replace(
         inst,
@@ -417,6 +415,15 @@ def test_crosslayer_never_worse_than_relabeled_agnostic_with_successors(structur
     wl = load_workloads(inst)
     ag = solve(inst, method="agnostic", workloads=wl)
     cl = solve(inst, method="crosslayer", workloads=wl, params={"starts": "agnostic", "kicks": 20})
+    return inst, wl, ag, cl
+
+
+@pytest.mark.parametrize(("structure_seed", "dep", "successors"), [(0, 0.9, 2), (3, 0.5, 3)])
+def test_crosslayer_never_worse_than_relabeled_agnostic_with_successors(structure_seed, dep, successors):
+    """On expert-level dependent traces the planner (a descent from the relabeled agnostic
+    plan) is never worse than agnostic + relabel on the calibration trace, within the same
+    load limit."""
+    inst, wl, ag, cl = _agnostic_and_crosslayer(structure_seed, dep, successors)
     before = evaluate(ag.plan, wl.calibration, inst.cluster)["comm_per_token"]
     after = evaluate(cl.plan, wl.calibration, inst.cluster)["comm_per_token"]
     assert after <= before + 1e-12
@@ -430,16 +437,7 @@ def test_crosslayer_never_worse_than_relabeled_agnostic_with_successors(structur
 def test_crosslayer_is_never_less_balanced_than_its_start(structure_seed, dep):
     """From one start (the relabeled agnostic plan), every layer's largest load stays at or
     below the start's, not merely below the automatic limit (which the start may not reach)."""
-    inst = synth_instance(L=3, E=16, k=2, G=4, dep=dep, tokens=1024, successors=2)
-    inst = replace(
-        inst,
-        workload=Workload(
-            WorkloadSource(synthetic={**inst.workload.calibration.synthetic, "structure_seed": structure_seed})
-        ),
-    )
-    wl = load_workloads(inst)
-    ag = solve(inst, method="agnostic", workloads=wl)
-    cl = solve(inst, method="crosslayer", workloads=wl, params={"starts": "agnostic", "kicks": 20})
+    inst, wl, ag, cl = _agnostic_and_crosslayer(structure_seed, dep, 2)
     c = inst.cluster
     loads, limits = layer_limits(wl, c.gpus, c.slots_per_gpu)
     below = 0
