@@ -285,7 +285,8 @@ def swap_descent_batch(
         if cl.shape != (nL, E):
             raise ValueError(f"classes must be [L, E] = [{nL}, {E}], got shape {cl.shape}")
         c2 = np.take_along_axis(cl, e.reshape(nL, P), axis=1).reshape(nL * G, W)
-        c2 = c2.astype(_small_int(c2))  # compared every round: a narrow type is faster
+        if c2.size:  # compared every round: the narrowest type that holds the classes is faster
+            c2 = c2.astype(np.promote_types(np.min_scalar_type(c2.min()), np.min_scalar_type(c2.max())))
     for _ in range(rounds):
         if act.size == 0:
             break
@@ -326,15 +327,6 @@ def swap_descent_batch(
             pres[f2 * E + x1] = True
         swaps[act] += 1
     return e, swaps
-
-
-def _small_int(a: IntArray) -> type:
-    """The narrowest of int8 / int16 / int64 that holds every value of ``a`` exactly."""
-    lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
-    for t in (np.int8, np.int16):
-        if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max:
-            return t
-    return np.int64
 
 
 def _best_swaps(

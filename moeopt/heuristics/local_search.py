@@ -309,6 +309,13 @@ def local_search(
     # 2. load limit: first only steps that unload a GPU over the limit without pushing the
     # receiving GPU over it (each lowers the total excess and creates none), then any step that
     # lowers the squared excess
+    def best_of(home: np.ndarray, move: np.ndarray, pair: np.ndarray, ok_m: np.ndarray, ok_s: np.ndarray) -> Steps:
+        """The best admissible repair steps (``ok_m [E, G]`` moves, ``ok_s [E, E]`` swaps)."""
+        swap = move[idx[:, None], home[None, :]] + move[idx[None, :], home[:, None]] - pair
+        return _steps(
+            np.where(ok_m, move, -np.inf), np.where(ok_s, swap, -np.inf), home, gpus, threshold=-np.inf, batch=batch
+        )
+
     def unload(home: np.ndarray) -> Steps | None:
         count, gl = state()
         over = gl > lim + TOL
@@ -323,11 +330,7 @@ def local_search(
             & (load[None, :] < load[:, None])
             & (gl[home][None, :] - load[None, :] + load[:, None] <= lim + TOL)
         )
-        swap = move[idx[:, None], home[None, :]] + move[idx[None, :], home[:, None]] - pair
-        steps = _steps(
-            np.where(ok_m, move, -np.inf), np.where(ok_s, swap, -np.inf), home, gpus, threshold=-np.inf, batch=batch
-        )
-        return steps or None
+        return best_of(home, move, pair, ok_m, ok_s) or None
 
     # each repair stage takes at most ``repair_steps`` rounds: both lower the excess at every
     # step but can crawl (tiny decreases), and a caller with a stalled repair has a fallback
@@ -357,10 +360,7 @@ def local_search(
             - exc[home][None, :]
         )
         ok_s = (home[:, None] != home[None, :]) & (d_swap < -(TOL**2))
-        swap = move[idx[:, None], home[None, :]] + move[idx[None, :], home[:, None]] - pair
-        steps = _steps(
-            np.where(ok_m, move, -np.inf), np.where(ok_s, swap, -np.inf), home, gpus, threshold=-np.inf, batch=batch
-        )
+        steps = best_of(home, move, pair, ok_m, ok_s)
         if not steps:
             log.limit_met = False  # stalled above the limit
             return None

@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from moeopt.errors import InputError
+from moeopt.instance import Model
 from moeopt.methods.baselines import baseline_result
 from moeopt.plan import Dispatch, Plan
 from moeopt.registry import Context, Problem, register
@@ -106,12 +107,12 @@ def rebalance(
     return phy2log.cpu().numpy(), log2phy.cpu().numpy(), logcnt.cpu().numpy()
 
 
-def default_groups(model: Any, nodes: int) -> int:
+def default_groups(model: Model, nodes: int) -> int:
     """EPLB's ``num_groups`` when the user gives none: the router's expert groups
     (``model.expert_groups``, SGLang passes DeepSeek-V3's ``n_group``) when the hierarchical
     policy can use them (a multiple of the nodes), else one group per node."""
-    groups = getattr(model, "expert_groups", None)
-    return int(groups) if groups and groups % nodes == 0 else nodes
+    groups = model.expert_groups
+    return groups if groups is not None and groups % nodes == 0 else nodes
 
 
 @register
