@@ -14,6 +14,7 @@ from moeopt.errors import InputError
 from moeopt.evaluate import evaluate
 from moeopt.io import load_instance
 from moeopt.registry import get_method, parse_params
+from moeopt.result import Termination
 from moeopt.solve import load_workloads, solve
 from tests.conftest import INSTANCES
 
@@ -164,6 +165,45 @@ def test_joint_meets_the_limit_on_calibration(small_instance):
     r.plan.check(inst.cluster, layers=2, experts=16, own=True)
 
 
+def test_restarts_keep_the_best_calibration_plan(small_instance):
+    """Each restart's plan gets its own dispatch choice; the kept plan is the one with the
+    fewest calibration remote GPUs per token within eps, as the one scorer measures it, and the
+    first restart is the one-search plan of the run's seed."""
+    from moeopt.methods.joint import restart_seed
+
+    inst, wl = small_instance
+    # bounded by evaluations, not the clock: the same plans on any machine
+    params = {"eps": 0.2, "time_per_layer": 60.0, "evaluations": 300, "bound_time": 0}
+    one = solve(inst, method="joint", params={**params, "restarts": 1}, workloads=wl)
+    three = solve(inst, method="joint", params={**params, "restarts": 3}, workloads=wl)
+    runs = three.stats["restarts"]
+    assert [r["seed"] for r in runs] == [restart_seed(0, r) for r in range(3)]
+    assert len({r["seed"] for r in runs}) == 3
+    assert runs[0]["comm_per_token"] == pytest.approx(one.objective)
+    met = [r for r in runs if r["met"]]
+    assert met and three.stats["constraint_met"]
+    assert three.objective == pytest.approx(min(r["comm_per_token"] for r in met))
+    assert three.objective <= one.objective + 1e-12
+    assert runs[three.stats["restart"]]["comm_per_token"] == pytest.approx(three.objective)
+    assert one.termination is three.termination is Termination.COMPLETED
+    cal = evaluate(three.plan, wl.calibration, inst.cluster)
+    assert cal["comm_per_token"] == pytest.approx(three.objective) and cal["maxvio"] <= 0.2 + 1e-9
+
+
+def test_restart_ranking_prefers_plans_within_eps():
+    """A restart within eps beats any over it; among those within, fewer remote GPUs win;
+    among those over, the more balanced wins."""
+    from moeopt.methods.joint import DispatchChoice, _restart_rank
+    from moeopt.plan import Dispatch
+
+    def c(comm, maxvio, met):
+        return DispatchChoice(Dispatch(kind="lp"), comm, maxvio, met, [])
+
+    assert _restart_rank(c(5.0, 0.05, True)) < _restart_rank(c(1.0, 0.5, False))
+    assert _restart_rank(c(4.0, 0.05, True)) < _restart_rank(c(4.1, 0.01, True))
+    assert _restart_rank(c(9.0, 0.3, False)) < _restart_rank(c(1.0, 0.4, False))
+
+
 def test_unreachable_limit_is_planned_above_the_least_reachable(small_instance):
     """Without replica slots and eps 0, no layer can meet the limit: each is planned eps above
     the balance plan's MaxVio, the note says so, and the plan saves more than the balanced one."""
@@ -255,6 +295,8 @@ def test_joint_params_are_checked():
         parse_params(impl, {"robust": 2.0})
     with pytest.raises(InputError, match="starts"):
         parse_params(impl, {"starts": "grouping,nope"})
+    with pytest.raises(InputError, match="restarts"):
+        parse_params(impl, {"restarts": 0})
 
 
 def test_frontier_command(small_instance, tmp_path, capsys):
