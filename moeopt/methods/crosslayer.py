@@ -491,8 +491,8 @@ class CrossLayer:
             # load (a start is within the limit; on held-out tokens the plan then stays about as
             # balanced as the start, e.g. agnostic's plan passed as the hint)
             lims = [
-                None if lim is None else min(lim, float(np.bincount(homes[l], weights=loads[l], minlength=G).max()))
-                for l, lim in enumerate(limits)
+                None if lim is None else min(lim, top)
+                for lim, top in zip(limits, largest_loads(homes, loads, G), strict=True)
             ]
             homes, info = self.sweep(homes, topk, first, G, S, loads, lims, relax, classes, params, rng, deadline)
             cost = float(plan_remote(homes, topk, first, G).sum())
@@ -503,7 +503,7 @@ class CrossLayer:
         assert best is not None
         plan = problem.plan(best)
         used = [None if lim is None else lim * G - 1.0 for lim in limits]
-        maxload = [float(np.bincount(best[l], weights=loads[l], minlength=G).max() * G - 1.0) for l in range(L)]
+        maxload = [top * G - 1.0 for top in largest_loads(best, loads, G)]
         objective = best_cost / max(trace.tokens, 1) / L
         bound, certificate = self.certificate(problem, plan, params, ctx)
         status = Status.FEASIBLE
@@ -721,6 +721,11 @@ def improve_layer(homes, l, topk, first, G, S, loads, limits, relax, classes) ->
         h, log = local_search(homes[l], gain, G, S, load=loads[l], limit=limits[l], refine=True)
     if log.limit_met:
         homes[l] = h
+
+
+def largest_loads(homes: np.ndarray, loads: list[np.ndarray], G: int) -> list[float]:
+    """Each layer's largest GPU load (``homes [L, E]``, ``loads`` per layer)."""
+    return [float(np.bincount(h, weights=w, minlength=G).max()) for h, w in zip(homes, loads, strict=True)]
 
 
 def kick_layer(

@@ -652,7 +652,7 @@ class Joint:
             quiet=ctx.quiet,
             leave=False,
         )
-        found: list[tuple[np.ndarray, int, list[dict], DispatchChoice]] = []
+        found: list[tuple[int, np.ndarray, int, list[dict], DispatchChoice]] = []
         try:
             for r in range(params.restarts):
                 if r > 0 and search.expired():
@@ -661,7 +661,7 @@ class Joint:
                 per_layer = min(params.time_per_layer, search.remaining() / (L * (params.restarts - r)))
                 slots, capped, layer_stats = self._search(problem, params, ctx, seed, balanced, limits, per_layer, bar)
                 choice = choose_dispatch(Plan(slots=slots, experts=problem.experts), trace, problem, target, ctx.budget)
-                found.append((slots, capped, layer_stats, choice))
+                found.append((seed, slots, capped, layer_stats, choice))
                 if params.restarts > 1:
                     ctx.say(
                         f"{self.name} restart {r + 1}/{params.restarts} (seed {seed}): calibration "
@@ -670,8 +670,8 @@ class Joint:
                     )
         finally:
             bar.close()
-        best = min(range(len(found)), key=lambda i: _restart_rank(found[i][3]))
-        slots, capped, layer_stats, choice = found[best]
+        best = min(range(len(found)), key=lambda i: _restart_rank(found[i][4]))
+        _, slots, _, layer_stats, choice = found[best]
         for l, ls in enumerate(layer_stats):
             ctx.say(f"{self.name} layer {l}: feasible plan, objective {ls['value']:.4f} from {ls['start']}")
         stats: dict[str, Any] = {
@@ -679,11 +679,10 @@ class Joint:
             "search_objective": float(np.mean([s["value"] for s in layer_stats])),
             "restart": best,
             "restarts": [
-                {"seed": restart_seed(ctx.seed, i), "comm_per_token": c.comm, "maxvio": c.maxvio, "met": c.met}
-                for i, (_, _, _, c) in enumerate(found)
+                {"seed": seed, "comm_per_token": c.comm, "maxvio": c.maxvio, "met": c.met} for seed, _, _, _, c in found
             ],
         }
-        capped = sum(f[1] for f in found)
+        capped = sum(f[2] for f in found)  # searches the clock cut short, in every restart
         if relaxed:
             stats["eps_per_layer"] = limits.tolist()
             stats["eps_relaxed_layers"] = relaxed
