@@ -297,6 +297,8 @@ def test_joint_params_are_checked():
         parse_params(impl, {"starts": "grouping,nope"})
     with pytest.raises(InputError, match="restarts"):
         parse_params(impl, {"restarts": 0})
+    with pytest.raises(InputError, match="restarts: expected a value <= 64"):
+        parse_params(impl, {"restarts": 10**9})
 
 
 def test_frontier_command(small_instance, tmp_path, capsys):

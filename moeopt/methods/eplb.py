@@ -27,7 +27,7 @@ import importlib.util
 import inspect
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar
@@ -148,7 +148,7 @@ class Eplb:
         #: must divide the experts and be a multiple of the nodes. Default: the model's
         #: ``expert_groups`` when it is a multiple of the nodes (what SGLang passes: the router's
         #: ``n_group``), else the number of nodes.
-        num_groups: int | None = None
+        num_groups: int | None = field(default=None, metadata={"ge": 1})
 
         def __post_init__(self) -> None:
             if self.policy not in POLICIES:

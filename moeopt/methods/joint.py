@@ -52,6 +52,9 @@ REFINE_STEPS = 2
 FAMILY_SLACK = 0.1
 #: ... but not past this much more communication (relative) than the mixture's choice
 FAMILY_COMM_SLACK = 0.02
+#: most whole searches ``restarts`` runs (each is a full search of every layer; past a few, the
+#: best of them hardly changes and a larger value is more likely a typo than a plan)
+MAX_RESTARTS = 64
 
 
 @dataclass
@@ -138,7 +141,7 @@ class JointParams:
     guard_batch_tokens: int | None = 32
     bound_time: float = 3.0
     family_guard: bool = True
-    restarts: int = 2
+    restarts: int = field(default=2, metadata={"ge": 1, "le": MAX_RESTARTS})
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.eps) and self.eps >= 0):
@@ -172,8 +175,8 @@ class JointParams:
             raise ValueError(f"decay must lie in [0, 1), got {self.decay}")
         if self.guard_batch_tokens is not None and self.guard_batch_tokens < 1:
             raise ValueError(f"guard_batch_tokens must be >= 1, got {self.guard_batch_tokens}")
-        if self.restarts < 1:
-            raise ValueError(f"restarts must be >= 1, got {self.restarts}")
+        if not 1 <= self.restarts <= MAX_RESTARTS:
+            raise ValueError(f"restarts must lie in [1, {MAX_RESTARTS}], got {self.restarts}")
         if not (math.isfinite(self.bound_time) and self.bound_time >= 0):
             raise ValueError(f"bound_time must be a finite number >= 0, got {self.bound_time}")
 
