@@ -30,13 +30,14 @@ def tiny_layer(
     families: int = 2,
     eps: float = 0.1,
     robust: float = 0.5,
+    family_cap: float = float("inf"),
 ) -> jm.JointLayer:
     """Tokens of ``families`` families, each preferring its own experts (Dirichlet)."""
     rng = np.random.default_rng(seed)
     pref = rng.dirichlet(np.full(E, 0.7), size=families)
     fam = rng.integers(0, families, tokens)
     topk = np.array([rng.choice(E, size=k, replace=False, p=pref[f]) for f in fam])
-    return jm.JointLayer(topk, fam, families, E, G, W, eps=eps, robust=robust)
+    return jm.JointLayer(topk, fam, families, E, G, W, eps=eps, robust=robust, family_cap=family_cap)
 
 
 def one_copy_each(E: int, G: int, W: int, load: np.ndarray) -> jm.SlotState:
@@ -46,10 +47,12 @@ def one_copy_each(E: int, G: int, W: int, load: np.ndarray) -> jm.SlotState:
 
 
 # ----------------------------------------------------------------------------- exact model
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_exact_model_matches_brute_force(seed):
-    """The MILP over slot contents reaches the optimum found by enumerating every plan."""
-    layer = tiny_layer(seed)
+@pytest.mark.parametrize(("seed", "cap"), [(0, np.inf), (1, np.inf), (2, np.inf), (0, 0.1), (1, 0.1)])
+def test_exact_model_matches_brute_force(seed, cap):
+    """The MILP over slot contents reaches the optimum found by enumerating every plan (with
+    and without a family cap)."""
+    layer = tiny_layer(seed, family_cap=cap)
+    assert layer.has_cap == np.isfinite(cap)
     best, slots = jm.brute_force(layer)
     res = jm.solve_exact(layer, time_limit=30)
     assert res.status == "optimal"
@@ -90,10 +93,11 @@ def test_sample_cost_equals_exact_without_limit(seed):
     assert jm.SampleCost(layer, None).reset(state) == pytest.approx(jm.ExactCost(layer).reset(state))
 
 
-def test_move_gains_are_incremental_and_exact():
+@pytest.mark.parametrize("cap", [np.inf, 0.3])
+def test_move_gains_are_incremental_and_exact(cap):
     """A move's gain, priced on the tokens it touches, equals the objective re-priced on all
-    tokens with the same tie order; batched gains equal single ones."""
-    layer = tiny_layer(5, E=12, G=4, W=4, k=3, tokens=400, families=3, eps=0.05)
+    tokens with the same tie order; batched gains equal single ones (family cap priced too)."""
+    layer = tiny_layer(5, E=12, G=4, W=4, k=3, tokens=400, families=3, eps=0.05, family_cap=cap)
     cost = jm.SampleCost(layer, None)
     state = one_copy_each(12, 4, 4, layer.expert_load)
     cost.reset(state)
@@ -105,6 +109,58 @@ def test_move_gains_are_incremental_and_exact():
         repriced = cost.price(trial) - cost.value
         assert cost.delta(state, m) == pytest.approx(repriced, abs=1e-12)
         assert d == pytest.approx(repriced, abs=1e-12)
+
+
+def test_family_cap_term_by_hand():
+    """Without a load limit nothing is shed, so the cap term is ``(1 - robust) * pi_f *
+    penalty`` times each family's pairs over ``(1 + cap)`` times its mean, per sampled token
+    of the family; the sample cost without the cap is the plain objective."""
+    cap, robust = 0.2, 0.3
+    layer = tiny_layer(4, E=6, G=3, W=2, tokens=200, families=2, eps=1e9, robust=robust, family_cap=cap)
+    holds = np.zeros((6, 3), dtype=bool)
+    holds[np.arange(6), np.arange(6) % 3] = True  # one copy each: the routing is fixed
+    state = jm.SlotState(jm.holds_to_slots(holds, 2), 6)
+    gpu_of = np.arange(6) % 3
+    plain = jm.SampleCost(layer, None, family_cap=False).reset(state)
+    want = 0.0
+    n = layer.family_tokens
+    for f in range(2):
+        rows = layer.family == f
+        load = np.bincount(gpu_of[layer.topk[rows]].ravel(), minlength=3).astype(float)
+        over = np.maximum(load - (1 + cap) * load.mean(), 0.0).sum()
+        want += (1 - robust) * n[f] / n.sum() * layer.penalty * over / n[f]
+    assert want > 0  # the test exercises the cap
+    assert jm.SampleCost(layer, None).reset(state) == pytest.approx(plain + want, abs=1e-12)
+    assert jm.ExactCost(layer).reset(state) == pytest.approx(plain + want, abs=1e-9)  # top-2, no limit: exact
+
+
+def test_family_cap_repair_only_touches_plans_over_the_cap():
+    """The repair phase lowers the priced objective of a plan over the family cap and leaves a
+    plan within it alone."""
+    from moeopt.methods.joint import JointParams, repair_family_cap
+
+    layer = tiny_layer(2, E=12, G=4, W=4, k=3, tokens=400, families=3, eps=0.2, family_cap=0.2)
+    params = JointParams(eps=0.2, coarse_tokens=None, evaluations=400)
+    # each family's favourite experts together: some family far over the cap
+    order = np.argsort(
+        -np.bincount((layer.family[:, None] * 12 + layer.topk).ravel(), minlength=36).reshape(3, 12), axis=1
+    )
+    holds = np.zeros((12, 4), dtype=bool)
+    placed = 0
+    for e in order[0]:
+        if holds[e].any():
+            continue
+        holds[e, min(placed // 3, 3)] = True
+        placed += 1
+    state = jm.SlotState(jm.fill_slots(holds, 4, layer.expert_load), 12)
+    cost = jm.SampleCost(layer, None)
+    before = cost.reset(state)
+    repaired, info = repair_family_cap(layer, state, params, 0, 0, per_layer=30.0)
+    assert info is not None and info["cap_term_before"] > 0
+    assert cost.reset(repaired) < before
+    assert info["cap_term_after"] < info["cap_term_before"]
+    again, none = repair_family_cap(layer, repaired, replace(params, family_cap=1e9), 0, 0, per_layer=30.0)
+    assert none is None and again is repaired
 
 
 def test_moves_keep_a_valid_plan():
@@ -299,6 +355,9 @@ def test_joint_params_are_checked():
         parse_params(impl, {"restarts": 0})
     with pytest.raises(InputError, match="restarts: expected a value <= 64"):
         parse_params(impl, {"restarts": 10**9})
+    with pytest.raises(InputError, match="family_cap"):
+        parse_params(impl, {"family_cap": -1})
+    assert parse_params(impl, {"family_cap": float("inf")}).family_cap == float("inf")
 
 
 def test_frontier_command(small_instance, tmp_path, capsys):

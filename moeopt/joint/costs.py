@@ -281,14 +281,17 @@ def route_locality_first(
     return gpu, alt, distinct
 
 
-def _shed_cost(load: np.ndarray, free: np.ndarray, paid: np.ndarray, eps: np.ndarray, penalty: float) -> np.ndarray:
+def _shed_cost(
+    load: np.ndarray, free: np.ndarray, paid: np.ndarray, eps: np.ndarray, penalty: float, caps: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Per workload (rows): pairs moved at cost 1 plus ``penalty`` per pair left over a limit.
 
     ``load`` ``[Wk, G]``; ``free, paid`` ``[Wk, G, G]``: pairs on GPU g whose cheapest other
     holder is g' at no cost / at one GPU; ``eps`` ``[Wk]``. Each GPU over its limit sheds
     free pairs, then paid ones; the shed pairs land on their other holders, and whatever
     then exceeds a limit (left on the source, or pushed over on a receiver) costs
-    ``penalty`` per pair.
+    ``penalty`` per pair. Also returns ``penalty`` times the pairs then over the looser
+    ``caps`` ``[Wk]`` (the family cap; ``inf``: none).
     """
     G = load.shape[1]
     lim = (1.0 + eps[:, None]) * load.sum(axis=1, keepdims=True) / G
@@ -301,7 +304,11 @@ def _shed_cost(load: np.ndarray, free: np.ndarray, paid: np.ndarray, eps: np.nda
         r1 = np.where(p_out > 0, m1 / p_out, 0.0)
     received = np.einsum("wg,wgh->wh", r0, free) + np.einsum("wg,wgh->wh", r1, paid)
     after = load - m0 - m1 + received
-    return m1.sum(axis=1) + penalty * np.maximum(after - lim, 0.0).sum(axis=1)
+    cost = m1.sum(axis=1) + penalty * np.maximum(after - lim, 0.0).sum(axis=1)
+    capped = np.isfinite(caps)
+    cap_lim = (1.0 + np.where(capped, caps, 0.0)[:, None]) * load.sum(axis=1, keepdims=True) / G
+    over_cap = np.where(capped[:, None], np.maximum(after - cap_lim, 0.0), 0.0)
+    return cost, penalty * over_cap.sum(axis=1)
 
 
 class SampleCost:
@@ -315,13 +322,15 @@ class SampleCost:
     value exactly.
     """
 
-    def __init__(self, layer: JointLayer, coarse_tokens: int | None = 2048, seed: int = 0) -> None:
+    def __init__(
+        self, layer: JointLayer, coarse_tokens: int | None = 2048, seed: int = 0, *, family_cap: bool = True
+    ) -> None:
         self.layer = layer
         n, k = layer.topk.shape
         E = layer.experts
         #: a cheaper cost on a sub-sample that ranks many moves before they are priced here
         self.coarse = (
-            SampleCost(subsample(layer, coarse_tokens, np.random.default_rng(seed)), None)
+            SampleCost(subsample(layer, coarse_tokens, np.random.default_rng(seed)), None, family_cap=family_cap)
             if coarse_tokens is not None and n >= 3 * coarse_tokens
             else None
         )
@@ -333,6 +342,10 @@ class SampleCost:
         self._start = np.searchsorted(layer.topk.ravel()[order], np.arange(E + 1))
         self._eps = layer.limits
         self._wts = layer.workload_weights
+        #: the family cap's weights (zero without one, or with ``family_cap=False``: the
+        #: search's first phase prices the objective without it)
+        self._capw = layer.cap_weights if family_cap else np.zeros(1 + layer.families)
+        self._caps = layer.cap_limits
         ntok = layer.family_tokens
         self._ntok = np.concatenate([[max(float(ntok.sum()), 1.0)], np.maximum(ntok, 1.0)])
         self.value = math.inf
@@ -377,8 +390,9 @@ class SampleCost:
         wf = np.concatenate([free.sum(axis=0, keepdims=True), free])
         wp = np.concatenate([paid.sum(axis=0, keepdims=True), paid])
         ds = np.concatenate([[dsum.sum()], dsum])
-        comm = (ds + _shed_cost(wl, wf, wp, self._eps, self.layer.penalty)) / self._ntok
-        return float(self._wts @ comm), comm
+        shed, cap = _shed_cost(wl, wf, wp, self._eps, self.layer.penalty, self._caps)
+        comm = (ds + shed) / self._ntok
+        return float(self._wts @ comm + self._capw @ (cap / self._ntok)), comm
 
     def _values(self, load, free, paid, dsum) -> np.ndarray:
         """J of a batch of aggregates (leading axis C): ``[C]``."""
@@ -387,8 +401,9 @@ class SampleCost:
         wf = np.concatenate([free.sum(axis=1, keepdims=True), free], axis=1).reshape(-1, G, G)
         wp = np.concatenate([paid.sum(axis=1, keepdims=True), paid], axis=1).reshape(-1, G, G)
         ds = np.concatenate([dsum.sum(axis=1, keepdims=True), dsum], axis=1)
-        shed = _shed_cost(wl, wf, wp, np.tile(self._eps, C), self.layer.penalty).reshape(C, F + 1)
-        return ((ds + shed) / self._ntok[None, :]) @ self._wts
+        shed, cap = _shed_cost(wl, wf, wp, np.tile(self._eps, C), self.layer.penalty, np.tile(self._caps, C))
+        shed, cap = shed.reshape(C, F + 1), cap.reshape(C, F + 1)
+        return ((ds + shed) / self._ntok[None, :]) @ self._wts + (cap / self._ntok[None, :]) @ self._capw
 
     def _route_rows(self, masks: np.ndarray, rows: np.ndarray):
         return route_masks(masks[self.layer.topk[rows]], self.rot[rows], self.layer.gpus)

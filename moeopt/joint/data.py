@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,11 @@ class JointLayer:
     penalty
         Cost, in GPUs per token, of one (token, expert) pair over a load limit that no
         holder can take (the soft constraint's price).
+    family_cap
+        A looser limit on each family's own workload (``inf``: none): a family's pair over
+        ``(1 + family_cap)`` times that family's mean costs ``penalty`` with the weight of
+        the calibration workload, ``(1 - robust) * pi_f``, so the cap binds where the
+        ``robust`` term is too light to (one domain's experts grouped on one GPU).
     pair_weight
         Optional float ``[N, k]``: the load each sampled pair stands for (default 1). A
         sample of a larger trace weighs each pair by its expert's count in the trace over
@@ -52,6 +58,7 @@ class JointLayer:
     robust: float = 0.5
     penalty: float = 4.0
     pair_weight: np.ndarray | None = None
+    family_cap: float = math.inf
 
     def __post_init__(self) -> None:
         topk = np.asarray(self.topk, dtype=np.int64)
@@ -71,6 +78,8 @@ class JointLayer:
             raise ValueError(f"robust must lie in [0, 1], got {self.robust}")
         if not self.penalty >= 0:
             raise ValueError(f"penalty must be >= 0, got {self.penalty}")
+        if not self.family_cap >= 0:
+            raise ValueError(f"family_cap must be >= 0, got {self.family_cap}")
         w = np.ones(topk.shape) if self.pair_weight is None else np.asarray(self.pair_weight, dtype=np.float64)
         if w.shape != topk.shape or not np.isfinite(w).all() or (w < 0).any():
             raise ValueError("pair_weight: expected finite weights >= 0, one per (token, expert)")
@@ -115,6 +124,25 @@ class JointLayer:
         """float ``[1 + F]``: weight of the calibration workload and of each family's."""
         w = self.family_weights
         return np.concatenate([[1.0 - w.sum()], w])
+
+    @property
+    def cap_limits(self) -> np.ndarray:
+        """float ``[1 + F]``: the family cap of each workload (``inf`` for the calibration one)."""
+        return np.concatenate([[math.inf], np.full(self.families, self.family_cap)])
+
+    @property
+    def cap_weights(self) -> np.ndarray:
+        """float ``[1 + F]``: weight of a pair over the family cap, ``(1 - robust) * pi_f``
+        (zero for the calibration workload, without a cap, and when F = 1)."""
+        n = self.family_tokens
+        if self.families <= 1 or not math.isfinite(self.family_cap) or n.sum() == 0:
+            return np.zeros(1 + self.families)
+        return np.concatenate([[0.0], (1.0 - self.robust) * n / n.sum()])
+
+    @property
+    def has_cap(self) -> bool:
+        """Whether a family cap is priced at all."""
+        return bool(self.cap_weights.any())
 
     @property
     def expert_load(self) -> np.ndarray:
@@ -199,4 +227,5 @@ def subsample(layer: JointLayer, tokens: int, rng: np.random.Generator) -> Joint
         robust=layer.robust,
         penalty=layer.penalty,
         pair_weight=ratio[key[idx]],
+        family_cap=layer.family_cap,
     )

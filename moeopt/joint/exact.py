@@ -43,24 +43,26 @@ def ideal_dispatch(layer: JointLayer, holds: np.ndarray) -> tuple[float, np.ndar
     """The joint objective of a plan under the ideal dispatch, by one LP per workload.
 
     Variables: tokens of each pattern on each of its routings (continuous), the excess of
-    each GPU over its limit. Minimizes distinct GPUs plus ``penalty`` per excess pair.
+    each GPU over its limit (and over the family cap, :attr:`JointLayer.cap_weights`).
+    Minimizes distinct GPUs plus ``penalty`` per excess pair, weighted as in J.
 
     Returns
     -------
     (J, per_workload)
-        J and the per-workload values ``[1 + F]`` (GPUs per token, penalty included).
+        J and each workload's weighted share of it ``[1 + F]`` (they sum to J).
     """
     from scipy.optimize import linprog
 
     pats, w = _patterns(layer.topk, layer.family, layer.families)
     G, F = layer.gpus, layer.families
     eps = layer.limits
+    weights, capw, caps = layer.workload_weights, layer.cap_weights, layer.cap_limits
     wk = np.concatenate([w.sum(axis=1, keepdims=True), w], axis=1)  # [M, 1+F]
     per = np.zeros(1 + F)
     rts = [routings(p, holds, G) for p in pats]
     for c in range(1 + F):
         ntok = wk[:, c].sum()
-        if ntok == 0:
+        if ntok == 0 or (weights[c] == 0 and capw[c] == 0):
             continue
         live = np.nonzero(wk[:, c] > 0)[0]
         cols, dist = [], []
@@ -72,24 +74,39 @@ def ideal_dispatch(layer: JointLayer, holds: np.ndarray) -> tuple[float, np.ndar
         allr = np.concatenate(cols)
         d = np.concatenate(dist).astype(np.float64)
         # equality: tokens of each pattern
-        A_eq = sp.csr_matrix((np.ones(nv), (pid, np.arange(nv))), shape=(len(live), nv + G))
+        capped = capw[c] > 0
+        nx = nv + (2 * G if capped else G)
+        A_eq = sp.csr_matrix((np.ones(nv), (pid, np.arange(nv))), shape=(len(live), nx))
         b_eq = wk[live, c]
-        # load rows: sum of pairs on g - excess_g <= limit
+        # load rows: sum of pairs on g - excess_g <= limit (and - cap excess_g <= cap limit)
         k = allr.shape[1]
         rr = np.repeat(np.arange(nv), k)
         gg = allr.ravel()
-        A_ub = sp.csr_matrix((np.ones(nv * k), (gg, rr)), shape=(G, nv + G)).tolil()
+        loads = sp.csr_matrix((np.ones(nv * k), (gg, rr)), shape=(G, nx)).tolil()
+        A_ub = loads.copy()
         for g in range(G):
             A_ub[g, nv + g] = -1.0
-        limit = (1.0 + eps[c]) * ntok * k / G
-        cost = np.concatenate([d, np.full(G, layer.penalty)])
+        b_ub = [np.full(G, (1.0 + eps[c]) * ntok * k / G)]
+        cost = [weights[c] * d, np.full(G, weights[c] * layer.penalty)]
+        if capped:
+            for g in range(G):
+                loads[g, nv + G + g] = -1.0
+            A_ub = sp.vstack([A_ub.tocsr(), loads.tocsr()])
+            b_ub.append(np.full(G, (1.0 + caps[c]) * ntok * k / G))
+            cost.append(np.full(G, capw[c] * layer.penalty))
         res = linprog(
-            cost, A_ub=A_ub.tocsr(), b_ub=np.full(G, limit), A_eq=A_eq, b_eq=b_eq, bounds=(0, None), method="highs"
+            np.concatenate(cost),
+            A_ub=sp.csr_matrix(A_ub),
+            b_ub=np.concatenate(b_ub),
+            A_eq=A_eq,
+            b_eq=b_eq,
+            bounds=(0, None),
+            method="highs",
         )
         if res.status != 0:  # pragma: no cover - feasible by construction (excess is free)
             raise RuntimeError(f"ideal dispatch LP: {res.message}")
         per[c] = res.fun / ntok
-    return float(layer.workload_weights @ per), per
+    return float(per.sum()), per
 
 
 class ExactCost:
@@ -156,7 +173,7 @@ def solve_exact(layer: JointLayer, *, time_limit: float | None = None, max_colum
     allr = routings(np.arange(k), None, G)  # [G^k, k] GPU of each pattern position
     dist = _distinct(allr).astype(np.float64)
     wk = np.concatenate([w.sum(axis=1, keepdims=True), w], axis=1)
-    weights = layer.workload_weights
+    weights, capw, caps = layer.workload_weights, layer.cap_weights, layer.cap_limits
     eps = layer.limits
     ny = E * G
     c_parts = [np.zeros(ny)]
@@ -181,7 +198,7 @@ def solve_exact(layer: JointLayer, *, time_limit: float | None = None, max_colum
     nR = len(allr)
     for c in range(1 + F):
         ntok = wk[:, c].sum()
-        if ntok == 0 or weights[c] == 0:
+        if ntok == 0 or (weights[c] == 0 and capw[c] == 0):
             continue
         scale = weights[c] / ntok
         live = np.nonzero(wk[:, c] > 0)[0]
@@ -209,25 +226,28 @@ def solve_exact(layer: JointLayer, *, time_limit: float | None = None, max_colum
                     hi.append(0.0)
                     row += 1
             col += nR
-        # load rows with excess
-        limit = (1.0 + eps[c]) * ntok * k / G
-        exc = col
-        c_parts.append(np.full(G, scale * layer.penalty))
-        col += G
-        for g in range(G):
-            idx, coef = [], []
-            for mi in range(len(live)):
-                base = start + mi * nR
-                n_on = (allr == g).sum(axis=1)
-                nz = np.nonzero(n_on)[0]
-                idx += (base + nz).tolist()
-                coef += list(n_on[nz].astype(np.float64))
-            rows += [row] * (len(idx) + 1)
-            cols += idx + [exc + g]
-            vals += coef + [-1.0]
-            lo.append(-np.inf)
-            hi.append(limit)
-            row += 1
+        # load rows with excess over the limit (and over the family cap)
+        tiers = [((1.0 + eps[c]) * ntok * k / G, scale * layer.penalty)]
+        if capw[c] > 0:
+            tiers.append(((1.0 + caps[c]) * ntok * k / G, capw[c] / ntok * layer.penalty))
+        for limit, price in tiers:
+            exc = col
+            c_parts.append(np.full(G, price))
+            col += G
+            for g in range(G):
+                idx, coef = [], []
+                for mi in range(len(live)):
+                    base = start + mi * nR
+                    n_on = (allr == g).sum(axis=1)
+                    nz = np.nonzero(n_on)[0]
+                    idx += (base + nz).tolist()
+                    coef += list(n_on[nz].astype(np.float64))
+                rows += [row] * (len(idx) + 1)
+                cols += idx + [exc + g]
+                vals += coef + [-1.0]
+                lo.append(-np.inf)
+                hi.append(limit)
+                row += 1
     c_vec = np.concatenate(c_parts)
     n = len(c_vec)
     A = sp.csr_matrix((vals, (rows, cols)), shape=(row, n))
