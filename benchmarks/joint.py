@@ -57,7 +57,7 @@ JOINT_EPS = (0.03, 0.045, 0.06, 0.2)
 GROUP_EPS = (None, 0.5, 1.0, math.inf)
 REPL_EPS = (None, 0.5, 1.0)
 #: seconds of joint search per layer in the benchmark
-JOINT_TIME = 3.0
+JOINT_TIME = 6.0
 TARGET_MAXVIO = 0.07
 #: the plot's smallest MaxVio (lp plans reach 0 on some instances; the axis is logarithmic)
 FLOOR = 1e-3

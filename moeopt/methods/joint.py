@@ -40,7 +40,7 @@ from moeopt.trace import Trace
 #: wall cap (seconds of search per layer) when the caller gives no time limit; the work bound is
 #: DEFAULT_EVALUATIONS moves priced per layer
 DEFAULT_TIME_PER_LAYER = 30.0
-DEFAULT_EVALUATIONS = 1200
+DEFAULT_EVALUATIONS = 2400
 #: λ values of the guard tried when ``lam`` is not fixed (ascending). Not below 1: at λ < 1
 #: the guard hardly reacts to load, and a shift to one task family stays unbalanced
 #: (benchmark: worst single-family MaxVio 1.1-1.7 at λ 0.25-0.5, mostly 0.6-1.2 at λ >= 1)
