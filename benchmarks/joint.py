@@ -21,7 +21,7 @@ mixture (in distribution) and on each family's own part of it (single-family shi
   and ``gesr`` (the guard, λ = 1), ``hottest-replication`` under ``lp`` dispatch;
 * ``greedy`` with replication (EPLB-style) and ``balance`` (``lp``).
 
-Run: ``python benchmarks/joint.py`` (about 12 minutes on 2 idle cores; ``--quick``: one synthetic
+Run: ``python benchmarks/joint.py`` (about 18 minutes on 2 idle cores; ``--quick``: one synthetic
 instance and OLMoE, 1 slot). Writes ``benchmarks/results/joint.{json,md,png}``.
 """
 
