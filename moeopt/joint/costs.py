@@ -349,6 +349,8 @@ class SampleCost:
         ntok = layer.family_tokens
         self._ntok = np.concatenate([[max(float(ntok.sum()), 1.0)], np.maximum(ntok, 1.0)])
         self.value = math.inf
+        #: the family cap's part of ``value`` (0 without a cap), set by :meth:`reset`
+        self.cap_term = 0.0
 
     def tokens_of(self, experts: tuple[int, ...]) -> np.ndarray:
         """Sample tokens that chose any of ``experts`` (ascending)."""
@@ -384,15 +386,17 @@ class SampleCost:
         Fo = self.layer.families
         return load.reshape(C, Fo, G), free.reshape(C, Fo, G, G), paid.reshape(C, Fo, G, G), dsum.reshape(C, Fo)
 
-    def _value(self, load, free, paid, dsum) -> tuple[float, np.ndarray]:
-        """J from per-family aggregates; also the per-workload values ``[1 + F]``."""
+    def _value(self, load, free, paid, dsum) -> tuple[float, np.ndarray, float]:
+        """J from per-family aggregates; also the per-workload values ``[1 + F]`` and the
+        family cap's part of J."""
         wl = np.concatenate([load.sum(axis=0, keepdims=True), load])
         wf = np.concatenate([free.sum(axis=0, keepdims=True), free])
         wp = np.concatenate([paid.sum(axis=0, keepdims=True), paid])
         ds = np.concatenate([[dsum.sum()], dsum])
         shed, cap = _shed_cost(wl, wf, wp, self._eps, self.layer.penalty, self._caps)
         comm = (ds + shed) / self._ntok
-        return float(self._wts @ comm + self._capw @ (cap / self._ntok)), comm
+        cap_term = float(self._capw @ (cap / self._ntok))
+        return float(self._wts @ comm) + cap_term, comm, cap_term
 
     def _values(self, load, free, paid, dsum) -> np.ndarray:
         """J of a batch of aggregates (leading axis C): ``[C]``."""
@@ -415,7 +419,7 @@ class SampleCost:
         rows = np.arange(layer.tokens)
         self.gpu, self.alt, self.alt_gpu, self.distinct = self._route_rows(self.masks, rows)
         self.agg = self._aggregate(rows, self.gpu, self.alt, self.alt_gpu, self.distinct)
-        self.value, self.per_workload = self._value(*self.agg)
+        self.value, self.per_workload, self.cap_term = self._value(*self.agg)
         if self.coarse is not None:
             self.coarse.reset(state)
         return self.value

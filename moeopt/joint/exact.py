@@ -74,30 +74,21 @@ def ideal_dispatch(layer: JointLayer, holds: np.ndarray) -> tuple[float, np.ndar
         allr = np.concatenate(cols)
         d = np.concatenate(dist).astype(np.float64)
         # equality: tokens of each pattern
-        capped = capw[c] > 0
-        nx = nv + (2 * G if capped else G)
-        A_eq = sp.csr_matrix((np.ones(nv), (pid, np.arange(nv))), shape=(len(live), nx))
-        b_eq = wk[live, c]
-        # load rows: sum of pairs on g - excess_g <= limit (and - cap excess_g <= cap limit)
+        # load rows, one block per tier (the limit, then the family cap where priced):
+        # sum of pairs on g - excess_g <= (1 + limit) * mean
         k = allr.shape[1]
-        rr = np.repeat(np.arange(nv), k)
-        gg = allr.ravel()
-        loads = sp.csr_matrix((np.ones(nv * k), (gg, rr)), shape=(G, nx)).tolil()
-        A_ub = loads.copy()
-        for g in range(G):
-            A_ub[g, nv + g] = -1.0
-        b_ub = [np.full(G, (1.0 + eps[c]) * ntok * k / G)]
-        cost = [weights[c] * d, np.full(G, weights[c] * layer.penalty)]
-        if capped:
-            for g in range(G):
-                loads[g, nv + G + g] = -1.0
-            A_ub = sp.vstack([A_ub.tocsr(), loads.tocsr()])
-            b_ub.append(np.full(G, (1.0 + caps[c]) * ntok * k / G))
-            cost.append(np.full(G, capw[c] * layer.penalty))
+        loads = sp.csr_matrix((np.ones(nv * k), (allr.ravel(), np.repeat(np.arange(nv), k))), shape=(G, nv))
+        tiers = [(eps[c], weights[c])] + ([(caps[c], capw[c])] if capw[c] > 0 else [])
+        T = len(tiers)
+        A_ub = sp.hstack([sp.vstack([loads] * T), -sp.identity(T * G)])
+        b_ub = np.repeat([(1.0 + lim) * ntok * k / G for lim, _ in tiers], G)
+        cost = np.concatenate([weights[c] * d, np.repeat([wt * layer.penalty for _, wt in tiers], G)])
+        A_eq = sp.csr_matrix((np.ones(nv), (pid, np.arange(nv))), shape=(len(live), nv + T * G))
+        b_eq = wk[live, c]
         res = linprog(
-            np.concatenate(cost),
+            cost,
             A_ub=sp.csr_matrix(A_ub),
-            b_ub=np.concatenate(b_ub),
+            b_ub=b_ub,
             A_eq=A_eq,
             b_eq=b_eq,
             bounds=(0, None),
@@ -226,7 +217,14 @@ def solve_exact(layer: JointLayer, *, time_limit: float | None = None, max_colum
                     hi.append(0.0)
                     row += 1
             col += nR
-        # load rows with excess over the limit (and over the family cap)
+        # load rows with excess over the limit (and over the family cap): the pairs each
+        # routing puts on g, the same for every tier
+        on_gpu = []
+        for g in range(G):
+            n_on = (allr == g).sum(axis=1)
+            nz = np.nonzero(n_on)[0]
+            idx = (start + np.arange(len(live))[:, None] * nR + nz[None, :]).ravel()
+            on_gpu.append((idx.tolist(), np.tile(n_on[nz].astype(np.float64), len(live)).tolist()))
         tiers = [((1.0 + eps[c]) * ntok * k / G, scale * layer.penalty)]
         if capw[c] > 0:
             tiers.append(((1.0 + caps[c]) * ntok * k / G, capw[c] / ntok * layer.penalty))
@@ -234,14 +232,7 @@ def solve_exact(layer: JointLayer, *, time_limit: float | None = None, max_colum
             exc = col
             c_parts.append(np.full(G, price))
             col += G
-            for g in range(G):
-                idx, coef = [], []
-                for mi in range(len(live)):
-                    base = start + mi * nR
-                    n_on = (allr == g).sum(axis=1)
-                    nz = np.nonzero(n_on)[0]
-                    idx += (base + nz).tolist()
-                    coef += list(n_on[nz].astype(np.float64))
+            for g, (idx, coef) in enumerate(on_gpu):
                 rows += [row] * (len(idx) + 1)
                 cols += idx + [exc + g]
                 vals += coef + [-1.0]
