@@ -517,3 +517,4 @@ def test_crosslayer_reaches_the_optimum_on_tiny_instances(seed, G, dep):
     assert 0.0 < cl.bound <= opt / (N * L) + 1e-9
     assert cl.bound <= cl.objective + 1e-12
     assert len(cl.stats["communication_lower_bound_per_layer"]) == L
+    assert all(cl.stats["bound_load_limited_per_layer"])  # the plans searched: within the load limit

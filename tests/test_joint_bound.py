@@ -218,3 +218,108 @@ def test_joint_reports_a_valid_bound():
     assert r.stats["communication_gap"] == pytest.approx(r.objective - r.bound)
     off = solve(inst, method="joint", params={"time_per_layer": 0.3, "bound_time": 0}, workloads=wl)
     assert off.bound is None
+
+
+def single_copy_plans(E: int, G: int, W: int, load: np.ndarray, limit: float) -> list[np.ndarray]:
+    """Every single-copy plan (expert -> GPU) of at most W experts per GPU with each GPU's load
+    within ``limit``."""
+    out = []
+    for home in itertools.product(range(G), repeat=E):
+        h = np.array(home)
+        if np.bincount(h, minlength=G).max() <= W and np.bincount(h, weights=load, minlength=G).max() <= limit + 1e-9:
+            out.append(h)
+    return out
+
+
+def mean_distinct(topk: np.ndarray, home: np.ndarray) -> float:
+    return float(np.mean([len(set(home[t].tolist())) for t in topk]))
+
+
+def as_slots(home: np.ndarray, G: int, W: int) -> np.ndarray:
+    slots = np.full((G, W), -1)
+    for g in range(G):
+        held = np.flatnonzero(home == g)
+        slots[g, : len(held)] = held
+    return slots
+
+
+@st.composite
+def limited_layers(draw) -> tuple[int, int, int, int, int, float]:
+    """``(seed, E, G, W, k, slack)``: a tiny single-copy layer and a load limit ``slack`` above
+    the least reachable largest GPU load."""
+    seed, E = draw(st.integers(0, 10_000)), draw(st.integers(3, 6))
+    G = draw(st.integers(2, 3))
+    W = max(draw(st.integers(2, 4)), -(-E // G))
+    return seed, E, G, W, draw(st.integers(2, 3)), draw(st.sampled_from([0.0, 0.05, 0.3]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(limited_layers())
+def test_load_limited_bound_is_below_the_best_plan_within_the_limit(layer):
+    """With loads and a limit, the bound holds for every single-copy plan within the limit
+    (brute force), is at least the bound without the limit when both LPs are solved, and is used
+    only when the start plan is within the limit."""
+    seed, E, G, W, k, slack = layer
+    rng = np.random.default_rng(seed)
+    topk = random_tokens(seed, E, k, 40)
+    load = rng.dirichlet(np.full(E, 0.7))
+    least = min(np.bincount(h, weights=load, minlength=G).max() for h in single_copy_plans(E, G, W, load, 1.0))
+    limit = least * (1.0 + slack)
+    plans = single_copy_plans(E, G, W, load, limit)
+    opt = min(mean_distinct(topk, h) for h in plans)
+    start = plans[int(rng.integers(len(plans)))]
+    b = distinct_lower_bound(
+        topk, E, G, W, time_limit=5.0, start_slots=as_slots(start, G, W), load=load, load_limit=limit
+    )
+    assert b.info["load_limited"]
+    assert b.distinct <= opt + 1e-9
+    free = distinct_lower_bound(topk, E, G, W, time_limit=5.0, start_slots=as_slots(start, G, W))
+    if b.proven and free.proven:
+        assert b.distinct >= free.distinct - 1e-9
+    # a start over the limit: the limit is dropped (the bound is the one without it)
+    over = [h for h in itertools.product(range(G), repeat=E) if np.bincount(np.array(h), minlength=G).max() <= W]
+    over = [np.array(h) for h in over if np.bincount(np.array(h), weights=load, minlength=G).max() > limit + 1e-6]
+    if over:
+        d = distinct_lower_bound(
+            topk, E, G, W, time_limit=5.0, start_slots=as_slots(over[0], G, W), load=load, load_limit=limit
+        )
+        assert not d.info["load_limited"]
+
+
+def test_load_limit_tightens_the_bound_where_it_binds():
+    """Two heavy experts that every token uses together may not share a GPU: without the limit
+    the bound is one GPU per token, with it two."""
+    E, G, W = 4, 2, 2
+    topk = np.array([[0, 1]] * 30 + [[2, 3]] * 2)
+    load = np.array([0.4, 0.4, 0.1, 0.1])
+    start = np.array([0, 1, 0, 1])  # loads 0.5, 0.5
+    free = distinct_lower_bound(topk, E, G, W, time_limit=5.0, start_slots=as_slots(start, G, W))
+    tight = distinct_lower_bound(
+        topk, E, G, W, time_limit=5.0, start_slots=as_slots(start, G, W), load=load, load_limit=0.5
+    )
+    best = min(mean_distinct(topk, h) for h in single_copy_plans(E, G, W, load, 0.5))
+    assert free.distinct == pytest.approx(1.0)
+    assert tight.distinct == pytest.approx(best) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("W", [2, 3, 4, 5])
+def test_load_limited_pricing_upper_bounds_every_admissible_column(W):
+    """Within a load limit, exact pricing's upper bound is at least every admissible column's
+    reduced value, of every size (equal to the best when it enumerates), and every column it
+    returns is admissible."""
+    E = 8
+    topk = random_tokens(12, E, 5, 50)
+    pats, w = token_patterns(topk)
+    load = np.random.default_rng(4).dirichlet(np.full(E, 0.5))
+    limit = 0.3
+    pricer = HypergraphPricer(pats, w, E, W, load, limit)
+    pi = -np.random.default_rng(5).uniform(0, 3, E)
+    pr = pricer.exact(pi, time_limit=5.0)
+    sets = [np.array(c) for m in range(1, W + 1) for c in itertools.combinations(range(E), m)]
+    ok = [s for s in sets if load[s].sum() <= limit]
+    assert len(ok) < len(sets)  # the limit binds
+    best = float(max(pricer.value(ok) - np.array([pi[s].sum() for s in ok])))
+    assert pr.upper >= best - 1e-9
+    if W <= 4:
+        assert pr.proven and pr.upper == pytest.approx(best)
+    assert all(pricer.admissible(s) for s in pr.groups)

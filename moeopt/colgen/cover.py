@@ -59,7 +59,7 @@ import scipy.sparse as sp
 
 from moeopt.colgen import RC_TOL, ColumnSpace, Master, Pricing, generate
 from moeopt.colgen.pricing import price_exact
-from moeopt.grouping import Grouping
+from moeopt.grouping import LOAD_TOL, Grouping
 
 #: exact pricing enumerates W-sets when there are at most this many
 MAX_ENUMERATION = 3_000_000
@@ -79,13 +79,27 @@ def token_patterns(topk: np.ndarray, weights: np.ndarray | None = None) -> tuple
 
 class HypergraphPricer:
     """Columns of at most ``width`` experts valued ``v(S) = sum_t w_t (|S ∩ T_t| - 1)^+``
-    (a :class:`moeopt.colgen.Pricer` for expert rows ``>= 1``: duals ``pi <= 0``)."""
+    (a :class:`moeopt.colgen.Pricer` for expert rows ``>= 1``: duals ``pi <= 0``).
 
-    def __init__(self, patterns: np.ndarray, weights: np.ndarray, experts: int, width: int) -> None:
+    With ``load [E]`` and ``limit``, only columns whose load is at most ``limit`` are admissible
+    (single-copy plans within a load limit: a GPU's load is the sum of its experts')."""
+
+    def __init__(
+        self,
+        patterns: np.ndarray,
+        weights: np.ndarray,
+        experts: int,
+        width: int,
+        load: np.ndarray | None = None,
+        limit: float | None = None,
+    ) -> None:
         self.patterns = np.asarray(patterns, dtype=np.int64)
         self.weights = np.asarray(weights, dtype=np.float64)
         self.experts = experts
         self.width = min(width, experts)
+        self.limited = load is not None and limit is not None and math.isfinite(limit)
+        self.load = np.zeros(experts) if load is None else np.asarray(load, dtype=np.float64)
+        self.limit = float(limit) if self.limited and limit is not None else math.inf
         M, k = self.patterns.shape
         self.incidence = sp.csr_matrix(
             (np.ones(M * k), (np.repeat(np.arange(M), k), self.patterns.ravel())), shape=(M, experts)
@@ -93,7 +107,7 @@ class HypergraphPricer:
         self.incidence.sum_duplicates()
         self.incidence.data[:] = 1.0  # a repeated expert counts once
         self._tables: tuple | None = None
-        self._combos: np.ndarray | None = None  # every width-set, once enumerated
+        self._combos: dict[int, np.ndarray] = {}  # every set of each size, once enumerated
 
     # ----------------------------------------------------------------- values
     def value(self, groups: list[np.ndarray]) -> np.ndarray:
@@ -122,7 +136,7 @@ class HypergraphPricer:
         return self.value(groups) - np.array([float(pi[s].sum()) for s in groups])
 
     def admissible(self, group: np.ndarray) -> bool:
-        return 0 < len(group) <= self.width
+        return 0 < len(group) <= self.width and float(self.load[group].sum()) <= self.limit + LOAD_TOL
 
     def _gains(self, member: np.ndarray, pi: np.ndarray) -> np.ndarray:
         """``[n, E]``: reduced value gained by adding each expert to each group (members: 0)."""
@@ -142,7 +156,7 @@ class HypergraphPricer:
         enumerates: it costs about as much and proves a bound (the loop prices exactly then)."""
         if self.enumerates:
             return []
-        return self.greedy(pi, rounds)
+        return [s for s in self.greedy(pi, rounds) if self.admissible(s)]
 
     def greedy(self, pi: np.ndarray, rounds: int = 4) -> list[np.ndarray]:
         """The greedy + swap columns of :meth:`heuristic`."""
@@ -227,6 +241,14 @@ class HypergraphPricer:
             value += np.where(keys[pos] == q, kw[pos], 0.0)
         return value
 
+    def _sets_of(self, size: int) -> np.ndarray:
+        """int ``[C(E, size), size]``: every set of ``size`` experts, sorted (cached)."""
+        if size not in self._combos:
+            it = itertools.combinations(range(self.experts), size)
+            flat = np.fromiter(itertools.chain.from_iterable(it), dtype=np.int64)
+            self._combos[size] = flat.reshape(-1, size)
+        return self._combos[size]
+
     def exact(
         self,
         pi: np.ndarray,
@@ -240,58 +262,65 @@ class HypergraphPricer:
     ) -> Pricing:
         """A proved upper bound on ``max_S v(S) - pi(S)`` (``pi <= 0``) and the best sets found.
 
-        ``pi <= 0`` makes the reduced value grow with ``S``, so a best set has ``width`` members.
+        ``pi <= 0`` makes the reduced value grow with ``S``, so a best set has ``width`` members
+        (within a load limit, a best set may have fewer: every size is enumerated then).
         Enumeration of all of them when ``width <= 4`` and there are at most
         :data:`MAX_ENUMERATION` (not cut by ``time_limit``: at most a few tenths of a second);
         otherwise the pair relaxation priced exactly by
-        :func:`moeopt.colgen.price_exact` (its proved upper bound, unproven for ``v``)."""
+        :func:`moeopt.colgen.price_exact` within the load limit (its proved upper bound, unproven
+        for ``v``)."""
         del threshold, tolerance
         if (pi > 0).any():
             raise ValueError("hypergraph pricing needs duals pi <= 0 (expert rows >= 1)")
         E, Wd = self.experts, self.width
         if Wd <= 4 and math.comb(E, Wd) <= MAX_ENUMERATION:
             best: list[tuple[float, np.ndarray]] = []
-            upper = -math.inf
-            if self._combos is None:
-                it = itertools.combinations(range(E), Wd)
-                flat = np.fromiter(itertools.chain.from_iterable(it), dtype=np.int64)
-                self._combos = flat.reshape(-1, Wd)
-            pool_v: list[np.ndarray] = []
-            pool_s: list[np.ndarray] = []
+            upper = 0.0  # the empty column
+            pool: list[tuple[np.ndarray, np.ndarray]] = []
             per_value = np.full(E, -np.inf)
-            per_index = np.zeros(E, dtype=np.int64)
-            for c in range(0, len(self._combos), CHUNK):
-                sets = self._combos[c : c + CHUNK]
-                rv = self._sets_value(sets) - pi[sets].sum(axis=1)
-                upper = max(upper, float(rv.max()))
-                top = np.argsort(-rv)[:keep]
-                best.extend((float(rv[i]), sets[i].copy()) for i in top)
-                best = sorted(best, key=lambda t: -t[0])[:keep]
-                pool_v.append(rv[top_pool := np.argpartition(-rv, min(POOL, len(rv)) - 1)[:POOL]])
-                pool_s.append(sets[top_pool])
-                # the best set of each expert too: a fractional partition needs partners for the best
-                for j in range(Wd):
-                    better = rv > per_value[sets[:, j]]
-                    if better.any():
-                        idx = np.flatnonzero(better)
-                        order = idx[np.argsort(rv[idx], kind="stable")]  # last write wins: the largest
-                        per_value[sets[order, j]] = rv[order]
-                        per_index[sets[order, j]] = c + order
-            own = [self._combos[i] for i in np.unique(per_index[np.isfinite(per_value)])]
-            packed = _pack(np.concatenate(pool_s), np.concatenate(pool_v), E)
-            return Pricing([s for _, s in best] + own, max(upper, 0.0), True, "enumerate", packed)
+            per_set: list[np.ndarray | None] = [None] * E
+            # within a load limit a best column may be smaller (no member fits any more)
+            for size in range(Wd, 0, -1) if self.limited else (Wd,):
+                combos = self._sets_of(size)
+                for c in range(0, len(combos), CHUNK):
+                    sets = combos[c : c + CHUNK]
+                    rv = self._sets_value(sets) - pi[sets].sum(axis=1)
+                    if self.limited:
+                        rv = np.where(self.load[sets].sum(axis=1) <= self.limit + LOAD_TOL, rv, -np.inf)
+                    upper = max(upper, float(rv.max()))
+                    top = np.argsort(-rv)[:keep]
+                    best.extend((float(rv[i]), sets[i].copy()) for i in top if np.isfinite(rv[i]))
+                    best = sorted(best, key=lambda t: -t[0])[:keep]
+                    top_pool = np.argpartition(-rv, min(POOL, len(rv)) - 1)[:POOL]
+                    top_pool = top_pool[np.isfinite(rv[top_pool])]
+                    pool.append((sets[top_pool], rv[top_pool]))
+                    # the best set of each expert too: a fractional partition needs partners for the best
+                    for j in range(size):
+                        better = rv > per_value[sets[:, j]]
+                        if better.any():
+                            idx = np.flatnonzero(better)
+                            order = idx[np.argsort(rv[idx], kind="stable")]  # last write wins: the largest
+                            per_value[sets[order, j]] = rv[order]
+                            for i in order:
+                                per_set[int(sets[i, j])] = sets[i]
+            own = list({tuple(x.tolist()): x.copy() for x in per_set if x is not None}.values())
+            packed = _pack(pool, E)
+            return Pricing([s for _, s in best] + own, upper, True, "enumerate", packed)
         # the pair relaxation: v(S) <= sum of pair weights inside S, priced exactly (an upper bound)
         W2 = self._lookup_tables()[0]
-        problem = Grouping(graph=W2, load=np.zeros(E), groups=1, cap=Wd)
+        problem = Grouping(graph=W2, load=self.load, groups=1, cap=Wd, load_limit=self.limit)
         pr = price_exact(problem, pi, time_limit=time_limit, hint=hint, seed=seed)
-        found = self.greedy(pi)[:keep]
+        found = [s for s in self.greedy(pi) if self.admissible(s)][:keep]
         return Pricing(found, max(pr.upper, 0.0), False, f"pair-{pr.kind}")
 
 
-def _pack(sets: np.ndarray, value: np.ndarray, E: int) -> list[np.ndarray]:
-    """Disjoint sets, best value first (greedy), the experts left over in groups of the same size:
-    a whole plan around the best column, so that the master (a fractional partition when
-    ``G W = E``) can use it."""
+def _pack(pool: list[tuple[np.ndarray, np.ndarray]], E: int) -> list[np.ndarray]:
+    """Disjoint sets from ``pool`` (``(sets [n, m], values [n])`` chunks), best value first
+    (greedy), the experts left over in groups of the largest size: a whole plan around the best
+    column, so that the master (a fractional partition when ``G W = E``) can use it (the caller
+    keeps the admissible ones)."""
+    sets = [s for chunk, _ in pool for s in chunk]
+    value = np.concatenate([v for _, v in pool]) if pool else np.zeros(0)
     used = np.zeros(E, dtype=bool)
     out = []
     for i in np.argsort(-value, kind="stable"):
@@ -301,7 +330,7 @@ def _pack(sets: np.ndarray, value: np.ndarray, E: int) -> list[np.ndarray]:
             if used.all():
                 break
     rest = np.flatnonzero(~used)  # experts no good set took: groups of the same size
-    size = sets.shape[1] if len(sets) else 1
+    size = max((len(s) for s in sets), default=1)
     return out + [rest[i : i + size] for i in range(0, len(rest), size)]
 
 
@@ -475,9 +504,12 @@ def distinct_lower_bound(
     seed: int = 0,
     smoothing: float = 0.8,
     log: Callable[[str], None] | None = None,
+    load: np.ndarray | None = None,
+    load_limit: float | None = None,
 ) -> JointBound:
     """Lower bound on the mean distinct GPUs per token of one layer's tokens ``topk [N, k]`` for
-    every plan of ``gpus x width`` slots holding each of ``experts`` experts at least once.
+    every plan of ``gpus x width`` slots holding each of ``experts`` experts at least once (with
+    ``load`` and ``load_limit``: every single-copy plan whose GPU loads are within the limit).
 
     Parameters
     ----------
@@ -494,6 +526,12 @@ def distinct_lower_bound(
     seed, smoothing, log
         Exact pricing's seed; Wentges dual smoothing (as :func:`moeopt.colgen.generate`); a sink
         for one line per exact pricing.
+    load, load_limit
+        Optional expert loads ``[E]`` and the largest GPU load: columns (GPU contents) are then
+        only the sets within the limit, so the bound holds for single-copy plans within it (a
+        GPU's load is the sum of its experts'), not for plans with copies, whose loads depend
+        on the dispatch. Used only when ``start_slots`` is such a plan (it makes the master
+        feasible); otherwise the limit is dropped (a valid, looser bound).
     """
     t0 = time.perf_counter()
     topk = np.asarray(topk, dtype=np.int64)
@@ -507,16 +545,28 @@ def distinct_lower_bound(
         return JointBound(0.0, 0.0, 0.0, True, time.perf_counter() - t0, 0, 0)
     ksize = 1 + (pats[:, 1:] != pats[:, :-1]).sum(axis=1) if pats.shape[1] else np.zeros(len(pats))
     need = float(ksize @ w)  # sum_t w_t k_t
-    pricer = HypergraphPricer(pats, w, experts, width)
+    limited = (
+        load is not None
+        and load_limit is not None
+        and start_slots is not None
+        and _within(np.asarray(start_slots), np.asarray(load, dtype=np.float64), load_limit, experts)
+    )
+    pricer = (
+        HypergraphPricer(pats, w, experts, width, load, load_limit)
+        if limited
+        else HypergraphPricer(pats, w, experts, width)
+    )
     trivial = need - total  # every token uses at least one GPU
     if min(width, experts) <= 1 or trivial <= 0:
         return JointBound(max(need / total, 1.0), 0.0, 0.0, True, time.perf_counter() - t0, 0, 0)
     pair = pair_saving_bound(pats, w, experts, gpus, width)
     master = Master(ColumnSpace(experts, gpus, "cover", pricer.value))
     chunks = [np.arange(e, min(e + width, experts)) for e in range(0, experts, width)]
-    master.add(chunks)  # ceil(E / W) <= G columns covering every expert: the master is feasible
+    # ceil(E / W) <= G columns covering every expert: the master is feasible (within a load
+    # limit, the start plan's GPUs are)
+    master.add([c for c in chunks if pricer.admissible(c)])
     if start_slots is not None:
-        master.add([np.unique(r[r >= 0]) for r in np.asarray(start_slots)])
+        master.add([u for r in np.asarray(start_slots) if len(u := np.unique(r[r >= 0]))])
     gen = generate(
         master,
         pricer,
@@ -539,8 +589,18 @@ def distinct_lower_bound(
         seconds=time.perf_counter() - t0,
         iterations=gen.iterations,
         columns=len(master.groups),
-        info=dict(gen_kind=gen.kind if gen.bound <= pair else "pair", pair_saving=pair),
+        info=dict(gen_kind=gen.kind if gen.bound <= pair else "pair", pair_saving=pair, load_limited=limited),
     )
+
+
+def _within(slots: np.ndarray, load: np.ndarray, limit: float, experts: int) -> bool:
+    """Whether ``slots [G, W]`` (-1 empty) is a single-copy plan of every expert with each GPU's
+    load at most ``limit``."""
+    held = slots[slots >= 0]
+    if len(held) != experts or len(np.unique(held)) != experts:
+        return False
+    gpu_load = np.array([load[r[r >= 0]].sum() for r in slots])
+    return bool((gpu_load <= limit + LOAD_TOL).all())
 
 
 def remote_lower_bound(distinct: float, gpus: int, uniform_homes: bool, stay: float = 1.0) -> float:

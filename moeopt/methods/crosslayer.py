@@ -459,17 +459,12 @@ class CrossLayer:
         trace = problem.trace
         assert trace is not None
         c = problem.instance.cluster
-        G, S, E, L = c.gpus, c.slots_per_gpu, problem.experts, problem.layers
+        G, S, L = c.gpus, c.slots_per_gpu, problem.layers
         topk = trace.topk.astype(np.int64)
         first = trace.home
         classes = speed_classes(G, problem.profile)
-        loads, limits, relax = [], [], []
-        for l in range(L):
-            u = problem.stats.global_usage[l]
-            load = u / u.sum() if u.sum() > 0 else np.full(E, 1.0 / E)
-            loads.append(load)
-            limits.append(load_limit(resolve_eps_load(params.eps_load, load, G, S), G, load))
-            relax.append(params.relax_eps_load)
+        loads, limits = layer_limits(problem, params)
+        relax = [params.relax_eps_load] * L
         starts: dict[str, np.ndarray] = {}
         if ctx.hint is not None:
             starts["hint"] = ctx.hint.home
@@ -542,7 +537,17 @@ class CrossLayer:
         limit = ctx.budget.cap(min(params.bound_time, ctx.budget.remaining() / problem.layers), floor=0.05)
         # layer 0: the trace's homes or uniform ones; later layers: the previous expert's GPU
         uniform = [l == 0 and trace.home is None for l in range(problem.layers)]
-        lower, stats = layer_certificates(problem, plan.slots, limit, uniform, ctx, "crosslayer", previous_layer=True)
+        # the plans searched: single copy, each layer within its load limit (a relaxed limit:
+        # the plan's own largest load, so that the bound holds for it too)
+        loads, limits = layer_limits(problem, params)
+        G = problem.instance.cluster.gpus
+        limits = [
+            None if lim is None else max(lim, top)
+            for lim, top in zip(limits, largest_loads(plan.home, loads, G), strict=True)
+        ]
+        lower, stats = layer_certificates(
+            problem, plan.slots, limit, uniform, ctx, "crosslayer", previous_layer=True, loads=loads, load_limits=limits
+        )
         return float(np.mean(lower)), stats
 
     # ---------------------------------------------------------------- starts
@@ -721,6 +726,20 @@ def improve_layer(homes, l, topk, first, G, S, loads, limits, relax, classes) ->
         h, log = local_search(homes[l], gain, G, S, load=loads[l], limit=limits[l], refine=True)
     if log.limit_met:
         homes[l] = h
+
+
+def layer_limits(problem: Problem, params: CrossLayerParams) -> tuple[list[np.ndarray], list[float | None]]:
+    """Per layer, the expert loads (shares of the layer's calibration load) and the largest GPU
+    load allowed (``eps_load``, or the automatic limit of ``agnostic``; None: no limit)."""
+    c = problem.instance.cluster
+    loads: list[np.ndarray] = []
+    limits: list[float | None] = []
+    for l in range(problem.layers):
+        u = problem.stats.global_usage[l]
+        load = u / u.sum() if u.sum() > 0 else np.full(problem.experts, 1.0 / problem.experts)
+        loads.append(load)
+        limits.append(load_limit(resolve_eps_load(params.eps_load, load, c.gpus, c.slots_per_gpu), c.gpus, load))
+    return loads, limits
 
 
 def largest_loads(homes: np.ndarray, loads: list[np.ndarray], G: int) -> list[float]:

@@ -454,20 +454,35 @@ def layer_certificates(
     ctx: Context,
     name: str,
     previous_layer: bool = False,
+    loads: list[np.ndarray] | None = None,
+    load_limits: list[float | None] | None = None,
 ) -> tuple[list[float], dict]:
     """Per layer, a lower bound on the calibration remote GPUs per token of every plan: the
     bound on distinct GPUs per token of :func:`bound_layer` (``limit`` seconds, seeded with
     ``slots[l]``) times ``1 - 1/G`` where the layer's token homes are ``uniform``, else less the
     share of tokens that can stay (1; with ``previous_layer`` homes, at layers >= 1, the bound of
     :func:`moeopt.colgen.cover.stay_upper_bound`; :func:`moeopt.colgen.cover.remote_lower_bound`).
-    Independent per layer: on the run's executor (--workers, Ray) when there is one. Returns the
-    bounds and the per-layer stats."""
+    With ``loads`` and ``load_limits`` (per layer; single-copy planners only), the bound holds for
+    every single-copy plan within those limits (tighter; see
+    :func:`moeopt.colgen.cover.distinct_lower_bound`). Independent per layer: on the run's
+    executor (--workers, Ray) when there is one. Returns the bounds and the per-layer stats."""
     from moeopt.colgen.cover import remote_lower_bound, stay_upper_bound
 
     trace = _need_trace(problem, name)
     c = problem.instance.cluster
     items = [
-        (trace.topk[:, l], problem.experts, c.gpus, c.width, limit, slots[l], ctx.seed) for l in range(problem.layers)
+        (
+            trace.topk[:, l],
+            problem.experts,
+            c.gpus,
+            c.width,
+            limit,
+            slots[l],
+            ctx.seed,
+            None if loads is None else loads[l],
+            None if load_limits is None else load_limits[l],
+        )
+        for l in range(problem.layers)
     ]
     found = execute.map_items(bound_layer, items, ctx.executor)
     stays = [
@@ -476,30 +491,43 @@ def layer_certificates(
         else 1.0
         for l in range(problem.layers)
     ]
-    lower = [remote_lower_bound(d, c.gpus, uniform[l], stays[l]) for l, (d, _, _) in enumerate(found)]
-    for l, (d, sec, ok) in enumerate(found):
+    lower = [remote_lower_bound(d, c.gpus, uniform[l], stays[l]) for l, (d, *_) in enumerate(found)]
+    for l, (d, sec, ok, limited) in enumerate(found):
         ctx.say(
             f"{name} layer {l}: communication lower bound {lower[l]:.4f} remote GPUs per token "
-            f"(distinct GPUs >= {d:.4f}, LP {'solved' if ok else 'not solved'}), {sec:.2f} s"
+            f"(distinct GPUs >= {d:.4f}{' within the load limit' if limited else ''}, "
+            f"LP {'solved' if ok else 'not solved'}), {sec:.2f} s"
         )
     return lower, {
         "communication_lower_bound_per_layer": lower,
-        "distinct_lower_bound_per_layer": [d for d, _, _ in found],
-        "bound_seconds_per_layer": [sec for _, sec, _ in found],
-        "bound_lp_solved_per_layer": [ok for _, _, ok in found],
+        "distinct_lower_bound_per_layer": [d for d, *_ in found],
+        "bound_seconds_per_layer": [f[1] for f in found],
+        "bound_lp_solved_per_layer": [f[2] for f in found],
+        "bound_load_limited_per_layer": [f[3] for f in found],
         "stay_upper_bound_per_layer": stays,
     }
 
 
 def bound_layer(
-    topk: np.ndarray, experts: int, gpus: int, width: int, limit: float, start: np.ndarray, seed: int
-) -> tuple[float, float, bool]:
+    topk: np.ndarray,
+    experts: int,
+    gpus: int,
+    width: int,
+    limit: float,
+    start: np.ndarray,
+    seed: int,
+    load: np.ndarray | None = None,
+    load_limit: float | None = None,
+) -> tuple[float, float, bool, bool]:
     """One layer's certificate (:func:`moeopt.colgen.cover.distinct_lower_bound`): the bound on
-    its distinct GPUs per token, the seconds taken and whether the LP was solved."""
+    its distinct GPUs per token, the seconds taken, whether the LP was solved and whether the
+    bound holds only within the load limit (single-copy plans)."""
     from moeopt.colgen.cover import distinct_lower_bound
 
-    b = distinct_lower_bound(topk, experts, gpus, width, time_limit=limit, start_slots=start, seed=seed)
-    return float(b.distinct), float(b.seconds), bool(b.proven)
+    b = distinct_lower_bound(
+        topk, experts, gpus, width, time_limit=limit, start_slots=start, seed=seed, load=load, load_limit=load_limit
+    )
+    return float(b.distinct), float(b.seconds), bool(b.proven), bool(b.info.get("load_limited", False))
 
 
 def _fits(problem: Problem) -> bool:
