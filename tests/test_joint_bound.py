@@ -323,3 +323,47 @@ def test_load_limited_pricing_upper_bounds_every_admissible_column(W):
     if W <= 4:
         assert pr.proven and pr.upper == pytest.approx(best)
     assert all(pricer.admissible(s) for s in pr.groups)
+
+
+@settings(max_examples=30, deadline=None)
+@given(limited_layers())
+def test_load_limited_stay_and_pair_bounds_hold_for_every_plan_within_the_limits(layer):
+    """Within load limits (single copy): the stay bound is at least the share of tokens that stay
+    for every pair of plans within the two layers' limits, and the pair bound at least every such
+    plan's saving (brute force)."""
+    seed, E, G, W, k, slack = layer
+    rng = np.random.default_rng(seed)
+    prev = rng.integers(0, E, 30)
+    topk = random_tokens(seed + 1, E, k, 30)
+    u0, u1 = rng.dirichlet(np.full(E, 0.7)), rng.dirichlet(np.full(E, 0.7))
+    lim = []
+    for u in (u0, u1):
+        least = min(np.bincount(h, weights=u, minlength=G).max() for h in single_copy_plans(E, G, W, u, 1.0))
+        lim.append(least * (1.0 + slack))
+    before, now = single_copy_plans(E, G, W, u0, lim[0]), single_copy_plans(E, G, W, u1, lim[1])
+    stay = stay_upper_bound(prev, topk, E, G, W, loads=(u0, u1), load_limits=(lim[0], lim[1]))
+    best = max(
+        np.mean([b[p] in set(h[t].tolist()) for p, t in zip(prev, topk, strict=True)]) for b in before for h in now
+    )
+    assert best <= stay + 1e-9 <= stay_upper_bound(prev, topk, E, G, W) + 2e-9
+    pats, w = token_patterns(topk)
+    pair = pair_saving_bound(pats, w, E, G, W, u1, lim[1])
+    need = float(sum(len(set(p.tolist())) * x for p, x in zip(pats, w, strict=True)))
+    saving = max(need - mean_distinct(topk, h) * len(topk) for h in now)
+    assert saving <= pair + 1e-9
+
+
+def test_load_limit_tightens_the_stay_bound():
+    """Every token's previous top-1 expert is 0 or 1 and its expert is 2. Without a limit, 0 and
+    1 may share a GPU (3 slots) and 2 sit on it next: every token stays (bound 1). Within the
+    limit 0 and 1 (0.4 each of a 0.5 limit) cannot share a GPU, so at most half the tokens stay;
+    the LP row of expert 2, ``0.4 z_02 + 0.4 z_12 <= 0.5``, gives 0.625."""
+    E, G, W = 6, 2, 3
+    prev = np.array([0] * 10 + [1] * 10)
+    topk = np.array([[2]] * 20)
+    u_prev = np.array([0.4, 0.4, 0.05, 0.05, 0.05, 0.05])
+    u_now = np.full(E, 1.0 / E)
+    free = stay_upper_bound(prev, topk, E, G, W)
+    tight = stay_upper_bound(prev, topk, E, G, W, loads=(u_prev, u_now), load_limits=(0.5, 0.5))
+    assert free == pytest.approx(1.0)
+    assert tight == pytest.approx(0.625, abs=1e-5)

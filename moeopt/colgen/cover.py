@@ -369,10 +369,22 @@ class JointBound:
     info: dict = field(default_factory=dict)
 
 
-def pair_saving_bound(pats: np.ndarray, w: np.ndarray, experts: int, gpus: int, width: int) -> float:
+def pair_saving_bound(
+    pats: np.ndarray,
+    w: np.ndarray,
+    experts: int,
+    gpus: int,
+    width: int,
+    load: np.ndarray | None = None,
+    load_limit: float | None = None,
+) -> float:
     """An upper bound on the saving ``sum_g v(S_g)`` of every plan of ``gpus x width`` slots, from
     the token patterns ``pats [M, k]`` (sorted, :func:`token_patterns`) and their weights ``w``:
-    the smaller of the pair (b-matching) LP and the star bound of the module notes."""
+    the smaller of the pair (b-matching) LP and the star bound of the module notes.
+
+    With ``load`` and ``load_limit``: of every single-copy plan within the limit; the pair LP
+    then has every copy count 1 and, per expert e, ``sum_f load_f y_ef <= limit - load_e`` (the
+    experts sharing e's GPU fit beside it)."""
     E = experts
     if len(pats) == 0 or E == 0 or width <= 1:
         return 0.0
@@ -392,16 +404,31 @@ def pair_saving_bound(pats: np.ndarray, w: np.ndarray, experts: int, gpus: int, 
     spare = gpus * width - E
     extra = np.sort(np.repeat(per, max(gpus - 1, 0)))[::-1][: max(spare, 0)]  # an expert on at most G GPUs
     star = float(per.sum() + extra.sum())
-    lp = _pair_lp_bound(upper.row, upper.col, upper.data, E, gpus, width)
+    lp = _pair_lp_bound(upper.row, upper.col, upper.data, E, gpus, width, load, load_limit)
     return star if lp is None else min(star, lp)
 
 
-def _pair_lp_bound(e: np.ndarray, f: np.ndarray, a: np.ndarray, E: int, G: int, W: int) -> float | None:
+def _pair_lp_bound(
+    e: np.ndarray,
+    f: np.ndarray,
+    a: np.ndarray,
+    E: int,
+    G: int,
+    W: int,
+    load: np.ndarray | None = None,
+    limit: float | None = None,
+) -> float | None:
     """The pair LP of the module notes, ``max sum_{e<f} A_ef y_ef``, as a valid bound (None when
     HiGHS does not solve it): :func:`_copy_graph_lp` on the experts of one layer, with
-    ``sum_f y_ef <= (W - 1) c_e`` (``c_e = 1`` without spare slots: a fractional b-matching)."""
+    ``sum_f y_ef <= (W - 1) c_e`` (``c_e = 1`` without spare slots: a fractional b-matching;
+    within a load limit, single copy: ``c_e = 1`` and the partners' load fits beside e)."""
     if a.size == 0:
         return 0.0
+    if load is not None and limit is not None and math.isfinite(limit):
+        load = np.asarray(load, dtype=np.float64)
+        return _copy_graph_lp(
+            e, f, a, np.zeros(E, dtype=np.int64), W - 1.0, G, W, spare=False, load=load, budget=limit - load
+        )
     return _copy_graph_lp(e, f, a, np.zeros(E, dtype=np.int64), W - 1.0, G, W, spare=G * W > E)
 
 
@@ -414,6 +441,8 @@ def _copy_graph_lp(
     G: int,
     W: int,
     spare: bool,
+    load: np.ndarray | None = None,
+    budget: np.ndarray | None = None,
 ) -> float | None:
     """``max sum_i weight_i y_i`` over the edges ``(u_i, v_i)`` of a graph on ``group.size``
     nodes (experts; ``group``: the layer of each), ``y_i`` the GPUs holding both ends, as a valid
@@ -421,13 +450,20 @@ def _copy_graph_lp(
 
     With ``spare`` slots every node has a copy count ``c`` in ``[1, G]``, at most ``G W`` per
     group, and ``y_i <= c_u, c_v``, ``sum_{i at x} y_i <= degree c_x``, ``y_i <= G``; without,
-    every ``c = 1``: ``y_i <= 1`` and ``sum_{i at x} y_i <= degree``.
+    every ``c = 1``: ``y_i <= 1`` and ``sum_{i at x} y_i <= degree``. With ``load [N]`` and
+    ``budget [N]`` (single-copy plans within load limits): also, per node x, the load of the
+    nodes sharing its GPU, ``sum_{i at x} load_{other end} y_i <= budget_x``.
     """
     n, N = weight.size, group.size
     ar = np.arange(n)
     if not spare:
         A_ub = sp.csr_matrix((np.ones(2 * n), (np.r_[u, v], np.r_[ar, ar])), shape=(N, n))
-        return _lp_upper_bound(weight, A_ub, np.full(N, float(degree)), np.zeros(n), np.ones(n))
+        b_ub = np.full(N, float(degree))
+        if load is not None and budget is not None:
+            rows = sp.csr_matrix((np.r_[load[v], load[u]], (np.r_[u, v], np.r_[ar, ar])), shape=(N, n))
+            A_ub = sp.vstack([A_ub, rows]).tocsr()
+            b_ub = np.r_[b_ub, np.maximum(np.asarray(budget, dtype=np.float64), 0.0) + LOAD_TOL]
+        return _lp_upper_bound(weight, A_ub, b_ub, np.zeros(n), np.ones(n))
     node = n + np.arange(N)  # the copy count's column of every node
     nv = n + N
     deg = sp.csr_matrix(
@@ -464,7 +500,15 @@ def _lp_upper_bound(
     return float(lam @ b_ub + np.maximum(red * lo, red * hi).sum())
 
 
-def stay_upper_bound(prev_top1: np.ndarray, topk: np.ndarray, experts: int, gpus: int, width: int) -> float:
+def stay_upper_bound(
+    prev_top1: np.ndarray,
+    topk: np.ndarray,
+    experts: int,
+    gpus: int,
+    width: int,
+    loads: tuple[np.ndarray, np.ndarray] | None = None,
+    load_limits: tuple[float, float] | None = None,
+) -> float:
     """Under ``token_home: previous-layer``: an upper bound on the share of the tokens whose home
     (the GPU that served their top-1 expert ``prev_top1 [N]`` at the previous layer) holds one of
     their experts ``topk [N, k]`` at this layer, for every pair of plans of ``gpus x width`` slots.
@@ -475,6 +519,11 @@ def stay_upper_bound(prev_top1: np.ndarray, topk: np.ndarray, experts: int, gpus
     ``z_ef <= min(c_e, d_f)`` (``c``, ``d``: each layer's copies, in ``[1, G]``, at most ``G W``
     in all; all 1 without spare slots). The LP over that polytope (:func:`_copy_graph_lp`), at
     most 1.
+
+    With ``loads`` (the previous layer's expert loads, this layer's) and ``load_limits`` (their
+    largest GPU loads): for every pair of single-copy plans within the limits; then every copy
+    count is 1 and the experts beside e at this layer fit in this layer's limit,
+    ``sum_f load_f z_ef <= limit``, and likewise the previous-layer experts beside f.
     """
     prev = np.asarray(prev_top1, dtype=np.int64)
     ids = np.asarray(topk, dtype=np.int64)
@@ -488,7 +537,13 @@ def stay_upper_bound(prev_top1: np.ndarray, topk: np.ndarray, experts: int, gpus
     e, f, b = nz // E, nz % E, B[nz]
     # nodes: the previous layer's experts (0..E-1), then this layer's (E..2E-1)
     group = np.repeat(np.arange(2), E)
-    ub = _copy_graph_lp(e, E + f, b, group, float(W), G, W, spare=G * W > E)
+    if loads is not None and load_limits is not None and all(math.isfinite(x) for x in load_limits):
+        node_load = np.r_[np.asarray(loads[0], dtype=np.float64), np.asarray(loads[1], dtype=np.float64)]
+        # a previous-layer expert's partners are this layer's experts, and the other way round
+        budget = np.r_[np.full(E, float(load_limits[1])), np.full(E, float(load_limits[0]))]
+        ub = _copy_graph_lp(e, E + f, b, group, float(W), G, W, spare=False, load=node_load, budget=budget)
+    else:
+        ub = _copy_graph_lp(e, E + f, b, group, float(W), G, W, spare=G * W > E)
     return 1.0 if ub is None else min(1.0, max(ub, 0.0) / N)
 
 
@@ -559,7 +614,11 @@ def distinct_lower_bound(
     trivial = need - total  # every token uses at least one GPU
     if min(width, experts) <= 1 or trivial <= 0:
         return JointBound(max(need / total, 1.0), 0.0, 0.0, True, time.perf_counter() - t0, 0, 0)
-    pair = pair_saving_bound(pats, w, experts, gpus, width)
+    pair = (
+        pair_saving_bound(pats, w, experts, gpus, width, load, load_limit)
+        if limited
+        else pair_saving_bound(pats, w, experts, gpus, width)
+    )
     master = Master(ColumnSpace(experts, gpus, "cover", pricer.value))
     chunks = [np.arange(e, min(e + width, experts)) for e in range(0, experts, width)]
     # ceil(E / W) <= G columns covering every expert: the master is feasible (within a load

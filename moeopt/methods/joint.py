@@ -485,10 +485,20 @@ def layer_certificates(
         for l in range(problem.layers)
     ]
     found = execute.map_items(bound_layer, items, ctx.executor)
+
+    def within(l: int) -> tuple[tuple[np.ndarray, np.ndarray] | None, tuple[float, float] | None]:
+        """Layers l - 1 and l's loads and limits when both bounds held within them (single copy)."""
+        if loads is None or load_limits is None or not (found[l][3] and found[l - 1][3]):
+            return None, None
+        a, b = load_limits[l - 1], load_limits[l]
+        return (None, None) if a is None or b is None else ((loads[l - 1], loads[l]), (a, b))
+
     stays = [
-        stay_upper_bound(trace.topk[:, l - 1, 0], trace.topk[:, l], problem.experts, c.gpus, c.width)
-        if previous_layer and l > 0 and not uniform[l]
-        else 1.0
+        (
+            stay_upper_bound(trace.topk[:, l - 1, 0], trace.topk[:, l], problem.experts, c.gpus, c.width, *within(l))
+            if previous_layer and l > 0 and not uniform[l]
+            else 1.0
+        )
         for l in range(problem.layers)
     ]
     lower = [remote_lower_bound(d, c.gpus, uniform[l], stays[l]) for l, (d, *_) in enumerate(found)]
