@@ -23,6 +23,8 @@ from moeopt.methods.crosslayer import (
     chain_pass,
     exact_crosslayer,
     layer_placements,
+    least_largest_load,
+    maxvio_budget_bound,
     next_layer_benefit,
     permute_layer,
     plan_remote,
@@ -30,6 +32,7 @@ from moeopt.methods.crosslayer import (
 )
 from moeopt.plan import Plan
 from moeopt.profile import Profile
+from moeopt.registry import Problem
 from moeopt.relabel import relabel_gpus, speed_classes
 from moeopt.solve import load_workloads, solve
 from moeopt.synth import SynthSpec, _structure, synthesize
@@ -518,3 +521,35 @@ def test_crosslayer_reaches_the_optimum_on_tiny_instances(seed, G, dep):
     assert cl.bound <= cl.objective + 1e-12
     assert len(cl.stats["communication_lower_bound_per_layer"]) == L
     assert all(cl.stats["bound_load_limited_per_layer"])  # the plans searched: within the load limit
+
+
+@pytest.mark.parametrize(
+    ("seed", "L", "E", "G", "dep", "slack"),
+    [(0, 3, 4, 2, 0.9, 0.02), (1, 3, 4, 2, 0.5, 0.1), (2, 2, 6, 3, 0.9, 0.02), (3, 2, 6, 3, 0.0, 0.3)],
+)
+def test_maxvio_budget_bound_is_below_every_plan_within_the_budget(seed, L, E, G, dep, slack):
+    """The bound on every single-copy plan whose MaxVio (mean over layers) is within ``slack`` of
+    agnostic's: below the best such plan's figure, by brute force over every plan (two slots per
+    GPU, no spare: every plan is single-copy), and the pairing floor is exact there."""
+    inst = synth_instance(L=L, E=E, k=2, G=G, dep=dep, tokens=300, communities=2, generic=0, structure_seed=seed)
+    wl = load_workloads(inst)
+    c, trace = inst.cluster, wl.calibration
+    topk = trace.topk.astype(np.int64)
+    problem = Problem(inst, wl.calibration_stats, trace, wl.profile)
+    ag = solve(inst, method="agnostic", workloads=wl, relabel=False)
+    out = maxvio_budget_bound(problem, ag.plan, slack, levels=4, bound_time=2.0)
+    assert out["load_limited"]
+    assert out["base"] == pytest.approx(evaluate(ag.plan, trace, c)["comm_per_token"])
+    per = layer_placements(E, G, 2)
+    loads = [u / u.sum() for u in wl.calibration_stats.global_usage]
+    mvs = [np.array([G * np.bincount(p, weights=u, minlength=G).max() - 1.0 for p in per]) for u in loads]
+    for u, mv in zip(loads, mvs, strict=True):
+        assert G * least_largest_load(u, G, 2) - 1.0 == pytest.approx(mv.min())
+    budget = sum(evaluate(ag.plan, trace, c)["maxvio_per_layer"]) + L * slack
+    best = np.inf
+    for idx in itertools.product(range(len(per)), repeat=L):
+        if sum(mvs[l][idx[l]] for l in range(L)) <= budget + 1e-9:
+            homes = np.stack([per[idx[l]] for l in range(L)])
+            best = min(best, plan_remote(homes, topk, None, G).sum() / (len(topk) * L))
+    assert out["bound"] <= best + 1e-9
+    assert out["bound"] > 0.0

@@ -742,6 +742,90 @@ def layer_limits(problem: Problem, params: CrossLayerParams) -> tuple[list[np.nd
     return loads, limits
 
 
+def least_largest_load(load: np.ndarray, G: int, S: int) -> float:
+    """A lower bound on the largest GPU load of every single-copy plan of ``G x S`` slots (loads
+    ``[E]``): exact with two slots per GPU and no spare slot (the heaviest expert with the
+    lightest, the second with the second lightest, and so on, is a best pairing), else
+    :func:`moeopt.grouping.min_max_load`."""
+    from moeopt.grouping import min_max_load
+
+    if S == 2 and len(load) == 2 * G:
+        w = np.sort(np.asarray(load, dtype=np.float64))
+        return float((w + w[::-1]).max())
+    return min_max_load(load, G, S)
+
+
+def maxvio_budget_bound(
+    problem: Problem,
+    plan: Any,
+    slack: float,
+    *,
+    levels: int = 5,
+    bound_time: float = 8.0,
+    ctx: Context | None = None,
+) -> dict[str, Any]:
+    """A lower bound on the remote GPUs per token (``previous-layer`` homes, mean over layers, on
+    ``problem``'s trace) of every single-copy plan whose MaxVio, mean over layers, is at most
+    ``plan``'s + ``slack``: how far any plan can go below ``plan`` at that balance.
+
+    :meth:`CrossLayer.certificate`'s bound, within load limits. A plan may spend its MaxVio
+    unevenly over the layers: layer l gets ``a_l``, ``sum_l a_l <= sum_l mv_l + L slack`` (``mv``:
+    ``plan``'s), each ``a_l`` at least ``floor_l`` (:func:`least_largest_load`), so at most
+    ``top_l = mv_l + L slack + sum_{m != l} (mv_m - floor_m)``. The certificate runs at ``levels``
+    MaxVio levels per layer, ``mv_l`` to ``top_l`` (all layers at level j together); an allocation
+    is charged, per layer, the bound at the level at or above its own and its previous layer's
+    (the stay share depends on both; a larger limit only lowers a bound), and the result is the
+    least total over the level tuples whose levels below fit the budget (a layer at level 0 may
+    be anywhere down to its floor). Returns ``bound``, ``base`` (``plan``'s figure), the levels
+    and the bound at each.
+    """
+    from moeopt.evaluate import evaluate
+    from moeopt.methods.joint import layer_certificates
+
+    if levels < 2:
+        raise ValueError(f"levels must be >= 2, got {levels}")
+    trace = problem.trace
+    assert trace is not None
+    c = problem.instance.cluster
+    G, L, S = c.gpus, problem.layers, c.slots_per_gpu
+    ev = evaluate(plan, trace, c)
+    mv = list(ev["maxvio_per_layer"])
+    loads = [u / u.sum() for u in problem.stats.global_usage]
+    floor = [G * least_largest_load(u, G, S) - 1.0 for u in loads]
+    top = [mv[l] + L * slack + sum(mv[m] - floor[m] for m in range(L) if m != l) for l in range(L)]
+    grid = [[mv[l] + (top[l] - mv[l]) * j / (levels - 1) for j in range(levels)] for l in range(L)]
+    uniform = [l == 0 and trace.home is None for l in range(L)]
+    ctx = ctx or Context(seed=0, quiet=True)
+    per_level, limited = [], True
+    for j in range(levels):
+        lower, cert = layer_certificates(
+            problem,
+            plan.slots,
+            bound_time,
+            uniform,
+            ctx,
+            "crosslayer",
+            previous_layer=True,
+            loads=loads,
+            load_limits=[(1.0 + grid[l][j]) / G for l in range(L)],
+        )
+        per_level.append(lower)
+        limited = limited and all(cert["bound_load_limited_per_layer"])
+    budget = sum(mv) + L * slack
+    best = math.inf
+    for ks in itertools.product(range(levels), repeat=L):
+        spent = sum(floor[l] if ks[l] == 0 else grid[l][ks[l] - 1] for l in range(L))
+        if spent <= budget + 1e-12:
+            best = min(best, sum(per_level[max(ks[l], ks[l - 1] if l else 0)][l] for l in range(L)))
+    return {
+        "bound": best / L,
+        "base": float(ev["comm_per_token"]),
+        "maxvio_levels_per_layer": grid,
+        "bound_per_level": [float(np.mean(x)) for x in per_level],
+        "load_limited": limited,
+    }
+
+
 def largest_loads(homes: np.ndarray, loads: list[np.ndarray], G: int) -> list[float]:
     """Each layer's largest GPU load (``homes [L, E]``, ``loads`` per layer)."""
     return [float(np.bincount(h, weights=w, minlength=G).max()) for h, w in zip(homes, loads, strict=True)]
