@@ -278,7 +278,8 @@ class HypergraphPricer:
             upper = 0.0  # the empty column
             pool: list[tuple[np.ndarray, np.ndarray]] = []
             per_value = np.full(E, -np.inf)
-            per_set: list[np.ndarray | None] = [None] * E
+            per_size = np.zeros(E, dtype=np.int64)  # each expert's best set: its size and row
+            per_row = np.zeros(E, dtype=np.int64)
             # within a load limit a best column may be smaller (no member fits any more)
             for size in range(Wd, 0, -1) if self.limited else (Wd,):
                 combos = self._sets_of(size)
@@ -301,9 +302,10 @@ class HypergraphPricer:
                             idx = np.flatnonzero(better)
                             order = idx[np.argsort(rv[idx], kind="stable")]  # last write wins: the largest
                             per_value[sets[order, j]] = rv[order]
-                            for i in order:
-                                per_set[int(sets[i, j])] = sets[i]
-            own = list({tuple(x.tolist()): x.copy() for x in per_set if x is not None}.values())
+                            per_size[sets[order, j]] = size
+                            per_row[sets[order, j]] = c + order
+            keys = {(int(z), int(r)) for z, r, v in zip(per_size, per_row, per_value, strict=True) if np.isfinite(v)}
+            own = [self._sets_of(z)[r].copy() for z, r in sorted(keys)]
             packed = _pack(pool, E)
             return Pricing([s for _, s in best] + own, upper, True, "enumerate", packed)
         # the pair relaxation: v(S) <= sum of pair weights inside S, priced exactly (an upper bound)
