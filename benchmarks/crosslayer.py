@@ -42,7 +42,7 @@ plan's own spans) and the wall time.
 One cell: ``--shapes 16 --dependencies 0.9 --real '' --out /tmp/cl`` (writes there, not in
 results/); the real cells alone: ``--shapes 0 --out /tmp/cl``.
 
-Run: ``python benchmarks/crosslayer.py`` (about 8 min on 2 cores). Writes
+Run: ``python benchmarks/crosslayer.py`` (about 9 min on 2 cores). Writes
 ``benchmarks/results/crosslayer.json``, ``crosslayer.md`` and ``crosslayer.png``.
 """
 
