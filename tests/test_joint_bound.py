@@ -384,3 +384,14 @@ def test_stay_bound_counts_a_token_once():
     per_pair = _copy_graph_lp(nz // E, E + nz % E, B[nz], np.repeat(np.arange(2), E), float(W), G, W, spare=False)
     assert per_pair is not None
     assert stay_upper_bound(prev, topk, E, G, W) < min(1.0, per_pair / len(prev)) - 0.02
+
+
+def test_stay_bound_under_a_time_limit_falls_back_to_a_valid_looser_bound():
+    """With no time for the pattern LP the per-pair LP answers: never below the pattern LP's
+    bound (the tighter valid one), and at most 1."""
+    E, G, W = 64, 16, 4
+    prev = np.random.default_rng(2).integers(0, E, 4000)
+    topk = random_tokens(3, E, 6, 4000)
+    full = stay_upper_bound(prev, topk, E, G, W)
+    quick = stay_upper_bound(prev, topk, E, G, W, time_limit=1e-6)
+    assert full - 1e-9 <= quick <= 1.0

@@ -503,15 +503,21 @@ def _copy_graph_rows(
 
 
 def _lp_upper_bound(
-    obj: np.ndarray, A_ub: sp.csr_matrix, b_ub: np.ndarray, lo: np.ndarray, hi: np.ndarray
+    obj: np.ndarray,
+    A_ub: sp.csr_matrix,
+    b_ub: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    time_limit: float | None = None,
 ) -> float | None:
     """``max obj x`` s.t. ``A_ub x <= b_ub``, ``lo <= x <= hi``, as a valid upper bound: the
     Lagrangian value ``lam b + sum_j max(r_j lo_j, r_j hi_j)`` (``r = obj - A^T lam``) at HiGHS's
     duals ``lam >= 0`` (any such ``lam`` gives a bound, so solver tolerances cannot make it too
-    small); None when HiGHS does not solve the LP."""
+    small); None when HiGHS does not solve the LP (within ``time_limit`` seconds, if given)."""
     from scipy.optimize import linprog
 
-    res = linprog(-obj, A_ub=A_ub, b_ub=b_ub, bounds=np.c_[lo, hi], method="highs")
+    options = {} if time_limit is None else {"time_limit": max(float(time_limit), 0.01)}
+    res = linprog(-obj, A_ub=A_ub, b_ub=b_ub, bounds=np.c_[lo, hi], method="highs", options=options)
     if res.status != 0:
         return None
     lam = np.maximum(-np.asarray(res.ineqlin.marginals), 0.0)
@@ -527,6 +533,7 @@ def stay_upper_bound(
     width: int,
     loads: tuple[np.ndarray, np.ndarray] | None = None,
     load_limits: tuple[float, float] | None = None,
+    time_limit: float | None = None,
 ) -> float:
     """Under ``token_home: previous-layer``: an upper bound on the share of the tokens whose home
     (the GPU that served their top-1 expert ``prev_top1 [N]`` at the previous layer) holds one of
@@ -546,6 +553,9 @@ def stay_upper_bound(
     largest GPU loads): for every pair of single-copy plans within the limits; then every copy
     count is 1 and the experts beside e at this layer fit in this layer's limit,
     ``sum_f load_f z_ef <= limit``, and likewise the previous-layer experts beside f.
+
+    ``time_limit``: seconds for that LP (over token patterns, the larger); when HiGHS does not
+    solve it in time, the per-pair LP (``sum B_ef z_ef``, looser and quicker) is the bound.
     """
     prev = np.asarray(prev_top1, dtype=np.int64)
     ids = np.asarray(topk, dtype=np.int64)
@@ -565,7 +575,13 @@ def stay_upper_bound(
         A_z, b_z, lo_z, hi_z = _copy_graph_rows(e, E + f, group, float(W), G, W, False, node_load, budget)
     else:
         A_z, b_z, lo_z, hi_z = _copy_graph_rows(e, E + f, group, float(W), G, W, G * W > E)
-    return _stay_lp(prev, ids, E, nz, (A_z, b_z, lo_z, hi_z))
+    polytope = (A_z, b_z, lo_z, hi_z)
+    share = _stay_lp(prev, ids, E, nz, polytope, time_limit)
+    if share is None:  # not solved in time: weight each pair by its tokens (counts a token per expert)
+        B = np.bincount(key % (E * E), minlength=E * E)[nz].astype(np.float64)
+        ub = _lp_upper_bound(np.r_[B, np.zeros(len(lo_z) - B.size)], *polytope)
+        share = 1.0 if ub is None else min(1.0, max(ub, 0.0) / N)
+    return share
 
 
 def _stay_lp(
@@ -574,12 +590,14 @@ def _stay_lp(
     E: int,
     pairs: np.ndarray,
     polytope: tuple[sp.csr_matrix, np.ndarray, np.ndarray, np.ndarray],
-) -> float:
+    time_limit: float | None = None,
+) -> float | None:
     """The staying share's LP: a token stays at most once, and only if one of its pairs
     ``(e, f)`` (previous top-1, expert here) shares a GPU, so per pattern p (``e`` and its set of
     ``f``; tokens with the same pattern share it) ``s_p <= 1`` and ``s_p <= sum_{f in p} z_ef``,
     with ``z`` (the sorted keys ``pairs = e E + f``) in ``polytope`` (:func:`_copy_graph_rows`);
-    ``max sum_p w_p s_p / N``, as a valid bound (at most 1)."""
+    ``max sum_p w_p s_p / N``, as a valid bound (at most 1); None when HiGHS does not solve it
+    within ``time_limit``."""
     N = len(prev)
     A_z, b_z, lo_z, hi_z = polytope
     pats, w = np.unique(np.c_[prev, np.sort(ids, axis=1)], axis=0, return_counts=True)
@@ -599,8 +617,9 @@ def _stay_lp(
         np.r_[b_z, np.zeros(P)],
         np.r_[lo_z, np.zeros(P)],
         np.r_[hi_z, np.ones(P)],
+        time_limit,
     )
-    return 1.0 if ub is None else min(1.0, max(ub, 0.0) / N)
+    return None if ub is None else min(1.0, max(ub, 0.0) / N)
 
 
 def distinct_lower_bound(

@@ -396,7 +396,8 @@ class CrossLayerParams:
         Mt-KaHyPar seed offset and preset (starts ``hypergraph`` and ``forward``).
     bound_time
         Seconds per layer for the certificate (a lower bound on every plan's objective, see the
-        module docstring), after the search; 0: none. Under a time limit the search leaves the
+        module docstring), after the search, and as many again at most for its stay LP (a looser
+        one when that is not solved in time); 0: none. Under a time limit the search leaves the
         certificate a fifth of the budget, and it takes at most that.
     """
 
