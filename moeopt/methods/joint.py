@@ -459,8 +459,9 @@ def layer_certificates(
 ) -> tuple[list[float], dict]:
     """Per layer, a lower bound on the calibration remote GPUs per token of every plan: the
     bound on distinct GPUs per token of :func:`bound_layer` (``limit`` seconds, seeded with
-    ``slots[l]``; the stay LP gets as many again) times ``1 - 1/G`` where the layer's token homes are ``uniform``, else less the
-    share of tokens that can stay (1; with ``previous_layer`` homes, at layers >= 1, the bound of
+    ``slots[l]``; the stay LP gets as many again) times ``1 - 1/G`` where the layer's token
+    homes are ``uniform``, else less the share of tokens that can stay (1; with
+    ``previous_layer`` homes, at layers >= 1, the bound of
     :func:`moeopt.colgen.cover.stay_upper_bound`; :func:`moeopt.colgen.cover.remote_lower_bound`).
     With ``loads`` and ``load_limits`` (per layer; single-copy planners only), the bound holds for
     every single-copy plan within those limits (tighter; see
