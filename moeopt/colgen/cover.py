@@ -99,7 +99,7 @@ class HypergraphPricer:
         self.width = min(width, experts)
         self.limited = load is not None and limit is not None and math.isfinite(limit)
         self.load = np.zeros(experts) if load is None else np.asarray(load, dtype=np.float64)
-        self.limit = float(limit) if self.limited and limit is not None else math.inf
+        self.limit = float(limit) if limit is not None and self.limited else math.inf
         M, k = self.patterns.shape
         self.incidence = sp.csr_matrix(
             (np.ones(M * k), (np.repeat(np.arange(M), k), self.patterns.ravel())), shape=(M, experts)
@@ -681,19 +681,13 @@ def distinct_lower_bound(
         and start_slots is not None
         and _within(np.asarray(start_slots), np.asarray(load, dtype=np.float64), load_limit, experts)
     )
-    pricer = (
-        HypergraphPricer(pats, w, experts, width, load, load_limit)
-        if limited
-        else HypergraphPricer(pats, w, experts, width)
-    )
+    if not limited:  # no limit, or a start plan over it: the bound for every plan
+        load = load_limit = None
+    pricer = HypergraphPricer(pats, w, experts, width, load, load_limit)
     trivial = need - total  # every token uses at least one GPU
     if min(width, experts) <= 1 or trivial <= 0:
         return JointBound(max(need / total, 1.0), 0.0, 0.0, True, time.perf_counter() - t0, 0, 0)
-    pair = (
-        pair_saving_bound(pats, w, experts, gpus, width, load, load_limit)
-        if limited
-        else pair_saving_bound(pats, w, experts, gpus, width)
-    )
+    pair = pair_saving_bound(pats, w, experts, gpus, width, load, load_limit)
     master = Master(ColumnSpace(experts, gpus, "cover", pricer.value))
     chunks = [np.arange(e, min(e + width, experts)) for e in range(0, experts, width)]
     # ceil(E / W) <= G columns covering every expert: the master is feasible (within a load
@@ -733,7 +727,7 @@ def _within(slots: np.ndarray, load: np.ndarray, limit: float, experts: int) -> 
     held = slots[slots >= 0]
     if len(held) != experts or len(np.unique(held)) != experts:
         return False
-    gpu_load = np.array([load[r[r >= 0]].sum() for r in slots])
+    gpu_load = np.where(slots >= 0, load[np.maximum(slots, 0)], 0.0).sum(axis=1)
     return bool((gpu_load <= limit + LOAD_TOL).all())
 
 

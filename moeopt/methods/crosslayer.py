@@ -791,7 +791,7 @@ def maxvio_budget_bound(
     G, L, S = c.gpus, problem.layers, c.slots_per_gpu
     ev = evaluate(plan, trace, c)
     mv = list(ev["maxvio_per_layer"])
-    loads = [u / u.sum() for u in problem.stats.global_usage]
+    loads, _ = layer_limits(problem, CrossLayerParams())
     floor = [G * least_largest_load(u, G, S) - 1.0 for u in loads]
     top = [mv[l] + L * slack + sum(mv[m] - floor[m] for m in range(L) if m != l) for l in range(L)]
     grid = [[mv[l] + (top[l] - mv[l]) * j / (levels - 1) for j in range(levels)] for l in range(L)]
