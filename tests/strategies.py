@@ -170,6 +170,20 @@ def groupings(
 
 
 @st.composite
+def full_groupings(draw: st.DrawFn, max_experts: int = 9, limited: bool | None = None) -> Grouping:
+    """A tiny grouping whose plans fill every group: E = G cap (G >= 2 and cap >= 2), with a load
+    limit when ``limited`` (drawn when None)."""
+    E = draw(st.sampled_from([e for e in (4, 6, 8, 9) if e <= max_experts]))
+    G = draw(st.sampled_from([d for d in range(2, E) if E % d == 0]))
+    W = np.triu(draw(symmetric_graphs(E)), 1)
+    load = draw(float_arrays(E, 0.01, 1.0))
+    g = Grouping(W + W.T, load=load / load.sum(), groups=G, cap=E // G)
+    if draw(st.booleans()) if limited is None else limited:
+        g = g.replace(load_limit=g.min_max_load() * draw(st.floats(1.0, 1.5)))
+    return g
+
+
+@st.composite
 def stepped_profiles(draw: st.DrawFn, gpus: int, tiles: int, tile: int = 16) -> Profile:
     """A general monotone (non-affine) step profile: drawn non-negative increments per GPU."""
     steps = draw(arrays(np.float64, (gpus, tiles), elements=st.sampled_from([0.0, 0.0, 0.5, 1.0, 3.0])))

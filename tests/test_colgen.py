@@ -23,11 +23,12 @@ from moeopt.colgen import (
     pricing_candidates,
     restricted_milp,
 )
+from moeopt.colgen.pricing import GroupingPricer
 from moeopt.errors import InputError
 from moeopt.grouping import LOAD_TOL, Grouping
 from moeopt.result import Status, Termination
 from tests.grouping_cases import brute_force, make_problem, random_grouping, run
-from tests.strategies import groupings
+from tests.strategies import full_groupings, groupings
 
 TOL = 1e-9
 
@@ -130,6 +131,82 @@ def test_heuristic_pricing_returns_feasible_groups(g: Grouping, data: st.DataObj
     for s in found:
         assert 1 <= len(s) <= g.cap and g.load[s].sum() <= g.load_limit + LOAD_TOL
     assert values[0] <= brute_pricing(g, pi) + 1e-9
+
+
+def brute_full_pricing(g: Grouping, pi: np.ndarray) -> float:
+    """max over groups of exactly cap experts within the load limit of v(S) - pi(S) (-inf if none)."""
+    best = -np.inf
+    for s in itertools.combinations(range(g.experts), g.cap):
+        idx = list(s)
+        if g.load[idx].sum() <= g.load_limit + LOAD_TOL:
+            best = max(best, 0.5 * g.graph[np.ix_(idx, idx)].sum() - pi[idx].sum())
+    return best
+
+
+@given(full_groupings(), st.data())
+def test_full_pricing_matches_enumeration(g: Grouping, data: st.DataObject) -> None:
+    """Pricing over full groups (E = G cap): branch and bound finds the enumerated best value,
+    negative ones too (duals above every group's value); CP-SAT's bound and the exact pricing's
+    are never below it; the heuristic returns full feasible groups no better than it."""
+    pi = data.draw(arrays(np.float64, g.experts, elements=st.floats(-0.5, 3.0)))
+    want = brute_full_pricing(g, pi)
+    every = np.arange(g.experts)
+    bb = price_branch_and_bound(g, pi, every, threshold=-np.inf, full=True)
+    assert bb.proven
+    assert bb.upper == pytest.approx(want, abs=1e-9)
+    ex = price_exact(g, pi, time_limit=5.0, threshold=-np.inf, full=True)
+    assert ex.upper >= want - 1e-9
+    sat = price_cpsat(g, pi, every, time_limit=5.0, full=True)
+    assert sat.upper >= want - 1e-9
+    if sat.proven:
+        assert sat.upper <= want + 1e-4 * max(1.0, float(np.abs(g.graph).max()), float(np.abs(pi).max()))
+    for s in bb.groups + ex.groups + sat.groups:
+        assert len(s) == g.cap and g.load[s].sum() <= g.load_limit + LOAD_TOL
+    found = price_heuristic(g, pi, full=True)
+    for s in found:
+        assert len(s) == g.cap and g.load[s].sum() <= g.load_limit + LOAD_TOL
+    if found:
+        assert 0.5 * g.graph[np.ix_(found[0], found[0])].sum() - pi[found[0]].sum() <= want + 1e-9
+
+
+@given(full_groupings(), st.data())
+def test_full_lagrangian_bound_is_valid(g: Grouping, data: st.DataObject) -> None:
+    """With E = G cap every plan is G full groups, so for any duals sum(pi) + G max_{|S| = cap}
+    [v(S) - pi(S)] (no max with 0, negative allowed) bounds the optimum: the bound the driver
+    takes from full pricing."""
+    home, opt = brute_force(g)
+    if home is None:
+        return
+    pi = data.draw(arrays(np.float64, g.experts, elements=st.floats(-0.5, 3.0)))
+    bb = price_branch_and_bound(g, pi, np.arange(g.experts), threshold=-np.inf, full=True)
+    assert pi.sum() + g.groups * bb.upper >= opt - 1e-9 * max(1.0, abs(opt))
+    assert GroupingPricer(g, partition=True).full
+    assert not GroupingPricer(g, partition=False).full  # groups may stay empty: the 0 column counts
+    assert not GroupingPricer(g.replace(cap=g.cap + 1), partition=True).full
+
+
+@given(full_groupings())
+def test_full_bound_is_valid_against_brute_force(g: Grouping) -> None:
+    """Column generation on full groups (the iterated-local-search heuristic steering, the exact
+    pricing certifying): every bound point >= the brute-force optimum."""
+    home, opt = brute_force(g)
+    if home is None:
+        return
+    res = column_generation(g, 5.0, start_home=home, seed=0)
+    check(g, res, opt)
+
+
+def test_full_columns_close_a_planted_grouping() -> None:
+    """24 experts in 4 planted blocks of 6 plus noise, G = 4, cap 6: the LP is proved and the bound
+    within 1 % of the plan."""
+    rng = np.random.default_rng(0)
+    block = np.repeat(np.arange(4), 6)
+    W = rng.random((24, 24)) * 0.2 + (block[:, None] == block[None, :]) * rng.random((24, 24))
+    W = np.triu(W, 1)
+    g = Grouping(W + W.T, load=np.full(24, 1 / 24), groups=4, cap=6)
+    res = column_generation(g, 20.0, seed=0)
+    assert res.proven
+    assert res.gap is not None and res.gap <= 0.01
 
 
 def test_random_load_limited_instances() -> None:

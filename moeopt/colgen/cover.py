@@ -84,6 +84,8 @@ class HypergraphPricer:
     With ``load [E]`` and ``limit``, only columns whose load is at most ``limit`` are admissible
     (single-copy plans within a load limit: a GPU's load is the sum of its experts')."""
 
+    full = False  # a column may be empty or smaller than width
+
     def __init__(
         self,
         patterns: np.ndarray,

@@ -29,6 +29,8 @@ MILP_SHARE = 0.15
 STALL_ITERATIONS = 8
 #: exact pricing may stop this far (relative to the LP value, over G) from the best reduced cost
 PRICING_TOLERANCE = 2e-4
+#: full columns: an exact pricing at least every this many pricing times, converged or not
+FULL_EXACT_EVERY = 3
 
 
 @dataclass(frozen=True, eq=False)
@@ -292,7 +294,8 @@ def generate(
         info.setdefault(key, 0.0)
     say = log or (lambda _msg: None)
     G = master.space.groups
-    center_value = math.inf
+    center_value = math.inf  # the exact Lagrangian bound at the center
+    center_estimate = math.inf  # the heuristic's estimate of it (full columns)
     last_exact = time.perf_counter()
     best_lp, stalled = -math.inf, 0  # master LP iterations without progress
     mispriced = 0  # consecutive exact pricings that found nothing for the master
@@ -315,7 +318,10 @@ def generate(
         ts = time.perf_counter()
         found = pricer.heuristic(pi_price)
         info["heuristic_pricings"] += 1
-        threshold = max(0.0, float(pricer.reduced(found[:1], pi_price).max(initial=0.0)))
+        # the best reduced value found: a floor for the exact pricing (the empty column's 0
+        # unless every column is full)
+        floor = -math.inf if pricer.full else 0.0
+        threshold = max(floor, float(pricer.reduced(found[:1], pi_price).max(initial=floor)))
         rc = pricer.reduced(found, pi) - mu
         good = [s for s, r in zip(found, rc, strict=True) if r > tol]
         if not good and pi_price is not pi:  # nothing at the smoothed duals: try the master's
@@ -327,11 +333,31 @@ def generate(
             best_lp, stalled = lp_value, 0
         else:
             stalled += 1
-        due = time.perf_counter() - last_exact > pricing_time  # a bound (and a center) now and then
-        if good and stalled < STALL_ITERATIONS and iterations > 1 and not due:
-            hint = good[0]
-            master.add(_disjoint_first(good, master.space.experts, limit=max(10, 2 * G)))
-            continue
+        converged = False
+        if pricer.full:
+            # full columns: the heuristic (iterated local search) is near exact, so its estimate
+            # of the Lagrangian steers the center, and the exact pricing waits until the heuristic
+            # finds nothing at the master's own duals (then it gets the time left) or until
+            # FULL_EXACT_EVERY pricing times have passed without one (a bound now and then)
+            estimate = float(pi_price.sum()) + G * threshold
+            if estimate < center_estimate:
+                center, center_estimate = pi_price.copy(), estimate
+            due = time.perf_counter() - last_exact > FULL_EXACT_EVERY * pricing_time
+            if good and not due:
+                hint = good[0]
+                master.add(_disjoint_first(good, master.space.experts, limit=max(10, 2 * G)))
+                mispriced = 0
+                continue
+            if not good and alpha > 0.0 and not due:
+                mispriced += 1
+                continue
+            converged = not good
+        else:
+            due = time.perf_counter() - last_exact > pricing_time  # a bound (and a center) now and then
+            if good and stalled < STALL_ITERATIONS and iterations > 1 and not due:
+                hint = good[0]
+                master.add(_disjoint_first(good, master.space.experts, limit=max(10, 2 * G)))
+                continue
         stall_added = bool(good)
         if good:  # the master stalls (degenerate pivots): price exactly for a bound and a new center
             master.add(_disjoint_first(good, master.space.experts, limit=max(10, 2 * G)))
@@ -342,9 +368,11 @@ def generate(
         # far from the LP optimum a rough pricing is worth more than an exact one: prune within a
         # tenth of the current gap (the bound loses at most that), then tighter as the gap closes
         slack = max(PRICING_TOLERANCE * max(abs(lp_value), abs(incumbent or 0.0)), 0.1 * (bound - lp_value)) / G
+        if converged:  # the heuristic found nothing at the master's duals: this pricing is the certificate
+            slack = PRICING_TOLERANCE * max(abs(lp_value), abs(incumbent or 0.0)) / G
         pr = pricer.exact(
             pi_price,
-            time_limit=max(0.1, min(pricing_time, left)),
+            time_limit=max(0.1, left if converged else min(pricing_time, left)),
             hint=hint,
             seed=seed,
             threshold=threshold,
@@ -353,8 +381,8 @@ def generate(
         info["exact_pricings"] += 1
         last_exact = time.perf_counter()
         info["pricing_time"] += last_exact - ts
-        lag = float(pi_price.sum()) + G * max(0.0, pr.upper)
-        if lag < center_value:
+        lag = float(pi_price.sum()) + G * max(floor, pr.upper)
+        if lag < center_value and not pricer.full:
             center, center_value = pi_price.copy(), lag
         if lag < bound:
             bound, kind = lag, "colgen"

@@ -24,6 +24,12 @@ from moeopt.grouping import LOAD_TOL, Grouping
 PRICING_SCALE = 1_000_000
 #: loads are scaled to integers by this factor in the CP-SAT pricing model
 LOAD_SCALE = 1_000_000_000
+#: iterated local search of the full-group pricing heuristic: rounds (kicks), copies per round,
+#: random swaps per kick, best groups kept
+ILS_KICKS = 10
+ILS_COPIES = 256
+ILS_SWAPS = 3
+ILS_ELITE = 32
 
 
 def group_value(graph: np.ndarray, members: np.ndarray) -> float:
@@ -52,8 +58,11 @@ def pricing_candidates(problem: Grouping, pi: np.ndarray) -> np.ndarray:
     return cand
 
 
-def _local_search(problem: Grouping, pi: np.ndarray, member: np.ndarray, rounds: int) -> np.ndarray:
-    """Best-improvement moves on many groups at once: add, drop, or swap one expert."""
+def _local_search(
+    problem: Grouping, pi: np.ndarray, member: np.ndarray, rounds: int, *, resize: bool = True
+) -> np.ndarray:
+    """Best-improvement moves on many groups at once: add, drop, or swap one expert (only swaps
+    when ``resize`` is False: the groups keep their sizes)."""
     W, w = problem.graph, problem.load
     E, cap = problem.experts, min(problem.cap, problem.experts)
     limit = problem.load_limit if problem.limited else math.inf
@@ -88,6 +97,8 @@ def _local_search(problem: Grouping, pi: np.ndarray, member: np.ndarray, rounds:
         drop = np.where(valid & (size > 1)[:, None], -g_out, -np.inf)
         t_drop = drop.argmax(axis=1)
         best_drop = drop[rows, t_drop]
+        if not resize:
+            best_add = best_drop = np.full(len(a), -np.inf)
         moves = np.stack([best_swap, best_add, best_drop], axis=1)
         kind = moves.argmax(axis=1)
         improving = moves[rows, kind] > 1e-12
@@ -107,6 +118,42 @@ def _local_search(problem: Grouping, pi: np.ndarray, member: np.ndarray, rounds:
     return member
 
 
+def _iterated_swaps(
+    problem: Grouping,
+    pi: np.ndarray,
+    member: np.ndarray,
+    rounds: int,
+    kicks: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Iterated local search over full groups: ``kicks`` times, ``ILS_COPIES`` copies of the
+    best groups so far each take ``ILS_SWAPS`` random swaps within the load limit and go back
+    to a local optimum (:func:`_local_search`, swaps only); the ``ILS_ELITE`` best distinct
+    groups are kept. Returns every group kept, the start's included."""
+    W, w = problem.graph, problem.load
+    limit = problem.load_limit if problem.limited else math.inf
+
+    def value(m: np.ndarray) -> np.ndarray:
+        return 0.5 * np.einsum("ne,ef,nf->n", m, W, m) - m @ pi
+
+    elite = np.unique(member, axis=0)
+    elite = elite[np.argsort(-value(elite))[:ILS_ELITE]]
+    for _ in range(kicks):
+        copies = elite[rng.integers(len(elite), size=ILS_COPIES)]
+        rows = np.arange(len(copies))
+        for _ in range(ILS_SWAPS):  # a random member out, a random non-member in, if it fits
+            keys = rng.random(copies.shape)
+            out = np.where(copies, keys, -1.0).argmax(axis=1)
+            into = np.where(copies, -1.0, keys).argmax(axis=1)
+            ok = copies @ w - w[out] + w[into] <= limit + LOAD_TOL
+            copies[rows[ok], out[ok]] = False
+            copies[rows[ok], into[ok]] = True
+        copies = _local_search(problem, pi, copies, rounds, resize=False)
+        pool = np.unique(np.concatenate([elite, copies]), axis=0)
+        elite = pool[np.argsort(-value(pool))[:ILS_ELITE]]
+    return elite
+
+
 def price_heuristic(
     problem: Grouping,
     pi: np.ndarray,
@@ -114,6 +161,9 @@ def price_heuristic(
     rounds: int = 60,
     seeds: np.ndarray | None = None,
     extra: list[np.ndarray] | None = None,
+    full: bool = False,
+    kicks: int = ILS_KICKS,
+    seed: int = 0,
 ) -> list[np.ndarray]:
     """Groups of high ``v(S) - pi(S)``: greedy growth from every seed expert, then local search.
 
@@ -121,7 +171,9 @@ def price_heuristic(
     largest gain ``sum_{t in S} W[t, f] - pi_f`` that fits (slots, load), once while the gain
     is positive and once filling every slot; then best-improvement add / drop / swap moves
     (:func:`_local_search`) until none improves or ``rounds`` pass. ``extra`` groups (e.g.
-    the master's best columns) are improved too.
+    the master's best columns) are improved too. With ``full``, only groups of exactly ``cap``
+    experts: the filled starts (each keeping room under the load limit for the rest), swap
+    moves only, then ``kicks`` rounds of iterated local search (:func:`_iterated_swaps`).
 
     Returns
     -------
@@ -135,15 +187,24 @@ def price_heuristic(
     if not len(seeds):
         return []
     starts = []
-    for fill in (False, True):
+    for fill in (True,) if full else (False, True):
         n = len(seeds)
         rows = np.arange(n)
         member = np.zeros((n, E), dtype=bool)
         member[rows, seeds] = True
         load = w[seeds].copy()
         gain = W[seeds] - pi[None, :]
-        for _ in range(cap - 1):
-            g = np.where(member | (load[:, None] + w[None, :] > limit + LOAD_TOL), -np.inf, gain)
+        for step in range(cap - 1):
+            room = np.full((n, 1), limit + LOAD_TOL) - load[:, None]
+            if full and np.isfinite(limit):
+                # keep room for the rest: f plus the r - 1 lightest other non-members must fit
+                r_left = cap - 2 - step
+                light = np.sort(np.where(member, np.inf, w[None, :]), axis=1)[:, : r_left + 1]
+                sums = np.cumsum(light, axis=1)
+                below = sums[:, r_left - 1 : r_left] if r_left else np.zeros((n, 1))
+                among = w[None, :] <= light[:, r_left - 1 : r_left] if r_left else np.zeros((n, E), dtype=bool)
+                room = room - np.where(among, sums[:, r_left : r_left + 1] - w[None, :], below)
+            g = np.where(member | (w[None, :] > room), -np.inf, gain)
             best = g.argmax(axis=1)
             ok = np.isfinite(g[rows, best]) & ((g[rows, best] > 0) | fill)
             if not ok.any():
@@ -154,10 +215,16 @@ def price_heuristic(
             gain[r] += W[best[ok]]
         starts.append(member)
     for s in extra or []:
+        if full and len(s) != cap:
+            continue
         m = np.zeros((1, E), dtype=bool)
         m[0, s] = True
         starts.append(m)
-    member = _local_search(problem, pi, np.concatenate(starts), rounds)
+    member = _local_search(problem, pi, np.concatenate(starts), rounds, resize=not full)
+    if full:
+        member = member[member.sum(axis=1) == cap]
+        if len(member) and kicks:
+            member = _iterated_swaps(problem, pi, member, rounds, kicks, np.random.default_rng(seed))
     value = 0.5 * np.einsum("ne,ef,nf->n", member, W, member) - member @ pi
     order = np.argsort(-value)
     seen: set[bytes] = set()
@@ -222,6 +289,7 @@ def price_branch_and_bound(
     deadline: float | None = None,
     keep: int = 20,
     chunk_elements: int = 4_000_000,
+    full: bool = False,
 ) -> Pricing:
     """Exact pricing by enumerating groups in lexicographic order, depth first by chunks, with bounds.
 
@@ -236,9 +304,15 @@ def price_branch_and_bound(
     the reduced value of some feasible group (or 0, the empty group). Children are expanded
     in chunks, best bound first; chunks left at ``deadline`` contribute their parents'
     bounds, so the answer's upper bound stays valid (not proven).
+
+    With ``full``, only groups of exactly ``cap`` experts count (``cand`` must then be every
+    expert): a node must add all ``r`` experts, so its bound is ``top_r`` without the positive
+    part, the empty group is not a group (``threshold`` may be ``-inf`` or negative: the reduced
+    value of some full group) and the upper bound may be negative.
     """
-    if not len(cand):
-        return Pricing([], max(threshold, 0.0) + tolerance, True, "branch-and-bound")
+    floor = -math.inf if full else 0.0  # the empty group's value, when it counts
+    if not len(cand) or (full and len(cand) < problem.cap):
+        return Pricing([], max(threshold, floor) + tolerance, True, "branch-and-bound")
     W, w = problem.graph, problem.load
     limit = problem.load_limit if problem.limited else math.inf
     cap = min(problem.cap, len(cand))
@@ -257,7 +331,7 @@ def price_branch_and_bound(
             top = -np.sort(-np.partition(part, part.shape[1] - k, axis=1)[:, part.shape[1] - k :], axis=1)
             tops[l, :, 1 : k + 1] = np.cumsum(top, axis=1)
             tops[l, :, k + 1 :] = tops[l, :, k : k + 1]
-    state = {"best": max(threshold, 0.0), "left": -math.inf}
+    state = {"best": max(threshold, floor), "left": -math.inf}
     found: list[tuple[float, np.ndarray]] = []
     index = np.arange(n)
 
@@ -270,8 +344,9 @@ def price_branch_and_bound(
 
     def visit(sets: np.ndarray, value: np.ndarray, gain: np.ndarray, load: np.ndarray) -> None:
         k = sets.shape[1]
-        note(sets, value)
         r = cap - k
+        if not full or r == 0:
+            note(sets, value)
         if r == 0:
             return
         after = index[None, :] > sets[:, -1][:, None]
@@ -283,7 +358,7 @@ def price_branch_and_bound(
             note(np.concatenate([sets[ok], f[ok, None]], axis=1), value[ok] + g[ok, f[ok]])
             return
         score = np.where(after & fits, gain + 0.5 * tops[sets[:, -1], :, r - 1], -np.inf)
-        pos = np.maximum(score, 0.0)
+        pos = score if full else np.maximum(score, 0.0)  # a full group takes all r, good or not
         bound = value + top_sum(pos, r)
         rest = top_sum(pos, r - 1)
         order = np.argsort(-bound)
@@ -312,7 +387,7 @@ def price_branch_and_bound(
         visit(seeds[:, None], -pc[seeds], Wc[seeds] - pc[None, :], wc[seeds])
     found.sort(key=lambda t: -t[0])
     proven = state["left"] == -math.inf
-    upper = max(state["best"] + tolerance, state["left"], 0.0)
+    upper = max(state["best"] + tolerance, state["left"], floor)
     return Pricing([np.sort(s) for _, s in found[:keep]], upper, proven, "branch-and-bound")
 
 
@@ -325,8 +400,10 @@ def price_cpsat(
     hint: np.ndarray | None = None,
     threads: int = 1,
     seed: int = 0,
+    full: bool = False,
 ) -> Pricing:
-    """Exact pricing with CP-SAT on the candidates: ``x_e`` in S, ``z_ij <= x_i, x_j`` per pair.
+    """Exact pricing with CP-SAT on the candidates: ``x_e`` in S, ``z_ij <= x_i, x_j`` per pair
+    (``sum x = cap`` with ``full``: only full groups count, and the bound may be negative).
 
     Coefficients are scaled to integers; the proved real bound adds the largest rounding
     error of a feasible group (``cap (cap - 1) / 2`` pairs and ``cap`` experts, half a unit
@@ -354,7 +431,10 @@ def price_cpsat(
         m.add_implication(z[p], x[j])
         incident[i].append(p)
         incident[j].append(p)
-    m.add(sum(x) <= cap)
+    if full:
+        m.add(sum(x) == cap)
+    else:
+        m.add(sum(x) <= cap)
     for e in range(n):  # star cuts: at most cap - 1 partners, only when e is in
         if len(incident[e]) > cap - 1:
             m.add(sum(z[p] for p in incident[e]) <= (cap - 1) * x[e])
@@ -381,11 +461,13 @@ def price_cpsat(
     code = solver.solve(m)
     name = solver.status_name(code)
     rounding = 0.5 / scale * (cap * (cap - 1) / 2 + cap)
+    floor = -math.inf if full else 0.0  # the empty group's value, when it counts
     if name not in ("OPTIMAL", "FEASIBLE"):
         # no answer: the trivial bound (every candidate's best partners, cap of them)
         gain = top_sum(Wc, cap - 1) - pc
-        return Pricing([], max(0.0, float(top_sum(np.maximum(gain, 0.0)[None, :], cap)[0])), False, "cpsat")
-    upper = max(0.0, solver.best_objective_bound / scale + rounding)
+        pos = gain if full else np.maximum(gain, 0.0)
+        return Pricing([], max(floor, float(top_sum(pos[None, :], cap)[0])), False, "cpsat")
+    upper = max(floor, solver.best_objective_bound / scale + rounding)
     chosen = cand[[k for k in range(n) if solver.value(x[k])]]
     groups = [np.sort(chosen)] if len(chosen) else []
     return Pricing(groups, upper, name == "OPTIMAL", "cpsat")
@@ -400,11 +482,13 @@ def price_exact(
     seed: int = 0,
     threshold: float = 0.0,
     tolerance: float = 0.0,
+    full: bool = False,
 ) -> Pricing:
     """Exact pricing: :func:`price_branch_and_bound`, then CP-SAT on what is left of ``time_limit``
-    when the search stops early and groups are larger than 4 (the least upper bound is kept)."""
+    when the search stops early and groups are larger than 4 (the least upper bound is kept).
+    With ``full``, over groups of exactly ``cap`` experts (every expert a candidate)."""
     t0 = time.perf_counter()
-    cand = pricing_candidates(problem, pi)
+    cand = np.arange(problem.experts) if full else pricing_candidates(problem, pi)
     if not len(cand):
         return Pricing([], 0.0, True, "pruned")
     partners = min(problem.cap, problem.experts) - 1
@@ -417,6 +501,7 @@ def price_exact(
         threshold=threshold,
         tolerance=tolerance,
         deadline=t0 + (time_limit if problem.cap <= 4 else 0.75 * time_limit),
+        full=full,
     )
     left = time_limit - (time.perf_counter() - t0)
     if out.proven or problem.cap <= 4 or left < 0.5:
@@ -428,6 +513,7 @@ def price_exact(
         time_limit=left,
         hint=hint if hint is not None else (out.groups[0] if out.groups else None),
         seed=seed,
+        full=full,
     )
     return Pricing(sat.groups + out.groups, min(out.upper, sat.upper), sat.proven, "branch-and-bound+cpsat")
 
@@ -439,6 +525,10 @@ def reduced_values(problem: Grouping, groups: list[np.ndarray], pi: np.ndarray) 
 
 class Pricer(Protocol):
     """Column pricing for :func:`moeopt.colgen.driver.generate`: one per kind of column value."""
+
+    #: every plan is exactly G columns of the size the pricing prices (so the Lagrangian bound
+    #: takes its upper bound as it is, negative too; else ``max(0, upper)``, an empty column)
+    full: bool
 
     def project(self, pi: np.ndarray) -> np.ndarray:
         """Duals at which the Lagrangian bound holds (the rows' sign; ``pi`` itself when free)."""
@@ -476,12 +566,17 @@ class GroupingPricer:
     def __init__(self, problem: Grouping, partition: bool) -> None:
         self.problem = problem
         self.partition = partition
+        # E = G cap and the rows "= 1": a plan (and any master solution, as its columns cover
+        # E = G cap experts with at most G of them) is G groups of exactly cap experts
+        self.full = partition and problem.experts == problem.groups * problem.cap
 
     def project(self, pi: np.ndarray) -> np.ndarray:
         # rows "= 1": any pi; rows "<= 1": the Lagrangian bound needs pi >= 0
         return pi if self.partition else np.maximum(pi, 0.0)
 
     def heuristic(self, pi: np.ndarray) -> list[np.ndarray]:
+        if self.full:
+            return price_heuristic(self.problem, pi, full=True)
         return price_heuristic(self.problem, pi, seeds=pricing_candidates(self.problem, pi))
 
     def reduced(self, groups: list[np.ndarray], pi: np.ndarray) -> np.ndarray:
@@ -498,7 +593,14 @@ class GroupingPricer:
         tolerance: float,
     ) -> Pricing:
         return price_exact(
-            self.problem, pi, time_limit=time_limit, hint=hint, seed=seed, threshold=threshold, tolerance=tolerance
+            self.problem,
+            pi,
+            time_limit=time_limit,
+            hint=hint,
+            seed=seed,
+            threshold=threshold,
+            tolerance=tolerance,
+            full=self.full,
         )
 
     def admissible(self, group: np.ndarray) -> bool:
