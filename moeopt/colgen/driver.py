@@ -340,7 +340,7 @@ def generate(
             # finds nothing at the master's own duals (then it gets the time left) or until
             # FULL_EXACT_EVERY pricing times have passed without one (a bound now and then)
             estimate = float(pi_price.sum()) + G * threshold
-            if estimate < center_estimate:
+            if math.isfinite(estimate) and estimate < center_estimate:  # -inf: no full group found
                 center, center_estimate = pi_price.copy(), estimate
             due = time.perf_counter() - last_exact > FULL_EXACT_EVERY * pricing_time
             if good and not due:
