@@ -30,6 +30,8 @@ ILS_KICKS = 10
 ILS_COPIES = 256
 ILS_SWAPS = 3
 ILS_ELITE = 32
+#: ... and it stops after this many rounds in a row that did not raise the best value
+ILS_PATIENCE = 2
 
 
 def group_value(graph: np.ndarray, members: np.ndarray) -> float:
@@ -126,10 +128,11 @@ def _iterated_swaps(
     kicks: int,
     rng: np.random.Generator,
 ) -> np.ndarray:
-    """Iterated local search over full groups: ``kicks`` times, ``ILS_COPIES`` copies of the
-    best groups so far each take ``ILS_SWAPS`` random swaps within the load limit and go back
-    to a local optimum (:func:`_local_search`, swaps only); the ``ILS_ELITE`` best distinct
-    groups are kept. Returns every group kept, the start's included."""
+    """Iterated local search over full groups: up to ``kicks`` times, ``ILS_COPIES`` copies of
+    the best groups so far each take ``ILS_SWAPS`` random swaps within the load limit and go
+    back to a local optimum (:func:`_local_search`, swaps only); the ``ILS_ELITE`` best distinct
+    groups are kept; ``ILS_PATIENCE`` rounds in a row without a better group end it. Returns
+    every group kept, the start's included."""
     W, w = problem.graph, problem.load
     limit = problem.load_limit if problem.limited else math.inf
 
@@ -138,6 +141,7 @@ def _iterated_swaps(
 
     elite = np.unique(member, axis=0)
     elite = elite[np.argsort(-value(elite))[:ILS_ELITE]]
+    best, idle = float(value(elite[:1])[0]), 0
     for _ in range(kicks):
         copies = elite[rng.integers(len(elite), size=ILS_COPIES)]
         rows = np.arange(len(copies))
@@ -150,7 +154,13 @@ def _iterated_swaps(
             copies[rows[ok], into[ok]] = True
         copies = _local_search(problem, pi, copies, rounds, resize=False)
         pool = np.unique(np.concatenate([elite, copies]), axis=0)
-        elite = pool[np.argsort(-value(pool))[:ILS_ELITE]]
+        values = value(pool)
+        elite = pool[np.argsort(-values)[:ILS_ELITE]]
+        top = float(values.max())
+        idle = 0 if top > best + 1e-12 * max(1.0, abs(best)) else idle + 1
+        best = max(best, top)
+        if idle >= ILS_PATIENCE:
+            break
     return elite
 
 
@@ -162,7 +172,7 @@ def price_heuristic(
     seeds: np.ndarray | None = None,
     extra: list[np.ndarray] | None = None,
     full: bool = False,
-    kicks: int = ILS_KICKS,
+    kicks: int | None = None,
     seed: int = 0,
 ) -> list[np.ndarray]:
     """Groups of high ``v(S) - pi(S)``: greedy growth from every seed expert, then local search.
@@ -223,6 +233,7 @@ def price_heuristic(
     member = _local_search(problem, pi, np.concatenate(starts), rounds, resize=not full)
     if full:
         member = member[member.sum(axis=1) == cap]
+        kicks = ILS_KICKS if kicks is None else kicks
         if len(member) and kicks:
             member = _iterated_swaps(problem, pi, member, rounds, kicks, np.random.default_rng(seed))
     value = 0.5 * np.einsum("ne,ef,nf->n", member, W, member) - member @ pi
