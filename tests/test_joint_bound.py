@@ -373,7 +373,7 @@ def test_stay_bound_counts_a_token_once():
     """A token with several experts beside its home stays once: the LP over token patterns is
     below the one weighting each (previous expert, expert) pair by its tokens, which counts it
     once per expert (32 experts on 8 GPUs of 4 slots, skewed tokens)."""
-    from moeopt.colgen.cover import _copy_graph_lp
+    from moeopt.colgen.cover import _copy_graph_rows, _lp_upper_bound
 
     E, G, W = 32, 8, 4
     prev = np.random.default_rng(0).integers(0, E, 300)
@@ -381,7 +381,8 @@ def test_stay_bound_counts_a_token_once():
     key = np.unique((np.arange(len(prev))[:, None] * E + prev[:, None]) * E + topk)
     B = np.bincount(key % (E * E), minlength=E * E).astype(np.float64)
     nz = np.flatnonzero(B)
-    per_pair = _copy_graph_lp(nz // E, E + nz % E, B[nz], np.repeat(np.arange(2), E), float(W), G, W, spare=False)
+    A_ub, b_ub, lo, hi = _copy_graph_rows(nz // E, E + nz % E, np.repeat(np.arange(2), E), float(W), G, W, False)
+    per_pair = _lp_upper_bound(np.r_[B[nz], np.zeros(len(lo) - nz.size)], A_ub, b_ub, lo, hi)
     assert per_pair is not None
     assert stay_upper_bound(prev, topk, E, G, W) < min(1.0, per_pair / len(prev)) - 0.02
 

@@ -423,37 +423,20 @@ def _pair_lp_bound(
     limit: float | None = None,
 ) -> float | None:
     """The pair LP of the module notes, ``max sum_{e<f} A_ef y_ef``, as a valid bound (None when
-    HiGHS does not solve it): :func:`_copy_graph_lp` on the experts of one layer, with
-    ``sum_f y_ef <= (W - 1) c_e`` (``c_e = 1`` without spare slots: a fractional b-matching;
-    within a load limit, single copy: ``c_e = 1`` and the partners' load fits beside e)."""
+    HiGHS does not solve it): :func:`_lp_upper_bound` over the polytope of
+    :func:`_copy_graph_rows` on the experts of one layer, with ``sum_f y_ef <= (W - 1) c_e``
+    (``c_e = 1`` without spare slots: a fractional b-matching; within a load limit, single copy:
+    ``c_e = 1`` and the partners' load fits beside e)."""
     if a.size == 0:
         return 0.0
+    group = np.zeros(E, dtype=np.int64)
     if load is not None and limit is not None and math.isfinite(limit):
         load = np.asarray(load, dtype=np.float64)
-        return _copy_graph_lp(
-            e, f, a, np.zeros(E, dtype=np.int64), W - 1.0, G, W, spare=False, load=load, budget=limit - load
-        )
-    return _copy_graph_lp(e, f, a, np.zeros(E, dtype=np.int64), W - 1.0, G, W, spare=G * W > E)
-
-
-def _copy_graph_lp(
-    u: np.ndarray,
-    v: np.ndarray,
-    weight: np.ndarray,
-    group: np.ndarray,
-    degree: float,
-    G: int,
-    W: int,
-    spare: bool,
-    load: np.ndarray | None = None,
-    budget: np.ndarray | None = None,
-) -> float | None:
-    """``max sum_i weight_i y_i`` over the edges ``(u_i, v_i)`` of a graph on ``group.size``
-    nodes (experts; ``group``: the layer of each), ``y_i`` the GPUs holding both ends, as a valid
-    upper bound (:func:`_lp_upper_bound`; None when HiGHS does not solve it), over the polytope
-    of :func:`_copy_graph_rows`."""
-    A_ub, b_ub, lo, hi = _copy_graph_rows(u, v, group, degree, G, W, spare, load, budget)
-    return _lp_upper_bound(np.r_[weight, np.zeros(len(lo) - weight.size)], A_ub, b_ub, lo, hi)
+        rows = _copy_graph_rows(e, f, group, W - 1.0, G, W, False, load, limit - load)
+    else:
+        rows = _copy_graph_rows(e, f, group, W - 1.0, G, W, G * W > E)
+    A_ub, b_ub, lo, hi = rows
+    return _lp_upper_bound(np.r_[a, np.zeros(len(lo) - a.size)], A_ub, b_ub, lo, hi)
 
 
 def _copy_graph_rows(

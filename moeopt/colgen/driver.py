@@ -294,6 +294,7 @@ def generate(
         info.setdefault(key, 0.0)
     say = log or (lambda _msg: None)
     G = master.space.groups
+    floor = -math.inf if pricer.full else 0.0  # the empty column's value, unless every column is full
     center_value = math.inf  # the exact Lagrangian bound at the center
     center_estimate = math.inf  # the heuristic's estimate of it (full columns)
     last_exact = time.perf_counter()
@@ -318,9 +319,7 @@ def generate(
         ts = time.perf_counter()
         found = pricer.heuristic(pi_price)
         info["heuristic_pricings"] += 1
-        # the best reduced value found: a floor for the exact pricing (the empty column's 0
-        # unless every column is full)
-        floor = -math.inf if pricer.full else 0.0
+        # the best reduced value found: a floor for the exact pricing
         threshold = max(floor, float(pricer.reduced(found[:1], pi_price).max(initial=floor)))
         rc = pricer.reduced(found, pi) - mu
         good = [s for s, r in zip(found, rc, strict=True) if r > tol]
@@ -333,7 +332,6 @@ def generate(
             best_lp, stalled = lp_value, 0
         else:
             stalled += 1
-        converged = False
         if pricer.full:
             # full columns: the heuristic (iterated local search) is near exact, so its estimate
             # of the Lagrangian steers the center, and the exact pricing waits until the heuristic
@@ -343,21 +341,17 @@ def generate(
             if math.isfinite(estimate) and estimate < center_estimate:  # -inf: no full group found
                 center, center_estimate = pi_price.copy(), estimate
             due = time.perf_counter() - last_exact > FULL_EXACT_EVERY * pricing_time
-            if good and not due:
-                hint = good[0]
-                master.add(_disjoint_first(good, master.space.experts, limit=max(10, 2 * G)))
-                mispriced = 0
-                continue
-            if not good and alpha > 0.0 and not due:
-                mispriced += 1
-                continue
-            converged = not good
+            heuristic_only = not due and (bool(good) or alpha > 0.0)
+            mispriced = 0 if good else mispriced + heuristic_only
         else:
             due = time.perf_counter() - last_exact > pricing_time  # a bound (and a center) now and then
-            if good and stalled < STALL_ITERATIONS and iterations > 1 and not due:
+            heuristic_only = bool(good) and stalled < STALL_ITERATIONS and iterations > 1 and not due
+        converged = pricer.full and not good
+        if heuristic_only:
+            if good:
                 hint = good[0]
                 master.add(_disjoint_first(good, master.space.experts, limit=max(10, 2 * G)))
-                continue
+            continue
         stall_added = bool(good)
         if good:  # the master stalls (degenerate pivots): price exactly for a bound and a new center
             master.add(_disjoint_first(good, master.space.experts, limit=max(10, 2 * G)))

@@ -40,6 +40,11 @@ def group_value(graph: np.ndarray, members: np.ndarray) -> float:
     return 0.5 * float(graph[np.ix_(idx, idx)].sum())
 
 
+def _reduced_rows(graph: np.ndarray, pi: np.ndarray, member: np.ndarray) -> np.ndarray:
+    """``v(S) - pi(S)`` of each row of the membership matrix ``member [n, E]``."""
+    return 0.5 * np.einsum("ne,ef,nf->n", member, graph, member) - member @ pi
+
+
 def pricing_candidates(problem: Grouping, pi: np.ndarray) -> np.ndarray:
     """Experts that some best least-size pricing group may hold.
 
@@ -135,13 +140,9 @@ def _iterated_swaps(
     every group kept, the start's included."""
     W, w = problem.graph, problem.load
     limit = problem.load_limit if problem.limited else math.inf
-
-    def value(m: np.ndarray) -> np.ndarray:
-        return 0.5 * np.einsum("ne,ef,nf->n", m, W, m) - m @ pi
-
     elite = np.unique(member, axis=0)
-    elite = elite[np.argsort(-value(elite))[:ILS_ELITE]]
-    best, idle = float(value(elite[:1])[0]), 0
+    elite = elite[np.argsort(-_reduced_rows(W, pi, elite))[:ILS_ELITE]]
+    best, idle = float(_reduced_rows(W, pi, elite[:1])[0]), 0
     for _ in range(kicks):
         copies = elite[rng.integers(len(elite), size=ILS_COPIES)]
         rows = np.arange(len(copies))
@@ -154,7 +155,7 @@ def _iterated_swaps(
             copies[rows[ok], into[ok]] = True
         copies = _local_search(problem, pi, copies, rounds, resize=False)
         pool = np.unique(np.concatenate([elite, copies]), axis=0)
-        values = value(pool)
+        values = _reduced_rows(W, pi, pool)
         elite = pool[np.argsort(-values)[:ILS_ELITE]]
         top = float(values.max())
         idle = 0 if top > best + 1e-12 * max(1.0, abs(best)) else idle + 1
@@ -236,8 +237,7 @@ def price_heuristic(
         kicks = ILS_KICKS if kicks is None else kicks
         if len(member) and kicks:
             member = _iterated_swaps(problem, pi, member, rounds, kicks, np.random.default_rng(seed))
-    value = 0.5 * np.einsum("ne,ef,nf->n", member, W, member) - member @ pi
-    order = np.argsort(-value)
+    order = np.argsort(-_reduced_rows(W, pi, member))
     seen: set[bytes] = set()
     out = []
     for i in order:
