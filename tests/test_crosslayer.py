@@ -21,6 +21,7 @@ from moeopt.io import load_instance
 from moeopt.methods.crosslayer import (
     CrossGain,
     chain_pass,
+    cheapest_levels,
     exact_crosslayer,
     layer_placements,
     least_largest_load,
@@ -553,3 +554,22 @@ def test_maxvio_budget_bound_is_below_every_plan_within_the_budget(seed, L, E, G
             best = min(best, plan_remote(homes, topk, None, G).sum() / (len(topk) * L))
     assert out["bound"] <= best + 1e-9
     assert out["bound"] > 0.0
+
+
+@given(st.integers(1, 5), st.integers(2, 4), st.data())
+def test_cheapest_levels_matches_enumeration(L: int, K: int, data: st.DataObject) -> None:
+    """The dynamic program of :func:`maxvio_budget_bound` equals the minimum over every level
+    tuple within the budget (``inf`` when none fits), ties and equal spends included."""
+    values = st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0])
+    cost = np.array(data.draw(st.lists(st.lists(values, min_size=K, max_size=K), min_size=L, max_size=L)))
+    spend = np.array(data.draw(st.lists(st.lists(values, min_size=K, max_size=K), min_size=L, max_size=L)))
+    budget = data.draw(st.sampled_from([0.0, 0.5, 1.0, 2.0, 4.0]))
+    want = min(
+        (
+            sum(cost[l, max(ks[l], ks[l - 1] if l else ks[0])] for l in range(L))
+            for ks in itertools.product(range(K), repeat=L)
+            if sum(spend[l, ks[l]] for l in range(L)) <= budget + 1e-12
+        ),
+        default=np.inf,
+    )
+    assert cheapest_levels(cost, spend, budget) == pytest.approx(want)

@@ -812,12 +812,8 @@ def maxvio_budget_bound(
         )
         per_level.append(lower)
         limited = limited and all(cert["bound_load_limited_per_layer"])
-    budget = sum(mv) + L * slack
-    best = math.inf
-    for ks in itertools.product(range(levels), repeat=L):
-        spent = sum(floor[l] if ks[l] == 0 else grid[l][ks[l] - 1] for l in range(L))
-        if spent <= budget + 1e-12:
-            best = min(best, sum(per_level[max(ks[l], ks[l - 1] if l else 0)][l] for l in range(L)))
+    spend = [[floor[l]] + grid[l][:-1] for l in range(L)]  # the least MaxVio a layer at level k may have
+    best = cheapest_levels(np.array(per_level, dtype=np.float64).T, np.array(spend), sum(mv) + L * slack)
     return {
         "bound": best / L,
         "base": float(ev["comm_per_token"]),
@@ -825,6 +821,31 @@ def maxvio_budget_bound(
         "bound_per_level": [float(np.mean(x)) for x in per_level],
         "load_limited": limited,
     }
+
+
+def cheapest_levels(cost: np.ndarray, spend: np.ndarray, budget: float) -> float:
+    """``min sum_l cost[l, max(k_l, k_{l-1})]`` (``k_{-1} = k_0``) over the level tuples with
+    ``sum_l spend[l, k_l] <= budget`` (``cost``, ``spend``: ``[L, levels]``; ``inf`` if none fits).
+
+    Exact, by dynamic programming over the layers: per level of the last layer, the pairs (spent,
+    cost) that no other pair beats on both, so the work grows with those fronts, not with
+    ``levels ** L``.
+    """
+    L, K = cost.shape
+    tol = 1e-12
+    front = [np.array([[spend[0, k], cost[0, k]]]) for k in range(K)]
+    for l in range(1, L):
+        nxt = []
+        for k in range(K):
+            parts = [f + np.array([spend[l, k], cost[l, max(k, j)]]) for j, f in enumerate(front) if len(f)]
+            pairs = np.concatenate(parts) if parts else np.zeros((0, 2))
+            pairs = pairs[pairs[:, 0] <= budget + tol]
+            pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]  # by spent, then cost
+            keep = pairs[:, 1] < np.minimum.accumulate(np.r_[np.inf, pairs[:-1, 1]])  # strictly cheaper
+            nxt.append(pairs[keep])
+        front = nxt
+    fits = [f[f[:, 0] <= budget + tol, 1] for f in front]
+    return float(min((x.min() for x in fits if len(x)), default=math.inf))
 
 
 def largest_loads(homes: np.ndarray, loads: list[np.ndarray], G: int) -> list[float]:
