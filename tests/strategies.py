@@ -184,6 +184,24 @@ def full_groupings(draw: st.DrawFn, max_experts: int = 9, limited: bool | None =
 
 
 @st.composite
+def labelled_groupings(draw: st.DrawFn, max_experts: int = 8) -> Grouping:
+    """A tiny grouping with heavy experts: 2 to G of them weigh more than half the load limit
+    (no two on one GPU), the others little; E = G cap (every group full) or not, drawn."""
+    G = draw(st.integers(2, 3))
+    E = draw(st.integers(G + 1, max_experts))
+    k = draw(st.integers(2, G))
+    cap = draw(st.sampled_from(sorted({math.ceil(E / G), math.ceil(E / G) + 1})))
+    W = np.triu(draw(symmetric_graphs(E)), 1)
+    heavy = draw(float_arrays(k, 0.8, 1.0))
+    light = draw(float_arrays(E - k, 0.01, 0.2))
+    limit = draw(st.floats(1.0, 1.5))  # two heavy ones exceed it, each fits
+    load = np.concatenate([heavy, light])
+    order = draw(st.permutations(list(range(E))))
+    load = load[np.asarray(order)]
+    return Grouping(W + W.T, load=load / load.sum(), groups=G, cap=cap, load_limit=limit / load.sum())
+
+
+@st.composite
 def stepped_profiles(draw: st.DrawFn, gpus: int, tiles: int, tile: int = 16) -> Profile:
     """A general monotone (non-affine) step profile: drawn non-negative increments per GPU."""
     steps = draw(arrays(np.float64, (gpus, tiles), elements=st.sampled_from([0.0, 0.0, 0.5, 1.0, 3.0])))

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moeopt.grouping import Grouping
-from moeopt.solvers.grouping_sdp import dual_bound, sdp_bound
-from tests.grouping_cases import brute_force
-from tests.strategies import float_arrays, groupings
+from moeopt.solvers.grouping_sdp import (
+    StructureDuals,
+    dual_bound,
+    load_structure,
+    polish,
+    sdp_bound,
+    structure_terms,
+)
+from tests.grouping_cases import brute_force, set_partitions
+from tests.strategies import float_arrays, groupings, labelled_groupings
 
 pytest.importorskip("cvxpy")
 
@@ -41,6 +50,129 @@ def test_any_multipliers_give_a_valid_bound(g: Grouping, data) -> None:
     N = 0.5 * (N + N.T)
     for full in (False, True) if E == g.groups * g.cap else (False,):
         assert dual_bound(g, y, z, N, mu, full=full) >= opt - 1e-9 * max(1.0, abs(opt))
+
+
+@settings(max_examples=30, deadline=None)
+@given(labelled_groupings())
+def test_structured_bound_is_at_least_the_brute_force_optimum(g: Grouping) -> None:
+    """With heavy experts: the conflict, label and lifted rows and the polish keep the bound valid."""
+    home, opt = brute_force(g)
+    if home is None:
+        return
+    s = load_structure(g)
+    assert len(s.labels) >= 2
+    assert s.exact == (len(s.labels) == g.groups)
+    res = sdp_bound(g, 10.0)
+    assert res.bound >= opt - 1e-7 * max(1.0, abs(opt))
+
+
+@settings(max_examples=30, deadline=None)
+@given(labelled_groupings())
+def test_structure_rows_hold_at_every_plan(g: Grouping) -> None:
+    """Every feasible plan (enumerated) meets the rows: conflicting pairs apart, at most one
+    label per GPU (exactly one with ``exact``), and every edge colocated only beside a common
+    label or, without ``exact``, beside none."""
+    s = load_structure(g)
+    K = s.labels
+    a, b = s.edges
+    for labels in set_partitions(g.experts, g.groups):
+        home = np.asarray(labels, dtype=np.int64)
+        if g.violations(home):
+            continue
+        X = home[:, None] == home[None, :]
+        assert not (X & s.conflict).any()
+        per_gpu = np.bincount(home[K], minlength=g.groups)
+        assert (per_gpu <= 1).all()
+        if s.exact:
+            assert (per_gpu == 1).all()
+        together = X[a, b]
+        labelled = X[a][:, K].any(axis=1) & X[b][:, K].any(axis=1)
+        assert (~together | labelled | (~X[a][:, K].any(axis=1) & ~s.exact)).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(labelled_groupings(), st.data())
+def test_any_structure_multipliers_give_a_valid_bound(g: Grouping, data) -> None:
+    """The structure rows' Lagrangian terms, for random multipliers (wrong signs and lifted
+    coefficients of the wrong sign included), never cut below the optimum; nor does the
+    polish started from them."""
+    home, opt = brute_force(g)
+    if home is None:
+        return
+    s = load_structure(g)
+    E, m, k = g.experts, len(s.edges[0]), len(s.labels)
+    zeros = int(np.triu(s.conflict, 1).sum())
+
+    def draw(shape, name):
+        return data.draw(float_arrays(shape, -2.0, 2.0), label=name)
+
+    duals = StructureDuals(
+        zero=draw(zeros, "zero"),
+        gamma=draw(m, "gamma"),
+        alpha=draw((m, k), "alpha"),
+        beta=draw((m, k), "beta"),
+        alpha0=draw(m, "alpha0"),
+        beta0=draw(m, "beta0"),
+        rho=draw(E - k, "rho"),
+    )
+    extra, constant = structure_terms(g, s, duals)
+    y, z, mu = draw(E, "y"), draw(E, "z"), draw(E, "mu")
+    N = draw((E, E), "N")
+    full = E == g.groups * g.cap
+    tol = 1e-9 * max(1.0, abs(opt))
+    assert dual_bound(g, y, z, N, mu, full=full, extra=extra, constant=constant) >= opt - tol
+    polished = polish(
+        g,
+        y,
+        z,
+        N,
+        mu,
+        full=full,
+        conflict=s.conflict,
+        extra=extra,
+        constant=constant,
+        deadline=time.perf_counter() + 0.5,
+    )
+    assert polished >= opt - 1e-7 * max(1.0, abs(opt))
+
+
+def test_structure_tightens_and_polish_recovers_a_stopped_solve() -> None:
+    """Three heavy experts with strong mutual affinity cannot share a GPU: the plain
+    relaxation counts much of that affinity, the structured one none. Multipliers of a
+    solve stopped early, polished, come back close to the converged bound."""
+    rng = np.random.default_rng(3)
+    E, G = 9, 3
+    W = rng.random((E, E)) * 0.2
+    W[:3, :3] = 5.0
+    W = np.triu(W, 1) + np.triu(W, 1).T
+    load = np.concatenate([np.full(3, 0.25), np.full(E - 3, 0.25 / (E - 3))])
+    g = Grouping(W, load=load, groups=G, cap=3, load_limit=0.35)
+    s = load_structure(g)
+    assert list(s.labels) == [0, 1, 2] and s.exact
+    plain = sdp_bound(g, 20.0, structured=False).bound
+    structured = sdp_bound(g, 20.0).bound
+    _, opt = brute_force(g)
+    assert opt <= structured + 1e-9
+    assert structured - opt < 0.5 * (plain - opt)  # most of the plain relaxation's excess is gone
+    from moeopt.solvers import grouping_sdp
+
+    zero = np.zeros(E)
+    unpolished = dual_bound(g, zero, zero, np.zeros((E, E)), zero, full=True)
+    polished = polish(
+        g,
+        zero,
+        zero,
+        np.zeros((E, E)),
+        zero,
+        full=True,
+        conflict=s.conflict,
+        extra=np.zeros((E, E)),
+        constant=0.0,
+        deadline=time.perf_counter() + 2.0,
+    )
+    assert polished < unpolished
+    assert polished >= opt - 1e-9
+    assert grouping_sdp.POLISH_TEMPERATURES
 
 
 def test_near_the_sdp_value_and_certifies_a_planted_grouping() -> None:

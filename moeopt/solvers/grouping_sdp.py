@@ -31,13 +31,18 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from moeopt.grouping import Grouping
+from moeopt.grouping import LOAD_TOL, Grouping
 
 #: SCS's accuracy targets (its default 1e-4 leaves more on the table at E = 256)
 SCS_EPS = 1e-5
+#: the share of the time SCS gets; the rest polishes its multipliers (:func:`polish`)
+SCS_SHARE = 0.5
+#: the soft maximum's temperatures, in units of the largest entry of ``M``
+POLISH_TEMPERATURES = (1e-3, 1e-4)
 
 
 @dataclass
@@ -66,10 +71,123 @@ class SdpResult:
         return {"bound": self.bound, "sdp_value": self.sdp_value, "status": self.status, "seconds": self.seconds}
 
 
-def dual_bound(problem: Grouping, y: np.ndarray, z: np.ndarray, N: np.ndarray, mu: np.ndarray, *, full: bool) -> float:
+@dataclass(frozen=True)
+class LoadStructure:
+    """What the load limit alone says about every plan (formulations/tacg.md, section 9).
+
+    Attributes
+    ----------
+    conflict
+        bool ``[E, E]``: pairs whose loads together exceed the limit, never on one GPU.
+    labels
+        Experts heavier than half the limit (pairwise in conflict: at most one per GPU), in
+        increasing index; empty unless there are 2 to G of them.
+    exact
+        Whether there are exactly G labels: then every GPU holds exactly one.
+    edges
+        ``(a, b)``, ``a < b``: the pairs of unlabelled experts with affinity and no conflict,
+        the pairs whose colocation the label rows bound.
+    """
+
+    conflict: np.ndarray
+    labels: np.ndarray
+    exact: bool
+    edges: tuple[np.ndarray, np.ndarray]
+
+
+def load_structure(problem: Grouping) -> LoadStructure:
+    """The conflicts and labels of ``problem``'s load limit (none without a limit)."""
+    E = problem.experts
+    none = np.zeros(0, dtype=np.int64)
+    if not problem.limited:
+        return LoadStructure(np.zeros((E, E), dtype=bool), none, False, (none, none))
+    w, top = problem.load, problem.load_limit + LOAD_TOL
+    conflict = w[:, None] + w[None, :] > top
+    np.fill_diagonal(conflict, False)
+    labels = np.flatnonzero(2 * w > top)
+    if not 2 <= len(labels) <= problem.groups:
+        labels = none
+    free = np.ones(E, dtype=bool)
+    free[labels] = False
+    a, b = np.nonzero(np.triu((problem.graph > 0) & ~conflict & free[:, None] & free[None, :], 1))
+    return LoadStructure(conflict, labels, len(labels) == problem.groups, (a, b))
+
+
+def _add_pairs(A: np.ndarray, i: np.ndarray, j: np.ndarray, c: np.ndarray) -> None:
+    """Add the linear term ``sum c X[i, j]`` to ``<A, X>`` (half on each side)."""
+    np.add.at(A, (i, j), 0.5 * c)
+    np.add.at(A, (j, i), 0.5 * c)
+
+
+@dataclass
+class StructureDuals:
+    """Multipliers of the load-structure rows (shapes from :class:`LoadStructure`; ``m`` edges,
+    ``k`` labels): ``zero`` of ``X_ij <= 0`` per conflicting pair ``i < j``; ``gamma`` of
+    ``X_ab <= sum_h T_abh + T_ab0`` per edge; ``alpha``, ``beta`` (``[m, k]``) of
+    ``T_abh <= X_ah`` and ``T_abh <= X_bh``; ``alpha0``, ``beta0`` of ``T_ab0 <= 1 - s_a`` and
+    ``T_ab0 <= 1 - s_b`` (``s_i = sum_h X_ih``; only without ``exact``); ``rho`` of
+    ``s_i <= 1`` per unlabelled expert (``s_i = 1`` with ``exact``: any sign). All others
+    are ``>= 0``."""
+
+    zero: np.ndarray
+    gamma: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray
+    alpha0: np.ndarray
+    beta0: np.ndarray
+    rho: np.ndarray
+
+
+def structure_terms(problem: Grouping, structure: LoadStructure, duals: StructureDuals) -> tuple[np.ndarray, float]:
+    """The load-structure rows' part of the Lagrangian: ``(A, constant)``, ``A`` added to
+    ``M`` and ``constant`` to the bound of :func:`dual_bound`. Valid for every choice of
+    ``duals``: signs are clipped, and ``alpha``, ``alpha0`` are raised until the lifted
+    ``T >= 0`` drop out (their coefficients ``gamma - alpha - beta`` must be ``<= 0``)."""
+    E = problem.experts
+    K = structure.labels
+    a, b = structure.edges
+    A = np.zeros((E, E))
+    ci, cj = np.nonzero(np.triu(structure.conflict, 1))
+    _add_pairs(A, ci, cj, -np.maximum(np.asarray(duals.zero, dtype=np.float64), 0.0))
+    if not len(K):
+        return A, 0.0
+    gamma = np.maximum(np.asarray(duals.gamma, dtype=np.float64), 0.0)
+    beta = np.maximum(np.asarray(duals.beta, dtype=np.float64), 0.0)
+    alpha = np.maximum(np.maximum(np.asarray(duals.alpha, dtype=np.float64), 0.0), gamma[:, None] - beta)
+    rho = np.asarray(duals.rho, dtype=np.float64)
+    if not structure.exact:
+        rho = np.maximum(rho, 0.0)
+    m, k = len(a), len(K)
+    rest = np.setdiff1d(np.arange(E), K)
+    _add_pairs(A, a, b, -gamma)
+    _add_pairs(A, np.repeat(a, k), np.tile(K, m), alpha.ravel())
+    _add_pairs(A, np.repeat(b, k), np.tile(K, m), beta.ravel())
+    _add_pairs(A, np.repeat(rest, k), np.tile(K, len(rest)), -np.repeat(rho, k))
+    constant = float(rho.sum())
+    if not structure.exact:
+        beta0 = np.maximum(np.asarray(duals.beta0, dtype=np.float64), 0.0)
+        alpha0 = np.maximum(np.maximum(np.asarray(duals.alpha0, dtype=np.float64), 0.0), gamma - beta0)
+        _add_pairs(A, np.repeat(a, k), np.tile(K, m), -np.repeat(alpha0, k))
+        _add_pairs(A, np.repeat(b, k), np.tile(K, m), -np.repeat(beta0, k))
+        constant += float(alpha0.sum() + beta0.sum())
+    return A, constant
+
+
+def dual_bound(
+    problem: Grouping,
+    y: np.ndarray,
+    z: np.ndarray,
+    N: np.ndarray,
+    mu: np.ndarray,
+    *,
+    full: bool,
+    extra: np.ndarray | None = None,
+    constant: float = 0.0,
+) -> float:
     """The bound for given multipliers: ``y`` of the row sums (free when ``full``, else >= 0),
-    ``z >= 0`` of the load rows, ``N >= 0`` of ``X >= 0``, ``mu`` of the diagonal (free).
-    Valid for every choice (multipliers of the wrong sign are clipped)."""
+    ``z >= 0`` of the load rows, ``N >= 0`` of ``X >= 0``, ``mu`` of the diagonal (free), and
+    the load-structure rows' ``extra`` and ``constant`` (:func:`structure_terms`). Valid for
+    every choice (multipliers of the wrong sign are clipped)."""
     W, w, G, cap = problem.graph, problem.load, problem.groups, problem.cap
     E = len(w)
     one = np.ones(E)
@@ -77,7 +195,9 @@ def dual_bound(problem: Grouping, y: np.ndarray, z: np.ndarray, N: np.ndarray, m
     N = np.maximum(np.asarray(N, dtype=np.float64), 0.0)
     C = 0.5 * (W - np.diag(np.diag(W)))
     M = C + N - 0.5 * (y[:, None] + y[None, :]) - np.diag(mu)
-    value = cap * y.sum() + mu.sum()
+    value = cap * y.sum() + mu.sum() + constant
+    if extra is not None:
+        M = M + extra
     if problem.limited:
         z = np.maximum(np.asarray(z, dtype=np.float64), 0.0)
         M = M - 0.5 * (z[:, None] * w[None, :] + w[:, None] * z[None, :])
@@ -87,7 +207,162 @@ def dual_bound(problem: Grouping, y: np.ndarray, z: np.ndarray, N: np.ndarray, m
     return float(value + (E * (G - 1) * top + one @ M @ one) / G)
 
 
-def sdp_bound(problem: Grouping, seconds: float) -> SdpResult:
+class _Deadline(Exception):
+    pass
+
+
+def polish(
+    problem: Grouping,
+    y: np.ndarray,
+    z: np.ndarray,
+    N: np.ndarray,
+    mu: np.ndarray,
+    *,
+    full: bool,
+    conflict: np.ndarray,
+    extra: np.ndarray,
+    constant: float,
+    deadline: float,
+) -> float:
+    """Improve the multipliers ``y, z, N, mu`` (the structure rows' part ``extra, constant``
+    kept) by minimizing the bound of :func:`dual_bound` until ``deadline``, from the solver's.
+
+    SCS stopped by its clock leaves multipliers whose recomputed bound is well above its own
+    value (the ``λ_max`` term pays for every residual, times ``E (G - 1) / G``). The bound is
+    convex in the multipliers; L-BFGS-B minimizes it with ``λ_max`` smoothed to a soft maximum
+    of the eigenvalues (the temperature lowered in stages), ``N >= 0`` and ``z >= 0`` as box
+    constraints, and ``N`` of any sign on the ``conflict`` pairs (``X = 0`` there). Every
+    evaluation also gives the exact bound at its point; the least is returned, recomputed by
+    :func:`dual_bound` (so the bound stays valid however the search went)."""
+    from scipy.optimize import minimize
+
+    W, w, G, cap = problem.graph, problem.load, problem.groups, problem.cap
+    E = len(w)
+    one = np.ones(E)
+    iu, ju = np.triu_indices(E, 1)
+    limit = problem.load_limit if problem.limited else 0.0
+    base = 0.5 * (W - np.diag(np.diag(W))) + 0.5 * (extra + extra.T)
+    free = conflict[iu, ju]
+    x0 = np.concatenate(
+        [
+            y if full else np.maximum(y, 0.0),
+            np.maximum(z, 0.0) if problem.limited else np.zeros(E),
+            mu,
+            np.maximum(0.5 * (N + N.T), 0.0)[iu, ju],
+        ]
+    )
+    lower = np.concatenate(
+        [np.full(E, -np.inf if full else 0.0), np.zeros(E), np.full(E, -np.inf), np.where(free, -np.inf, 0.0)]
+    )
+    bounds = list(zip(lower, np.full(len(lower), np.inf), strict=True))
+
+    def build(x: np.ndarray) -> tuple[np.ndarray, float]:
+        yy, zz, mm, nn = x[:E], x[E : 2 * E], x[2 * E : 3 * E], x[3 * E :]
+        M = base.copy()
+        M[iu, ju] += nn
+        M[ju, iu] += nn
+        M -= 0.5 * (yy[:, None] + yy[None, :]) + np.diag(mm)
+        if problem.limited:
+            M -= 0.5 * (zz[:, None] * w[None, :] + w[:, None] * zz[None, :])
+        return M, float(cap * yy.sum() + mm.sum() + constant + limit * zz.sum())
+
+    best: dict[str, Any] = {"value": np.inf, "x": x0}
+
+    def fun(x: np.ndarray, tau: float, stop: float) -> tuple[float, np.ndarray]:
+        if time.perf_counter() > stop:
+            raise _Deadline
+        M, value = build(x)
+        lam, V = np.linalg.eigh(M)
+        top = lam[-1]
+        exact = value + (E * (G - 1) * top + one @ M @ one) / G
+        if exact < best["value"]:
+            best.update(value=exact, x=x.copy())
+        p = np.exp((lam - top) / tau)
+        soft = top + tau * np.log(p.sum())
+        p /= p.sum()
+        Q = (E * (G - 1) * (V * p) @ V.T + 1.0) / G  # the gradient of the bound in M
+        grad = np.concatenate(
+            [cap - Q.sum(axis=1), limit - Q @ w if problem.limited else np.zeros(E), 1.0 - np.diag(Q), 2.0 * Q[iu, ju]]
+        )
+        return value + (E * (G - 1) * soft + one @ M @ one) / G, grad
+
+    scale = max(float(np.abs(build(x0)[0]).max()), 1e-300)
+    for k, tau in enumerate(POLISH_TEMPERATURES):  # each stage gets its share of the time left
+        stop = time.perf_counter() + (deadline - time.perf_counter()) / (len(POLISH_TEMPERATURES) - k)
+        try:
+            minimize(fun, best["x"], args=(tau * scale, stop), jac=True, method="L-BFGS-B", bounds=bounds)
+        except _Deadline:
+            pass
+    x = best["x"]
+    nn = x[3 * E :]
+    Np = np.zeros((E, E))
+    Np[iu, ju] = np.maximum(nn, 0.0)  # N >= 0 in dual_bound; the conflicts' negative part goes to extra
+    Nf = np.zeros((E, E))
+    Nf[iu, ju] = np.minimum(nn, 0.0)
+    return dual_bound(
+        problem, x[:E], x[E : 2 * E], Np + Np.T, x[2 * E : 3 * E], full=full, extra=extra + Nf + Nf.T, constant=constant
+    )
+
+
+def _structure_rows(X, structure: LoadStructure, E: int) -> dict[str, list]:
+    """The load-structure rows of :class:`StructureDuals` as CVXPY constraints, all of the
+    form ``expression <= 0`` or ``>= 0`` (no equality: their multipliers' signs are then
+    CVXPY's documented ones)."""
+    import cvxpy as cp
+
+    out: dict[str, list] = {}
+    ci, cj = np.nonzero(np.triu(structure.conflict, 1))
+    if len(ci):
+        out["zero"] = [X[ci, cj] <= 0]
+    K = structure.labels
+    if not len(K):
+        return out
+    a, b = structure.edges
+    rest = np.setdiff1d(np.arange(E), K)
+    s_rest = cp.sum(X[rest, :][:, K], axis=1)
+    out["rho"] = [s_rest <= 1] + ([s_rest >= 1] if structure.exact else [])
+    if len(a):
+        m, k = len(a), len(K)
+        T = cp.Variable((m, k), nonneg=True)
+        lifted = cp.sum(T, axis=1)
+        out["alpha"] = [T <= X[a, :][:, K]]
+        out["beta"] = [T <= X[b, :][:, K]]
+        if not structure.exact:
+            T0 = cp.Variable(m, nonneg=True)
+            lifted = lifted + T0
+            out["alpha0"] = [T0 <= 1 - cp.sum(X[a, :][:, K], axis=1)]
+            out["beta0"] = [T0 <= 1 - cp.sum(X[b, :][:, K], axis=1)]
+        out["gamma"] = [X[a, b] <= lifted]
+    return out
+
+
+def _structure_duals(rows: dict[str, list], structure: LoadStructure) -> StructureDuals:
+    """The solver's multipliers of :func:`_structure_rows` (zeros where a row is absent or
+    the solver returned none)."""
+    m, k = len(structure.edges[0]), len(structure.labels)
+    rest = structure.conflict.shape[0] - k
+    shapes = {
+        "zero": (int(np.triu(structure.conflict, 1).sum()),),
+        "gamma": (m,),
+        "alpha": (m, k),
+        "beta": (m, k),
+        "alpha0": (m,),
+        "beta0": (m,),
+        "rho": (rest if k else 0,),
+    }
+    values = {}
+    for name, shape in shapes.items():
+        cons = rows.get(name, [])
+        duals = [
+            np.zeros(shape) if c.dual_value is None else np.asarray(c.dual_value, dtype=np.float64).reshape(shape)
+            for c in cons
+        ]
+        # s <= 1 and s >= 1 (exact labels): the multiplier of s = 1 is their difference
+        values[name] = duals[0] - duals[1] if len(duals) == 2 else duals[0] if duals else np.zeros(shape)
+    return StructureDuals(**values)
+
+
+def sdp_bound(problem: Grouping, seconds: float, *, structured: bool = True) -> SdpResult:
     """Upper bound on the affinity of every plan by the semidefinite relaxation.
 
     Parameters
@@ -96,6 +371,9 @@ def sdp_bound(problem: Grouping, seconds: float) -> SdpResult:
         The grouping problem (E experts, G groups of at most ``cap``, optional load limit).
     seconds
         SCS's time limit (model building comes on top: about a second at E = 256).
+    structured
+        Add the load structure's rows (:func:`load_structure`: conflicting pairs apart, one
+        label per GPU); ``False`` gives the plain relaxation, for comparison.
 
     Returns
     -------
@@ -122,9 +400,13 @@ def sdp_bound(problem: Grouping, seconds: float) -> SdpResult:
     if problem.limited:
         load = X @ w <= problem.load_limit
         cons.append(load)
+    structure = load_structure(problem) if structured else load_structure(problem.replace(load_limit=np.inf))
+    rows_of = _structure_rows(X, structure, E)
+    cons.extend(c for group in rows_of.values() for c in group)
     C = 0.5 * (W - np.diag(np.diag(W)))
     prob = cp.Problem(cp.Maximize(cp.sum(cp.multiply(C, X))), cons)
-    left = max(0.5, seconds - (time.perf_counter() - t0))
+    deadline = t0 + seconds
+    left = max(0.5, SCS_SHARE * seconds - (time.perf_counter() - t0))
     try:
         with warnings.catch_warnings():  # "solution may be inaccurate": the status says so, and the bound is valid
             warnings.simplefilter("ignore", UserWarning)
@@ -138,12 +420,31 @@ def sdp_bound(problem: Grouping, seconds: float) -> SdpResult:
     y = np.asarray(rows.dual_value, dtype=np.float64).ravel()
     mu = np.asarray(diag.dual_value, dtype=np.float64).ravel()
     z = np.zeros(E) if load is None else np.asarray(load.dual_value, dtype=np.float64).ravel()
+    extra, constant = structure_terms(problem, structure, _structure_duals(rows_of, structure))
     # CVXPY's sign conventions for equality rows depend on how it canonicalizes the problem:
-    # every sign gives a valid bound, so keep the smallest
+    # every sign gives a valid bound, so keep the smallest (the structure rows are all
+    # inequalities, whose multipliers CVXPY returns >= 0)
     signs = (1.0, -1.0)
-    bound = min(
-        dual_bound(problem, sy * y, z, N, sm * mu, full=full) for sy in (signs if full else (1.0,)) for sm in signs
-    )
+    tried = {
+        (sy, sm): dual_bound(problem, sy * y, z, N, sm * mu, full=full, extra=extra, constant=constant)
+        for sy in (signs if full else (1.0,))
+        for sm in signs
+    }
+    (sy, sm), bound = min(tried.items(), key=lambda kv: kv[1])
+    if np.isfinite(bound) and time.perf_counter() < deadline:
+        polished = polish(
+            problem,
+            sy * y,
+            z,
+            N,
+            sm * mu,
+            full=full,
+            conflict=structure.conflict,
+            extra=extra,
+            constant=constant,
+            deadline=deadline,
+        )
+        bound = min(bound, polished)
     bound = min(bound, total)  # the affinity of all pairs: a plan cannot exceed it
     value = None if prob.value is None else float(prob.value)
     return SdpResult(bound, value, status, time.perf_counter() - t0)
