@@ -43,6 +43,8 @@ SCS_EPS = 1e-5
 SCS_SHARE = 0.5
 #: the soft maximum's temperatures, in units of the largest entry of ``M``
 POLISH_TEMPERATURES = (1e-3, 1e-4)
+#: no polish when SCS converged and the recomputed bound is within this share of its value
+POLISH_SLACK = 1e-3
 
 
 @dataclass
@@ -431,7 +433,9 @@ def sdp_bound(problem: Grouping, seconds: float, *, structured: bool = True) -> 
         for sm in signs
     }
     (sy, sm), bound = min(tried.items(), key=lambda kv: kv[1])
-    if np.isfinite(bound) and time.perf_counter() < deadline:
+    value = None if prob.value is None else float(prob.value)
+    converged = status == "optimal" and value is not None and bound <= value + POLISH_SLACK * max(abs(value), 1e-12)
+    if np.isfinite(bound) and not converged and time.perf_counter() < deadline:
         polished = polish(
             problem,
             sy * y,
@@ -446,5 +450,4 @@ def sdp_bound(problem: Grouping, seconds: float, *, structured: bool = True) -> 
         )
         bound = min(bound, polished)
     bound = min(bound, total)  # the affinity of all pairs: a plan cannot exceed it
-    value = None if prob.value is None else float(prob.value)
     return SdpResult(bound, value, status, time.perf_counter() - t0)
