@@ -190,23 +190,42 @@ def dual_bound(
     ``z >= 0`` of the load rows, ``N >= 0`` of ``X >= 0``, ``mu`` of the diagonal (free), and
     the load-structure rows' ``extra`` and ``constant`` (:func:`structure_terms`). Valid for
     every choice (multipliers of the wrong sign are clipped)."""
-    W, w, G, cap = problem.graph, problem.load, problem.groups, problem.cap
-    E = len(w)
-    one = np.ones(E)
     y = np.asarray(y, dtype=np.float64) if full else np.maximum(np.asarray(y, dtype=np.float64), 0.0)
+    z = np.maximum(np.asarray(z, dtype=np.float64), 0.0)
     N = np.maximum(np.asarray(N, dtype=np.float64), 0.0)
-    C = 0.5 * (W - np.diag(np.diag(W)))
-    M = C + N - 0.5 * (y[:, None] + y[None, :]) - np.diag(mu)
-    value = cap * y.sum() + mu.sum() + constant
+    M, value = _lagrangian(problem, y, z, N, np.asarray(mu, dtype=np.float64), extra, constant)
+    top = float(np.linalg.eigvalsh(M)[-1])
+    return _bound(problem, M, value, top)
+
+
+def _lagrangian(
+    problem: Grouping,
+    y: np.ndarray,
+    z: np.ndarray,
+    N: np.ndarray,
+    mu: np.ndarray,
+    extra: np.ndarray | None,
+    constant: float,
+) -> tuple[np.ndarray, float]:
+    """``M`` (symmetrized) and the constant part of the bound, the multipliers taken as they
+    are (their signs must already be right)."""
+    W, w = problem.graph, problem.load
+    M = 0.5 * (W - np.diag(np.diag(W))) + N - 0.5 * (y[:, None] + y[None, :]) - np.diag(mu)
+    value = problem.cap * y.sum() + mu.sum() + constant
     if extra is not None:
         M = M + extra
     if problem.limited:
-        z = np.maximum(np.asarray(z, dtype=np.float64), 0.0)
         M = M - 0.5 * (z[:, None] * w[None, :] + w[:, None] * z[None, :])
         value += problem.load_limit * z.sum()
-    M = 0.5 * (M + M.T)
-    top = float(np.linalg.eigvalsh(M)[-1])
-    return float(value + (E * (G - 1) * top + one @ M @ one) / G)
+    return 0.5 * (M + M.T), float(value)
+
+
+def _bound(problem: Grouping, M: np.ndarray, value: float, top: float) -> float:
+    """The bound from ``M``, its largest eigenvalue ``top`` (or an upper bound on it) and the
+    constant part: ``max <M, X>`` over ``diag X = 1, G X - 1 1ᵀ ⪰ 0`` is at most
+    ``(E (G - 1) top + 1ᵀ M 1) / G``."""
+    E, G = len(M), problem.groups
+    return float(value + (E * (G - 1) * top + M.sum()) / G)
 
 
 class _Deadline(Exception):
@@ -238,12 +257,10 @@ def polish(
     :func:`dual_bound` (so the bound stays valid however the search went)."""
     from scipy.optimize import minimize
 
-    W, w, G, cap = problem.graph, problem.load, problem.groups, problem.cap
+    w, G, cap = problem.load, problem.groups, problem.cap
     E = len(w)
-    one = np.ones(E)
     iu, ju = np.triu_indices(E, 1)
     limit = problem.load_limit if problem.limited else 0.0
-    base = 0.5 * (W - np.diag(np.diag(W))) + 0.5 * (extra + extra.T)
     free = conflict[iu, ju]
     x0 = np.concatenate(
         [
@@ -259,14 +276,9 @@ def polish(
     bounds = list(zip(lower, np.full(len(lower), np.inf), strict=True))
 
     def build(x: np.ndarray) -> tuple[np.ndarray, float]:
-        yy, zz, mm, nn = x[:E], x[E : 2 * E], x[2 * E : 3 * E], x[3 * E :]
-        M = base.copy()
-        M[iu, ju] += nn
-        M[ju, iu] += nn
-        M -= 0.5 * (yy[:, None] + yy[None, :]) + np.diag(mm)
-        if problem.limited:
-            M -= 0.5 * (zz[:, None] * w[None, :] + w[:, None] * zz[None, :])
-        return M, float(cap * yy.sum() + mm.sum() + constant + limit * zz.sum())
+        Nx = np.zeros((E, E))
+        Nx[iu, ju] = Nx[ju, iu] = x[3 * E :]
+        return _lagrangian(problem, x[:E], x[E : 2 * E], Nx, x[2 * E : 3 * E], extra, constant)
 
     best: dict[str, Any] = {"value": np.inf, "x": x0}
 
@@ -276,7 +288,7 @@ def polish(
         M, value = build(x)
         lam, V = np.linalg.eigh(M)
         top = lam[-1]
-        exact = value + (E * (G - 1) * top + one @ M @ one) / G
+        exact = _bound(problem, M, value, top)
         if exact < best["value"]:
             best.update(value=exact, x=x.copy())
         p = np.exp((lam - top) / tau)
@@ -286,7 +298,7 @@ def polish(
         grad = np.concatenate(
             [cap - Q.sum(axis=1), limit - Q @ w if problem.limited else np.zeros(E), 1.0 - np.diag(Q), 2.0 * Q[iu, ju]]
         )
-        return value + (E * (G - 1) * soft + one @ M @ one) / G, grad
+        return _bound(problem, M, value, soft), grad
 
     scale = max(float(np.abs(build(x0)[0]).max()), 1e-300)
     for k, tau in enumerate(POLISH_TEMPERATURES):  # each stage gets its share of the time left
