@@ -154,7 +154,6 @@ def test_structure_tightens_and_polish_recovers_a_stopped_solve() -> None:
     _, opt = brute_force(g)
     assert opt <= structured + 1e-9
     assert structured - opt < 0.5 * (plain - opt)  # most of the plain relaxation's excess is gone
-    from moeopt.solvers import grouping_sdp
 
     zero = np.zeros(E)
     unpolished = dual_bound(g, zero, zero, np.zeros((E, E)), zero, full=True)
@@ -168,11 +167,11 @@ def test_structure_tightens_and_polish_recovers_a_stopped_solve() -> None:
         conflict=s.conflict,
         extra=np.zeros((E, E)),
         constant=0.0,
-        deadline=time.perf_counter() + 2.0,
+        deadline=time.perf_counter() + 5.0,
     )
     assert polished < unpolished
     assert polished >= opt - 1e-9
-    assert grouping_sdp.POLISH_TEMPERATURES
+    assert polished <= structured + 1e-3 * abs(structured)  # back at the converged bound, from zero
 
 
 def test_near_the_sdp_value_and_certifies_a_planted_grouping() -> None:

@@ -96,19 +96,24 @@ class LoadStructure:
     exact: bool
     edges: tuple[np.ndarray, np.ndarray]
 
+    @classmethod
+    def empty(cls, experts: int) -> LoadStructure:
+        """No conflict, no label: the plain relaxation."""
+        none = np.zeros(0, dtype=np.int64)
+        return cls(np.zeros((experts, experts), dtype=bool), none, False, (none, none))
+
 
 def load_structure(problem: Grouping) -> LoadStructure:
     """The conflicts and labels of ``problem``'s load limit (none without a limit)."""
     E = problem.experts
-    none = np.zeros(0, dtype=np.int64)
     if not problem.limited:
-        return LoadStructure(np.zeros((E, E), dtype=bool), none, False, (none, none))
+        return LoadStructure.empty(E)
     w, top = problem.load, problem.load_limit + LOAD_TOL
     conflict = w[:, None] + w[None, :] > top
     np.fill_diagonal(conflict, False)
     labels = np.flatnonzero(2 * w > top)
     if not 2 <= len(labels) <= problem.groups:
-        labels = none
+        labels = np.zeros(0, dtype=np.int64)
     free = np.ones(E, dtype=bool)
     free[labels] = False
     a, b = np.nonzero(np.triu((problem.graph > 0) & ~conflict & free[:, None] & free[None, :], 1))
@@ -414,7 +419,7 @@ def sdp_bound(problem: Grouping, seconds: float, *, structured: bool = True) -> 
     if problem.limited:
         load = X @ w <= problem.load_limit
         cons.append(load)
-    structure = load_structure(problem) if structured else load_structure(problem.replace(load_limit=np.inf))
+    structure = load_structure(problem) if structured else LoadStructure.empty(E)
     rows_of = _structure_rows(X, structure, E)
     cons.extend(c for group in rows_of.values() for c in group)
     C = 0.5 * (W - np.diag(np.diag(W)))
