@@ -318,6 +318,42 @@ def test_tacg_sdp_certificate() -> None:
     assert res.bound < cheap.bound  # on this instance the SDP is strictly tighter than the cheap bounds
 
 
+def test_tacg_auto_certificate_stops_at_a_proved_colgen() -> None:
+    """``certificate: auto`` where column generation proves its LP: colgen's bound, no SDP."""
+    p = make_problem(E=16, G=4, L=2, seed=1)
+    cheap = run("tacg", p, time_limit=5.0)
+    res = run("tacg", p, time_limit=5.0, certificate="auto")
+    records = res.stats["certificate"]
+    assert all(r["colgen"]["proven"] and "sdp" not in r for r in records)
+    assert res.bound <= cheap.bound + 1e-9
+    assert res.bound >= res.objective - 1e-9
+
+
+def test_tacg_auto_certificate_falls_back_to_the_sdp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``certificate: auto`` where column generation does not prove its LP: the SDP runs in the
+    rest of the layer's time and the smaller of the two bounds is reported."""
+    pytest.importorskip("cvxpy")
+    import dataclasses
+
+    import moeopt.colgen as colgen
+
+    real = colgen.column_generation
+
+    def unproven(*args, **kwargs):  # the same run, reported as stopped before its LP was solved
+        return dataclasses.replace(real(*args, **kwargs), proven=False)
+
+    monkeypatch.setattr(colgen, "column_generation", unproven)
+    p = make_problem(E=16, G=2, L=2, seed=3)
+    res = run("tacg", p, time_limit=6.0, certificate="auto")
+    records = res.stats["certificate"]
+    assert len(records) == 2 and all("colgen" in r and "sdp" in r for r in records)
+    per_layer = [min(r["colgen"]["bound"], r["sdp"]["bound"]) for r in records]
+    assert res.bound <= sum(per_layer) + 1e-9
+    assert res.bound >= res.objective - 1e-9
+    # each layer reports (and names) the smaller of the two
+    assert res.stats["bound_kind"] == [min(("colgen", "sdp"), key=lambda k: r[k]["bound"]) for r in records]
+
+
 def test_exact_methods_honour_a_strong_certificate() -> None:
     """``tacg-cpsat`` with ``certificate: sdp``: when the solver leaves a gap, half the layer's
     time goes to the SDP bound, which is reported when tighter (it was ignored before)."""
