@@ -185,6 +185,10 @@ def parse_params(
     try:
         params = method.Params(**values)
     except (TypeError, ValueError, PlanError) as exc:
+        # "certificate must be one of ..." names its parameter: report it as method.certificate
+        name, _, rest = str(exc).partition(" must ")
+        if name in fields and rest:
+            raise InputError(source, f"method.{name}", f"must {rest}") from None
         raise InputError(source, "method", str(exc)) from None
     return params
 

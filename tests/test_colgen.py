@@ -287,8 +287,9 @@ def test_tacg_colgen_certificate() -> None:
     assert cg.bound >= cg.objective - 1e-9
     assert [sorted(r) for r in cg.stats["certificate"]] == [["colgen"], ["colgen"]]
     assert cg.status in (Status.OPTIMAL, Status.FEASIBLE)
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match=r"^method\.certificate: must be one of .*auto, got 'nope'$") as info:
         run("agnostic", p, certificate="nope")
+    assert info.value.field == "method.certificate"
 
 
 @pytest.mark.parametrize("kind", ["triangle", "both"])

@@ -252,7 +252,7 @@ def test_top_down_nodes_mode_gives_feasible_plans() -> None:
     _, groupings, _ = layer_problems(p, parse_params(get_method("tacg"), {"eps_load": 0.8}))
     assert all(g.feasible(h) for g, h in zip(groupings, r.plan.home, strict=True))
     assert set(r.stats["node_mode"]) <= {"flat", "top-down"} and "top-down" in r.stats["node_mode"]
-    with pytest.raises(InputError, match="nodes must be"):
+    with pytest.raises(InputError, match=r"method\.nodes: must be"):
         parse_params(get_method("tacg"), {"nodes": "sideways"})
 
 
