@@ -96,6 +96,11 @@ class LoadStructure:
     exact: bool
     edges: tuple[np.ndarray, np.ndarray]
 
+    def conflict_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(i, j)``, ``i < j``: the conflicting pairs, in the order of ``StructureDuals.zero``."""
+        i, j = np.nonzero(np.triu(self.conflict, 1))
+        return i, j
+
     @classmethod
     def empty(cls, experts: int) -> LoadStructure:
         """No conflict, no label: the plain relaxation."""
@@ -154,30 +159,26 @@ def structure_terms(problem: Grouping, structure: LoadStructure, duals: Structur
     K = structure.labels
     a, b = structure.edges
     A = np.zeros((E, E))
-    ci, cj = np.nonzero(np.triu(structure.conflict, 1))
-    _add_pairs(A, ci, cj, -np.maximum(np.asarray(duals.zero, dtype=np.float64), 0.0))
+    _add_pairs(A, *structure.conflict_pairs(), -np.maximum(np.asarray(duals.zero, dtype=np.float64), 0.0))
     if not len(K):
         return A, 0.0
     gamma = np.maximum(np.asarray(duals.gamma, dtype=np.float64), 0.0)
     beta = np.maximum(np.asarray(duals.beta, dtype=np.float64), 0.0)
     alpha = np.maximum(np.maximum(np.asarray(duals.alpha, dtype=np.float64), 0.0), gamma[:, None] - beta)
     rho = np.asarray(duals.rho, dtype=np.float64)
+    alpha0 = beta0 = np.zeros(len(a))  # the T0 rows exist only without exact labels
     if not structure.exact:
         rho = np.maximum(rho, 0.0)
-    m, k = len(a), len(K)
-    rest = np.setdiff1d(np.arange(E), K)
-    _add_pairs(A, a, b, -gamma)
-    _add_pairs(A, np.repeat(a, k), np.tile(K, m), alpha.ravel())
-    _add_pairs(A, np.repeat(b, k), np.tile(K, m), beta.ravel())
-    _add_pairs(A, np.repeat(rest, k), np.tile(K, len(rest)), -np.repeat(rho, k))
-    constant = float(rho.sum())
-    if not structure.exact:
         beta0 = np.maximum(np.asarray(duals.beta0, dtype=np.float64), 0.0)
         alpha0 = np.maximum(np.maximum(np.asarray(duals.alpha0, dtype=np.float64), 0.0), gamma - beta0)
-        _add_pairs(A, np.repeat(a, k), np.tile(K, m), -np.repeat(alpha0, k))
-        _add_pairs(A, np.repeat(b, k), np.tile(K, m), -np.repeat(beta0, k))
-        constant += float(alpha0.sum() + beta0.sum())
-    return A, constant
+    k = len(K)
+    rest = np.setdiff1d(np.arange(E), K)
+    _add_pairs(A, a, b, -gamma)
+    # X_ah and X_bh appear in the T rows (alpha, beta) and, through s_a and s_b, in the T0 rows
+    _add_pairs(A, np.repeat(a, k), np.tile(K, len(a)), (alpha - alpha0[:, None]).ravel())
+    _add_pairs(A, np.repeat(b, k), np.tile(K, len(b)), (beta - beta0[:, None]).ravel())
+    _add_pairs(A, np.repeat(rest, k), np.tile(K, len(rest)), -np.repeat(rho, k))
+    return A, float(rho.sum() + alpha0.sum() + beta0.sum())
 
 
 def dual_bound(
@@ -330,7 +331,7 @@ def _structure_rows(X, structure: LoadStructure, E: int) -> dict[str, list]:
     import cvxpy as cp
 
     out: dict[str, list] = {}
-    ci, cj = np.nonzero(np.triu(structure.conflict, 1))
+    ci, cj = structure.conflict_pairs()
     if len(ci):
         out["zero"] = [X[ci, cj] <= 0]
     K = structure.labels
@@ -361,7 +362,7 @@ def _structure_duals(rows: dict[str, list], structure: LoadStructure) -> Structu
     m, k = len(structure.edges[0]), len(structure.labels)
     rest = structure.conflict.shape[0] - k
     shapes = {
-        "zero": (int(np.triu(structure.conflict, 1).sum()),),
+        "zero": (len(structure.conflict_pairs()[0]),),
         "gamma": (m,),
         "alpha": (m, k),
         "beta": (m, k),
