@@ -325,6 +325,11 @@ def render_certificates(d: dict) -> str:
     return "\n".join(out)
 
 
+def render_gcg(d: dict) -> str:
+    gcg = _benchmark_script("gcg")  # the rows the benchmark writes to gcg.md
+    return "\n".join([gcg.setting(d["info"]), "", table(gcg.table_rows(d), gcg.HEAD)])
+
+
 # --------------------------------------------------------------------------- gem
 GEM_KEYS = ("S_vs_linear", "p90_vs_linear", "S_vs_greedy", "S_vs_speed-greedy")
 
@@ -670,6 +675,14 @@ BENCHMARKS = (
         "python benchmarks/certificates.py",
         render_certificates,
         ("certificates.png",),
+        "tacg",
+    ),
+    Benchmark(
+        "gcg",
+        "GCG against column generation",
+        'pip install "pygcgopt==0.4.0" "pyscipopt==5.2.1" && python benchmarks/gcg.py',
+        render_gcg,
+        (),
         "tacg",
     ),
     Benchmark("gesr", "GESR", "python benchmarks/gesr.py", render_gesr, (), "gesr"),
