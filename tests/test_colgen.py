@@ -257,6 +257,41 @@ def test_closes_gap_on_sixteen_experts() -> None:
     assert res.bound <= star_bound(g) + 1e-9
 
 
+def test_give_up_stops_at_the_first_unproved_pricing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``give_up``: column generation returns after the first exact pricing that ends unproved,
+    without the restricted master MILP, and its bound at every point stays valid."""
+    import dataclasses
+
+    g = random_grouping(np.random.default_rng(7), E=10, G=2, cap=5, limited=True)
+    home, opt = brute_force(g)
+    assert home is not None
+    real = GroupingPricer.exact
+
+    def unproved(self, *args, **kwargs):  # the same pricing bound, reported as not proved
+        return dataclasses.replace(real(self, *args, **kwargs), proven=False)
+
+    def no_milp(*args, **kwargs):
+        raise AssertionError("the restricted master MILP ran after giving up")
+
+    monkeypatch.setattr(GroupingPricer, "exact", unproved)
+    monkeypatch.setattr("moeopt.colgen.driver.restricted_milp", no_milp)
+    res = column_generation(g, 20.0, seed=0, give_up=True)
+    check(g, res, opt)
+    assert res.info["gave_up"] and res.info["exact_pricings"] == 1
+    assert res.termination == Termination.TIME_LIMIT and not res.proven
+    assert res.history[-1][0] < 10.0  # returned long before its time limit
+
+
+def test_give_up_changes_nothing_when_every_pricing_is_proved() -> None:
+    """On a layer whose exact pricings all prove, ``give_up`` runs to the same proved bound."""
+    p = make_problem(E=16, G=4, L=1, seed=2)
+    g = Grouping(p.stats.affinity[0], p.stats.global_usage[0], groups=4, cap=4)
+    plain = column_generation(g, 20.0, seed=0)
+    res = column_generation(g, 20.0, seed=0, give_up=True)
+    assert res.proven and not res.info["gave_up"]
+    assert res.bound == pytest.approx(plain.bound, rel=1e-6)
+
+
 def test_restricted_milp_builds_a_feasible_plan() -> None:
     """The restricted master MILP over a plan's own groups returns a feasible plan of that value."""
     g = random_grouping(np.random.default_rng(5), E=9, G=3, cap=3, limited=False)

@@ -106,6 +106,7 @@ def column_generation(
     seed: int = 0,
     smoothing: float = 0.8,
     pricing_time: float | None = None,
+    give_up: bool = False,
 ) -> ColgenResult:
     """Upper bound (and maybe a better plan) for ``problem`` by column generation.
 
@@ -129,6 +130,12 @@ def column_generation(
     pricing_time
         Seconds per exact pricing, and the longest stretch of heuristic pricing between two
         exact ones (default: a tenth of the time limit, at least 1 s).
+    give_up
+        Stop at the first exact pricing that ends without proving its optimum, and skip the
+        restricted master MILP: for a caller with another bound to spend the time on
+        (``certificate: auto``). Measured on the certificates benchmark, every layer whose LP
+        was proved had all its exact pricings proved, and every layer whose LP was not had
+        its first one unproved. ``info["gave_up"]`` says whether it happened.
 
     Returns
     -------
@@ -183,12 +190,18 @@ def column_generation(
         history=history,
         info=info,
         log=say,
+        give_up=give_up,
     )
     bound, kind, lp_value, proven, iterations = gen.bound, gen.kind, gen.lp_value, gen.proven, gen.iterations
+    info["gave_up"] = gen.gave_up
     # restricted master MILP over the generated columns
     ts = time.perf_counter()
     left = deadline - ts
-    if left > 0.05 and (incumbent is None or incumbent < bound - 1e-9 * max(abs(bound), 1.0)):
+    if (
+        (proven or not gen.gave_up)
+        and left > 0.05
+        and (incumbent is None or incumbent < bound - 1e-9 * max(abs(bound), 1.0))
+    ):
         plan = restricted_milp(problem, master.groups, partition, time_limit=left, start=home)
         if plan is not None and problem.feasible(plan):
             value = problem.objective(plan)
@@ -222,13 +235,15 @@ def _disjoint_first(groups: list[np.ndarray], experts: int, limit: int) -> list[
 @dataclass
 class Generation:
     """Where :func:`generate` stopped: the best Lagrangian bound (or the starting one, ``kind``
-    naming it), the last master LP value, whether the LP was proved solved, master LP solves."""
+    naming it), the last master LP value, whether the LP was proved solved, master LP solves,
+    and whether it gave up at an unproved exact pricing (``give_up``)."""
 
     bound: float
     kind: str
     lp_value: float | None
     proven: bool
     iterations: int
+    gave_up: bool = False
 
 
 def generate(
@@ -248,6 +263,7 @@ def generate(
     history: list[tuple[float, float, float | None]] | None = None,
     info: dict | None = None,
     log: Callable[[str], None] | None = None,
+    give_up: bool = False,
 ) -> Generation:
     """The column generation loop over any column space: master LP, pricing, Lagrangian bounds.
 
@@ -284,6 +300,8 @@ def generate(
         Exact pricing's seed; the clock's origin, the ``(seconds, bound, incumbent)`` list, the
         counters (``heuristic_pricings``, ``exact_pricings``, ``mispricings``, ``lp_time``,
         ``pricing_time``) and the log line sink, updated in place.
+    give_up
+        Stop after the first exact pricing that ends unproved (its bound is kept).
     """
     t0 = time.perf_counter() if t0 is None else t0
     history = [] if history is None else history
@@ -301,7 +319,7 @@ def generate(
     best_lp, stalled = -math.inf, 0  # master LP iterations without progress
     mispriced = 0  # consecutive exact pricings that found nothing for the master
     iterations = 0
-    proven = False
+    proven = gave_up = False
     lp_value = None
     hint = None
     while time.perf_counter() < stop_at:
@@ -387,6 +405,9 @@ def generate(
             f"upper {pr.upper:.4g}{'' if pr.proven else ' (unproven)'}, alpha {alpha:.2g}, "
             f"columns {len(master.groups)}"
         )
+        if give_up and not pr.proven:
+            gave_up = True
+            break
         rc = pricer.reduced(pr.groups, pi) - mu
         good = [s for s, r in zip(pr.groups, rc, strict=True) if r > tol and pricer.admissible(s)]
         if good:
@@ -402,4 +423,4 @@ def generate(
             break
     if lp_value is not None and lp_value >= bound - 1e-9 * max(abs(bound), 1.0):
         proven = True
-    return Generation(bound, kind, lp_value, proven, iterations)
+    return Generation(bound, kind, lp_value, proven, iterations, gave_up)
