@@ -465,8 +465,8 @@ def markdown(res: dict) -> str:
             "with triangle and star cuts ('(limit)': stopped by the clock, else no violated cut left); sdp: the "
             "semidefinite relaxation solved by SCS, its bound recomputed from the multipliers (valid however SCS "
             "stopped; the status when not optimal); auto: what `certificate: auto` reports with the whole limit "
-            "(column generation in half of it, then, unless it proved its LP, the SDP in the rest; the smaller "
-            "bound, named). Machine: "
+            "(column generation in at most half of it, stopping at its first unproved exact pricing, then, unless "
+            "it proved its LP, the SDP in the rest; the smaller bound, named). Machine: "
             f"{m['cpus']} CPUs ({m['processor']}), Python {m['python']}, load average at start "
             f"{', '.join(f'{x:.2f}' for x in m['load_average'])}, commit {m['git_commit']}.",
             *([merged_line(res["info"])] if res["info"].get("merged") else []),
