@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import subprocess
 import sys
@@ -51,12 +52,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from certificates import gap, grouping, pct  # noqa: E402  (the same instances and gap as there)
 from machine_info import machine  # noqa: E402
 
 from moeopt.io import write_json, write_text  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-CELLS = ("32x8", "64x4", "64x8", "64x16")
+CELLS = ((32, 8), (64, 4), (64, 8), (64, 16))
 KINDS = ("synthetic", "count-sampled")
 #: a row of SCIP's/GCG's progress table: time in the first column, dual and primal bound
 #: in the two columns before "deg" and "gap"
@@ -72,7 +74,6 @@ def _number(text: str) -> float | None:
 
 def solve_one(kind: str, E: int, G: int, limit: float) -> dict[str, Any]:
     """In the child: build the cell's model, solve it with GCG, return its numbers."""
-    from certificates import grouping  # benchmarks/certificates.py: the same instances
     from pygcgopt import Model
 
     g, desc = grouping(kind, E, G)
@@ -151,16 +152,10 @@ def colgen_of(kind: str, E: int, G: int) -> dict[str, Any] | None:
     return None
 
 
-def _gap(bound: float | None, plan: float | None) -> str:
-    if bound is None or plan is None or bound <= 0:
-        return "–"
-    return f"{100 * max(bound - plan, 0.0) / bound:.2f} %"
-
-
 def _first_at(history: list, bound: float | None) -> str:
     """When GCG's dual bound first came within 0.1 % of column generation's bound."""
     if bound is None:
-        return "–"
+        return "-"
     for t, dual, _ in history:
         if dual is not None and dual <= bound * 1.001:
             return f"{t:.1f} s"
@@ -191,12 +186,12 @@ def table_rows(res: dict[str, Any]) -> list[list[str]]:
                 c["kind"],
                 f"{c['E']} × {c['G']}",
                 gc["status"],
-                "–" if gc["dual_bound"] is None else f"{gc['dual_bound']:.4f}",
-                _gap(gc["dual_bound"], plan),
+                "-" if gc["dual_bound"] is None else f"{gc['dual_bound']:.4f}",
+                pct(None if gc["dual_bound"] is None else gap(gc["dual_bound"], plan)),
                 _first_at(gc["history"], None if cg is None else cg["bound"]),
-                "–" if cg is None else f"{cg['bound']:.4f}",
-                "–" if cg is None else _gap(cg["bound"], plan),
-                "–" if cg is None else f"{cg['time_to_bound']:.1f} s",
+                "-" if cg is None else f"{cg['bound']:.4f}",
+                pct(None if cg is None else gap(cg["bound"], plan)),
+                "-" if cg is None else f"{cg['time_to_bound']:.1f} s",
             ]
         )
     return rows
@@ -228,11 +223,42 @@ def report(res: dict[str, Any]) -> str:
     )
 
 
+def _cells(text: str) -> list[tuple[int, int]]:
+    """``"32x8,64x4"`` -> ``[(32, 8), (64, 4)]``: E experts on G GPUs, G dividing E."""
+    out = []
+    for cell in text.split(","):
+        parts = cell.lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise argparse.ArgumentTypeError(f"expected cells like 64x8 (E x G), got {cell!r}")
+        E, G = int(parts[0]), int(parts[1])
+        if G < 1 or E < G or E % G:
+            raise argparse.ArgumentTypeError(f"{cell}: needs 1 <= G <= E with G dividing E")
+        out.append((E, G))
+    return out
+
+
+def _kinds(text: str) -> list[str]:
+    bad = [k for k in text.split(",") if k not in KINDS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"expected kinds among {', '.join(KINDS)}, got {', '.join(bad)}")
+    return text.split(",")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cells", default=",".join(CELLS), help="ExG cells, comma-separated")
-    ap.add_argument("--kinds", default=",".join(KINDS))
-    ap.add_argument("--time-limit", type=float, default=120.0, help="seconds per cell")
+    ap.add_argument("--cells", type=_cells, default=list(CELLS), help="ExG cells, comma-separated")
+    ap.add_argument("--kinds", type=_kinds, default=list(KINDS))
+    ap.add_argument("--time-limit", type=_seconds, default=120.0, help="seconds per cell")
     ap.add_argument("--child", nargs=4, metavar=("KIND", "E", "G", "LIMIT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -248,9 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     cells = []
-    for kind in args.kinds.split(","):
-        for cell in args.cells.split(","):
-            E, G = (int(v) for v in cell.lower().split("x"))
+    for kind in args.kinds:
+        for E, G in args.cells:
             gc = run_cell(kind, E, G, args.time_limit)
             cells.append({"kind": kind, "E": E, "G": G, "gcg": gc, "colgen": colgen_of(kind, E, G)})
             print(f"{kind} {E}x{G}: {gc['status']}, bound {gc['dual_bound']}, {gc['wall']:.0f} s", flush=True)

@@ -154,6 +154,7 @@ def column_generation(
         "lp_time": 0.0,
         "pricing_time": 0.0,
         "milp_time": 0.0,
+        "gave_up": False,
     }
     home = _start_plan(problem, start_home, seed, t0 + 0.1 * time_limit)
     incumbent = None if home is None else problem.objective(home)

@@ -361,7 +361,7 @@ def certify(
             "proven": cert.proven,
             "columns": cert.columns,
             "seconds": cert.history[-1][0],
-            "gave_up": bool(cert.info.get("gave_up", False)),
+            "gave_up": cert.info["gave_up"],
         }
         bound, name = cert.bound, "colgen"
     if kind in ("triangle", "both"):
