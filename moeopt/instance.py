@@ -9,6 +9,9 @@ from typing import Any
 
 from moeopt.errors import InfeasibleError
 
+#: Bytes per parameter of each ``model.dtype`` (an expert's size, what a re-plan moves).
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+
 
 @dataclass(frozen=True)
 class Model:
@@ -16,6 +19,13 @@ class Model:
 
     ``expert_groups``: the router's expert groups when it routes group-limited (DeepSeek-V3 / R1:
     ``n_group = 8``; expert ``e`` is in group ``e // (E / expert_groups)``); None: no groups.
+
+    ``dense_layers``: the model's dense (non-MoE) hidden layers before its MoE layers
+    (DeepSeek-V3 / R1: 3; Qwen3, Mixtral: 0). SGLang's placement map has a row for every hidden
+    layer, so an exported map needs them; None: not known.
+
+    ``expert_bytes``: bytes of one expert's weights, what a re-plan moves per moved slot; None:
+    ``3 * d_model * d_ff`` parameters of ``dtype`` (:attr:`expert_size`).
     """
 
     layers: int
@@ -25,6 +35,17 @@ class Model:
     d_ff: int = 512
     dtype: str = "bf16"
     expert_groups: int | None = None
+    dense_layers: int | None = None
+    expert_bytes: int | None = None
+
+    @property
+    def expert_size(self) -> int:
+        """Bytes of one expert's weights: ``expert_bytes``, else its three ``d_model x d_ff``
+        matrices (gate, up, down) at ``dtype``'s width (:data:`DTYPE_BYTES`): DeepSeek-V3
+        (7168 x 2048, fp8) 44,040,192 bytes; Qwen3-235B-A22B (4096 x 1536, bf16) 37,748,736."""
+        if self.expert_bytes is not None:
+            return int(self.expert_bytes)
+        return int(round(3 * self.d_model * self.d_ff * DTYPE_BYTES[self.dtype]))
 
 
 TOKEN_HOMES = ("uniform", "trace", "previous-layer")

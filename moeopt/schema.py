@@ -232,8 +232,10 @@ class ModelSchema(Strict):
     top_k: PosInt
     d_model: PosInt = 1024
     d_ff: PosInt = 512
-    dtype: str = "bf16"
+    dtype: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"] = "bf16"
     expert_groups: PosInt | None = None
+    dense_layers: NonNegInt | None = None
+    expert_bytes: PosInt | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSchema:

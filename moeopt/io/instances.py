@@ -47,7 +47,17 @@ def load_instance(path: str | Path) -> Instance:
     data = _mapping(_read_yaml(path), src, "", _TOP)
     checked = schema.validate(schema.InstanceSchema, data, src)
     schema.check_instance_sizes(checked, src)
-    model_keys = {"layers", "experts", "top_k", "d_model", "d_ff", "dtype", "expert_groups"}
+    model_keys = {
+        "layers",
+        "experts",
+        "top_k",
+        "d_model",
+        "d_ff",
+        "dtype",
+        "expert_groups",
+        "dense_layers",
+        "expert_bytes",
+    }
     m = _mapping(data.get("model"), src, "model", model_keys)
     if not m:
         raise InputError(src, "model", "required field is missing")
@@ -59,6 +69,8 @@ def load_instance(path: str | Path) -> Instance:
         d_ff=_int(m, "d_ff", src, "model", 512),
         dtype=str(m.get("dtype", "bf16")),
         expert_groups=None if m.get("expert_groups") is None else _int(m, "expert_groups", src, "model"),
+        dense_layers=None if m.get("dense_layers") is None else _int(m, "dense_layers", src, "model"),
+        expert_bytes=None if m.get("expert_bytes") is None else _int(m, "expert_bytes", src, "model"),
     )
     if model.top_k > model.experts:
         raise InputError(src, "model.top_k", f"top_k={model.top_k} exceeds experts={model.experts}")
