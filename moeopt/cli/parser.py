@@ -252,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dispatch",
         choices=DISPATCH_KINDS,
         default=None,
-        help="the engine's dispatch (default: sglang static, eplb even, vllm-ascend even)",
+        help="the engine's dispatch (default: even for every format, SGLang's dynamic; static or lp if it ran those)",
     )
     im.add_argument("--dense-layers", type=_nonneg_int, default=0, help="sglang: leading dense-layer rows to drop")
     im.add_argument("--quiet", action="store_true")
