@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from moeopt.errors import InputError
 from moeopt.evaluate import loads_from_counts, maxvio
@@ -72,7 +73,7 @@ def test_global_plan_is_eplbs_map_and_scores_as_eplb_says(deepseek_eplb, counts,
     )
     phy2log, logcnt = phy2log.numpy(), logcnt.numpy()
 
-    r = run(inst, wl)
+    r = run(inst, wl, policy="global")
     plan = r.plan
     assert plan.dispatch.kind == "even"
     assert plan.slots.shape == (L, gpus, W)
@@ -97,10 +98,10 @@ def test_global_plan_is_eplbs_map_and_scores_as_eplb_says(deepseek_eplb, counts,
 def test_global_reaches_eplbs_balance_in_sample(deepseek_eplb):
     """DeepSeek-V3 prefill at 64 x (4 + 1): EPLB balances to MaxVio ~0.02 (wired wrongly it would not)."""
     inst, wl = instance(PREFILL, 64, 4)
-    r = run(inst, wl)
+    r = run(inst, wl, policy="global")
     assert r.objective < 0.05
     inst, wl = instance(PREFILL, 32, 8)
-    assert run(inst, wl).objective < 0.05
+    assert run(inst, wl, policy="global").objective < 0.05
 
 
 @pytest.mark.parametrize("counts", [PREFILL, DECODE])
@@ -155,16 +156,81 @@ def test_solve_path_keeps_colocated_copies(deepseek_eplb):
 
 
 def test_params_are_checked(deepseek_eplb):
+    """Unknown policies, num_groups under the global policy and groups EPLB cannot use are refused."""
     method = get_method("eplb")
-    with pytest.raises(InputError, match="'global' or 'hierarchical'"):
+    assert method.Params().policy == "auto"  # SGLang's default, --eplb-algorithm auto
+    with pytest.raises(InputError, match=r"method\.policy: must be one of 'auto', 'global', 'hierarchical'"):
         parse_params(method, {"policy": "flat"})
-    with pytest.raises(InputError, match="only to policy: hierarchical"):
-        parse_params(method, {"num_groups": 8})
+    with pytest.raises(InputError, match="only to policy: hierarchical or auto"):
+        parse_params(method, {"policy": "global", "num_groups": 8})
     inst, wl = instance(PREFILL, 32, 8)
     with pytest.raises(InputError, match="must divide 256 experts"):
         run(inst, wl, policy="hierarchical", num_groups=12)
     with pytest.raises(InputError, match="multiple of the 4 nodes"):
         run(inst, wl, policy="hierarchical", num_groups=2)
+
+
+@pytest.mark.parametrize(
+    ("groups", "nodes", "expected"),
+    [
+        (8, 8, "hierarchical"),
+        (8, 4, "hierarchical"),
+        (8, 1, "hierarchical"),
+        (16, 8, "hierarchical"),
+        (None, 8, "global"),
+        (None, 1, "global"),
+        (4, 8, "global"),
+        (8, 16, "global"),
+        (12, 8, "global"),
+    ],
+)
+def test_auto_resolves_as_sglangs_compute_algorithm(groups, nodes, expected):
+    """SGLang's auto: hierarchical iff the model has groups and they are a multiple of the nodes."""
+    policy, why = eplb_mod.resolve_policy(groups, nodes)
+    assert policy == expected
+    assert (f"{groups} expert groups" in why) if groups is not None else ("no expert groups" in why)
+
+
+@pytest.mark.parametrize(
+    ("expert_groups", "gpus", "resolved"),
+    [(8, 64, "hierarchical"), (None, 64, "global"), (4, 64, "global")],
+)
+def test_auto_plan_is_the_resolved_policys_plan(deepseek_eplb, expert_groups, gpus, resolved, capsys):
+    """auto on 64 GPUs in 8 nodes: hierarchical with DeepSeek-V3's 8 groups, global without groups
+    or with 4 (not a multiple of 8); the plan is that policy's plan, named in stats and a note."""
+    base, wl = instance(PREFILL, 64, 4)
+    inst = base.replace(model=dataclasses.replace(base.model, expert_groups=expert_groups))
+    auto = run(inst, wl)
+    named = run(inst, wl, policy=resolved)
+    assert np.array_equal(auto.plan.slots, named.plan.slots)
+    assert auto.objective == named.objective
+    assert auto.stats["policy"] == "auto" and auto.stats["policy_resolved"] == resolved
+    assert named.stats["policy_resolved"] == resolved and "note" not in named.stats
+    assert auto.stats["note"].startswith(f"eplb: auto -> {resolved}: ")
+    assert "as SGLang's default" in auto.stats["note"] and auto.stats["note"] in capsys.readouterr().err
+    if resolved == "hierarchical":
+        assert "8 expert groups over 8 nodes" in auto.stats["note"]
+        assert auto.stats["num_groups"] == 8 and auto.stats["num_nodes"] == 8
+    if expert_groups is not None and resolved == "global":
+        assert "not a multiple of the 8 nodes" in auto.stats["note"]
+
+
+def test_auto_takes_num_groups_in_place_of_the_models(deepseek_eplb):
+    """method.num_groups under auto stands for SGLang's num_groups: 16 groups over 8 nodes -> hierarchical."""
+    base, wl = instance(PREFILL, 64, 4)
+    inst = base.replace(model=dataclasses.replace(base.model, expert_groups=None))
+    r = run(inst, wl, num_groups=16)
+    assert r.stats["policy_resolved"] == "hierarchical" and r.stats["num_groups"] == 16
+    assert np.array_equal(r.plan.slots, run(inst, wl, policy="hierarchical", num_groups=16).plan.slots)
+
+
+def test_bundled_instance_runs_the_global_policy_it_describes(deepseek_eplb):
+    """instances/deepseek-v3-eplb.yaml describes the global policy and runs it (auto would pick hierarchical)."""
+    path = INSTANCES / "deepseek-v3-eplb.yaml"
+    assert "EPLB (global policy" in yaml.safe_load(path.read_text())["description"]
+    inst, wl = instance(PREFILL, 64, 4)  # the bundled file's shape and loads
+    assert inst.method.params == {"policy": "global"}
+    assert solve(inst, workloads=wl).stats["policy_resolved"] == "global"
 
 
 @pytest.mark.parametrize("missing", ["sglang", "torch"])

@@ -77,7 +77,7 @@ SIGINT_PARAMS: dict[str, dict] = {"joint-exact": {"sample_tokens": 8, "coarse_to
 #: Methods that may finish (in well under a second) before a signal sent a second after start
 #: reaches them: for these the Ctrl-C test also accepts a complete run (exit 0, or killed by the
 #: signal in the interpreter's teardown after both files were written).
-FAST = {"balance", "eplb", "greedy", "linear", "metis", "random", "speed-greedy"}
+FAST = {"balance", "eplb", "greedy", "linear", "metis", "random", "round_robin", "speed-greedy"}
 
 
 def _available(name: str) -> bool:

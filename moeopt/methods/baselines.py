@@ -1,4 +1,10 @@
-"""Baselines of SPEC section 6: linear, random, token-balanced greedy (+ hottest replication)."""
+"""Baselines of SPEC section 6: linear, round_robin, random, token-balanced greedy (+ hottest replication).
+
+``linear`` and ``round_robin`` are vLLM's two expert placement strategies
+(``--expert-placement-strategy``; ``determine_expert_map`` in vLLM's
+``fused_moe/expert_map_manager.py``): ``linear``, the default, gives every rank a contiguous
+block of experts; ``round_robin`` gives rank ``r`` the experts ``r, r + G, r + 2G, ...``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from moeopt import console
 from moeopt.evaluate import evaluate, linear_plan
 from moeopt.packing import balanced_homes
 from moeopt.plan import Dispatch, Plan
@@ -71,13 +78,96 @@ class Baseline:
 
 @register
 class Linear(Baseline):
-    """vLLM's default contiguous mapping."""
+    """vLLM's default contiguous mapping (``--expert-placement-strategy linear``).
+
+    Expert ``e`` on GPU ``floor(e * G / E)``: GPU ``g`` holds a contiguous block of experts, in
+    ascending order. When ``G`` divides ``E`` this is vLLM's map exactly (``E / G`` experts a
+    rank); when it does not, both give every GPU ``floor(E / G)`` or ``ceil(E / G)`` experts,
+    but vLLM gives the extra experts to the first ``E mod G`` ranks and this rule spreads them
+    (6 experts on 4 GPUs: vLLM ``0 0 1 1 2 3``, here ``0 0 1 2 2 3``).
+    """
 
     name: ClassVar[str] = "linear"
-    summary: ClassVar[str] = "expert e on GPU floor(e*G/E) (vLLM default)"
+    summary: ClassVar[str] = "expert e on GPU floor(e*G/E) (vLLM's default, linear)"
 
     def homes(self, problem: Problem, params: object, ctx: Context) -> Plan:
         return problem.plan(linear_plan(problem.layers, problem.experts, problem.gpus).home)
+
+
+def round_robin_homes(experts: int, gpus: int) -> np.ndarray:
+    """vLLM's ``round_robin`` placement: expert ``e`` on GPU ``e mod G``.
+
+    Rank ``r`` holds ``r, r + G, r + 2G, ...`` (local slots in that ascending order, as
+    :meth:`moeopt.plan.Plan.from_homes` lays out homes), so the first ``E mod G`` ranks hold
+    ``ceil(E / G)`` experts and the others ``floor(E / G)``, as vLLM's ``determine_expert_map``
+    counts them.
+
+    Parameters
+    ----------
+    experts
+        E, logical experts.
+    gpus
+        G, GPUs (vLLM's ``ep_size``).
+
+    Returns
+    -------
+    numpy.ndarray
+        int ``[E]``: the GPU of every expert.
+    """
+    return np.arange(experts, dtype=np.int64) % gpus
+
+
+def round_robin_notes(problem: Problem) -> list[str]:
+    """What differs from vLLM's own use of ``round_robin`` on this instance, one phrase each.
+
+    vLLM (``determine_expert_placement_strategy``) keeps ``round_robin`` only for models with
+    more than one expert group, with no redundant experts and without EPLB (and, with
+    all-to-all kernels, only on the DeepEP low-latency or NIXL EP backends); otherwise it
+    falls back to ``linear``.
+    """
+    notes = []
+    groups = problem.instance.model.expert_groups
+    if groups is None or groups <= 1:
+        notes.append(
+            "vLLM runs round_robin only for models with expert groups (model.expert_groups > 1) "
+            "and falls back to linear for this one"
+        )
+    replicas = problem.instance.cluster.replica_slots_per_gpu
+    if replicas:
+        notes.append(f"vLLM's round_robin has no redundant experts: the {replicas} replica slot(s) per GPU stay empty")
+    return notes
+
+
+@register
+class RoundRobin(Baseline):
+    """vLLM's ``round_robin`` placement (``--expert-placement-strategy round_robin``).
+
+    Expert ``e`` on GPU ``e mod G``, one copy each, replica slots empty: vLLM uses it only
+    without redundant experts and without EPLB, and only for models with expert groups
+    (DeepSeek-V3's ``n_group``), where it spreads every group over the GPUs; otherwise vLLM
+    falls back to ``linear``. The plan is the round-robin map whatever the instance; the
+    result's ``note`` (and a note on stderr) says when vLLM would not run it as given.
+    """
+
+    name: ClassVar[str] = "round_robin"
+    summary: ClassVar[str] = "expert e on GPU e mod G (vLLM's round_robin; no replicas)"
+    #: one plan for every layer, made at once: the note is said once
+    layerwise: ClassVar[bool] = False
+
+    def homes(self, problem: Problem, params: object, ctx: Context) -> Plan:
+        home = round_robin_homes(problem.experts, problem.gpus)
+        return problem.plan(np.tile(home, (problem.layers, 1)))
+
+    def solve(self, problem: Problem, params: Any, ctx: Context) -> Result:
+        t0 = time.perf_counter()
+        plan = self.homes(problem, params, ctx)
+        c = problem.instance.cluster
+        stats: dict[str, Any] = {"empty_slots_per_layer": c.gpus * c.width - problem.experts}
+        notes = round_robin_notes(problem)
+        if notes:
+            stats["note"] = "round_robin: " + "; ".join(notes)
+            console.note(f"note: {stats['note']}")
+        return baseline_result(self.name, plan, problem, params, t0, stats)
 
 
 def random_homes(experts: int, gpus: int, slots: int, rng: np.random.Generator) -> np.ndarray:

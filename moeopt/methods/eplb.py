@@ -19,6 +19,13 @@ private module name.
 EPLB may put two copies of one expert on one GPU ("colocated"); they are kept, as an engine
 running EPLB's map would hold them, so this method declares ``emits_colocated = True`` and
 ``solve`` does not apply the own-planner colocation check to it.
+
+Policies: ``global`` and ``hierarchical`` are EPLB's two; ``auto`` (the default) picks one as
+SGLang's default ``--eplb-algorithm auto`` does (``compute_algorithm`` in
+``sglang/srt/eplb/eplb_algorithms/__init__.py``, re-implemented in :func:`resolve_policy`):
+hierarchical when the model has expert groups (SGLang's ``num_groups``: the router's
+``n_group``, ``model.expert_groups`` here) and they are a multiple of the nodes (SGLang's
+``nnodes``; ``gpus / cluster.gpus_per_node`` here), else global.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from moeopt import console
 from moeopt.errors import InputError
 from moeopt.instance import Model
 from moeopt.methods.baselines import baseline_result
@@ -52,7 +60,7 @@ _CANDIDATES = (
 _MODULE_NAME = "_moeopt_sglang_eplb_deepseek"
 _PACKAGE = "sglang"  # the installed package to look in (tests point it elsewhere)
 
-POLICIES = ("global", "hierarchical")
+POLICIES = ("auto", "global", "hierarchical")
 
 
 def load_deepseek_eplb() -> ModuleType:
@@ -107,6 +115,35 @@ def rebalance(
     return phy2log.cpu().numpy(), log2phy.cpu().numpy(), logcnt.cpu().numpy()
 
 
+def resolve_policy(num_groups: int | None, num_nodes: int) -> tuple[str, str]:
+    """The policy SGLang's default ``--eplb-algorithm auto`` runs, and why.
+
+    SGLang's ``compute_algorithm("auto", num_groups, num_nodes)`` (SGLang 0.5) picks the
+    hierarchical policy when ``num_groups is not None and num_groups % num_nodes == 0``, else
+    the global one (``deepseek``). SGLang takes ``num_groups`` from the model
+    (``ModelConfigForExpertLocation.num_groups``: DeepSeek-V2/V3's router ``n_group``, None
+    for models without expert groups) and ``num_nodes`` from the server's node count.
+
+    Parameters
+    ----------
+    num_groups
+        The router's expert groups (``model.expert_groups``, or ``method.num_groups`` when
+        given); None: the model has none.
+    num_nodes
+        Nodes of the cluster (``gpus / cluster.gpus_per_node``).
+
+    Returns
+    -------
+    tuple[str, str]
+        ``("hierarchical" | "global", reason)``; the reason is a phrase for the note line.
+    """
+    if num_groups is not None and num_groups % num_nodes == 0:
+        return "hierarchical", f"{num_groups} expert groups over {num_nodes} node{'s' * (num_nodes != 1)}"
+    if num_groups is None:
+        return "global", "the model has no expert groups (model.expert_groups)"
+    return "global", f"{num_groups} expert groups are not a multiple of the {num_nodes} nodes"
+
+
 def default_groups(model: Model, nodes: int) -> int:
     """EPLB's ``num_groups`` when the user gives none: the router's expert groups
     (``model.expert_groups``, SGLang passes DeepSeek-V3's ``n_group``) when the hierarchical
@@ -117,10 +154,13 @@ def default_groups(model: Model, nodes: int) -> int:
 
 @register
 class Eplb:
-    """DeepSeek's EPLB (global or hierarchical policy) on the calibration loads."""
+    """DeepSeek's EPLB on the calibration loads: the policy SGLang's default picks (``auto``),
+    or the global or hierarchical policy by name."""
 
     name: ClassVar[str] = "eplb"
-    summary: ClassVar[str] = "DeepSeek's EPLB as shipped in SGLang (global/hierarchical); needs the eplb extra"
+    summary: ClassVar[str] = (
+        "DeepSeek's EPLB as shipped in SGLang (auto = SGLang's default, global, hierarchical); needs the eplb extra"
+    )
     requires: ClassVar[frozenset[str]] = frozenset()
     metric_hooks: ClassVar[tuple] = ()
     #: EPLB may place two copies of one expert on one GPU; they are kept (solve reads this).
@@ -133,6 +173,8 @@ class Eplb:
     uses_trace: ClassVar[bool] = True
     stats_rules: ClassVar[dict] = {
         "eplb_wall_time": "sum",
+        "policy": "same",
+        "policy_resolved": "same",
         "num_groups": "same",
         "num_nodes": "same",
         "num_replicas": "same",
@@ -141,23 +183,25 @@ class Eplb:
 
     @dataclass
     class Params:
-        #: "global": replicate and pack over all GPUs; "hierarchical": pack expert groups to
-        #: nodes first (nodes = gpus / cluster.gpus_per_node), then replicate within nodes.
-        policy: str = "global"
-        #: hierarchical only: expert groups (EPLB's ``num_groups``, DeepSeek-V3's ``n_group`` = 8);
-        #: must divide the experts and be a multiple of the nodes. Default: the model's
-        #: ``expert_groups`` when it is a multiple of the nodes (what SGLang passes: the router's
-        #: ``n_group``), else the number of nodes.
+        #: "auto" (SGLang's default): hierarchical when the expert groups are a multiple of the
+        #: nodes, else global (:func:`resolve_policy`); "global": replicate and pack over all
+        #: GPUs; "hierarchical": pack expert groups to nodes first (nodes = gpus /
+        #: cluster.gpus_per_node), then replicate within nodes.
+        policy: str = "auto"
+        #: hierarchical and auto: expert groups (EPLB's ``num_groups``, DeepSeek-V3's ``n_group``
+        #: = 8); must divide the experts and, for hierarchical, be a multiple of the nodes.
+        #: Default: the model's ``expert_groups`` (what SGLang passes: the router's ``n_group``);
+        #: for hierarchical, when that is not a multiple of the nodes (or absent), the nodes.
         num_groups: int | None = field(default=None, metadata={"ge": 1})
 
         def __post_init__(self) -> None:
             if self.policy not in POLICIES:
-                raise ValueError(f"eplb policy must be 'global' or 'hierarchical', got {self.policy!r}")
+                raise ValueError(f"policy must be one of {', '.join(map(repr, POLICIES))}, got {self.policy!r}")
             if self.num_groups is not None:
                 if self.num_groups < 1:
-                    raise ValueError(f"eplb num_groups must be >= 1, got {self.num_groups}")
-                if self.policy != "hierarchical":
-                    raise ValueError("eplb num_groups applies only to policy: hierarchical")
+                    raise ValueError(f"num_groups must be >= 1, got {self.num_groups}")
+                if self.policy == "global":
+                    raise ValueError("num_groups applies only to policy: hierarchical or auto")
 
     def available(self) -> bool:
         try:
@@ -178,9 +222,15 @@ class Eplb:
         P = G * W
         if P < E:
             raise InputError(src, "cluster", f"eplb needs at least {E} slots per layer (one per expert), got {G} x {W}")
-        hierarchical = params.policy == "hierarchical"
-        nodes = c.gpus // c.gpus_per_node
-        groups = params.num_groups if params.num_groups is not None else default_groups(problem.instance.model, nodes)
+        model, nodes = problem.instance.model, c.nodes
+        note = None
+        policy = params.policy
+        if policy == "auto":  # SGLang's num_groups is the model's router groups, unless given here
+            given = params.num_groups if params.num_groups is not None else model.expert_groups
+            policy, why = resolve_policy(given, nodes)
+            note = f"eplb: auto -> {policy}: {why}, as SGLang's default (--eplb-algorithm auto)"
+        hierarchical = policy == "hierarchical"
+        groups = params.num_groups if params.num_groups is not None else default_groups(model, nodes)
         if hierarchical:
             if E % groups:
                 raise InputError(
@@ -203,10 +253,14 @@ class Eplb:
         stats = {
             "eplb_wall_time": eplb_time,
             "policy": params.policy,
+            "policy_resolved": policy,
             "num_groups": groups if hierarchical else 1,
             "num_nodes": nodes if hierarchical else 1,
             "num_replicas": P,
             "colocated_copies": plan.colocated,
             "max_copies": int(logcnt.max()),
         }
+        if note is not None:
+            stats["note"] = note
+            console.note(f"note: {note}")
         return baseline_result(self.name, plan, problem, params, t0, stats)
