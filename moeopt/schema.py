@@ -428,6 +428,12 @@ class SynthSchema(Strict):
     successors: NonNegInt = 0
     structure_seed: NonNegInt = 0
     seed: NonNegInt = 0
+    drift: Literal["none", "mix", "popularity", "switch"] = "none"
+    drift_share: list[NonNegFloat] | None = None
+    drift_focus: Probability | None = None
+    drift_rate: PosFloat | None = None
+    switch_step: PosInt | None = None
+    switch_seed: NonNegInt | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> SynthSchema:
@@ -451,7 +457,39 @@ class SynthSchema(Strict):
             raise ValueError(f"communities: expected at most experts={self.experts}, found {self.communities}")
         if self.successors > self.experts:  # an expert has at most E distinct successors
             raise ValueError(f"successors: expected at most experts={self.experts}, found {self.successors}")
+        self._check_drift()
         return self
+
+    def _check_drift(self) -> None:
+        """Each drift parameter belongs to one drift kind, and fits the rest of the spec."""
+        owner = {
+            "drift_share": "mix",
+            "drift_focus": "mix",
+            "drift_rate": "popularity",
+            "switch_step": "switch",
+            "switch_seed": "switch",
+        }
+        for name, kind in owner.items():
+            if getattr(self, name) is not None and self.drift != kind:
+                raise ValueError(f"{name}: only used with drift: {kind}, found drift: {self.drift}")
+        if self.drift == "mix" and self.only_family is not None:
+            raise ValueError("drift: only_family fixes every token's family; drift: mix needs a mix")
+        if self.drift_share is not None:
+            if len(self.drift_share) != len(self.families):
+                raise ValueError(
+                    f"drift_share: expected one share per family ({len(self.families)}), found {len(self.drift_share)}"
+                )
+            if not sum(self.drift_share) > 0:
+                raise ValueError(f"drift_share: expected a positive total, found {self.drift_share}")
+            if self.drift_focus is not None:
+                raise ValueError("drift_focus: give drift_share or drift_focus, not both")
+        if self.drift == "switch":
+            if self.steps < 2:
+                raise ValueError(f"steps: drift: switch needs at least 2 steps, found {self.steps}")
+            if self.switch_step is not None and self.switch_step >= self.steps:
+                raise ValueError(f"switch_step: expected 1..{self.steps - 1} (steps - 1), found {self.switch_step}")
+            if self.switch_seed is not None and self.switch_seed == self.structure_seed:
+                raise ValueError(f"switch_seed: expected a seed other than structure_seed={self.structure_seed}")
 
 
 def check_synthetic(

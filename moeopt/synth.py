@@ -7,11 +7,25 @@ popularity, and per-family preferences over communities. Tokens are then sampled
 Gumbel top-k on the boosted popularities; some experts burst in some timesteps. Calibration
 and evaluation splits share the structure and differ in ``seed``; a single-family
 (out-of-distribution) workload puts every token in one family.
+
+``drift`` makes the workload a *stream* whose load moves over the steps (SPEC section 12):
+
+* ``mix``: the family shares move from the start mix (``family_share``, default uniform) to
+  ``drift_share`` at the last step, or, without it, through mixes concentrated on each family
+  in turn (``drift_focus`` of the tokens on the focused family); each token's family is drawn
+  from its own step's shares (:func:`family_shares`).
+* ``popularity``: each layer's expert popularity performs a multiplicative random walk over the
+  steps (log-scale step ``drift_rate``, drawn from ``structure_seed``).
+* ``switch``: from ``switch_step`` on, tokens follow the hidden structure of another structure
+  seed (``switch_seed``, default ``structure_seed + 1``): popularity, communities and family
+  preferences change at once.
+
+``drift: none`` (the default) draws exactly the traces of earlier releases.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +34,12 @@ from moeopt.schema import check_synthetic
 from moeopt.trace import Stats, Trace
 
 DEFAULT_FAMILIES = ("code", "query", "math", "reasoning")
+#: the kinds of drift (``SynthSpec.drift``)
+DRIFT_KINDS = ("none", "mix", "popularity", "switch")
+#: ``drift: mix`` without ``drift_share``: the focused family's share at each waypoint
+DEFAULT_DRIFT_FOCUS = 0.85
+#: ``drift: popularity``: the default log-scale step of the random walk
+DEFAULT_DRIFT_RATE = 0.1
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,12 @@ class SynthSpec:
     successors: int = 0  # > 0: a following token also favours its previous top-1's successor experts
     structure_seed: int = 0
     seed: int = 0
+    drift: str = "none"  # none | mix | popularity | switch (see the module docstring)
+    drift_share: tuple[float, ...] | None = None  # mix: the family shares at the last step
+    drift_focus: float | None = None  # mix without drift_share: focused family's share (default 0.85)
+    drift_rate: float | None = None  # popularity: log-scale step of the random walk (default 0.1)
+    switch_step: int | None = None  # switch: first step of the new structure (default steps // 2)
+    switch_seed: int | None = None  # switch: the new structure's seed (default structure_seed + 1)
 
     @classmethod
     def from_mapping(
@@ -136,12 +162,9 @@ def _successors(prev_community: np.ndarray, s: _LayerStructure, count: int, stru
     return out
 
 
-def synthesize(spec: SynthSpec) -> Trace:
-    """Draw a trace from ``spec`` (vectorized over tokens: Gumbel top-k per layer)."""
-    spec.validate()
-    structure = _structure(spec, np.random.default_rng(spec.structure_seed))
-    rng = np.random.default_rng([spec.structure_seed, spec.seed])
-    N, E, k, F, T = spec.tokens, spec.experts, spec.top_k, len(spec.families), spec.steps
+def _start_share(spec: SynthSpec) -> np.ndarray:
+    """The family shares without drift (``only_family``, ``family_share`` or uniform), ``[F]``."""
+    F = len(spec.families)
     if spec.only_family is not None:
         share = np.zeros(F)
         share[spec.families.index(spec.only_family)] = 1.0
@@ -150,25 +173,121 @@ def synthesize(spec: SynthSpec) -> Trace:
         share = share / share.sum()
     else:
         share = np.full(F, 1.0 / F)
-    family = rng.choice(F, size=N, p=share).astype(np.int32)
-    step = np.sort(rng.integers(0, T, size=N)).astype(np.int32)
+    return share
+
+
+def family_shares(spec: SynthSpec) -> np.ndarray:
+    """The family shares of every step, float ``[T, F]`` (rows sum to 1).
+
+    Without ``drift: mix`` every row is the start mix (``only_family``, ``family_share`` or
+    uniform). With it the shares move piecewise linearly over the steps through waypoints
+    spaced evenly from step 0 to step ``T - 1``: the start mix, then ``drift_share`` (two
+    waypoints: a linear drift), or, without ``drift_share``, a mix concentrated on each family
+    in turn (``drift_focus`` on the family, the rest spread evenly over the others), the last
+    family's at the last step.
+
+    Parameters
+    ----------
+    spec
+        The synthetic workload.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[steps, families]`` shares.
+    """
+    T, F = spec.steps, len(spec.families)
+    start = _start_share(spec)
+    if spec.drift != "mix":
+        return np.tile(start, (T, 1))
+    if spec.drift_share is not None:
+        end = np.asarray(spec.drift_share, dtype=np.float64)
+        waypoints = np.stack([start, end / end.sum()])
+    else:
+        focus = DEFAULT_DRIFT_FOCUS if spec.drift_focus is None else spec.drift_focus
+        rest = (1.0 - focus) / (F - 1) if F > 1 else 0.0
+        concentrated = np.where(np.eye(F, dtype=bool), focus if F > 1 else 1.0, rest)
+        waypoints = np.vstack([start[None], concentrated])
+    at = np.linspace(0.0, max(T - 1, 1), len(waypoints))
+    t = np.arange(T, dtype=np.float64)
+    shares = np.stack([np.interp(t, at, waypoints[:, f]) for f in range(F)], axis=1)
+    return np.asarray(shares / shares.sum(axis=1, keepdims=True))
+
+
+def _popularity_walk(spec: SynthSpec, l: int) -> np.ndarray:
+    """``drift: popularity``: the log-popularity offsets of layer ``l`` per step, ``[T, E]`` (a
+    Gaussian random walk of step ``drift_rate`` from 0 at step 0; its own stream of
+    ``structure_seed``, so the rest of the structure is unchanged)."""
+    rate = DEFAULT_DRIFT_RATE if spec.drift_rate is None else spec.drift_rate
+    rng = np.random.default_rng([spec.structure_seed, 3, l])
+    steps = rng.normal(0.0, rate, size=(spec.steps - 1, spec.experts))
+    return np.vstack([np.zeros((1, spec.experts)), np.cumsum(steps, axis=0)])
+
+
+def switch_point(spec: SynthSpec) -> tuple[int, int]:
+    """``drift: switch``: the first step of the new structure and its structure seed (the
+    defaults filled in: ``steps // 2`` and ``structure_seed + 1``)."""
+    step = spec.steps // 2 if spec.switch_step is None else spec.switch_step
+    seed = spec.structure_seed + 1 if spec.switch_seed is None else spec.switch_seed
+    return step, seed
+
+
+def synthesize(spec: SynthSpec) -> Trace:
+    """Draw a trace from ``spec`` (vectorized over tokens: Gumbel top-k per layer).
+
+    With ``drift`` the parameters of each step differ (module docstring); each token reads its
+    own step's by indexing, so no loop runs over tokens. ``drift: none`` draws exactly the
+    traces of earlier releases.
+    """
+    spec.validate()
+    structures = [_structure(spec, np.random.default_rng(spec.structure_seed))]
+    rng = np.random.default_rng([spec.structure_seed, spec.seed])
+    N, E, k, F, T = spec.tokens, spec.experts, spec.top_k, len(spec.families), spec.steps
+    if spec.drift == "mix":
+        # each token's family from its own step's shares (inverse CDF, vectorized)
+        step = np.sort(rng.integers(0, T, size=N)).astype(np.int32)
+        cum = family_shares(spec).cumsum(axis=1)
+        cum[:, -1] = 1.0  # exact: u < 1 never passes the last family, a zero share is never drawn
+        family = (rng.random(N)[:, None] >= cum[step]).sum(axis=1).astype(np.int32)
+    else:
+        family = rng.choice(F, size=N, p=_start_share(spec)).astype(np.int32)
+        step = np.sort(rng.integers(0, T, size=N)).astype(np.int32)
+    # which hidden structure each token follows (index into `structures`)
+    which = np.zeros(N, dtype=np.intp)
+    if spec.drift == "switch":
+        switch_step, switch_seed = switch_point(spec)
+        other = replace(spec, structure_seed=switch_seed)
+        structures.append(_structure(other, np.random.default_rng(switch_seed)))
+        which = (step >= switch_step).astype(np.intp)
     topk = np.empty((N, spec.layers, k), dtype=np.int16)
-    for l, s in enumerate(structure):
+    for l in range(spec.layers):
+        layer = [st[l] for st in structures]
+        s = layer[0]
         C = s.preference.shape[1]
-        cum = s.preference.cumsum(axis=1)
-        comm = (rng.random(N)[:, None] > cum[family]).sum(axis=1).clip(max=C - 1)
+        cum = np.stack([x.preference.cumsum(axis=1) for x in layer])  # [S, F, C]
+        comm = (rng.random(N)[:, None] > cum[which, family]).sum(axis=1).clip(max=C - 1)
         if l > 0 and spec.layer_dependency > 0:
             # the token follows its previous top-1 expert's community into this layer's linked one
-            prev_comm = structure[l - 1].community[family, topk[:, l - 1, 0]]
+            prev_community = np.stack([st[l - 1].community for st in structures])  # [S, F, E]
+            link = np.stack([x.link for x in layer])  # [S, C]
+            prev_comm = prev_community[which, family, topk[:, l - 1, 0]]
             follow = (rng.random(N) < spec.layer_dependency) & (prev_comm >= 0)
-            comm = np.where(follow, s.link[np.maximum(prev_comm, 0) % C], comm)
-        member = s.community[:, None, :] == np.arange(C)[None, :, None]  # [F, C, E]
-        logboost = np.where(member, np.log(spec.community_boost), 0.0)
-        logw = np.log(s.base)[None, :] + logboost[family, comm] + np.log(s.bursts)[step]
+            comm = np.where(follow, link[which, np.maximum(prev_comm, 0) % C], comm)
+        member = np.stack([x.community for x in layer])[:, :, None, :] == np.arange(C)[None, None, :, None]
+        logboost = np.where(member, np.log(spec.community_boost), 0.0)  # [S, F, C, E]
+        if spec.drift == "popularity":
+            logbase = (np.log(s.base)[None, :] + _popularity_walk(spec, l))[step]  # [N, E]
+        elif spec.drift == "switch":
+            logbase = np.log(np.stack([x.base for x in layer]))[which]  # [N, E]
+        else:
+            logbase = np.log(s.base)[None, :]
+        logbursts = np.log(np.stack([x.bursts for x in layer]))  # [S, T, E]
+        logw = logbase + logboost[which, family, comm] + logbursts[which, step]
         if l > 0 and spec.layer_dependency > 0 and spec.successors > 0:
             # expert-level dependency: a following token also favours its previous top-1
             # expert's successors (inside the linked community) by another community_boost
-            succ = s.successor[family, topk[:, l - 1, 0]]  # [N, s]
+            successor = np.stack([x.successor for x in layer])  # [S, F, E_prev, s]
+            succ = successor[which, family, topk[:, l - 1, 0]]  # [N, s]
             extra = np.zeros((N, E))
             np.put_along_axis(extra, succ, np.log(spec.community_boost), axis=1)
             logw = logw + np.where(follow[:, None], extra, 0.0)

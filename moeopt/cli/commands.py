@@ -20,7 +20,7 @@ from moeopt.cli.tables import (
     report_dict,
     trace_summary,
 )
-from moeopt.errors import MoeoptError
+from moeopt.errors import InputError, MoeoptError
 from moeopt.io import (
     fit_workload,
     load_instance,
@@ -35,7 +35,7 @@ from moeopt.registry import metric_hooks
 from moeopt.schema import check_homes
 from moeopt.scoring import score
 from moeopt.solve import Workloads, load_workloads, solve
-from moeopt.trace import Trace
+from moeopt.trace import Stats, Trace
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
@@ -174,6 +174,16 @@ def cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def _share_list(text: str | None, option: str) -> tuple[float, ...] | None:
+    """``--family-share 1,1,2``: comma-separated numbers (the schema checks their count and range)."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise MoeoptError(f"{option}: expected comma-separated numbers, got {text!r}") from None
+
+
 def cmd_trace_synth(args: argparse.Namespace) -> int:
     from moeopt.synth import SynthSpec, synthesize
 
@@ -184,21 +194,108 @@ def cmd_trace_synth(args: argparse.Namespace) -> int:
         tokens=args.tokens,
         steps=args.steps,
         families=tuple(f.strip() for f in args.families.split(",")),
+        family_share=_share_list(args.family_share, "--family-share"),
         only_family=args.family,
         family_communities=args.family_communities,
         layer_dependency=args.layer_dependency,
         successors=args.successors,
         structure_seed=args.structure_seed,
         seed=args.seed,
+        drift=args.drift,
+        drift_share=_share_list(args.drift_share, "--drift-share"),
+        drift_focus=args.drift_focus,
+        drift_rate=args.drift_rate,
+        switch_step=args.switch_step,
+        switch_seed=args.switch_seed,
     )
     spec.validate(source=None, prefix="--")
     trace = synthesize(spec)
     write_trace(args.output, trace)
     if not args.quiet:
+        drift = "" if spec.drift == "none" else f", drift {spec.drift}"
         print(
             f"wrote {args.output}: {trace.tokens} tokens, {trace.layers} layers, E={trace.num_experts}, "
-            f"k={trace.top_k}, {trace.steps} steps, families {', '.join(trace.family_names)}"
+            f"k={trace.top_k}, {trace.steps} steps, families {', '.join(trace.family_names)}{drift}"
         )
+    return 0
+
+
+#: ``trace stream KIND``: the options each kind reads beyond the shared ones
+STREAM_OPTIONS = {
+    "domains": ("select", "order", "steps_per_domain", "blend"),
+    "phase": ("after", "steps", "switch", "ramp"),
+    "sampled": ("select", "steps", "drift"),
+}
+
+
+def _stream_counts(args: argparse.Namespace, path: str, select: str | None = None) -> Stats:
+    w = read_workload_file(path, top_k=args.top_k, select=select)
+    if isinstance(w, Trace):
+        w = w.stats()
+    return w
+
+
+def cmd_trace_stream(args: argparse.Namespace) -> int:
+    """``trace stream KIND``: a count stream (per-step counts that drift) built from real or
+    any count data by :mod:`moeopt.streams`, written as a counts ``.npz`` with ``step_counts``."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from moeopt import streams
+    from moeopt.io import write_counts
+    from moeopt.trace import stats_from_counts
+
+    used = STREAM_OPTIONS[args.kind]
+    for name in sorted({n for names in STREAM_OPTIONS.values() for n in names} - set(used)):
+        if getattr(args, name) is not None:
+            option = "--" + name.replace("_", "-")
+            kinds = [k for k, names in STREAM_OPTIONS.items() if name in names]
+            raise MoeoptError(f"{option}: only used by trace stream {' or '.join(kinds)}, not {args.kind}")
+    if Path(args.output).suffix.lower() != ".npz":
+        raise MoeoptError(f"{args.output}: expected an .npz output (a counts file)")
+    tokens = args.tokens_per_step
+    try:
+        if args.kind == "domains":
+            src = _stream_counts(args, args.source, args.select)
+            if src.families < 2:
+                raise MoeoptError(f"{args.source}: expected per-domain counts (several families), found one family")
+            by_domain = {name: src.counts[f] for f, name in enumerate(src.family_names)}
+            order = src.family_names if args.order is None else tuple(d.strip() for d in args.order.split(","))
+            per = 8 if args.steps_per_domain is None else args.steps_per_domain
+            counts = streams.domain_sequence(
+                by_domain, order, per, tokens, src.top_k, blend=args.blend or 0, seed=args.seed
+            )
+            what = f"domains {', '.join(order)}, {per} steps each" + (f", blend {args.blend}" if args.blend else "")
+        elif args.kind == "phase":
+            if args.after is None:
+                raise MoeoptError("--after: trace stream phase needs the distribution after the switch (a file)")
+            src, after = _stream_counts(args, args.source), _stream_counts(args, args.after)
+            if after.top_k != src.top_k:
+                raise MoeoptError(f"{args.after}: top-{after.top_k} routing, {args.source} has top-{src.top_k}")
+            steps = 48 if args.steps is None else args.steps
+            switch = steps // 2 if args.switch is None else args.switch
+            a, b, ramp = src.expert_load, after.expert_load, args.ramp or 0
+            counts = streams.phase_shift(a, b, steps, switch, tokens, src.top_k, ramp=ramp, seed=args.seed)
+            what = f"{args.source} then {args.after} from step {switch}" + (f", ramp {args.ramp}" if args.ramp else "")
+        else:
+            src = _stream_counts(args, args.source, args.select)
+            steps = 48 if args.steps is None else args.steps
+            drift = 0.0 if args.drift is None else args.drift
+            counts = streams.count_sampled(src.expert_load, steps, tokens, src.top_k, drift=drift, seed=args.seed)
+            what = f"{args.source}, " + (f"drift {drift}" if drift > 0 else "stationary")
+    except InputError as exc:
+        if exc.source is None and exc.field:  # a builder's parameter: name the option that set it
+            option = {"a": "--source", "b": "--after", "load": "--source", "counts_by_domain": "--source"}
+            name = exc.field.split("[")[0]
+            raise InputError(None, option.get(name, "--" + name.replace("_", "-")), exc.message) from None
+        raise
+    stats = stats_from_counts(counts.sum(axis=1), top_k=src.top_k)
+    # float32 counts: exact (integers below 2**24) and half the size of float64 on disk
+    write_counts(args.output, replace(stats, step_counts=counts.astype(np.float32)))
+    if not args.quiet:
+        L, T, E = counts.shape
+        print(f"wrote {args.output}: counts, {L} layers, E={E}, top-{src.top_k}, {T} steps of {tokens} tokens; {what}")
     return 0
 
 

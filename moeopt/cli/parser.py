@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import re
 from typing import Any, NoReturn
 
-from moeopt.cli.args import _fraction, _harness_args, _nonneg_int, _positive_int, _positive_seconds
+from moeopt.cli.args import _fraction, _harness_args, _nonneg_int, _number_type, _positive_int, _positive_seconds
 from moeopt.cli.commands import (
     cmd_compare,
     cmd_evaluate,
@@ -16,6 +17,7 @@ from moeopt.cli.commands import (
     cmd_profile,
     cmd_solve,
     cmd_trace_stats,
+    cmd_trace_stream,
     cmd_trace_synth,
     cmd_validate,
 )
@@ -166,12 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("trace", help="synthesize, inspect or import traces")
     tsub = t.add_subparsers(dest="trace_command", required=True)
     ts = tsub.add_parser("synth", help="write a synthetic task-structured trace (.npz)")
-    ts.add_argument("--layers", type=_positive_int, default=2)
-    ts.add_argument("--experts", type=_positive_int, default=16)
-    ts.add_argument("--top-k", type=_positive_int, default=2)
-    ts.add_argument("--tokens", type=_positive_int, default=4096)
-    ts.add_argument("--steps", type=_positive_int, default=16)
-    ts.add_argument("--families", default="code,query,math,reasoning")
+    ts.add_argument("--layers", type=_positive_int, default=2, help="MoE layers (default 2)")
+    ts.add_argument("--experts", type=_positive_int, default=16, help="routed experts per layer (default 16)")
+    ts.add_argument("--top-k", type=_positive_int, default=2, help="experts per token (default 2)")
+    ts.add_argument("--tokens", type=_positive_int, default=4096, help="tokens in the trace (default 4096)")
+    ts.add_argument("--steps", type=_positive_int, default=16, help="timesteps the tokens fall in (default 16)")
+    ts.add_argument("--families", default="code,query,math,reasoning", help="comma-separated task families")
+    ts.add_argument("--family-share", default=None, help="comma-separated family shares (default uniform)")
     ts.add_argument("--family", default=None, help="single-family (out-of-distribution) workload")
     ts.add_argument(
         "--family-communities",
@@ -193,9 +196,99 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ts.add_argument("--structure-seed", type=_nonneg_int, default=0, help="seed of the hidden expert structure")
     ts.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the token sample")
-    ts.add_argument("--output", required=True)
-    ts.add_argument("--quiet", action="store_true")
+    ts.add_argument(
+        "--drift",
+        choices=["none", "mix", "popularity", "switch"],
+        default="none",
+        help="how the load moves over the steps: none (default), mix (family shares), popularity (a random "
+        "walk of expert popularity), switch (another hidden structure from --switch-step on)",
+    )
+    ts.add_argument(
+        "--drift-share",
+        default=None,
+        help="mix: comma-separated family shares at the last step (default: each family in turn)",
+    )
+    ts.add_argument(
+        "--drift-focus",
+        type=_fraction,
+        default=None,
+        help="mix without --drift-share: the focused family's share as the mix visits each family (default 0.85)",
+    )
+    ts.add_argument(
+        "--drift-rate",
+        type=_number_type(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+        default=None,
+        help="popularity: log-scale step of each expert's popularity random walk per step (default 0.1)",
+    )
+    ts.add_argument(
+        "--switch-step",
+        type=_positive_int,
+        default=None,
+        help="switch: the first step drawn from the new structure (default steps // 2)",
+    )
+    ts.add_argument(
+        "--switch-seed",
+        type=_nonneg_int,
+        default=None,
+        help="switch: the structure seed after the switch (default --structure-seed + 1)",
+    )
+    ts.add_argument("--output", required=True, help="the trace .npz to write")
+    ts.add_argument("--quiet", action="store_true", help="print nothing on success")
     ts.set_defaults(func=cmd_trace_synth)
+    tst = tsub.add_parser(
+        "stream",
+        help="write a count stream (per-step counts that drift) from real or any count data (.npz)",
+    )
+    tst.add_argument(
+        "kind",
+        choices=["domains", "phase", "sampled"],
+        help="domains: per-domain counts visited in sequence; phase: --source's load, then --after's from "
+        "--switch on; sampled: steps sampled from --source's load, stationary or with --drift",
+    )
+    tst.add_argument(
+        "--source",
+        required=True,
+        help="count file: per-domain counts .npz (domains), the load before the switch (phase), the load (sampled)",
+    )
+    tst.add_argument("--after", default=None, help="phase: count file of the load from --switch on")
+    tst.add_argument("--select", default=None, help="domains, sampled: model inside a multi-model count file")
+    tst.add_argument("--order", default=None, help="domains: comma-separated domains in turn (default: all)")
+    tst.add_argument(
+        "--steps-per-domain", type=_positive_int, default=None, help="domains: steps in each domain (default 8)"
+    )
+    tst.add_argument(
+        "--blend",
+        type=_nonneg_int,
+        default=None,
+        help="domains: the last N steps of each domain shift linearly into the next (default 0: abrupt)",
+    )
+    tst.add_argument("--steps", type=_positive_int, default=None, help="phase, sampled: steps (default 48)")
+    tst.add_argument(
+        "--switch", type=_positive_int, default=None, help="phase: first step of --after's load (default steps // 2)"
+    )
+    tst.add_argument(
+        "--ramp",
+        type=_nonneg_int,
+        default=None,
+        help="phase: steps of linear shift from --switch on (default 0: at once)",
+    )
+    tst.add_argument(
+        "--drift",
+        type=_number_type(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
+        default=None,
+        help="sampled: log-scale step of each expert's share random walk per step (default 0: stationary)",
+    )
+    tst.add_argument(
+        "--tokens-per-step",
+        type=_positive_int,
+        default=4096,
+        help="tokens per step: each step and layer is a multinomial draw of this many x top-k (default 4096)",
+    )
+    tst.add_argument("--top-k", type=_positive_int, default=None, help="model top-k of files that do not record it")
+    tst.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the sample (and of --drift's walk)")
+    tst.add_argument("--output", required=True, help="the counts .npz (with step_counts) to write")
+    tst.add_argument("--quiet", action="store_true", help="print nothing on success")
+    tst.set_defaults(func=cmd_trace_stream)
     tt = tsub.add_parser("stats", help="summarize a trace or count file")
     tt.add_argument("trace")
     tt.add_argument("--top-k", type=_positive_int, default=None, help="top-k of count files that do not record it")
