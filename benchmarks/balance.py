@@ -1,4 +1,11 @@
-"""Balance benchmark: ``balance`` against DeepSeek's real EPLB (global, hierarchical) and ``greedy``.
+"""Balance benchmark: ``balance`` against DeepSeek's real EPLB (global, hierarchical, auto) and ``greedy``.
+
+EPLB runs under each of its policies on every cell: ``eplb-global``, ``eplb-hierarchical`` and
+``eplb-auto``, SGLang's default (``--eplb-algorithm auto``), which resolves to hierarchical
+when the model's router groups are a multiple of the nodes (DeepSeek-V3: 8 groups over 8 or 4
+nodes) and to global otherwise (OLMoE and Mixtral have no router groups); each EPLB row records
+the policy it ran (``policy_resolved``). Without router groups the hierarchical policy uses one
+group per node (moeopt's default; SGLang would not run it there).
 
 Workloads (real data, ``instances/real/``):
 
@@ -24,12 +31,13 @@ Workloads (real data, ``instances/real/``):
   step's MaxVio (what a forward pass waits for).
 
 ``balance-lp`` is ``balance`` with ``dispatch: lp``: the plan for an engine that dispatches by
-LP, whose copy graph is connected (``connect``). Each plan is scored under both rules; the
+LP, whose copy graph is connected (``connect``). Each plan is scored under every rule; the
 done-when table takes each plan under its own.
 
-For every (workload, shape, method): MaxVio on the evaluation loads under ``even`` dispatch
-(EPLB's model) and ``lp`` dispatch (the best split per batch), the balance lower bound on
-the evaluation loads (in sample) and the absolute gap to it, the method's wall time for the
+For every (workload, shape, method): MaxVio on the evaluation loads under every rule of
+``DISPATCHES``: ``even`` dispatch (EPLB's model) and ``lp`` dispatch (the best split per
+batch); a new rule added there is scored and tabled everywhere. Then the balance lower bound
+on the evaluation loads (in sample) and the absolute gap to it, the method's wall time for the
 whole model (the median of 11 runs for sub-second methods, the methods' runs interleaved so that a
 slow spell of the shared machine falls on all of them), and for ``balance`` the expert
 weights it moves from the EPLB plan: all of them (its full plan, GPUs relabeled to EPLB's)
@@ -74,9 +82,12 @@ GPUS_PER_NODE = 8
 #: a method whose run takes less than FAST seconds is run REPEATS times and its median time
 #: reported (one run of a few tens of milliseconds varies by 2x on a shared 2-core machine)
 FAST, REPEATS = 0.5, 11
+#: EPLB under each policy; ``auto`` is SGLang's default and resolves to one of the other two
+EPLB = ("eplb-global", "eplb-hierarchical", "eplb-auto")
 METHODS = {  # label: (method, params)
     "eplb-global": ("eplb", {"policy": "global"}),
     "eplb-hierarchical": ("eplb", {"policy": "hierarchical"}),
+    "eplb-auto": ("eplb", {"policy": "auto"}),
     "greedy": ("greedy", {"replicate": True}),
     "balance": ("balance", {}),
     "balance-lp": ("balance", {"dispatch": "lp"}),  # the plan for lp dispatch: its copy graph connected
@@ -100,10 +111,26 @@ def instance(model: Model, G: int, W: int, calib: WorkloadSource, method: str, p
     )
 
 
+#: the dispatch rules every plan is scored under: a row holds ``maxvio_<rule>`` for each (and
+#: ``maxvio_even_per_layer``); a new rule added here gets its column in every table that lists them
+DISPATCHES = ("even", "lp")
+
+
 def score(plan: Plan, workload: Stats, cluster: Cluster) -> dict:
-    even = evaluate(plan.with_dispatch(Dispatch("even")), workload, cluster)
-    lp = evaluate(plan.with_dispatch(Dispatch("lp")), workload, cluster)
-    return {"maxvio_even": even["maxvio"], "maxvio_lp": lp["maxvio"], "maxvio_even_per_layer": even["maxvio_per_layer"]}
+    """MaxVio of ``plan`` on ``workload`` under every rule of :data:`DISPATCHES` (mean over layers)."""
+    out: dict = {}
+    for rule in DISPATCHES:
+        m = evaluate(plan.with_dispatch(Dispatch(rule)), workload, cluster)
+        out[f"maxvio_{rule}"] = m["maxvio"]
+        if rule == "even":
+            out["maxvio_even_per_layer"] = m["maxvio_per_layer"]
+    return out
+
+
+def method_info(result) -> dict:
+    """What a row records about how its method ran: the policy EPLB resolved to."""
+    policy = result.stats.get("policy_resolved")
+    return {} if policy is None else {"policy_resolved": policy}
 
 
 def _run_once(label: str, inst: Instance, wl, workers: int = 1):
@@ -121,13 +148,14 @@ def _algorithm_time(result) -> float | None:
     return None if t is None else float(t)
 
 
-Timed = dict[str, tuple[Plan, float, float | None]]
+Timed = dict[str, tuple[Plan, float, float | None, dict]]
 
 
 def run_methods(labels: list[str], insts: dict, wls: dict, workers: int = 1) -> Timed:
     """Plan with every method, then time the sub-second ones: ``REPEATS`` runs each, interleaved
     (method a, b, c, a, b, c, ...) so that a slow spell of the shared machine falls on every
-    method alike; the median wall and algorithm times. Returns ``label: (plan, wall, algorithm)``."""
+    method alike; the median wall and algorithm times. Returns ``label: (plan, wall, algorithm,
+    info)``, ``info`` from :func:`method_info`."""
     runs = {label: [_run_once(label, insts[label], wls[label], workers)] for label in labels}
     fast = [label for label in labels if runs[label][0].wall_time < FAST]
     for _ in range(REPEATS - 1):
@@ -140,11 +168,12 @@ def run_methods(labels: list[str], insts: dict, wls: dict, workers: int = 1) -> 
             rs[0].plan,
             float(np.median([r.wall_time for r in rs])),
             None if algo[0] is None else float(np.median(algo)),
+            method_info(rs[0]),
         )
     return out
 
 
-def cell(label, kind, calib_name, eval_name, G, W, plan, wall, ev: Stats, cluster, bounds=None) -> dict:
+def cell(label, kind, calib_name, eval_name, G, W, plan, wall, ev: Stats, cluster, bounds=None, info=None) -> dict:
     row = {
         "workload": kind,
         "calibration": calib_name,
@@ -152,6 +181,7 @@ def cell(label, kind, calib_name, eval_name, G, W, plan, wall, ev: Stats, cluste
         "gpus": G,
         "slots": f"{W}+1",
         "method": label,
+        **(info or {}),
         "wall_s": wall,
         **score(plan, ev, cluster),
     }
@@ -175,15 +205,18 @@ def deepseek_rows(methods: list[str], log, workers: int = 1) -> tuple[list[dict]
             timed = run_methods(methods, insts, wls, workers)
             for label in methods:
                 inst = insts[label]
-                plan, wall, algo = timed[label]
+                plan, wall, algo, info = timed[label]
                 plans[(calib, label)] = plan
                 for ev_name, ev in loads.items():
                     bounds = layer_bounds(ev.expert_load, G, W + 1, False) if ev_name == calib else None
-                    rows.append(cell(label, "deepseek-v3", calib, ev_name, G, W, plan, wall, ev, inst.cluster, bounds))
+                    rows.append(
+                        cell(label, "deepseek-v3", calib, ev_name, G, W, plan, wall, ev, inst.cluster, bounds, info)
+                    )
                     rows[-1]["algorithm_s"] = algo
                     log(
-                        f"deepseek {G}x({W}+1) {calib}->{ev_name} {label}: even {rows[-1]['maxvio_even']:.4f} "
-                        f"lp {rows[-1]['maxvio_lp']:.4f} ({wall:.2f} s)"
+                        f"deepseek {G}x({W}+1) {calib}->{ev_name} {label}: "
+                        + " ".join(f"{d} {rows[-1][f'maxvio_{d}']:.4f}" for d in DISPATCHES)
+                        + f" ({wall:.2f} s)"
                     )
                 if calib == "prefill" and (G, W) == (64, 4):
                     per_layer[label] = rows[-2]["maxvio_even_per_layer"]  # in sample (prefill -> prefill)
@@ -222,10 +255,10 @@ def olmoe_rows(methods: list[str], log, workers: int = 1) -> list[dict]:
             inst = instance(model, G, W, src, name, params)
             wl = load_workloads(inst)
             r = solve(inst, workloads=wl, workers=workers)
-            plan, wall = r.plan, r.wall_time
+            plan, wall, info = r.plan, r.wall_time, method_info(r)
             pooled = stats_from_counts(stats.expert_load, top_k=8)
             bounds = layer_bounds(pooled.expert_load, G, W + 1, False)
-            rows.append(cell(label, "olmoe", "all", "all", G, W, plan, wall, pooled, inst.cluster, bounds))
+            rows.append(cell(label, "olmoe", "all", "all", G, W, plan, wall, pooled, inst.cluster, bounds, info))
             # out of sample: leave one domain out
             folds = []
             for f in range(len(domains)):
@@ -248,9 +281,9 @@ def olmoe_rows(methods: list[str], log, workers: int = 1) -> list[dict]:
                     "gpus": G,
                     "slots": f"{W}+1",
                     "method": label,
+                    **info,
                     "wall_s": wall,
-                    "maxvio_even": float(np.mean([s["maxvio_even"] for s in folds])),
-                    "maxvio_lp": float(np.mean([s["maxvio_lp"] for s in folds])),
+                    **{f"maxvio_{d}": float(np.mean([s[f"maxvio_{d}"] for s in folds])) for d in DISPATCHES},
                 }
             )
             log(f"olmoe {G}x({W}+1) {label}: in {rows[-2]['maxvio_even']:.4f}, held-out {rows[-1]['maxvio_even']:.4f}")
@@ -266,7 +299,7 @@ STEPPED = (  # (model, GPUs, slots per GPU, steps, Dirichlet concentration of th
     ("mistral", 4, 2, 16, 0.3),
     ("mistral", 4, 2, 64, 0.3),
 )
-STEPPED_METHODS = ("eplb-global", "greedy", "balance", "balance-pooled")
+STEPPED_METHODS = (*EPLB, "greedy", "balance", "balance-pooled")
 
 
 def stepped_rows(methods: list[str], log) -> list[dict]:
@@ -292,6 +325,7 @@ def stepped_rows(methods: list[str], log) -> list[dict]:
                     "gpus": G,
                     "slots": f"{W}+1",
                     "method": label,
+                    **method_info(r),
                     "wall_s": r.wall_time,
                     "maxvio_even": m["maxvio"],
                     "maxvio_step_even": m["maxvio_per_step"],
@@ -394,20 +428,81 @@ def done_when(rows: list[dict]) -> list[list]:
     return out
 
 
+def _maxvio(v: float) -> str:
+    return f"{v:.2g}" if v < 0.01 else f"{v:.4f}"
+
+
+def policies_markdown(rows: list[dict]) -> list[str]:
+    """EPLB under each policy beside ``balance``, one line per cell (in sample and held out):
+    MaxVio under every rule of :data:`DISPATCHES` (per-step MaxVio, ``even``, on per-step cells)
+    and ``balance`` over EPLB ``auto`` (SGLang's default), under ``even``."""
+    key = ("workload", "calibration", "evaluation", "gpus")
+    by = {(*(r[k] for k in key), r["method"]): r for r in rows}
+    labels = ["balance", *EPLB]
+    body = []
+    for r in rows:
+        if r["method"] != "balance":
+            continue
+        cells = [by.get((*(r[k] for k in key), label)) for label in labels]
+        if any(c is None for c in cells):
+            continue
+        stepped = "maxvio_step_even" in r
+        metrics = ["maxvio_step_even"] if stepped else [f"maxvio_{d}" for d in DISPATCHES]
+        auto = cells[-1]
+        ratio_key = "maxvio_step_even" if stepped else "maxvio_even"
+        body.append(
+            [
+                r["workload"],
+                r["calibration"] if stepped else f"{r['calibration']} → {r['evaluation']}",
+                f"{r['gpus']} × ({r['slots']})",
+                *(" / ".join(_maxvio(c[m]) for m in metrics) for c in cells),
+                auto.get("policy_resolved", "-"),
+                f"{r[ratio_key] / auto[ratio_key]:.3f}" if auto[ratio_key] > 0 else "-",
+            ]
+        )
+    if not body:
+        return []
+    rules = " / ".join(f"`{d}`" for d in DISPATCHES)
+    return [
+        "",
+        "## EPLB's policies beside `balance`",
+        "",
+        f"MaxVio under {rules} (per-step cells: the mean per-step MaxVio under `even`), in sample and held out. "
+        "`eplb-auto` is what SGLang runs by default (`--eplb-algorithm auto`): hierarchical when the model's "
+        "router groups are a multiple of the nodes (DeepSeek-V3: 8 groups), else global (OLMoE and Mixtral have "
+        "no router groups; there `eplb-hierarchical` takes one group per node, which SGLang would not run). "
+        "Last column: `balance` / `eplb-auto`, `even` (lower is better).",
+        "",
+        tabulate(
+            body,
+            headers=[
+                "workload",
+                "calibration → evaluation",
+                "GPUs × slots",
+                *labels,
+                "auto ran",
+                "balance / auto",
+            ],
+            tablefmt="github",
+            disable_numparse=True,
+        ),
+    ]
+
+
 def markdown(rows: list[dict], info: dict) -> str:
     head = [
         "workload",
         "calibration → evaluation",
         "GPUs × slots",
         "method",
-        "MaxVio (even)",
-        "MaxVio (lp)",
+        *(f"MaxVio ({d})" for d in DISPATCHES),
         "bound",
         "gap",
         "wall (s)",
         "algorithm (s)",
     ]
     stepped = stepped_markdown(rows)
+    policies = policies_markdown(rows)
     rows = [r for r in rows if "maxvio_step_even" not in r]
     body = []
     for r in rows:
@@ -416,9 +511,8 @@ def markdown(rows: list[dict], info: dict) -> str:
                 r["workload"],
                 f"{r['calibration']} → {r['evaluation']}",
                 f"{r['gpus']} × ({r['slots']})",
-                r["method"],
-                f"{r['maxvio_even']:.2g}" if r["maxvio_even"] < 0.01 else f"{r['maxvio_even']:.4f}",
-                f"{r['maxvio_lp']:.2g}" if r["maxvio_lp"] < 0.01 else f"{r['maxvio_lp']:.4f}",
+                r["method"] + (f" ({r['policy_resolved']})" if r["method"] == "eplb-auto" else ""),
+                *(_maxvio(r[f"maxvio_{d}"]) for d in DISPATCHES),
                 f"{r['bound_maxvio']:.2g}" if "bound_maxvio" in r else "-",
                 f"{r['gap']:.2g}" if "gap" in r else "-",
                 f"{r['wall_s']:.3f}",
@@ -457,8 +551,10 @@ def markdown(rows: list[dict], info: dict) -> str:
                     r["workload"],
                     f"{r['calibration']} → {r['evaluation']}",
                     f"{r['gpus']} × ({r['slots']})",
-                    f"{r['maxvio_even'] / e['maxvio_even']:.3f}",
-                    f"{r['maxvio_lp'] / e['maxvio_lp']:.3f}" if e["maxvio_lp"] > 0 else "-",
+                    *(
+                        f"{r[f'maxvio_{d}'] / e[f'maxvio_{d}']:.3f}" if e[f"maxvio_{d}"] > 0 else "-"
+                        for d in DISPATCHES
+                    ),
                     f"{r['wall_s'] / e['wall_s']:.2f}" if e["wall_s"] > 0 else "-",
                     f"{r['algorithm_s'] / e['algorithm_s']:.2f}"
                     if r.get("algorithm_s") and e.get("algorithm_s")
@@ -471,7 +567,8 @@ def markdown(rows: list[dict], info: dict) -> str:
             "",
             f"Machine: {info['machine']['processor']}, {info['machine']['cpus']} CPUs, Python "
             f"{info['machine']['python']}; commit {info['machine']['git_commit']}; run time {info['wall_s']:.0f} s.",
-            "MaxVio = largest GPU load / mean − 1, mean over layers, on the evaluation loads. `even`: every copy "
+            "MaxVio = largest GPU load / mean − 1, mean over layers, on the evaluation loads. `eplb-auto` (SGLang's "
+            "default) shows the policy it resolved to. `even`: every copy "
             "serves 1/c of its expert (EPLB's model); `lp`: per batch, the best split over the copies. `bound`: the "
             "balance lower bound on MaxVio for every plan in these slots under even dispatch (in sample); `gap`: "
             f"MaxVio − bound, absolute. Wall time: the method's run on the whole model (median of {REPEATS} for "
@@ -510,8 +607,7 @@ def markdown(rows: list[dict], info: dict) -> str:
                     "workload",
                     "calibration → evaluation",
                     "GPUs × slots",
-                    "MaxVio even",
-                    "MaxVio lp",
+                    *(f"MaxVio {d}" for d in DISPATCHES),
                     "wall time",
                     "algorithm time",
                 ],
@@ -532,6 +628,7 @@ def markdown(rows: list[dict], info: dict) -> str:
                 ],
                 tablefmt="github",
             ),
+            *policies,
             "",
             *stepped,
             "",
@@ -547,7 +644,7 @@ def plot(per_layer: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 4))
     x = np.arange(3, 3 + len(per_layer["bound"]))
-    for label, style in (("eplb-global", "o-"), ("greedy", "s-"), ("balance", "^-")):
+    for label, style in (("eplb-global", "o-"), ("eplb-hierarchical", "v-"), ("greedy", "s-"), ("balance", "^-")):
         if label in per_layer:
             ax.plot(x, np.maximum(per_layer[label], 1e-6), style, ms=3, label=label)
     ax.plot(x, np.maximum(per_layer["bound"], 1e-6), "k--", label="lower bound (any plan)")
