@@ -23,6 +23,19 @@ Policies
     stream, as each engine rank builds its own table), so a GPU with two copies of an
     expert receives twice the share. Without token homes, homes are uniform and loads and
     communication are the exact expectation over the G possible homes.
+``vllm``
+    vLLM's EPLB routing (``eplb_map_and_record`` in vLLM 0.34): the token in row ``i`` of its
+    rank's batch uses copy ``((i * 2654435769) mod 2**32) mod c`` (Knuth's multiplicative hash;
+    copies in physical-slot order, :func:`physical_copies`). On a trace ``i`` is the token's row
+    in its step (and home, when the trace records homes); on counts the split is even in
+    expectation and is scored as ``even``.
+``ascend``
+    vLLM-Ascend (``generate_log2phy_map``): source rank ``r`` sends every token for expert
+    ``e`` to copy ``r mod c`` of ``e``, its ``c`` distinct devices in rank order (with tensor
+    parallelism ``tp``: copy ``(r mod tp + r div tp + e) mod c``). A per-rank table like
+    ``static`` (:func:`ascend_map`); without token homes, loads and communication are the exact
+    expectation over the G homes. When ``c`` does not divide G the copies get unequal shares
+    (``ceil`` or ``floor`` of ``G / c`` ranks each).
 ``lp``
     Per batch (trace step, or the pooled counts), the expert's tokens are split over the GPUs
     holding it to minimize the batch's largest GPU load: one LP per layer (all steps at
@@ -33,7 +46,11 @@ Policies
     layer's guard in one pass over the batches (:func:`guard_layers`: with the guard's small
     batches, 32 tokens for ``joint``, the Python loop over batches is what costs). It needs
     tokens; on count data it reduces to ``even`` (no token has a preference, and the load
-    term spreads each expert evenly in expectation).
+    term spreads each expert evenly in expectation). A research rule: no serving engine runs
+    it today.
+
+``static`` and ``ascend`` are *per-rank tables* (:func:`rank_map`): each source GPU maps each
+expert to one physical slot, so what a token costs depends on where it lives (its home).
 """
 
 from __future__ import annotations
@@ -57,27 +74,49 @@ STATIC_SEED = 42
 
 
 # ----------------------------------------------------------------------------- static (SGLang)
-@lru_cache(maxsize=4)  # plans hash by identity; scoring asks for the same plan's map twice
-def static_map(plan: Plan, gpus_per_node: int | None = None, seed: int = STATIC_SEED) -> np.ndarray:
+@lru_cache(maxsize=8)  # plans hash by identity; scoring asks for the same plan's map twice
+def static_map(
+    plan: Plan, gpus_per_node: int | None = None, seed: int = STATIC_SEED, dense_layers: int = 0
+) -> np.ndarray:
     """int ``[G, L, E]``: the physical slot each source GPU sends each expert's tokens to.
 
     Re-implements SGLang's static rule (``--ep-dispatch-algorithm static`` with an all-to-all
-    backend such as DeepEP, where it is the default) from the engine's code: rank r uses an
+    backend such as DeepEP, where it is the default) from the engine's code
+    (``compute_logical_to_rank_dispatch_physical_map``, SGLang 0.5.23): rank r uses an
     expert's only copy; else the first copy on its own GPU; else the first copy in its node
     when only some copies are there; else a "fair" draw: the ranks left without a near copy
     are dealt the expert's physical slots (each ``k // c`` times plus a sample of the rest,
     shuffled) and r takes its place in that deal. Each rank builds its own table with its own
     ``random.Random(seed)`` stream, consumed only by the experts it has no near copy of, in
     layer-then-expert order, exactly as each engine rank does.
+
+    The engine's map has a row for every hidden layer: ``dense_layers`` rows of the trivial
+    layout ``p mod E`` (what :func:`moeopt.interop.to_sglang` writes for a model's dense
+    layers) come first and consume draws of each rank's stream before the MoE layers do
+    (DeepSeek-V3: 3 rows; at 64 GPUs x 5 slots, 64 experts of each have two copies). Their
+    picks are dropped from the result.
     """
     L, G, W = plan.slots.shape
     E = plan.experts
+    if dense_layers:
+        trivial = np.arange(G * W) % E
+        rows = np.concatenate([np.tile(trivial, (dense_layers, 1)), plan.slots.reshape(L, G * W)])
+    else:
+        rows = plan.slots.reshape(L, G * W)
+    out = _static_rows(rows, G, W, E, gpus_per_node, seed)[:, dense_layers:]
+    out.setflags(write=False)
+    return out
+
+
+def _static_rows(rows: np.ndarray, G: int, W: int, E: int, gpus_per_node: int | None, seed: int) -> np.ndarray:
+    """:func:`static_map` of a physical-to-logical map ``rows [layers, G * W]``."""
+    L = rows.shape[0]
     out = np.full((G, L, E), -1, dtype=np.int64)
     node_slots = None if gpus_per_node is None or gpus_per_node >= G else gpus_per_node * W
     ranks = np.arange(G)
     drawn: list[tuple[int, int, list[int], np.ndarray]] = []  # (l, e, copies, ranks left to draw)
     for l in range(L):
-        phys = plan.physical(l)
+        phys = rows[l]
         order = np.argsort(phys, kind="stable")
         valid = phys[order] >= 0
         order, ids = order[valid], phys[order][valid]
@@ -112,7 +151,6 @@ def static_map(plan: Plan, gpus_per_node: int | None = None, seed: int = STATIC_
                 continue  # this rank's table holds only its near copy: no draw
             picks = _fair_choices(slots_of_e, len(left), rng)
             out[r, l, e] = picks[int(np.searchsorted(left, r))]
-    out.setflags(write=False)
     return out
 
 
@@ -124,16 +162,108 @@ def _fair_choices(items: list[int], k: int, rng: random.Random) -> list[int]:
     return picks
 
 
-def static_share(plan: Plan, gpus_per_node: int | None = None) -> np.ndarray:
-    """float ``[L, E, G]``: share of an expert's tokens each GPU serves under static dispatch,
-    with token homes uniform over the G source GPUs."""
+@lru_cache(maxsize=8)
+def ascend_map(plan: Plan, tp_size: int | None = None) -> np.ndarray:
+    """int ``[G, L, E]``: the physical slot vLLM-Ascend's rank r sends expert e's tokens to.
+
+    Re-implements ``generate_log2phy_map`` (vLLM-Ascend 0.23): the copies of ``e`` are its
+    devices in rank order, each once (the engine's expert map holds one entry per expert per
+    device: a colocated second copy is never used), ``c`` of them; rank ``r`` uses copy
+    ``r mod c``, or with ``tp_size > 1`` copy ``(r mod tp + r div tp + e) mod c``. The slot is
+    that device's first slot holding ``e`` (the engine numbers a device's distinct experts in
+    the order the map lists them; :func:`moeopt.interop.to_vllm_ascend` writes them in slot
+    order, so on a plan without colocated copies or empty slots the engine's physical id and
+    moeopt's slot ``g * W + w`` are the same number).
+    """
     L, G, W = plan.slots.shape
-    dest = static_map(plan, gpus_per_node) // W  # [G_src, L, E] destination GPU
-    share = np.zeros((L, plan.experts, G))
+    E = plan.experts
+    out = np.empty((G, L, E), dtype=np.int64)
+    r = np.arange(G)
+    for l in range(L):
+        first = np.full((E, G), -1, dtype=np.int64)  # first slot of e on g
+        flat = plan.slots[l].reshape(-1)
+        pos = np.nonzero(flat >= 0)[0][::-1]  # reversed: the first slot is written last
+        first[flat[pos], pos // W] = pos
+        held = first >= 0
+        c = held.sum(axis=1)  # distinct devices of each expert
+        devices = np.argsort(~held, axis=1, kind="stable")  # [E, G]: holding devices first, rank order
+        if tp_size is None or tp_size <= 1:
+            j = r[:, None] % c[None, :]  # [G, E]
+        else:
+            j = (r[:, None] % tp_size + r[:, None] // tp_size + np.arange(E)[None, :]) % c[None, :]
+        dev = devices[np.arange(E)[None, :], j]
+        out[:, l, :] = first[np.arange(E)[None, :], dev]
+    out.setflags(write=False)
+    return out
+
+
+#: Rules that map each (source GPU, expert) to one fixed copy: what a token costs depends on its home.
+RANK_TABLE_KINDS = ("static", "ascend")
+
+
+def rank_map(plan: Plan, cluster: Cluster) -> np.ndarray:
+    """int ``[G, L, E]``: the physical slot each source GPU sends each expert to, under the
+    plan's ``static`` (:func:`static_map`) or ``ascend`` (:func:`ascend_map`) rule."""
+    d = plan.dispatch
+    if d.kind == "static":
+        return static_map(plan, cluster.gpus_per_node, STATIC_SEED, d.dense_layers)
+    if d.kind == "ascend":
+        return ascend_map(plan, d.tp_size)
+    raise ValueError(f"dispatch {d.kind!r} has no per-rank table")
+
+
+def rank_share(plan: Plan, cluster: Cluster) -> np.ndarray:
+    """float ``[L, E, G]``: share of an expert's tokens each GPU serves under a per-rank rule
+    (``static``, ``ascend``), with token homes uniform over the G source GPUs."""
+    return _uniform_home_share(rank_map(plan, cluster) // plan.width, plan.experts)
+
+
+def static_share(plan: Plan, gpus_per_node: int | None = None) -> np.ndarray:
+    """float ``[L, E, G]``: :func:`rank_share` of SGLang's static rule, whatever the plan's own
+    rule (its ``dense_layers`` when it is ``static``)."""
+    dense = plan.dispatch.dense_layers if plan.dispatch.kind == "static" else 0
+    return _uniform_home_share(static_map(plan, gpus_per_node, STATIC_SEED, dense) // plan.width, plan.experts)
+
+
+def _uniform_home_share(dest: np.ndarray, E: int) -> np.ndarray:
+    """float ``[L, E, G]`` from destination GPUs ``dest [G_src, L, E]``: the share of each
+    expert's tokens each GPU serves when the G source GPUs send equal shares."""
+    G, L, _ = dest.shape
+    share = np.zeros((L, E, G))
     l_idx = np.broadcast_to(np.arange(L)[None, :, None], dest.shape)
-    e_idx = np.broadcast_to(np.arange(plan.experts)[None, None, :], dest.shape)
+    e_idx = np.broadcast_to(np.arange(E)[None, None, :], dest.shape)
     np.add.at(share, (l_idx.ravel(), e_idx.ravel(), dest.ravel()), 1.0 / G)
     return share
+
+
+# ----------------------------------------------------------------------------- vllm
+#: vLLM's replica hash (``eplb_map_and_record``): Knuth's multiplicative constant, floor(2**32 / phi).
+VLLM_HASH = 2654435769
+
+
+def vllm_copy_index(row: np.ndarray, copies: np.ndarray) -> np.ndarray:
+    """The copy vLLM's EPLB routing picks: ``((row * 2654435769) mod 2**32) mod copies``.
+
+    ``row`` is the token's row in its rank's batch, ``copies`` the expert's copy count (both
+    broadcast); the copy is an index into the expert's copies in physical-slot order.
+    """
+    hashed = (np.asarray(row, dtype=np.int64) * VLLM_HASH) & 0xFFFFFFFF
+    return np.asarray(hashed % np.asarray(copies, dtype=np.int64))
+
+
+def physical_copies(plan: Plan, layer: int) -> np.ndarray:
+    """int ``[E, C]``: the physical slots of each expert's copies in slot order, -1 padded
+    (vLLM's ``logical_to_physical_map``, SGLang's ``logical_to_all_physical_map``)."""
+    flat = plan.physical(layer)
+    pos = np.nonzero(flat >= 0)[0]
+    e = flat[pos]
+    order = np.argsort(e, kind="stable")
+    e_sorted, slot = e[order], pos[order]
+    counts = np.bincount(e_sorted, minlength=plan.experts)
+    table = np.full((plan.experts, max(int(counts.max(initial=1)), 1)), -1, dtype=np.int64)
+    start = np.searchsorted(e_sorted, np.arange(plan.experts))
+    table[e_sorted, np.arange(len(e_sorted)) - start[e_sorted]] = slot
+    return table
 
 
 # ----------------------------------------------------------------------------- even
@@ -207,14 +337,16 @@ def lp_layer_loads(counts: np.ndarray, holds: np.ndarray) -> tuple[np.ndarray, n
 def count_loads(plan: Plan, counts: np.ndarray, cluster: Cluster) -> np.ndarray:
     """float ``[L, ..., G]``: GPU loads of per-expert counts ``[L, ..., E]`` under the plan's dispatch.
 
-    Each leading index after the layer (e.g. a step) is one batch for ``lp``.
+    Each leading index after the layer (e.g. a step) is one batch for ``lp``. Without token
+    rows or homes, ``vllm`` splits evenly (its hash spreads rows evenly over the copies) and
+    ``static`` / ``ascend`` take the expectation over uniform token homes.
     """
     counts = np.asarray(counts, dtype=np.float64)
     kind = plan.dispatch.kind
-    if kind in ("even", "locality"):
+    if kind in ("even", "locality", "vllm"):
         return np.asarray(np.einsum("l...e,leg->l...g", counts, even_share(plan)))
-    if kind == "static":
-        return np.asarray(np.einsum("l...e,leg->l...g", counts, static_share(plan, cluster.gpus_per_node)))
+    if kind in RANK_TABLE_KINDS:
+        return np.asarray(np.einsum("l...e,leg->l...g", counts, rank_share(plan, cluster)))
     L, E, G = counts.shape[0], counts.shape[-1], plan.gpus
     holds = plan.copies_on_gpu > 0
     flat = counts.reshape(L, -1, E)
@@ -226,10 +358,10 @@ def count_flows(plan: Plan, counts: np.ndarray, cluster: Cluster) -> np.ndarray:
     """float ``[L, T, E, G]``: tokens of expert e served by GPU g at step t, from ``[L, T, E]``."""
     counts = np.asarray(counts, dtype=np.float64)
     kind = plan.dispatch.kind
-    if kind in ("even", "locality"):
+    if kind in ("even", "locality", "vllm"):
         return np.asarray(counts[..., None] * even_share(plan)[:, None])
-    if kind == "static":
-        return np.asarray(counts[..., None] * static_share(plan, cluster.gpus_per_node)[:, None])
+    if kind in RANK_TABLE_KINDS:
+        return np.asarray(counts[..., None] * rank_share(plan, cluster)[:, None])
     holds = plan.copies_on_gpu > 0
     return np.stack([lp_layer_loads(counts[l], holds[l])[1] for l in range(plan.layers)])
 
@@ -298,7 +430,7 @@ def _integer_quota(flow: np.ndarray) -> np.ndarray:
 
 
 #: Seed of the uniform layer-0 homes drawn when ``token_home: previous-layer`` meets a trace
-#: without homes under a dispatch that needs them (``static``).
+#: without homes under a dispatch that needs them (``static``, ``ascend``).
 HOME_SEED = 0
 
 
@@ -321,9 +453,9 @@ def route_trace(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
     step = trace.step.astype(np.int64)
     T = int(step.max()) + 1 if N else 1
     step_loads = np.zeros((L, T, G))
-    if plan.dispatch.kind == "static" and trace.home is None:
-        share = static_share(plan, cluster.gpus_per_node)
-        dest = static_map(plan, cluster.gpus_per_node) // W  # [G_src, L, E]
+    if plan.dispatch.kind in RANK_TABLE_KINDS and trace.home is None:
+        share = rank_share(plan, cluster)
+        dest = rank_map(plan, cluster) // W  # [G_src, L, E]
         distinct = np.zeros((N, L))
         remote = np.zeros((N, L))
         weighted = np.zeros((N, L))
@@ -340,10 +472,20 @@ def route_trace(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
             step_loads[l] = _step_counts(gpu[:, l, :], step, T, G)
         return Routing(step_loads, gpu)
     gpu = np.empty((N, L, trace.top_k), dtype=np.int64)
-    row = _rank_in_group(step)[1]  # a token's row within its batch
+    row = batch_rows(trace, plan.dispatch.kind)
     for l in range(L):
         gpu[:, l, :], step_loads[l] = _route_layer(plan, l, trace, cluster, step, row, T, trace.home)
     return Routing(step_loads, gpu)
+
+
+def batch_rows(trace: Trace, kind: str) -> np.ndarray:
+    """int ``[tokens]``: each token's row in its batch: its step, and under ``vllm`` its rank too
+    when the trace records homes (each vLLM rank hashes the rows of its own batch)."""
+    step = trace.step.astype(np.int64)
+    if kind == "vllm" and trace.home is not None:
+        G = int(trace.home.max()) + 1 if trace.tokens else 1
+        return _rank_in_group(step * G + trace.home.astype(np.int64))[1]
+    return _rank_in_group(step)[1]
 
 
 def all_copies(plan: Plan) -> np.ndarray:
@@ -377,9 +519,12 @@ def _route_layer(
         c = plan.copy_counts[l]
         g = copies[ids, row[:, None] % c[ids]]
         return g, _step_counts(ids, step, T, E) @ even_share(plan)[l]
-    if kind == "static":
+    if kind == "vllm":
+        c = plan.copy_counts[l]
+        g = plan.copies(l)[ids, vllm_copy_index(row[:, None], c[ids])]
+    elif kind in RANK_TABLE_KINDS:
         assert home is not None
-        g = static_map(plan, cluster.gpus_per_node)[home[:, None], l, ids] // W
+        g = rank_map(plan, cluster)[home[:, None], l, ids] // W
     elif kind == "lp":
         holds = plan.copies_on_gpu[l] > 0
         loads, flow = lp_layer_loads(_step_counts(ids, step, T, E), holds)
@@ -395,9 +540,9 @@ def _route_previous_layer(plan: Plan, trace: Trace, cluster: Cluster) -> Routing
     N, k = trace.tokens, trace.top_k
     step = trace.step.astype(np.int64)
     T = int(step.max()) + 1 if N else 1
-    row = _rank_in_group(step)[1]
+    row = batch_rows(trace, plan.dispatch.kind)
     home = trace.home
-    if home is None and plan.dispatch.kind == "static":  # the copy a token uses depends on its home
+    if home is None and plan.dispatch.kind in RANK_TABLE_KINDS:  # the copy a token uses depends on its home
         home = np.random.default_rng(HOME_SEED).integers(0, G, size=N)
     gpu = np.empty((N, L, k), dtype=np.int64)
     step_loads = np.zeros((L, T, G))

@@ -50,6 +50,18 @@ class Model:
 
 TOKEN_HOMES = ("uniform", "trace", "previous-layer")
 
+#: The serving engines an instance can name (``cluster.engine``) and the dispatch rule each runs
+#: (:mod:`moeopt.dispatch`): SGLang's ``--ep-dispatch-algorithm`` ``dynamic`` (its default
+#: without an all-to-all backend), ``static`` (its default with DeepEP) and ``lp``; vLLM's EPLB
+#: routing; vLLM-Ascend's rank-modulo rule.
+ENGINES: dict[str, str] = {
+    "sglang": "even",
+    "sglang-static": "static",
+    "sglang-lp": "lp",
+    "vllm": "vllm",
+    "vllm-ascend": "ascend",
+}
+
 
 @dataclass(frozen=True)
 class TopologyLevel:
@@ -88,6 +100,14 @@ class Cluster:
     #: GPU that ran its top-1 expert at the previous MoE layer)
     token_home: str = "uniform"
     topology: tuple[TopologyLevel, ...] | None = None
+    #: the serving engine the plans will run on (:data:`ENGINES`); its dispatch rule is the one
+    #: planners plan for and plans are scored under. None: no engine named (planners choose)
+    engine: str | None = None
+
+    @property
+    def engine_rule(self) -> str | None:
+        """The dispatch kind :attr:`engine` runs (None without an engine)."""
+        return None if self.engine is None else ENGINES[self.engine]
 
     @property
     def width(self) -> int:

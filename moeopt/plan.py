@@ -18,10 +18,23 @@ from typing import Any
 import numpy as np
 
 from moeopt.errors import PlanError
-from moeopt.instance import Cluster
+from moeopt.instance import Cluster, Model
 
-#: Dispatch policies (SPEC section 11): how a token chooses among the copies of an expert.
-DISPATCH_KINDS = ("even", "static", "lp", "locality")
+#: Dispatch policies (SPEC sections 11 and 12): how a token chooses among the copies of an expert.
+DISPATCH_KINDS = ("even", "static", "lp", "vllm", "ascend", "locality")
+
+#: What each kind is, in one line (the CLI's help and the docs' table).
+DISPATCH_RULES = {
+    "even": "every copy 1/c of the tokens (SGLang dynamic, EPLB's model)",
+    "static": "SGLang static: a fixed copy per source rank (same GPU, then node, then a seeded draw)",
+    "lp": "SGLang lp: per batch, the split that minimizes the largest GPU load",
+    "vllm": "vLLM EPLB: the copy picked by a hash of the token's row in its batch",
+    "ascend": "vLLM-Ascend: rank r uses copy r mod c of its expert",
+    "locality": "research rule (no engine runs it): load-guarded nearest copy per token",
+}
+
+#: Kinds no serving engine runs today (scores under them are labelled as such).
+RESEARCH_KINDS = ("locality",)
 
 
 @dataclass(frozen=True)
@@ -30,20 +43,34 @@ class Dispatch:
 
     ``kind``:
 
-    * ``even``: every copy receives ``1/c`` of its expert's tokens (EPLB's model).
+    * ``even``: every copy receives ``1/c`` of its expert's tokens (EPLB's model; SGLang's
+      ``dynamic`` dispatch, which on a trace sends a token's row ``r`` of its batch to copy
+      ``r mod c``).
     * ``static``: SGLang's static rule: a token uses the copy on its own GPU, else a copy
-      fixed per (source GPU, expert) drawn fairly over the expert's physical slots.
+      fixed per (source GPU, expert) drawn fairly over the expert's physical slots; the draws
+      run over every row of the engine's map, so ``dense_layers`` (the map's leading dense
+      rows, ``p mod E`` as moeopt writes them) is part of the rule.
     * ``lp``: per batch, each expert's tokens are split over its copies to minimize the
-      batch's largest GPU load (the best any dispatcher can do for the plan).
-    * ``locality``: the online guard of SPEC 4.3, ``argmax locality(g) - lam * Lhat_g /
-      mean(Lhat)`` with ``Lhat`` decayed by ``decay`` after each batch of ``batch_tokens``
-      tokens (``None``: one batch per trace step).
+      batch's largest GPU load (SGLang ``--ep-dispatch-algorithm lp``; the best any dispatcher
+      can do for the plan).
+    * ``vllm``: vLLM's EPLB routing: the token in row ``i`` of its rank's batch uses copy
+      ``((i * 2654435769) mod 2**32) mod c`` (copies in physical-slot order).
+    * ``ascend``: vLLM-Ascend: rank ``r`` sends every token for expert ``e`` to copy
+      ``r mod c`` of ``e`` (its ``c`` devices in rank order); with ``tp_size > 1``, copy
+      ``(r mod tp + r div tp + e) mod c``.
+    * ``locality`` (a research rule: no engine runs it): the online guard of SPEC 4.3,
+      ``argmax locality(g) - lam * Lhat_g / mean(Lhat)`` with ``Lhat`` decayed by ``decay``
+      after each batch of ``batch_tokens`` tokens (``None``: one batch per trace step).
     """
 
     kind: str = "even"
     lam: float = 1.0
     decay: float = 0.9
     batch_tokens: int | None = None
+    #: ``static``: dense hidden layers in the engine's map before the MoE layers
+    dense_layers: int = 0
+    #: ``ascend``: tensor-parallel size (None or 1: rank r uses copy r mod c)
+    tp_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in DISPATCH_KINDS:
@@ -54,38 +81,84 @@ class Dispatch:
             raise PlanError(f"dispatch.decay: expected a number in [0, 1], got {self.decay!r}")
         if self.batch_tokens is not None and (isinstance(self.batch_tokens, bool) or self.batch_tokens < 1):
             raise PlanError(f"dispatch.batch_tokens: expected an integer >= 1, got {self.batch_tokens!r}")
+        if isinstance(self.dense_layers, bool) or not isinstance(self.dense_layers, (int, np.integer)):
+            raise PlanError(f"dispatch.dense_layers: expected an integer >= 0, got {self.dense_layers!r}")
+        if self.dense_layers < 0:
+            raise PlanError(f"dispatch.dense_layers: expected an integer >= 0, got {self.dense_layers!r}")
+        if self.dense_layers and self.kind != "static":
+            raise PlanError("dispatch.dense_layers: only the static rule depends on dense layers")
+        if self.tp_size is not None:
+            if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, (int, np.integer)) or self.tp_size < 1:
+                raise PlanError(f"dispatch.tp_size: expected an integer >= 1, got {self.tp_size!r}")
+            if self.kind != "ascend":
+                raise PlanError("dispatch.tp_size: only the ascend rule depends on the tensor-parallel size")
+
+    @property
+    def engine_runs(self) -> bool:
+        """Whether a serving engine runs this rule (``locality`` is a research rule)."""
+        return self.kind not in RESEARCH_KINDS
 
     def to_json(self) -> dict[str, Any]:
         """The plan file's ``dispatch`` object (only the fields the kind uses)."""
         out: dict[str, Any] = {"kind": self.kind}
         if self.kind == "locality":
             out.update(lam=self.lam, decay=self.decay, batch_tokens=self.batch_tokens)
+        if self.kind == "static" and self.dense_layers:
+            out["dense_layers"] = int(self.dense_layers)
+        if self.kind == "ascend" and self.tp_size is not None:
+            out["tp_size"] = int(self.tp_size)
         return out
 
     @classmethod
     def from_json(cls, data: Any) -> Dispatch:
-        """Read a ``dispatch`` object (a mapping, or a bare kind string)."""
+        """Read a ``dispatch`` object (a mapping, or a bare kind string); a field the kind does
+        not use is an error."""
         if isinstance(data, str):
             return cls(kind=data)
         if not isinstance(data, dict):
             raise PlanError(f"dispatch: expected a mapping with 'kind', got {data!r}")
-        unknown = set(data) - {"kind", "lam", "decay", "batch_tokens"}
+        unknown = set(data) - {"kind", "lam", "decay", "batch_tokens", "dense_layers", "tp_size"}
         if unknown:
             raise PlanError(f"dispatch: unknown field(s) {', '.join(sorted(unknown))}")
         kind = data.get("kind", "even")
+        own = {
+            "locality": {"lam", "decay", "batch_tokens"},
+            "static": {"dense_layers"},
+            "ascend": {"tp_size"},
+        }.get(str(kind), set())
+        foreign = sorted(k for k in set(data) - {"kind"} - own if data[k] is not None)
+        if foreign:
+            raise PlanError(f"dispatch: field(s) {', '.join(foreign)} do not apply to kind {kind!r}")
         for key in ("lam", "decay"):
             v = data.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise PlanError(f"dispatch.{key}: expected a number, got {v!r}")
-        bt = data.get("batch_tokens")
-        if bt is not None and (isinstance(bt, bool) or not isinstance(bt, int)):
-            raise PlanError(f"dispatch.batch_tokens: expected an integer, got {bt!r}")
+        for key in ("batch_tokens", "dense_layers", "tp_size"):
+            v = data.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise PlanError(f"dispatch.{key}: expected an integer, got {v!r}")
         return cls(
             kind=str(kind),
             lam=float(data.get("lam", 1.0) if data.get("lam") is not None else 1.0),
             decay=float(data.get("decay", 0.9) if data.get("decay") is not None else 0.9),
-            batch_tokens=bt,
+            batch_tokens=data.get("batch_tokens"),
+            dense_layers=int(data.get("dense_layers") or 0),
+            tp_size=data.get("tp_size"),
         )
+
+
+def rule_dispatch(kind: str, model: Model | None = None) -> Dispatch:
+    """The :class:`Dispatch` of rule ``kind`` for a model: SGLang's ``static`` rule takes the
+    model's ``dense_layers`` (the engine's map has their rows; None counts as 0)."""
+    if kind == "static" and model is not None and model.dense_layers:
+        return Dispatch(kind="static", dense_layers=model.dense_layers)
+    return Dispatch(kind=kind)
+
+
+def engine_dispatch(model: Model, cluster: Cluster) -> Dispatch | None:
+    """The dispatch the instance's engine (``cluster.engine``) runs, or None without one."""
+    rule = cluster.engine_rule
+    return None if rule is None else rule_dispatch(rule, model)
 
 
 @dataclass(frozen=True, eq=False)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from moeopt.dispatch import HOME_SEED, _rank_in_group, _route_layer
+from moeopt.dispatch import HOME_SEED, RANK_TABLE_KINDS, _route_layer, batch_rows
 from moeopt.evaluate import evaluate
 from moeopt.instance import Cluster
 from moeopt.plan import Plan
@@ -80,9 +80,9 @@ def relabel_gpus(plan: Plan, trace: Trace, cluster: Cluster, profile: Profile | 
     forbid = cls[:, None] != cls[None, :]
     step = trace.step.astype(np.int64)
     T = int(step.max()) + 1 if trace.tokens else 1
-    row = _rank_in_group(step)[1]
+    row = batch_rows(trace, plan.dispatch.kind)
     home = trace.home
-    if home is None and plan.dispatch.kind == "static":
+    if home is None and plan.dispatch.kind in RANK_TABLE_KINDS:
         home = np.random.default_rng(HOME_SEED).integers(0, G, size=trace.tokens)
     slots = plan.slots.copy()
     single = (plan.copy_counts == 1).all(axis=1)  # [L]: layers a renumbering leaves unchanged

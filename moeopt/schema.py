@@ -286,6 +286,7 @@ class ClusterSchema(Strict):
     allow_colocated_copies: bool = False
     token_home: Literal["uniform", "trace", "previous-layer"] = "uniform"
     topology: TopologySchema | None = None
+    engine: Literal["sglang", "sglang-static", "sglang-lp", "vllm", "vllm-ascend"] | None = None
 
     @model_validator(mode="after")
     def _topology(self) -> ClusterSchema:

@@ -9,7 +9,7 @@ from moeopt import console, execute
 from moeopt.errors import InputError, PlanError
 from moeopt.instance import Instance
 from moeopt.io import load_workload, resolve_profile
-from moeopt.plan import Dispatch, Plan
+from moeopt.plan import Dispatch, Plan, engine_dispatch
 from moeopt.registry import Context, Problem, get_method, parse_params
 from moeopt.relabel import relabel_gpus
 from moeopt.result import Result
@@ -135,6 +135,17 @@ def solve(
     if result.plan is None:
         return result.replace(wall_time=wall)
     plan = result.plan if dispatch is None else result.plan.with_dispatch(dispatch)
+    engine_rule = engine_dispatch(instance.model, instance.cluster)
+    rule_note = None
+    if dispatch is None and engine_rule is not None and plan.dispatch != engine_rule:
+        # the plan runs under the engine's rule, whatever its method assumed: score it so
+        if plan.dispatch.kind != engine_rule.kind:  # not merely another dense-row count
+            rule_note = (
+                f"note: {name} planned for dispatch {plan.dispatch.kind!r}; scored under {engine_rule.kind!r}, "
+                f"the rule {instance.cluster.engine} runs (cluster.engine)"
+            )
+            note(rule_note)
+        plan = plan.with_dispatch(engine_rule)
     own = not getattr(impl, "emits_colocated", False)
     try:  # a re-plan may keep the colocated copies the engine's plan has (EPLB emits them), add none
         plan.check(
@@ -148,4 +159,6 @@ def solve(
         plan, info = relabel_gpus(plan, wl.calibration, instance.cluster, wl.profile)
         stats = {**stats, "relabel": info}
     metrics = score(plan, instance, wl, hooks=getattr(impl, "metric_hooks", ()), params=result.params)
+    if rule_note:
+        stats = {**stats, "engine_rule": rule_note.removeprefix("note: ")}
     return result.replace(plan=plan, metrics=metrics, wall_time=wall, stats=stats)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moeopt.dispatch import route_trace
+from moeopt.dispatch import RANK_TABLE_KINDS, route_trace
 from moeopt.errors import PlanError
 from moeopt.evaluate import (
     communication,
@@ -98,7 +98,7 @@ def test_invariants(case):
 def test_dispatch_only_to_holders(case):
     """Every dispatch sends every token-expert assignment to a GPU that holds that expert."""
     cluster, trace, plan = case
-    if plan.dispatch.kind == "static":  # per-token choices need homes
+    if plan.dispatch.kind in RANK_TABLE_KINDS:  # per-token choices need homes
         trace = Trace(**{**trace.__dict__, "home": np.arange(trace.tokens) % cluster.gpus})
     if plan.dispatch.kind == "locality":
         plan = plan.with_dispatch(Dispatch(kind="locality", lam=2.0, decay=0.5))

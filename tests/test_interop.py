@@ -106,7 +106,7 @@ def test_round_trip_vllm_ascend(plan):
     assume(plan.colocated == 0)
     back = via(plan, "vllm-ascend")
     assert np.array_equal(back.slots, plan.slots)
-    assert back.dispatch.kind == "even"
+    assert back.dispatch.kind == "ascend"  # vLLM-Ascend runs rank r on copy r mod c
 
 
 @given(plan=slot_plans(empty=True, colocated=True))
@@ -423,8 +423,9 @@ def test_file_round_trip(fmt, suffix, tmp_path):
     if suffix == ".pt":
         pytest.importorskip("torch")
     plan = Plan(slots=np.array([[[0, 1], [2, 0], [3, 4]], [[4, 3], [2, 1], [0, 2]]]), experts=5)
+    plan = plan.with_dispatch(Dispatch(kind=interop.ENGINE_DISPATCH[fmt]))
     path = tmp_path / f"plan{suffix}"
-    assert write_engine_plan(path, plan, fmt) == []
+    assert write_engine_plan(path, plan, fmt, dense_layers=0 if fmt == "sglang" else None) == []
     back = read_engine_plan(path, fmt, gpus=3 if fmt == "sglang" else None, dispatch="lp")
     assert np.array_equal(back.slots, plan.slots) and back.dispatch.kind == "lp"
 
@@ -451,7 +452,7 @@ def test_engine_file_errors(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(InputError, match="not valid JSON"):
         read_engine_plan(tmp_path / "bad.json", "vllm-ascend")
-    write_engine_plan(tmp_path / "ok.json", plan, "sglang")
+    write_engine_plan(tmp_path / "ok.json", plan, "sglang", dense_layers=0)
     with pytest.raises(InputError, match="GPU count"):
         read_engine_plan(tmp_path / "ok.json", "sglang")
     with pytest.raises(InputError, match="dispatch"):
@@ -633,7 +634,7 @@ def _plan_file(tmp_path) -> tuple:
     write_plan(path, plan, "test")
     inst = tmp_path / "inst.yaml"
     inst.write_text(
-        "name: t\nmodel: {layers: 2, experts: 8, top_k: 2}\n"
+        "name: t\nmodel: {layers: 2, experts: 8, top_k: 2, dense_layers: 0}\n"
         "cluster: {gpus: 4, replica_slots_per_gpu: 1}\n"
         "workload: {synthetic: {tokens: 100}}\n"
     )
@@ -671,13 +672,20 @@ def test_cli_vllm_ascend(tmp_path, capsys):
     path = tmp_path / "linear.json"
     write_plan(path, plan, "linear")
     out = tmp_path / "map.json"
-    assert main(["export", str(path), "--format", "vllm-ascend", "--output", str(out)]) == 0
-    text = capsys.readouterr().out
+    # an even plan: vLLM-Ascend runs copy r mod c, so the file is written only as the engine runs it
+    assert main(["export", str(path), "--format", "vllm-ascend", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'even'" in err and "--dispatch ascend" in err and not out.exists()
+    assert main(["export", str(path), "--format", "vllm-ascend", "--output", str(out), "--dispatch", "ascend"]) == 0
+    captured = capsys.readouterr()
+    text = captured.out
+    assert "planned and scored under dispatch 'even'" in captured.err
     assert '"eplb_config": {"expert_map_path": "' in text and '"num_redundant_experts": 0' in text
     assert main(["import", str(out), "--format", "vllm-ascend", "--output", str(tmp_path / "b.json"), "--quiet"]) == 0
     assert read_plan(tmp_path / "b.json").same_layout(distinct_only(plan))
     _, uneven, _ = _plan_file(tmp_path)
-    assert main(["export", str(uneven), "--format", "vllm-ascend", "--output", str(tmp_path / "u.json")]) == 2
+    args = ["export", str(uneven), "--format", "vllm-ascend", "--output", str(tmp_path / "u.json")]
+    assert main([*args, "--dispatch", "ascend", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "same number of distinct experts" in err
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from moeopt import console
-from moeopt.dispatch import count_flows, route_trace
+from moeopt.dispatch import RANK_TABLE_KINDS, count_flows, route_trace
 from moeopt.errors import InputError, MoeoptError
 from moeopt.evaluate import straggler
 from moeopt.harness.alltoall import maybe_all_to_all
@@ -143,7 +143,7 @@ def plan_loads(
         home = workload.home
         if home is None:
             home = np.random.default_rng(seed).integers(0, G, size=workload.tokens)
-            if plan.dispatch.kind == "static":  # the copy a token uses depends on its home
+            if plan.dispatch.kind in RANK_TABLE_KINDS:  # the copy a token uses depends on its home
                 workload = dataclasses.replace(workload, home=home)
         gpu = route_trace(plan, workload, cluster).gpu
         assert gpu is not None

@@ -65,7 +65,10 @@ from moeopt.interop.sglang import (
 from moeopt.interop.slots import (
     ENGINE_DISPATCH,
     ENGINE_FORMATS,
+    ENGINE_NAMES,
+    ENGINE_RULES,
     SGLANG_DISPATCH,
+    check_engine_rule,
     engine_slots,
     fill_empty_slots,
     plan_from_physical,
@@ -77,7 +80,10 @@ from moeopt.interop.vllm_eplb import is_vllm_eplb_state, stats_from_vllm_eplb
 __all__ = [
     "ENGINE_DISPATCH",
     "ENGINE_FORMATS",
+    "ENGINE_NAMES",
+    "ENGINE_RULES",
     "SGLANG_DISPATCH",
+    "check_engine_rule",
     "engine_settings",
     "engine_slots",
     "fill_empty_slots",

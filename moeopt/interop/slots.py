@@ -19,8 +19,35 @@ ENGINE_FORMATS = ("sglang", "eplb", "vllm-ascend")
 #: ``--moe-a2a-backend none``, and to ``static`` (moeopt's ``static``) when an all-to-all
 #: backend such as DeepEP is set. EPLB's own model is ``even``. vLLM-Ascend sends rank
 #: ``r``'s tokens for expert ``e`` to its copy number ``r mod c`` (copies in device order):
-#: an even split when c divides G.
-ENGINE_DISPATCH = {"sglang": "even", "eplb": "even", "vllm-ascend": "even"}
+#: moeopt's ``ascend``, an even split only when c divides G.
+ENGINE_DISPATCH = {"sglang": "even", "eplb": "even", "vllm-ascend": "ascend"}
+
+#: The dispatch rules each engine file can run under: SGLang's three ``--ep-dispatch-algorithm``
+#: values; DeepSeek EPLB's tensors under EPLB's own model (``even``) or vLLM's routing (vLLM's
+#: EPLB state holds the same ``physical_to_logical_map``); vLLM-Ascend's one rule.
+ENGINE_RULES: dict[str, tuple[str, ...]] = {
+    "sglang": ("even", "static", "lp"),
+    "eplb": ("even", "vllm"),
+    "vllm-ascend": ("ascend",),
+}
+
+#: Engine names in messages.
+ENGINE_NAMES = {"sglang": "SGLang", "eplb": "DeepSeek EPLB", "vllm-ascend": "vLLM-Ascend"}
+
+
+def check_engine_rule(plan: Plan, fmt: str) -> None:
+    """Raise :class:`PlanError` unless the engine of ``fmt`` runs the plan's dispatch rule: a plan
+    scored under a rule its engine does not run would serve other loads than it promised."""
+    rules = ENGINE_RULES[fmt]
+    if plan.dispatch.kind in rules:
+        return
+    what = "a research rule no engine runs" if not plan.dispatch.engine_runs else "a rule it does not run"
+    raise PlanError(
+        f"dispatch: the plan runs under {plan.dispatch.kind!r}, {what} ({ENGINE_NAMES[fmt]} runs "
+        f"{' or '.join(repr(r) for r in rules)}); plan for the engine's rule (the method's dispatch, or "
+        f"cluster.engine), or export it as the engine will run it with --dispatch {rules[0]} and "
+        f"evaluate it so"
+    )
 
 #: SGLang's ``--ep-dispatch-algorithm`` for each moeopt dispatch kind (none for ``locality``).
 SGLANG_DISPATCH = {"even": "dynamic", "static": "static", "lp": "lp"}

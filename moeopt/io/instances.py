@@ -69,7 +69,7 @@ def load_instance(path: str | Path) -> Instance:
         d_ff=_int(m, "d_ff", src, "model", 512),
         dtype=str(m.get("dtype", "bf16")),
         expert_groups=None if m.get("expert_groups") is None else _int(m, "expert_groups", src, "model"),
-        dense_layers=None if m.get("dense_layers") is None else _int(m, "dense_layers", src, "model"),
+        dense_layers=None if m.get("dense_layers") is None else _int(m, "dense_layers", src, "model", minimum=0),
         expert_bytes=None if m.get("expert_bytes") is None else _int(m, "expert_bytes", src, "model"),
     )
     if model.top_k > model.experts:
@@ -87,6 +87,7 @@ def load_instance(path: str | Path) -> Instance:
             "allow_colocated_copies",
             "token_home",
             "topology",
+            "engine",
         },
     )
     if not c:
@@ -106,6 +107,7 @@ def load_instance(path: str | Path) -> Instance:
         allow_colocated_copies=_bool(c, "allow_colocated_copies", src, "cluster", False),
         token_home=_choice(c, "token_home", src, "cluster", TOKEN_HOMES, "uniform"),
         topology=tree,
+        engine=checked.cluster.engine,
     )
     w = _mapping(data.get("workload"), src, "workload", {"calibration", "evaluation", "synthetic"})
     if "calibration" not in w and "synthetic" not in w:
