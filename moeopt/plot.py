@@ -9,7 +9,11 @@ the Agg backend, imported only when drawing):
   (drawn by :func:`moeopt.frontier.plot`);
 * :func:`gap_history` / :func:`draw_gap`: each layer's incumbent and bound against the
   seconds since the run started, from ``stats['history']`` of a report (recorded by
-  :mod:`moeopt.execute` for every method solved layer by layer).
+  :mod:`moeopt.execute` for every method solved layer by layer);
+* :func:`replay_series` / :func:`draw_replay`: a ``moeopt replay`` report (one run or
+  several): per-step MaxVio over time for each policy, and the bytes each re-plan moved;
+* :func:`replay_frontier_series` / :func:`draw_replay_frontier`: a ``replay --frontier``
+  report: bytes moved against time-averaged MaxVio, one line per policy.
 """
 
 from __future__ import annotations
@@ -26,16 +30,22 @@ from moeopt.errors import MoeoptError
 __all__ = [
     "GapHistory",
     "LoadBars",
+    "ReplaySeries",
     "draw_frontier",
     "draw_gap",
     "draw_loads",
+    "draw_replay",
+    "draw_replay_frontier",
     "frontier_points",
     "gap_history",
     "load_bars",
+    "replay_frontier_series",
+    "replay_label",
+    "replay_series",
 ]
 
 #: The kinds of ``moeopt plot``.
-KINDS = ("loads", "frontier", "gap")
+KINDS = ("loads", "frontier", "gap", "replay", "replay-frontier")
 
 
 # ----------------------------------------------------------------------------- loads
@@ -254,6 +264,145 @@ def draw_gap(histories: Sequence[GapHistory], path: str | Path, *, title: str = 
     else:
         bottom.legend(fontsize=7)
     fig.suptitle(title or "incumbent and bound per layer over time")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- replay
+def replay_label(policy: dict) -> str:
+    """A replay run's name: the policy, with its planner when that is not ``balance`` and
+    ``relabeled`` when it renumbers GPUs (e.g. ``periodic (eplb, relabeled)``)."""
+    name = str(policy.get("name", "?"))
+    extra = []
+    planner = policy.get("planner")
+    if planner is not None and planner != "balance":
+        extra.append(str(planner))
+    if policy.get("relabel"):
+        extra.append("relabeled")
+    return f"{name} ({', '.join(extra)})" if extra else name
+
+
+@dataclass(frozen=True)
+class ReplaySeries:
+    """One replay run's per-step MaxVio and its re-plans' moved bytes."""
+
+    label: str
+    step: np.ndarray  # int [S]
+    maxvio: np.ndarray  # float [S]
+    replan_step: np.ndarray  # int [R]: the step each re-plan's plan started serving
+    replan_bytes: np.ndarray  # float [R]
+    maxvio_mean: float
+    maxvio_worst: float
+
+
+def _runs(data: dict) -> list[dict]:
+    if data.get("report") != "replay":
+        raise MoeoptError("not a replay report (no 'report: replay'): write one with moeopt replay --report")
+    runs = data.get("runs")
+    return list(runs) if isinstance(runs, list) else [data]
+
+
+def replay_series(data: dict) -> list[ReplaySeries]:
+    """The runs of a ``moeopt replay --report`` file (one run, or ``runs``), in order.
+
+    Raises
+    ------
+    MoeoptError
+        When ``data`` is not a replay report or a run lacks its series.
+    """
+    out = []
+    for run in _runs(data):
+        series, metrics = run.get("series"), run.get("metrics")
+        if not isinstance(series, dict) or not isinstance(metrics, dict):
+            raise MoeoptError("a replay run without 'series' and 'metrics'")
+        replans = run.get("replans") or []
+        out.append(
+            ReplaySeries(
+                label=replay_label(run.get("policy") or {}),
+                step=np.asarray(series["step"], dtype=np.int64),
+                maxvio=np.asarray(series["maxvio"], dtype=np.float64),
+                replan_step=np.array([int(r["effective"]) for r in replans], dtype=np.int64),
+                replan_bytes=np.array([float(r["moved_bytes"]) for r in replans], dtype=np.float64),
+                maxvio_mean=float(metrics["maxvio_mean"]),
+                maxvio_worst=float(metrics["maxvio_worst"]),
+            )
+        )
+    return out
+
+
+def draw_replay(data: dict, path: str | Path) -> None:
+    """Per-step MaxVio of each run over time, with its time average dashed (top), and the GB
+    each re-plan moved at the step its plan started serving (bottom)."""
+    runs = replay_series(data)
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.5, 6.4), sharex=True, height_ratios=(2, 1))
+    width = 0.8 / max(len(runs), 1)
+    for i, r in enumerate(runs):
+        color = f"C{i}"
+        top.plot(r.step, r.maxvio, "-", color=color, linewidth=1.2, label=f"{r.label}: mean {r.maxvio_mean:.3f}")
+        top.axhline(r.maxvio_mean, color=color, linestyle="--", linewidth=0.8)
+        if len(r.replan_step):
+            bottom.bar(
+                r.replan_step + (i - (len(runs) - 1) / 2) * width,
+                r.replan_bytes / 1e9,
+                width=width,
+                color=color,
+                label=f"{r.label}: {r.replan_bytes.sum() / 1e9:.2f} GB",
+            )
+    top.set_ylabel("MaxVio per step")
+    top.set_ylim(bottom=0)
+    top.legend(fontsize=7)
+    top.grid(alpha=0.3)
+    bottom.set_ylabel("GB moved per re-plan")
+    bottom.set_xlabel("step")
+    bottom.grid(axis="y", alpha=0.3)
+    if any(len(r.replan_step) for r in runs):
+        bottom.legend(fontsize=7)
+    else:
+        bottom.text(0.5, 0.5, "no re-plan", ha="center", va="center", transform=bottom.transAxes)
+    stream = (data.get("stream") or {}).get("name", "")
+    fig.suptitle(f"{data.get('instance', '')}: replay of {stream}".strip())
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def replay_frontier_series(data: dict) -> dict[str, list[tuple[float, float, str, bool]]]:
+    """Per policy, its points ``(GB moved, time-averaged MaxVio, label, Pareto)`` sorted by GB,
+    from a ``replay --frontier`` report."""
+    if data.get("report") != "replay-frontier" or not isinstance(data.get("points"), list):
+        raise MoeoptError("not a replay frontier report: write one with moeopt replay --frontier --report")
+    out: dict[str, list[tuple[float, float, str, bool]]] = {}
+    for p in data["points"]:
+        label = f"K={p['interval']}" + ("" if p.get("budget") is None else f" B={p['budget']}")
+        out.setdefault(str(p["policy"]), []).append(
+            (float(p["moved_bytes"]) / 1e9, float(p["maxvio_mean"]), label, bool(p.get("pareto")))
+        )
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def draw_replay_frontier(data: dict, path: str | Path) -> None:
+    """Bytes moved (GB) against time-averaged MaxVio, one line per policy, each point labelled
+    with its interval K and budget B; Pareto points ringed."""
+    series = replay_frontier_series(data)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5.0))
+    for i, (policy, pts) in enumerate(series.items()):
+        gb = np.array([p[0] for p in pts])
+        mv = np.array([p[1] for p in pts])
+        ax.plot(gb, mv, "o-", color=f"C{i}", label=policy, linewidth=1)
+        for x, y, label, pareto in pts:
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6)
+            if pareto:
+                ax.plot([x], [y], "o", markersize=11, markerfacecolor="none", markeredgecolor="k")
+    ax.set_xlabel("GB moved (all re-plans)")
+    ax.set_ylabel("MaxVio (time average)")
+    if any(p[0] > 0 for pts in series.values() for p in pts):
+        ax.set_xscale("symlog", linthresh=0.01)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{data.get('instance', '')}: bytes moved vs balance over time (ringed: Pareto)", fontsize=9)
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)

@@ -12,7 +12,7 @@ The layers, lowest first (a module may import its own layer and those below):
 * ``methods``: the method protocol and registry, the layer-by-layer executor, the methods
   (``moeopt.methods`` registers the built-in ones; the registry imports it to fill itself);
 * ``files``: reading and writing files, engine formats;
-* ``api``: ``solve`` and ``frontier``;
+* ``api``: ``solve``, ``frontier`` and ``replay`` (the re-planning replay);
 * ``front``: the command line, plots, the GPU harness and the package's re-exports.
 
 Imports under ``if TYPE_CHECKING:`` are exempt (they never run).
@@ -63,7 +63,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("search", ["heuristics", "heuristics.*", "solvers", "solvers.*", "colgen", "colgen.*"]),
     ("methods", ["registry", "execute", "methods", "methods.*"]),
     ("files", ["io", "io.*", "interop", "interop.*", "outputs"]),
-    ("api", ["solve", "frontier"]),
+    ("api", ["solve", "frontier", "replay", "replay.*"]),
     ("front", ["", "__main__", "cli", "cli.*", "plot", "harness", "harness.*"]),
 ]
 

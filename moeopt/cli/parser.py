@@ -23,6 +23,7 @@ from moeopt.cli.commands import (
 )
 from moeopt.cli.engines import cmd_export, cmd_import, cmd_trace_import
 from moeopt.cli.plots import cmd_plot
+from moeopt.cli.replay import add_parser as add_replay_parser
 from moeopt.errors import MoeoptError
 from moeopt.outputs import check_directory, check_target
 from moeopt.plan import DISPATCH_KINDS
@@ -383,15 +384,20 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--markdown", help="report Markdown to write")
     v.set_defaults(func=cmd_validate)
 
+    add_replay_parser(sub)
+
     pl = sub.add_parser(
         "plot", help="draw per-GPU loads, a frontier, or incumbent and bound over time (PNG, matplotlib)"
     )
-    pl.add_argument("file", help="plan JSON, solve/compare --report JSON, or frontier JSON (--output-dir)")
+    pl.add_argument(
+        "file", help="plan JSON, solve/compare --report JSON, frontier JSON (--output-dir), or replay --report JSON"
+    )
     pl.add_argument(
         "--kind",
-        choices=["loads", "frontier", "gap"],
+        choices=["loads", "frontier", "gap", "replay", "replay-frontier"],
         default=None,
-        help="what to draw (default: plan -> loads, frontier file -> frontier, report -> gap)",
+        help="what to draw (default: plan -> loads, frontier file -> frontier, report -> gap, "
+        "replay report -> replay, replay --frontier report -> replay-frontier)",
     )
     pl.add_argument("--output", "-o", required=True, metavar="OUT.png", help="image to write")
     pl.add_argument("--instance", help="loads: the instance whose evaluation workload is counted")

@@ -57,7 +57,10 @@ def _plot_input(path: str) -> dict:
 
 
 def _plot_kind(data: dict) -> str:
-    """What a file is drawn as by default: frontier file -> frontier, plan -> loads, report -> gap."""
+    """What a file is drawn as by default: replay report -> replay, replay frontier ->
+    replay-frontier, frontier file -> frontier, plan -> loads, report -> gap."""
+    if data.get("report") in ("replay", "replay-frontier"):
+        return str(data["report"])
     if "points" in data:
         return "frontier"
     if "format" in data:
@@ -75,7 +78,17 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     data = _plot_input(args.file)
     kind = args.kind or _plot_kind(data)
-    if kind == "frontier":
+    own = _plot_kind(data)
+    replays = {"replay": "moeopt replay --report", "replay-frontier": "moeopt replay --frontier --report"}
+    if kind != own and own in replays:  # a replay report is drawn as what it is
+        raise MoeoptError(f"{args.file}: a {own} report is drawn with --kind {own} (or no --kind), not {kind}")
+    if kind != own and kind in replays:
+        raise MoeoptError(f"{args.file}: --kind {kind} needs a report of {replays[kind]}")
+    if kind == "replay":
+        plot.draw_replay(data, args.output)
+    elif kind == "replay-frontier":
+        plot.draw_replay_frontier(data, args.output)
+    elif kind == "frontier":
         plot.draw_frontier(data, args.output)
     elif kind == "gap":
         if "points" in data or "format" in data:

@@ -1,0 +1,629 @@
+"""Re-planning policies: when a replay re-plans, on which steps, and how (SPEC section 12).
+
+Every policy is a small frozen dataclass of its parameters, registered by name in
+:data:`POLICIES` (``make_policy("periodic", interval=8)``). A policy resolves, for one stream
+and one instance, to a :class:`Schedule`: the one composition the replay loop
+(:func:`moeopt.replay.replay`) runs. A schedule says
+
+* **when**: after every ``interval`` scored steps (steps ``calibration + k * interval``,
+  ``k >= 1``), optionally only when the plan in service's mean per-step MaxVio over the last
+  ``trigger_window`` steps exceeds ``level`` (:meth:`Schedule.decide` gets an
+  :class:`Observation`: the steps seen, their MaxVio, whether a plan is pending);
+* **on what**: the last ``span`` steps before the decision (``None``: every step so far), or,
+  for the oracle, the coming ``interval`` steps themselves;
+* **how**: a registered planner (``planner`` + ``planner_params``), from scratch or from the
+  plan in service with at most ``budget`` moved slots per layer (``balance``'s migration mode:
+  :func:`moeopt.balance.replan_from`), robust over snapshots of ``snapshot`` steps each, and
+  with the new plan's GPUs relabeled onto the plan in service (``relabel``).
+
+A plan decided after step ``d - 1`` (planned on steps ending there) serves from step
+``d + lag``; the plan in service serves until then. While a plan is pending no other re-plan is
+decided. Every policy plans its first plan on the first ``calibration`` steps; the replay
+scores the steps after them.
+
+The named policies:
+
+``static``
+    Plan once on the calibration prefix; never re-plan (moves nothing).
+``periodic``
+    Every ``interval`` steps, plan on the last ``window`` steps with any registered planner:
+    what SGLang (``--enable-eplb``, ``--eplb-rebalance-num-iterations``) and vLLM
+    (``eplb_config.window_size``, ``step_interval``) run with EPLB. ``relabel: true`` renumbers
+    the new plan's GPUs (and slot positions) to overlap the plan in service as much as
+    possible (a linear assignment on overlap per layer, :func:`moeopt.balance.migration.relabel`):
+    the fairest version of what an engine could do with EPLB.
+``threshold``
+    ``periodic``, but re-plans only when the mean per-step MaxVio over the last ``window``
+    steps exceeds ``level`` (SGLang's utilization threshold, vLLM-Ascend's degradation ratio).
+``incremental``
+    Every ``interval`` steps, re-plan from the plan in service moving at most ``budget`` slots
+    per layer (or ``budget_bytes`` per layer, in expert weights of ``model.expert_size``
+    bytes): vLLM-Ascend's SwiftBalancer with its swap cap.
+``auto``
+    moeopt's default: every ``interval`` steps (or, with ``level``, when the last window's
+    MaxVio exceeds it), plan robustly over the last ``history`` windows of ``window`` steps,
+    each window one snapshot (``balance`` with ``robust``), from the plan in service with a
+    move budget. Every knob is a parameter; the defaults are the ones chosen on the bundled
+    streams (see the re-planning guide).
+``oracle``
+    Hindsight, not a policy an engine can run: every block of ``interval`` scored steps is
+    served by a plan made on that block itself (no lag). It bounds what any re-planning with
+    that planner can reach.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from moeopt.errors import InputError
+from moeopt.instance import Instance
+from moeopt.registry import get_method, method_names
+
+__all__ = [
+    "POLICIES",
+    "Auto",
+    "Incremental",
+    "Observation",
+    "Oracle",
+    "Periodic",
+    "Policy",
+    "Request",
+    "Schedule",
+    "Static",
+    "Threshold",
+    "default_interval",
+    "make_policy",
+    "policy_names",
+]
+
+#: The steps per interval when neither the policy nor the stream says: a sixteenth of the stream.
+DEFAULT_INTERVAL_SHARE = 16
+
+
+@dataclass(frozen=True)
+class Request:
+    """One planning job of a replay.
+
+    Attributes
+    ----------
+    decided
+        Steps observed when it was decided (the decision follows step ``decided - 1``).
+    start, end
+        The steps planned on: ``start .. end - 1``.
+    effective
+        The first step the new plan serves.
+    planner, params
+        The registered method and its parameters (``max_moves`` set from the budget).
+    from_current
+        Re-plan from the plan in service (migration-aware planners only).
+    relabel
+        Renumber the new plan's GPUs onto the plan in service.
+    budget
+        Moved slots per layer allowed (None: any).
+    """
+
+    decided: int
+    start: int
+    end: int
+    effective: int
+    planner: str
+    params: dict[str, Any] = field(default_factory=dict)
+    from_current: bool = False
+    relabel: bool = False
+    budget: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Observation:
+    """What a policy knows when it decides: everything up to the step just served.
+
+    Attributes
+    ----------
+    step
+        Steps observed so far (the next step's index).
+    steps
+        T, the stream's length (the oracle plans on the steps to come).
+    calibration
+        The first scored step.
+    maxvio
+        float ``[step - calibration]``: the per-step MaxVio of the scored steps so far, each
+        under the plan that served it.
+    planned_until
+        End of the window the newest plan (in service or pending) was planned on.
+    pending
+        Whether a plan is decided but not yet in service (``lag``).
+    """
+
+    step: int
+    steps: int
+    calibration: int
+    maxvio: np.ndarray
+    planned_until: int
+    pending: bool
+
+    @property
+    def since_plan(self) -> int:
+        """Steps since the end of the newest plan's window."""
+        return self.step - self.planned_until
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The composition every policy resolves to; the replay loop runs only this.
+
+    Attributes
+    ----------
+    interval
+        Steps between decisions (decisions at ``calibration + k * interval``, ``k >= 1``).
+    calibration
+        Steps the first plan is planned on; scoring starts after them.
+    lag
+        Steps between a decision and the new plan's first step.
+    span
+        Steps planned on, ending at the decision; None: every step so far.
+    level
+        Re-plan only when the mean per-step MaxVio of the last ``trigger_window`` scored steps
+        exceeds it; None: at every decision point.
+    trigger_window
+        Steps the trigger averages.
+    replans
+        False: never re-plan (``static``).
+    lookahead
+        Plan each block of ``interval`` steps on itself (``oracle``).
+    planner, planner_params
+        The registered method and its parameters.
+    from_current
+        Re-plan from the plan in service.
+    budget
+        Moved slots per layer (``max_moves``); None: any.
+    relabel
+        Renumber a fresh plan's GPUs onto the plan in service.
+    snapshot
+        Steps per robust snapshot: the planner's ``robust_steps`` is set to the snapshots in the
+        window (at most ``max_snapshots``); None: the planner's own default.
+    max_snapshots
+        The most snapshots one plan is made on.
+    """
+
+    interval: int
+    calibration: int
+    lag: int = 0
+    span: int | None = None
+    level: float | None = None
+    trigger_window: int = 1
+    replans: bool = True
+    lookahead: bool = False
+    planner: str = "balance"
+    planner_params: dict[str, Any] = field(default_factory=dict)
+    from_current: bool = False
+    budget: int | None = None
+    relabel: bool = False
+    snapshot: int | None = None
+    max_snapshots: int = 16
+
+    def initial(self, steps: int) -> Request:
+        """The first plan: on the calibration prefix (the oracle: on the first scored block)."""
+        if self.lookahead:
+            start, end = self.calibration, min(self.calibration + self.interval, steps)
+            return self._request(self.calibration, start, end, self.calibration, first=True)
+        return self._request(self.calibration, 0, self.calibration, self.calibration, first=True)
+
+    def next_decision(self, step: int) -> int | None:
+        """The first decision point after ``step`` steps observed (None: the policy never re-plans)."""
+        if not self.replans:
+            return None
+        k = max(1, (step - self.calibration) // self.interval + 1)
+        return self.calibration + k * self.interval
+
+    def decide(self, obs: Observation) -> Request | None:
+        """The re-plan to make after ``obs.step`` steps, or None to keep the plan in service."""
+        d = obs.step
+        if not self.replans or obs.pending or d <= self.calibration or (d - self.calibration) % self.interval:
+            return None
+        if self.level is not None:
+            recent = obs.maxvio[-self.trigger_window :]
+            if not len(recent) or float(recent.mean()) <= self.level:
+                return None
+        if self.lookahead:
+            return self._request(d, d, min(d + self.interval, obs.steps), d)
+        start = 0 if self.span is None else max(0, d - self.span)
+        return self._request(d, start, d, d + self.lag)
+
+    def _request(self, decided: int, start: int, end: int, effective: int, first: bool = False) -> Request:
+        params = dict(self.planner_params)
+        if self.snapshot is not None:
+            snapshots = min(self.max_snapshots, max(1, math.ceil((end - start) / self.snapshot)))
+            params["robust_steps"] = snapshots
+            if snapshots < 2 and params.get("robust") in ("mean", "worst"):
+                params["robust"] = "none"  # one snapshot: robust over it is planning on it
+        budget = None if first else self.budget
+        if budget is not None:
+            params["max_moves"] = budget
+        from_current = self.from_current and not first
+        return Request(
+            decided, start, end, effective, self.planner, params, from_current, self.relabel and not first, budget
+        )
+
+
+class Policy(Protocol):
+    """A named re-planning policy: its parameters, resolved to a :class:`Schedule`."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    seed: int
+
+    def resolve(self, steps: int, window_steps: int | None, instance: Instance) -> Policy:
+        """A copy with every default filled in for this stream and instance (checked)."""
+        ...
+
+    def schedule(self, instance: Instance) -> Schedule:
+        """The schedule of a resolved policy."""
+        ...
+
+    def to_json(self) -> dict[str, Any]:
+        """``name`` and every parameter."""
+        ...
+
+
+# ----------------------------------------------------------------------------- checks
+def _bad(field_name: str, message: str) -> InputError:
+    return InputError(None, f"policy.{field_name}", message)
+
+
+def _check_int(name: str, value: Any, low: int, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise _bad(name, f"expected an integer >= {low}, got {value!r}")
+
+
+def _check_number(name: str, value: Any, *, low: float = 0.0, high: float = math.inf, open_low: bool = False) -> None:
+    if value is None:
+        return
+    ok = isinstance(value, (int, float, np.number)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if open_low else value >= low) and value <= high
+    if not ok:
+        side = f"> {low:g}" if open_low else f">= {low:g}"
+        upper = f" and <= {high:g}" if math.isfinite(high) else ""
+        raise _bad(name, f"expected a finite number {side}{upper}, got {value!r}")
+
+
+def _check_planner(name: str, planner: str, params: Any, *, migration: bool = False) -> None:
+    if not isinstance(planner, str) or planner not in method_names():
+        raise _bad(name, f"unknown planner {planner!r}; registered methods: {', '.join(method_names())}")
+    impl = get_method(planner)
+    if not impl.available():
+        hint = getattr(impl, "install_hint", "a package is missing")
+        raise _bad(name, f"planner {planner!r} is not available here ({hint})")
+    if migration and not getattr(impl, "migration_aware", False):
+        raise _bad(name, f"planner {planner!r} does not re-plan from the plan in service; use 'balance'")
+    if not isinstance(params, dict):
+        raise _bad("planner_params", f"expected a mapping of the planner's parameters, got {params!r}")
+    if "max_moves" in params:
+        raise _bad("planner_params", "the move budget is the policy's budget (or budget_bytes), not max_moves")
+
+
+def policy_json(policy: Any) -> dict[str, Any]:
+    """A policy's ``name`` and every parameter (a planner's parameters copied), for reports."""
+    out: dict[str, Any] = {"name": policy.name}
+    for f in dataclasses.fields(policy):
+        v = getattr(policy, f.name)
+        out[f.name] = dict(v) if isinstance(v, dict) else v
+    return out
+
+
+def default_interval(steps: int, window_steps: int | None) -> int:
+    """Steps per interval when a policy does not say: the stream's natural window, else a
+    sixteenth of the stream (at least 1)."""
+    return int(window_steps) if window_steps else max(1, steps // DEFAULT_INTERVAL_SHARE)
+
+
+def _slots(instance: Instance) -> int:
+    return int(instance.cluster.gpus * instance.cluster.width)
+
+
+# ----------------------------------------------------------------------------- the policies
+@dataclass(frozen=True)
+class _Timing:
+    """Fields every engine-runnable policy has: when, on how many steps, with what delay."""
+
+    interval: int | None = None  # steps between decisions (default: the stream's window, else T / 16)
+    window: int | None = None  # steps planned on, ending at the decision (default: interval)
+    calibration: int | None = None  # steps the first plan is made on (default: window)
+    lag: int = 0  # steps between the decision and the new plan's first step
+    seed: int = 0
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for key in ("interval", "window", "calibration"):
+            _check_int(key, getattr(self, key), 1)
+        _check_int("lag", self.lag, 0, optional=False)
+        _check_int("seed", self.seed, 0, optional=False)
+
+    def _timing(self, steps: int, window_steps: int | None) -> dict[str, int]:
+        interval = self.interval or default_interval(steps, window_steps)
+        window = self.window or interval
+        return {"interval": interval, "window": window, "calibration": self.calibration or window}
+
+    def to_json(self) -> dict[str, Any]:
+        """``name`` and every parameter."""
+        return policy_json(self)
+
+
+@dataclass(frozen=True)
+class Static(_Timing):
+    """Plan once on the first ``calibration`` steps and serve that plan to the end.
+
+    ``interval`` moves nothing: it sets the default ``window`` and the blocks the worst-window
+    MaxVio is read over, so that ``static`` is scored like the policies beside it.
+    """
+
+    planner: str = "balance"
+    planner_params: dict[str, Any] = field(default_factory=dict)
+
+    name: ClassVar[str] = "static"
+    summary: ClassVar[str] = "plan once on a calibration prefix, never re-plan"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.planner_params, dict):
+            raise _bad("planner_params", f"expected a mapping, got {self.planner_params!r}")
+
+    def resolve(self, steps: int, window_steps: int | None, instance: Instance) -> Static:
+        _check_planner("planner", self.planner, self.planner_params)
+        return dataclasses.replace(self, **self._timing(steps, window_steps))
+
+    def schedule(self, instance: Instance) -> Schedule:
+        assert self.interval is not None and self.calibration is not None
+        return Schedule(
+            self.interval,
+            self.calibration,
+            lag=self.lag,
+            replans=False,
+            planner=self.planner,
+            planner_params=dict(self.planner_params),
+        )
+
+
+@dataclass(frozen=True)
+class Periodic(_Timing):
+    """Every ``interval`` steps, plan afresh on the last ``window`` steps with ``planner``
+    (``eplb``, ``balance``, ``joint``, ... with ``planner_params``); ``relabel: true`` renumbers
+    the new plan's GPUs onto the plan in service (fewest moved slots for that plan)."""
+
+    planner: str = "balance"
+    planner_params: dict[str, Any] = field(default_factory=dict)
+    relabel: bool = False
+
+    name: ClassVar[str] = "periodic"
+    summary: ClassVar[str] = "every interval steps, plan on the last window steps (SGLang / vLLM EPLB)"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.relabel, bool):
+            raise _bad("relabel", f"expected true or false, got {self.relabel!r}")
+
+    def resolve(self, steps: int, window_steps: int | None, instance: Instance) -> Periodic:
+        _check_planner("planner", self.planner, self.planner_params)
+        return dataclasses.replace(self, **self._timing(steps, window_steps))
+
+    def schedule(self, instance: Instance) -> Schedule:
+        assert self.interval is not None and self.calibration is not None
+        return Schedule(
+            self.interval,
+            self.calibration,
+            lag=self.lag,
+            span=self.window,
+            planner=self.planner,
+            planner_params=dict(self.planner_params),
+            relabel=self.relabel,
+        )
+
+
+@dataclass(frozen=True)
+class Threshold(Periodic):
+    """``periodic``, re-planning only when the plan in service's mean per-step MaxVio over the
+    last ``window`` steps exceeds ``level``."""
+
+    level: float = 0.15
+
+    name: ClassVar[str] = "threshold"
+    summary: ClassVar[str] = "every interval steps, re-plan only when the last window's MaxVio exceeds level"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_number("level", self.level)
+
+    def schedule(self, instance: Instance) -> Schedule:
+        assert self.window is not None
+        return dataclasses.replace(super().schedule(instance), level=float(self.level), trigger_window=self.window)
+
+
+@dataclass(frozen=True)
+class _Budgeted(_Timing):
+    """A move budget per layer: ``budget`` slots, or ``budget_bytes`` of expert weights, else a
+    ``budget_share`` of the layer's slots."""
+
+    budget: int | None = None  # moved slots per layer per re-plan
+    budget_bytes: int | None = None  # moved bytes per layer per re-plan (in whole experts)
+    budget_share: float = 0.2  # without budget and budget_bytes: this share of a layer's G x W slots
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_int("budget", self.budget, 0)
+        _check_int("budget_bytes", self.budget_bytes, 1)
+        _check_number("budget_share", self.budget_share, high=1.0, open_low=True)
+        if self.budget is not None and self.budget_bytes is not None:
+            raise _bad("budget", "give one of budget (slots) and budget_bytes, not both")
+
+    def _budget(self, instance: Instance) -> int:
+        if self.budget is not None:
+            return int(self.budget)
+        if self.budget_bytes is not None:
+            return int(self.budget_bytes) // instance.model.expert_size
+        return max(1, math.floor(self.budget_share * _slots(instance)))
+
+
+@dataclass(frozen=True)
+class Incremental(_Budgeted):
+    """Every ``interval`` steps, re-plan from the plan in service on the last ``window`` steps,
+    moving at most the budget per layer (``balance`` from a current plan; with per-step counts it
+    plans robustly over the window's steps where that pays, its ``robust: auto``)."""
+
+    planner: str = "balance"
+    planner_params: dict[str, Any] = field(default_factory=dict)
+
+    name: ClassVar[str] = "incremental"
+    summary: ClassVar[str] = "every interval steps, re-plan from the plan in service within a move budget"
+
+    def resolve(self, steps: int, window_steps: int | None, instance: Instance) -> Incremental:
+        _check_planner("planner", self.planner, self.planner_params, migration=True)
+        return dataclasses.replace(self, **self._timing(steps, window_steps), budget=self._budget(instance))
+
+    def schedule(self, instance: Instance) -> Schedule:
+        assert self.interval is not None and self.calibration is not None
+        return Schedule(
+            self.interval,
+            self.calibration,
+            lag=self.lag,
+            span=self.window,
+            planner=self.planner,
+            planner_params=dict(self.planner_params),
+            from_current=True,
+            budget=self.budget,
+        )
+
+
+@dataclass(frozen=True)
+class Auto(_Budgeted):
+    """moeopt's default: robust over the last ``history`` windows, from the plan in service
+    within a move budget, every ``interval`` steps or, with ``level``, when the last window's
+    mean per-step MaxVio exceeds it.
+
+    Each window of ``window`` steps is one snapshot of ``balance``'s robust mode (``robust``:
+    ``mean`` plans for the mean per-snapshot MaxVio, ``worst`` for the worst); ``history: null``
+    plans on every window so far (at most ``max_snapshots`` snapshots: older windows are
+    merged). ``planner_params`` go to ``balance`` too.
+    """
+
+    history: int | None = 6  # windows planned on (None: every window so far)
+    level: float | None = None  # re-plan only when the last window's MaxVio exceeds it (None: always)
+    robust: str = "mean"  # balance's robust objective over the windows
+    max_snapshots: int = 16
+    planner_params: dict[str, Any] = field(default_factory=dict)
+
+    name: ClassVar[str] = "auto"
+    summary: ClassVar[str] = "moeopt's default: robust over recent windows, from the plan in service, move budget"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_int("history", self.history, 1)
+        _check_number("level", self.level)
+        _check_int("max_snapshots", self.max_snapshots, 1, optional=False)
+        if self.robust not in ("mean", "worst", "auto", "none"):
+            raise _bad("robust", f"expected mean, worst, auto or none, got {self.robust!r}")
+
+    def resolve(self, steps: int, window_steps: int | None, instance: Instance) -> Auto:
+        _check_planner("planner_params", "balance", self.planner_params, migration=True)
+        if "robust" in self.planner_params or "robust_steps" in self.planner_params:
+            raise _bad("planner_params", "robust mode and its snapshots are the policy's robust and history")
+        return dataclasses.replace(self, **self._timing(steps, window_steps), budget=self._budget(instance))
+
+    def schedule(self, instance: Instance) -> Schedule:
+        assert self.interval is not None and self.calibration is not None and self.window is not None
+        return Schedule(
+            self.interval,
+            self.calibration,
+            lag=self.lag,
+            span=None if self.history is None else self.history * self.window,
+            level=None if self.level is None else float(self.level),
+            trigger_window=self.window,
+            planner="balance",
+            planner_params={**self.planner_params, "robust": self.robust},
+            from_current=True,
+            budget=self.budget,
+            snapshot=self.window,
+            max_snapshots=self.max_snapshots,
+        )
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """Hindsight: each block of ``interval`` scored steps is served by a plan made on that block
+    itself, from scratch, with no lag. Not runnable by an engine; the bound beside the policies."""
+
+    interval: int | None = None
+    calibration: int | None = None  # scoring starts here (default: interval), as for the others
+    planner: str = "balance"
+    planner_params: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+
+    name: ClassVar[str] = "oracle"
+    summary: ClassVar[str] = "hindsight: every block of interval steps planned on itself (a bound, not a policy)"
+
+    def __post_init__(self) -> None:
+        _check_int("interval", self.interval, 1)
+        _check_int("calibration", self.calibration, 1)
+        _check_int("seed", self.seed, 0, optional=False)
+
+    def resolve(self, steps: int, window_steps: int | None, instance: Instance) -> Oracle:
+        _check_planner("planner", self.planner, self.planner_params)
+        interval = self.interval or default_interval(steps, window_steps)
+        return dataclasses.replace(self, interval=interval, calibration=self.calibration or interval)
+
+    def schedule(self, instance: Instance) -> Schedule:
+        assert self.interval is not None and self.calibration is not None
+        return Schedule(
+            self.interval,
+            self.calibration,
+            lookahead=True,
+            planner=self.planner,
+            planner_params=dict(self.planner_params),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """``name`` and every parameter."""
+        return policy_json(self)
+
+
+#: The policies by name.
+POLICIES: dict[str, type[Any]] = {cls.name: cls for cls in (Static, Periodic, Threshold, Incremental, Auto, Oracle)}
+
+
+def policy_names() -> list[str]:
+    """Names of the registered policies."""
+    return list(POLICIES)
+
+
+def policy_fields(name: str) -> list[str]:
+    """The parameters of policy ``name``."""
+    return [f.name for f in dataclasses.fields(POLICIES[name])]
+
+
+def make_policy(name: str, **params: Any) -> Policy:
+    """The policy ``name`` with ``params`` (unknown names and parameters: one-line :class:`InputError`).
+
+    Parameters
+    ----------
+    name
+        A key of :data:`POLICIES`.
+    **params
+        Its parameters; see each policy's class.
+    """
+    if name not in POLICIES:
+        raise InputError(None, "policy", f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    accepted = policy_fields(name)
+    for key in params:
+        if key not in accepted:
+            raise InputError(
+                None, f"policy.{key}", f"policy {name!r} takes no {key}; its parameters: {', '.join(accepted)}"
+            )
+    policy: Policy = POLICIES[name](**params)
+    return policy

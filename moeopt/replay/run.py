@@ -1,0 +1,484 @@
+"""The replay loop: serve a stream step by step under a policy, re-plan, count what it costs.
+
+:func:`replay` plans the first plan on the first ``calibration`` steps, then serves the steps
+after them in order. Every step is scored under the plan in service and its dispatch rule by
+the one scorer's functions (:func:`moeopt.dispatch.count_loads` on counts,
+:func:`moeopt.dispatch.route_trace` and :func:`moeopt.evaluate.communication` on tokens,
+:func:`moeopt.evaluate.maxvio`), a whole segment (the steps one plan serves) at a time. At
+each of the policy's decision points the policy (:class:`~moeopt.replay.policies.Schedule`)
+sees the MaxVio served so far and may ask for a re-plan, which :func:`moeopt.solve.solve`
+makes with a registered planner on a window of the stream (count-only statistics of its
+steps, or its tokens for trace planners), from the plan in service or not; the new plan
+serves from its effective step (``lag``).
+
+Per step: MaxVio (mean over layers of max/mean - 1 of that step's GPU loads; the MaxVio
+``evaluate`` gives the plan on that step alone) and, with tokens, remote GPUs per token per
+layer. Per re-plan: moved slots per layer (slots whose expert changes, slot order inside a GPU
+ignored: :func:`moeopt.balance.migration.count_moves`), moved bytes (moved slots x
+``model.expert_size``) and, with ``timings``, the planning time. Totals in
+:attr:`ReplayResult.metrics`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from moeopt import console
+from moeopt.balance.migration import count_moves, relabel
+from moeopt.dispatch import count_loads, route_trace
+from moeopt.errors import MoeoptError
+from moeopt.evaluate import communication, maxvio
+from moeopt.instance import Instance
+from moeopt.io import resolve_profile
+from moeopt.plan import Plan
+from moeopt.registry import get_method
+from moeopt.replay.policies import Observation, Policy, Request, Schedule, make_policy
+from moeopt.replay.stream import Stream
+from moeopt.scoring import Workloads
+from moeopt.solve import solve
+
+__all__ = ["REPORT", "Replan", "ReplayResult", "replay", "runs_report", "worst_window_of"]
+
+#: The ``report`` key of a replay report (``moeopt plot`` recognises it).
+REPORT = "replay"
+
+
+@dataclass(frozen=True)
+class Replan:
+    """One re-plan of a replay and what it cost.
+
+    Attributes
+    ----------
+    index
+        1, 2, ...: the plan's number in :attr:`ReplayResult.plans` (0 is the first plan).
+    decided
+        Steps observed when it was decided.
+    start, end
+        The steps planned on (``start .. end - 1``).
+    effective
+        The first step the plan serves.
+    planner
+        The registered method that made it.
+    moved_slots_per_layer
+        Slots per layer whose expert changed from the plan in service.
+    moved_bytes
+        ``sum(moved_slots_per_layer) * model.expert_size``.
+    plan_time
+        Seconds planning took (wall; reported only with ``timings``).
+    """
+
+    index: int
+    decided: int
+    start: int
+    end: int
+    effective: int
+    planner: str
+    moved_slots_per_layer: tuple[int, ...]
+    moved_bytes: int
+    plan_time: float = 0.0
+
+    @property
+    def moved_slots(self) -> int:
+        """Moved slots over all layers."""
+        return int(sum(self.moved_slots_per_layer))
+
+    def to_json(self, timings: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": self.index,
+            "decided": self.decided,
+            "window": [self.start, self.end],
+            "effective": self.effective,
+            "planner": self.planner,
+            "moved_slots": self.moved_slots,
+            "moved_slots_per_layer": list(self.moved_slots_per_layer),
+            "moved_bytes": self.moved_bytes,
+        }
+        if timings:
+            out["plan_time"] = self.plan_time
+        return out
+
+
+def worst_window_of(stream: Stream, policy: Any, given: int | None = None) -> tuple[int, str]:
+    """Steps per window of the worst-window MaxVio and what set it: ``given``, else the
+    stream's natural window, else the policy's interval (its window, for a policy without one)."""
+    if given is not None:
+        return int(given), "given"
+    if stream.window_steps:
+        return int(stream.window_steps), "window_steps"
+    interval = getattr(policy, "interval", None)
+    if interval:
+        return int(interval), "interval"
+    return int(policy.window), "window"
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayResult:
+    """A replay: the per-step series, the re-plans, the plans, and the totals.
+
+    Attributes
+    ----------
+    policy
+        The policy, every default resolved.
+    stream
+        The stream served.
+    steps
+        int ``[S]``: the scored steps (``calibration .. T - 1``).
+    maxvio
+        float ``[S]``: MaxVio of each scored step under the plan in service.
+    plan_of_step
+        int ``[S]``: the plan in service at each scored step (index into :attr:`plans`).
+    plans
+        The first plan, then each re-plan's.
+    replans
+        One :class:`Replan` per re-plan made.
+    comm
+        float ``[S]``: remote GPUs per token per layer at each step (NaN for a step without
+        tokens); None without tokens.
+    step_tokens
+        int ``[S]``: tokens of each step; None without tokens.
+    expert_size
+        Bytes per expert (``model.expert_size``).
+    worst_window, worst_basis
+        Steps per window of :attr:`metrics`' ``maxvio_worst`` and what set them
+        (:func:`worst_window_of`).
+    slots_per_layer
+        ``G x W``.
+    instance_name
+        The instance's name.
+    """
+
+    policy: Any
+    stream: Stream
+    steps: np.ndarray
+    maxvio: np.ndarray
+    plan_of_step: np.ndarray
+    plans: list[Plan]
+    replans: list[Replan]
+    comm: np.ndarray | None
+    step_tokens: np.ndarray | None
+    expert_size: int
+    worst_window: int
+    worst_basis: str
+    slots_per_layer: int
+    instance_name: str = ""
+    initial_time: float = 0.0
+
+    def window_means(self) -> np.ndarray:
+        """float: the mean per-step MaxVio of each window of :attr:`worst_window` steps (natural
+        windows from step 0 under ``window_steps``; else from the first scored step; a partial
+        last window counts as one)."""
+        first = 0 if self.worst_basis == "window_steps" else int(self.steps[0])
+        block = (self.steps - first) // self.worst_window
+        block = block - block[0]
+        sums = np.bincount(block, weights=self.maxvio)
+        return np.asarray(sums / np.bincount(block))
+
+    @cached_property
+    def metrics(self) -> dict[str, Any]:
+        """The totals: ``maxvio_mean`` (time average of the per-step MaxVio over the scored steps),
+        ``maxvio_worst`` (largest window mean, :meth:`window_means`), ``maxvio_max`` (largest
+        step), ``replans``, ``moved_slots`` (all layers, all re-plans), ``moved_bytes``,
+        ``moved_slots_per_layer_per_replan``, and ``comm_per_token_mean`` with tokens."""
+        moved = sum(r.moved_slots for r in self.replans)
+        n = len(self.replans)
+        L = self.stream.layers
+        out: dict[str, Any] = {
+            "maxvio_mean": float(self.maxvio.mean()),
+            "maxvio_worst": float(self.window_means().max()),
+            "maxvio_max": float(self.maxvio.max()),
+            "replans": n,
+            "moved_slots": int(moved),
+            "moved_bytes": int(moved) * self.expert_size,
+            "moved_slots_per_layer_per_replan": float(moved / (n * L)) if n else 0.0,
+            "slots_per_layer": self.slots_per_layer,
+            "expert_bytes": self.expert_size,
+            "scored_steps": int(len(self.steps)),
+            "worst_window_steps": self.worst_window,
+            "worst_window_basis": self.worst_basis,
+        }
+        if self.comm is not None and self.step_tokens is not None:
+            tokens = self.step_tokens.sum()
+            total = np.nansum(self.comm * self.step_tokens)
+            out["comm_per_token_mean"] = float(total / tokens) if tokens else None
+        return out
+
+    def to_json(self, *, timings: bool = False) -> dict[str, Any]:
+        """The report: ``policy``, ``stream``, ``metrics``, ``series`` (per scored step: ``step``,
+        ``maxvio``, ``plan``, and ``comm`` with tokens) and ``replans``; no wall times unless
+        ``timings`` (so that the same seed writes the same bytes)."""
+        series: dict[str, Any] = {
+            "step": self.steps.tolist(),
+            "maxvio": self.maxvio.tolist(),
+            "plan": self.plan_of_step.tolist(),
+        }
+        if self.comm is not None:
+            series["comm"] = [None if np.isnan(c) else float(c) for c in self.comm]
+        out: dict[str, Any] = {
+            "report": REPORT,
+            "instance": self.instance_name,
+            "policy": self.policy.to_json(),
+            "stream": self.stream.summary(),
+            "metrics": self.metrics,
+            "series": series,
+            "replans": [r.to_json(timings) for r in self.replans],
+        }
+        if timings:
+            out["timings"] = {
+                "initial_plan_time": self.initial_time,
+                "plan_time_total": self.initial_time + sum(r.plan_time for r in self.replans),
+            }
+        return out
+
+
+def runs_report(results: list[ReplayResult], *, timings: bool = False) -> dict[str, Any]:
+    """The report of one replay (its flat object) or of several on one stream (``runs``)."""
+    if len(results) == 1:
+        return results[0].to_json(timings=timings)
+    first = results[0]
+    return {
+        "report": REPORT,
+        "instance": first.instance_name,
+        "stream": first.stream.summary(),
+        "runs": [r.to_json(timings=timings) for r in results],
+    }
+
+
+# ----------------------------------------------------------------------------- the loop
+@dataclass
+class _Planner:
+    """Makes the plan a :class:`Request` asks for, with :func:`moeopt.solve.solve`."""
+
+    instance: Instance
+    stream: Stream
+    seed: int
+    workers: int | None
+    ray: str | bool | None
+    profile: Any = None
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def workloads(self, planner: str, start: int, end: int) -> Workloads:
+        """The window as the planner's calibration (and evaluation) workload: its tokens when the
+        stream has them (full statistics only for planners that read coactivation), else its counts."""
+        counts_only = self.stream.stats(start, end)
+        if self.stream.trace is None:
+            return Workloads(counts_only, counts_only, counts_only, self.profile)
+        sub = self.stream.trace_window(start, end)
+        impl = get_method(planner)
+        stats = sub.stats() if "coactivation" in impl.requires or planner == "auto" else counts_only
+        return Workloads(sub, sub, stats, self.profile)
+
+    def plan(self, req: Request, current: Plan | None) -> Plan:
+        wl = self.workloads(req.planner, req.start, req.end)
+        result = solve(
+            self.instance,
+            method=req.planner,
+            params=req.params,
+            seed=self.seed,
+            quiet=True,
+            workloads=wl,
+            current=current if req.from_current else None,
+            workers=self.workers,
+            ray=self.ray,
+        )
+        if result.plan is None:
+            reason = result.stats.get("reason") or (result.termination.value if result.termination else "no plan")
+            raise MoeoptError(f"replay: {req.planner} found no plan on steps {req.start}..{req.end - 1} ({reason})")
+        plan = result.plan
+        if req.relabel and current is not None:
+            slots = np.stack([relabel(plan.slots[l], current.slots[l]) for l in range(plan.layers)])
+            plan = Plan(slots=slots, experts=plan.experts, dispatch=plan.dispatch)
+        return plan
+
+
+def _score(instance: Instance, stream: Stream, plan: Plan, start: int, end: int) -> tuple[np.ndarray, Any]:
+    """Per-step MaxVio of steps ``start .. end - 1`` under ``plan`` (one call for the segment)
+    and, with tokens, ``(remote GPUs summed over each step's tokens, tokens per step)``."""
+    cluster = instance.cluster
+    S = end - start
+    if stream.trace is None:
+        loads = count_loads(plan, stream.counts(start, end), cluster)  # [L, S, G]
+        return np.asarray(maxvio(loads).mean(axis=0)), None
+    sub = stream.trace_window(start, end)
+    tokens = np.bincount(sub.step, minlength=S)
+    if sub.tokens == 0:
+        return np.zeros(S), (np.zeros(S), tokens)
+    routing = route_trace(plan, sub, cluster)
+    loads = routing.step_loads
+    if loads.shape[1] < S:  # trailing steps without tokens
+        loads = np.concatenate([loads, np.zeros((loads.shape[0], S - loads.shape[1], loads.shape[2]))], axis=1)
+    if routing.comm is not None:
+        remote = routing.comm[1]
+    else:
+        assert routing.gpu is not None
+        remote = communication(routing.gpu, cluster, sub.home)[1]
+    per_token = remote.mean(axis=1)  # remote GPUs per layer, as evaluate's comm_per_token
+    return np.asarray(maxvio(loads).mean(axis=0)), (np.bincount(sub.step, weights=per_token, minlength=S), tokens)
+
+
+def _moves(current: Plan, new: Plan) -> tuple[int, ...]:
+    return tuple(count_moves(current.slots[l], new.slots[l]) for l in range(current.layers))
+
+
+def replay(
+    instance: Instance,
+    stream: Stream,
+    policy: Policy | str,
+    *,
+    seed: int | None = None,
+    workers: int | None = None,
+    ray: str | bool | None = None,
+    quiet: bool = True,
+    timings: bool = False,
+    worst_window: int | None = None,
+) -> ReplayResult:
+    """Serve ``stream`` under ``policy``: score every step after the calibration prefix under
+    the plan in service, re-plan when the policy asks, and count what each re-plan moves.
+
+    Parameters
+    ----------
+    instance
+        The instance (model, cluster: its slots and the expert size).
+    stream
+        The steps to serve (:func:`moeopt.replay.load_stream`).
+    policy
+        A policy object (:data:`moeopt.replay.POLICIES`) or a policy name (its defaults).
+    seed
+        Replaces the policy's ``seed`` (None: keep it); every plan is made with it.
+    workers, ray
+        Where the planning inside runs (:func:`moeopt.solve.solve`); the plans are the same.
+    quiet
+        No progress line per re-plan on stderr.
+    timings
+        Record planning times (they then appear in the report; off by default so that the same
+        seed gives the same report, byte for byte).
+    worst_window
+        Steps per window of the worst-window MaxVio (default: :func:`worst_window_of`).
+
+    Returns
+    -------
+    ReplayResult
+
+    Raises
+    ------
+    InputError
+        The stream does not fit the instance, is shorter than the policy's window or
+        calibration prefix (plus one step), or a policy parameter is bad.
+    """
+    if isinstance(policy, str):
+        policy = make_policy(policy)
+    if seed is not None:
+        policy = dataclasses.replace(policy, seed=seed)  # type: ignore[type-var]
+    stream.check(instance)
+    T = stream.steps
+    resolved = policy.resolve(T, stream.window_steps, instance)
+    sched: Schedule = resolved.schedule(instance)
+    window = getattr(resolved, "window", None)
+    if window is not None:
+        stream.require_steps(int(window), "the policy's window")
+    C = sched.calibration
+    stream.require_steps(C + 1, f"the calibration prefix ({C} steps) and one step to serve")
+    block, basis = worst_window_of(stream, resolved, worst_window)
+    planner = _Planner(instance, stream, resolved.seed, workers, ray, resolve_profile(instance))
+    say = (lambda line: None) if quiet else console.progress_line
+    name = resolved.name
+
+    first = sched.initial(T)
+    t0 = time.perf_counter()
+    plans = [planner.plan(first, None)]
+    initial_time = time.perf_counter() - t0
+    say(f"replay {name}: first plan on steps {first.start}..{first.end - 1} ({first.planner})")
+
+    S = T - C
+    mv = np.zeros(S)
+    served = np.zeros(S, dtype=np.int64)
+    comm_sum = np.zeros(S) if stream.trace is not None else None
+    tokens = np.zeros(S, dtype=np.int64) if stream.trace is not None else None
+    replans: list[Replan] = []
+    in_service = 0
+    pending: tuple[int, int] | None = None  # (effective step, plan index)
+    planned_until = first.end
+    pos = C
+    decision = sched.next_decision(C)
+
+    def serve(until: int) -> None:
+        """Score steps ``pos .. until - 1``, switching to the pending plan at its step."""
+        nonlocal pos, in_service, pending
+        while pos < until:
+            if pending is not None and pending[0] <= pos:
+                in_service, pending = pending[1], None
+            end = until if pending is None else min(until, pending[0])
+            vals, comm = _score(instance, stream, plans[in_service], pos, end)
+            mv[pos - C : end - C] = vals
+            served[pos - C : end - C] = in_service
+            if comm is not None:
+                assert comm_sum is not None and tokens is not None
+                comm_sum[pos - C : end - C], tokens[pos - C : end - C] = comm
+            pos = end
+
+    while pos < T:
+        serve(T if decision is None else min(decision, T))
+        if decision is None or decision >= T:
+            break
+        if pending is not None and pending[0] <= decision:
+            in_service, pending = pending[1], None
+        req = sched.decide(Observation(decision, T, C, mv[: decision - C], planned_until, pending is not None))
+        if req is not None and req.effective < T:
+            current = plans[pending[1] if pending is not None else in_service]
+            t1 = time.perf_counter()
+            new = planner.plan(req, current)
+            elapsed = time.perf_counter() - t1
+            moved = _moves(current, new)
+            plans.append(new)
+            index = len(plans) - 1
+            replans.append(
+                Replan(
+                    index,
+                    req.decided,
+                    req.start,
+                    req.end,
+                    req.effective,
+                    req.planner,
+                    moved,
+                    int(sum(moved)) * instance.model.expert_size,
+                    elapsed,
+                )
+            )
+            planned_until = req.end
+            say(
+                f"replay {name}: step {req.decided}: re-planned on steps {req.start}..{req.end - 1} "
+                f"({req.planner}), {sum(moved)} slots moved ({sum(moved) * instance.model.expert_size / 1e9:.3f} GB), "
+                f"in service from step {req.effective}"
+            )
+            if req.effective <= decision:
+                in_service = index
+            else:
+                pending = (req.effective, index)
+        decision = sched.next_decision(decision)
+
+    comm = None
+    if comm_sum is not None and tokens is not None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            comm = np.where(tokens > 0, comm_sum / np.maximum(tokens, 1), np.nan)
+    return ReplayResult(
+        policy=resolved,
+        stream=stream,
+        steps=np.arange(C, T),
+        maxvio=mv,
+        plan_of_step=served,
+        plans=plans,
+        replans=replans,
+        comm=comm,
+        step_tokens=tokens,
+        expert_size=instance.model.expert_size,
+        worst_window=block,
+        worst_basis=basis,
+        slots_per_layer=instance.cluster.gpus * instance.cluster.width,
+        instance_name=instance.name,
+        initial_time=initial_time,
+    )
