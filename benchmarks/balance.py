@@ -59,6 +59,7 @@ from machine_info import machine  # noqa: E402  (benchmarks/ is on the path when
 from tabulate import tabulate
 
 from moeopt import balance as core
+from moeopt import console
 from moeopt.evaluate import evaluate
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
 from moeopt.io import read_workload_file, write_json, write_text
@@ -453,11 +454,11 @@ def policies_markdown(rows: list[dict]) -> list[str]:
         body.append(
             [
                 r["workload"],
-                r["calibration"] if stepped else f"{r['calibration']} → {r['evaluation']}",
+                f"{r['calibration']} → {r['evaluation']}",
                 f"{r['gpus']} × ({r['slots']})",
                 *(" / ".join(_maxvio(c[m]) for m in metrics) for c in cells),
                 auto.get("policy_resolved", "-"),
-                f"{r[ratio_key] / auto[ratio_key]:.3f}" if auto[ratio_key] > 0 else "-",
+                f"{r[ratio_key] / auto[ratio_key]:.3g}" if auto[ratio_key] > 0 else "-",
             ]
         )
     if not body:
@@ -663,6 +664,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
     args = ap.parse_args()
     log = (lambda *_: None) if args.quiet else print
+    # every row records the policy EPLB's auto resolved to; its note would repeat it per run
+    console.configure(quiet=True)
     methods = [m for m in METHODS if get_method(METHODS[m][0]).available()]
     if len(methods) < len(METHODS):
         log(f"note: EPLB is not installed here; running {', '.join(methods)}")
