@@ -347,7 +347,7 @@ class _Timing:
         _check_int("lag", self.lag, 0, optional=False)
         _check_int("seed", self.seed, 0, optional=False)
 
-    def _timing(self, steps: int, window_steps: int | None) -> dict[str, int]:
+    def _timing(self, steps: int, window_steps: int | None) -> dict[str, Any]:
         interval = self.interval or default_interval(steps, window_steps)
         window = self.window or interval
         return {"interval": interval, "window": window, "calibration": self.calibration or window}

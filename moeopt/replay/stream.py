@@ -233,13 +233,12 @@ def load_stream(
                 src, "experts", f"the stream has {workload.experts} experts, model.experts is {model.experts}"
             )
         workload = fit_workload(workload, model, src)
-        label, stem = src, Path(path).stem
+        stem = Path(path).stem
     else:
         spec = instance.workload.calibration
         workload = load_workload(spec, model)
-        src = str(spec.path) if spec.path is not None else str(instance.source) if instance.source else None
-        label = Path(spec.path).name if spec.path is not None else "synthetic"
+        src = str(spec.path) if spec.path is not None else "synthetic"
         stem = instance.name
-    stream = Stream.from_workload(workload, name=name or stem, source=src or label, window_steps=window_steps)
+    stream = Stream.from_workload(workload, name=name or stem, source=src, window_steps=window_steps)
     stream.check(instance)
     return stream

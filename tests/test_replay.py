@@ -1,0 +1,422 @@
+"""The replay of a load stream under re-planning policies (moeopt.replay, moeopt replay)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moeopt.cli import main
+from moeopt.errors import InputError
+from moeopt.evaluate import evaluate
+from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
+from moeopt.io import load_instance
+from moeopt.replay import (
+    Observation,
+    Stream,
+    load_stream,
+    make_policy,
+    replay,
+    replay_frontier,
+)
+from moeopt.trace import stats_from_counts
+from tests.strategies import examples, float_arrays
+
+#: the hot expert of both layers switches at step 4: [8, 2, 1, 1] (layer 1 reversed), then [1, 1, 2, 8]
+PHASE_1, PHASE_2 = [8.0, 2.0, 1.0, 1.0], [1.0, 1.0, 2.0, 8.0]
+#: 2 GPUs x (2 + 1) slots: the balanced plan of each phase is unique up to GPU order (phase 1:
+#: {0, 1, 2} | {0, 1, 3}; phase 2: {3, 2, 0} | {3, 2, 1}); phase 1's plan on phase 2 loads the
+#: GPUs 3 and 9 (MaxVio 0.5); the best plan one moved slot away loads them 6.5 and 5.5 (1/12)
+HALF, ONE_MOVE = 0.5, 1.0 / 12.0
+
+
+def tiny_instance(layers: int = 2, experts: int = 4, gpus: int = 2, slots: int = 2, replicas: int = 1) -> Instance:
+    """A count-only instance (the workload is unused: the stream is given)."""
+    return Instance(
+        "tiny",
+        Model(layers, experts, 1, expert_bytes=1000),
+        Cluster(gpus, gpus, slots, replicas),
+        Workload(WorkloadSource(synthetic={})),
+    )
+
+
+def switch_counts() -> np.ndarray:
+    """float ``[2, 8, 4]``: four steps of phase 1, four of phase 2 (layer 1 with experts reversed)."""
+    layer0 = [PHASE_1] * 4 + [PHASE_2] * 4
+    return np.array([layer0, [row[::-1] for row in layer0]])
+
+
+@pytest.fixture(scope="module")
+def switch() -> Stream:
+    """The hot-expert switch as a stream."""
+    return Stream(switch_counts(), 1, name="switch")
+
+
+def series(result) -> list[float]:
+    return np.round(result.maxvio, 6).tolist()
+
+
+def moves(result) -> list[tuple[int, int, tuple[int, ...]]]:
+    return [(r.decided, r.effective, r.moved_slots_per_layer) for r in result.replans]
+
+
+# ----------------------------------------------------------------------------- hand-computed
+def test_static_serves_its_first_plan(switch: Stream) -> None:
+    """static: planned on steps 0-1, balanced until the switch, MaxVio 0.5 after it; nothing moves."""
+    r = replay(tiny_instance(), switch, make_policy("static", interval=2))
+    assert series(r) == [0, 0, HALF, HALF, HALF, HALF]
+    assert r.replans == [] and r.plan_of_step.tolist() == [0] * 6
+    assert r.metrics["moved_bytes"] == 0 and r.metrics["maxvio_worst"] == pytest.approx(HALF)
+
+
+def test_periodic_replans_on_the_last_window(switch: Stream) -> None:
+    """periodic: at step 4 it plans on steps 2-3 (phase 1 again, nothing moves), at 6 on 4-5 (2 slots per layer)."""
+    r = replay(tiny_instance(), switch, make_policy("periodic", interval=2))
+    assert series(r) == [0, 0, HALF, HALF, 0, 0]
+    assert moves(r) == [(4, 4, (0, 0)), (6, 6, (2, 2))]
+    assert [(x.start, x.end) for x in r.replans] == [(2, 4), (4, 6)]
+    assert r.metrics["moved_slots"] == 4 and r.metrics["moved_bytes"] == 4000
+    assert r.metrics["moved_slots_per_layer_per_replan"] == 1.0
+    assert r.metrics["maxvio_mean"] == pytest.approx(2 * HALF / 6)
+
+
+def test_lag_delays_the_new_plan(switch: Stream) -> None:
+    """With lag 1 the plan decided at step 6 serves from step 7; step 6 stays under the old plan."""
+    r = replay(tiny_instance(), switch, make_policy("periodic", interval=2, lag=1))
+    assert series(r) == [0, 0, HALF, HALF, HALF, 0]
+    assert r.plan_of_step.tolist() == [0, 0, 0, 1, 1, 2]
+    assert moves(r) == [(4, 5, (0, 0)), (6, 7, (2, 2))]
+
+
+def test_threshold_waits_for_the_level(switch: Stream) -> None:
+    """threshold 0.1: steps 2-3 are balanced (no re-plan at 4); steps 4-5 average 0.5 (re-plan at 6)."""
+    r = replay(tiny_instance(), switch, make_policy("threshold", interval=2, level=0.1))
+    assert series(r) == [0, 0, HALF, HALF, 0, 0]
+    assert moves(r) == [(6, 6, (2, 2))]
+
+
+def test_incremental_keeps_its_budget(switch: Stream) -> None:
+    """incremental with 1 slot per layer: one move leaves MaxVio 1/12 after the switch (two reach 0)."""
+    r = replay(tiny_instance(), switch, make_policy("incremental", interval=2, budget=1))
+    assert r.maxvio == pytest.approx([0, 0, HALF, HALF, ONE_MOVE, ONE_MOVE], abs=1e-12)
+    assert moves(r) == [(4, 4, (0, 0)), (6, 6, (1, 1))]
+    r2 = replay(tiny_instance(), switch, make_policy("incremental", interval=2, budget=2))
+    assert series(r2) == [0, 0, HALF, HALF, 0, 0] and moves(r2)[-1][2] == (2, 2)
+
+
+def test_auto_plans_from_the_plan_in_service(switch: Stream) -> None:
+    """auto over one window with 2 slots per layer re-plans at 6 to the balanced plan, moving 2 per layer."""
+    r = replay(tiny_instance(), switch, make_policy("auto", interval=2, history=1, budget=2))
+    assert series(r) == [0, 0, HALF, HALF, 0, 0]
+    assert moves(r) == [(4, 4, (0, 0)), (6, 6, (2, 2))]
+    assert r.replans[-1].effective == 6 and (r.replans[-1].start, r.replans[-1].end) == (4, 6)
+
+
+def test_oracle_plans_each_block_on_itself(switch: Stream) -> None:
+    """oracle: every block of 2 steps balanced by its own plan; the switch costs 2 slots per layer."""
+    r = replay(tiny_instance(), switch, make_policy("oracle", interval=2))
+    assert series(r) == [0] * 6
+    assert moves(r) == [(4, 4, (2, 2)), (6, 6, (0, 0))]
+
+
+def test_auto_schedule_windows_and_snapshots() -> None:
+    """auto plans on its last history windows, one robust snapshot per window, from the plan in service."""
+    inst = tiny_instance()
+    policy = make_policy("auto", interval=3, window=2, history=3, budget=1).resolve(40, None, inst)
+    sched = policy.schedule(inst)
+    obs = Observation(step=11, steps=40, calibration=2, maxvio=np.zeros(9), planned_until=8, pending=False)
+    req = sched.decide(obs)
+    assert req is not None and (req.start, req.end, req.effective) == (5, 11, 11)
+    assert req.params == {"robust": "mean", "robust_steps": 3, "max_moves": 1} and req.from_current
+    assert sched.decide(Observation(10, 40, 2, np.zeros(8), 8, False)) is None  # not a decision step
+    assert sched.decide(Observation(11, 40, 2, np.zeros(9), 8, True)) is None  # a plan is pending
+    assert sched.initial(40).params == {"robust": "none", "robust_steps": 1}  # one snapshot: pooled
+    everything = make_policy("auto", interval=3, history=None).resolve(40, None, inst).schedule(inst)
+    whole = everything.decide(Observation(9, 40, 3, np.zeros(6), 6, False))
+    assert whole is not None and (whole.start, whole.end) == (0, 9) and whole.params["robust_steps"] == 3
+
+
+# ----------------------------------------------------------------------------- the one scorer
+def test_replay_maxvio_is_evaluate_of_the_plan_in_service() -> None:
+    """Every step's MaxVio is evaluate's on that step alone under the plan that served it (lp dispatch)."""
+    rng = np.random.default_rng(3)
+    counts = rng.integers(0, 30, size=(2, 10, 6)).astype(float)
+    inst = tiny_instance(experts=6, gpus=3, slots=2, replicas=1)
+    stream = Stream(counts, 1)
+    policy = make_policy("periodic", interval=3, window=2, planner_params={"dispatch": "lp"})
+    r = replay(inst, stream, policy)
+    assert len(r.replans) == 2
+    for i, t in enumerate(r.steps):
+        one = stats_from_counts(counts[:, t], top_k=1, step_counts=counts[:, t : t + 1])
+        plan = r.plans[r.plan_of_step[i]]
+        assert plan.dispatch.kind == "lp"
+        assert r.maxvio[i] == pytest.approx(evaluate(plan, one, inst.cluster)["maxvio"], abs=1e-9)
+
+
+def test_replay_on_tokens_matches_evaluate(quickstart_path: Path) -> None:
+    """On a token trace, each step's MaxVio and remote GPUs per token are evaluate's on that step's tokens."""
+    inst = load_instance(quickstart_path)
+    stream = load_stream(inst)
+    r = replay(inst, stream, make_policy("incremental", interval=5, budget=2))
+    assert r.comm is not None and "comm_per_token_mean" in r.metrics
+    for i, t in enumerate(r.steps[::4]):
+        m = evaluate(r.plans[r.plan_of_step[4 * i]], stream.trace_window(t, t + 1), inst.cluster)
+        assert r.maxvio[4 * i] == pytest.approx(m["maxvio"], abs=1e-12)
+        assert r.comm[4 * i] == pytest.approx(m["comm_per_token"], abs=1e-12)
+
+
+# ----------------------------------------------------------------------------- properties
+@st.composite
+def small_streams(draw: st.DrawFn) -> tuple[Instance, Stream]:
+    """A random count stream of 1-2 layers, 4-5 experts, 2 GPUs x (3 + 1) slots, 6-9 steps."""
+    layers, experts, steps = draw(st.integers(1, 2)), draw(st.integers(4, 5)), draw(st.integers(6, 9))
+    counts = draw(float_arrays((layers, steps, experts), 0.0, 20.0))
+    counts[:, :, 0] += 1.0  # every layer and step routes some tokens
+    return tiny_instance(layers, experts, 2, 3, 1), Stream(counts, 1)
+
+
+@settings(max_examples=examples(12))
+@given(small_streams(), st.integers(0, 3), st.integers(1, 3))
+def test_incremental_never_exceeds_its_budget(case: tuple[Instance, Stream], budget: int, interval: int) -> None:
+    """No re-plan of incremental moves more than its budget in any layer."""
+    inst, stream = case
+    r = replay(inst, stream, make_policy("incremental", interval=interval, window=2, budget=budget))
+    assert r.replans
+    assert all(max(x.moved_slots_per_layer) <= budget for x in r.replans)
+
+
+@settings(max_examples=examples(12))
+@given(small_streams(), st.integers(1, 3))
+def test_static_never_moves(case: tuple[Instance, Stream], interval: int) -> None:
+    """static serves its first plan to the end: no re-plan, no moved slot."""
+    inst, stream = case
+    r = replay(inst, stream, make_policy("static", interval=interval, window=2))
+    assert r.replans == [] and r.metrics["moved_slots"] == 0 and set(r.plan_of_step.tolist()) == {0}
+
+
+@settings(max_examples=examples(12))
+@given(small_streams(), st.integers(0, 4))
+def test_lag_delays_exactly(case: tuple[Instance, Stream], lag: int) -> None:
+    """A plan decided after step d - 1 serves from step d + lag exactly; before that the old plan serves."""
+    inst, stream = case
+    r = replay(inst, stream, make_policy("periodic", interval=2, lag=lag))
+    C = int(r.steps[0])
+    for x in r.replans:
+        assert x.effective == x.decided + lag
+        assert r.plan_of_step[x.effective - C] == x.index
+        assert r.plan_of_step[x.effective - 1 - C] != x.index or x.effective == C
+
+
+@settings(max_examples=examples(8))
+@given(small_streams())
+def test_relabel_moves_no_more_at_the_same_balance(case: tuple[Instance, Stream]) -> None:
+    """Relabeled GPUs never move more slots than the fresh plan, and the MaxVio series is the same."""
+    inst, stream = case
+    plain = replay(inst, stream, make_policy("periodic", interval=2))
+    relabeled = replay(inst, stream, make_policy("periodic", interval=2, relabel=True))
+    assert relabeled.maxvio == pytest.approx(plain.maxvio, abs=1e-12)
+    for a, b in zip(plain.replans, relabeled.replans, strict=True):
+        assert all(y <= x for x, y in zip(a.moved_slots_per_layer, b.moved_slots_per_layer, strict=True))
+
+
+# ----------------------------------------------------------------------------- eplb
+def test_periodic_eplb_relabeled() -> None:
+    """periodic EPLB (SGLang's / vLLM's schedule) runs; relabeling its GPUs moves no more slots."""
+    pytest.importorskip("torch", reason="the eplb planner needs torch: pip install -e '.[eplb]'")
+    from moeopt.methods.eplb import load_deepseek_eplb
+
+    try:
+        load_deepseek_eplb()
+    except ImportError as exc:
+        pytest.skip(f"the eplb planner needs sglang: pip install --no-deps 'sglang>=0.5' ({exc})")
+    rng = np.random.default_rng(0)
+    inst = tiny_instance(experts=8, gpus=4, slots=2, replicas=1)
+    stream = Stream(rng.gamma(0.6, 10.0, size=(2, 12, 8)) + 0.1, 1)
+    plain = replay(inst, stream, make_policy("periodic", interval=3, planner="eplb"))
+    relabeled = replay(inst, stream, make_policy("periodic", interval=3, planner="eplb", relabel=True))
+    assert plain.replans and relabeled.maxvio == pytest.approx(plain.maxvio)
+    assert relabeled.metrics["moved_slots"] <= plain.metrics["moved_slots"]
+
+
+# ----------------------------------------------------------------------------- frontier
+def test_frontier_sweeps_intervals_and_budgets(switch: Stream) -> None:
+    """One point per interval (periodic) and per interval and budget (incremental); Pareto flags set."""
+    points = replay_frontier(tiny_instance(), switch, ["periodic", "incremental"], intervals=[1, 2], budgets=[1, 2])
+    assert [(p.policy, p.interval, p.budget) for p in points] == [
+        ("periodic", 1, None),
+        ("periodic", 2, None),
+        ("incremental", 1, 1),
+        ("incremental", 1, 2),
+        ("incremental", 2, 1),
+        ("incremental", 2, 2),
+    ]
+    assert any(p.pareto for p in points)
+    best = min(points, key=lambda p: (p.maxvio_mean, p.moved_bytes))
+    assert best.pareto
+    for p in points:  # a point is Pareto iff nothing dominates it
+        dominated = any(
+            q.moved_bytes <= p.moved_bytes
+            and q.maxvio_mean <= p.maxvio_mean
+            and (q.moved_bytes, q.maxvio_mean) != (p.moved_bytes, p.maxvio_mean)
+            for q in points
+        )
+        assert p.pareto == (not dominated)
+
+
+# ----------------------------------------------------------------------------- command line
+@pytest.fixture
+def switch_instance(tmp_path: Path) -> Path:
+    """The switch stream as a counts .npz (with step_counts) and an instance YAML reading it."""
+    sc = switch_counts()
+    np.savez(tmp_path / "switch.npz", counts=sc.sum(axis=1), step_counts=sc, top_k=np.array(1))
+    doc = {
+        "name": "switch",
+        "model": {"layers": 2, "experts": 4, "top_k": 1, "expert_bytes": 1000},
+        "cluster": {"gpus": 2, "slots_per_gpu": 2, "replica_slots_per_gpu": 1},
+        "workload": {"calibration": "switch.npz"},
+    }
+    path = tmp_path / "switch.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_cli_report_and_table(switch_instance: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """replay --report holds policy, stream, metrics, series and re-plans; the table has one row per policy."""
+    report = tmp_path / "r.json"
+    argv = [str(switch_instance), "--policy", "static,periodic", "--interval", "2", "--report", str(report), "--quiet"]
+    assert main(["replay", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "| static" in out and "| periodic" in out
+    data = json.loads(report.read_text())
+    assert data["report"] == "replay" and [r["policy"]["name"] for r in data["runs"]] == ["static", "periodic"]
+    run = data["runs"][1]
+    assert run["policy"] == {
+        "name": "periodic",
+        "interval": 2,
+        "window": 2,
+        "calibration": 2,
+        "lag": 0,
+        "seed": 0,
+        "planner": "balance",
+        "planner_params": {},
+        "relabel": False,
+    }
+    assert run["stream"]["source"] == "switch.npz" and run["stream"]["steps"] == 8
+    m = run["metrics"]
+    assert (m["replans"], m["moved_slots"], m["moved_bytes"]) == (2, 4, 4000)
+    assert m["maxvio_worst"] == pytest.approx(HALF) and m["worst_window_basis"] == "interval"
+    assert run["series"]["step"] == list(range(2, 8)) and run["series"]["plan"] == [0, 0, 1, 1, 2, 2]
+    assert run["replans"][1] == {
+        "index": 2,
+        "decided": 6,
+        "window": [4, 6],
+        "effective": 6,
+        "planner": "balance",
+        "moved_slots": 4,
+        "moved_slots_per_layer": [2, 2],
+        "moved_bytes": 4000,
+    }
+    assert "plan_time" not in json.dumps(data)
+
+
+def test_cli_same_seed_same_bytes(switch_instance: Path, tmp_path: Path) -> None:
+    """Two runs with the same seed write the same report, byte for byte."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for path in (a, b):
+        argv = ["replay", str(switch_instance), "--policy", "auto", "--interval", "2", "--budget", "1"]
+        assert main([*argv, "--seed", "3", "--report", str(path), "--quiet"]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    assert json.loads(a.read_text())["policy"]["seed"] == 3
+
+
+def test_cli_timings_and_plot(switch_instance: Path, tmp_path: Path) -> None:
+    """--timings adds planning times; moeopt plot draws the report (and the frontier report)."""
+    report, fig = tmp_path / "t.json", tmp_path / "t.png"
+    assert (
+        main(["replay", str(switch_instance), "--interval", "2", "--timings", "--report", str(report), "--quiet"]) == 0
+    )
+    data = json.loads(report.read_text())
+    assert all("plan_time" in r for r in data["replans"]) and "timings" in data
+    assert main(["plot", str(report), "-o", str(fig), "--quiet"]) == 0 and fig.stat().st_size > 0
+    front, ffig = tmp_path / "f.json", tmp_path / "f.png"
+    argv = [
+        "replay",
+        str(switch_instance),
+        "--frontier",
+        "--intervals",
+        "1,2",
+        "--budgets",
+        "1",
+        "--report",
+        str(front),
+    ]
+    assert main([*argv, "--quiet"]) == 0
+    assert json.loads(front.read_text())["report"] == "replay-frontier"
+    assert main(["plot", str(front), "-o", str(ffig), "--quiet"]) == 0 and ffig.stat().st_size > 0
+    assert main(["plot", str(front), "--kind", "replay", "-o", str(ffig), "--quiet"]) == 2
+
+
+def _bad_stream(tmp_path: Path, step_counts: np.ndarray, name: str) -> str:
+    path = tmp_path / f"{name}.npz"
+    np.savez(
+        path, counts=np.abs(np.nan_to_num(step_counts)).sum(axis=1) + 1, step_counts=step_counts, top_k=np.array(1)
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--window", "9"], "fewer than the policy's window"),
+        (["--calibration", "8"], "the calibration prefix"),
+        (["--interval", "0"], "--interval"),
+        (["--window", "0"], "--window"),
+        (["--policy", "sometimes"], "unknown policy 'sometimes'"),
+        (["--policy", "periodic", "--planner", "nope"], "unknown planner 'nope'"),
+        (["--policy", "periodic", "--budget", "4"], "takes no budget"),
+        (["--policy", "static", "--level", "0.1"], "takes no level"),
+        (["--policy", "incremental", "--planner", "greedy"], "does not re-plan from the plan in service"),
+        (["nan"], "NaN"),
+        (["negative"], "negative"),
+        (["layers"], "layers"),
+        (["experts"], "experts"),
+    ],
+)
+def test_cli_bad_input(
+    switch_instance: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
+) -> None:
+    """Bad streams and options: one line on stderr, exit 2, no report written."""
+    sc = switch_counts()
+    streams = {
+        "nan": np.where(np.arange(4) == 1, np.nan, sc),
+        "negative": sc - 2.0,
+        "layers": np.concatenate([sc, sc[:1]]),
+        "experts": sc[:, :, :3],
+    }
+    if extra[0] in streams:
+        extra = ["--stream", _bad_stream(tmp_path, streams[extra[0]], extra[0])]
+    report = tmp_path / "bad.json"
+    try:
+        code = main(["replay", str(switch_instance), *extra, "--report", str(report)])
+    except SystemExit as exc:  # argparse's usage errors (one line too)
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+    assert not report.exists()
+
+
+def test_stream_checks() -> None:
+    """A stream refuses NaN or negative counts and a shape that does not fit the instance, naming the field."""
+    with pytest.raises(InputError, match="step_counts: contains NaN"):
+        Stream(np.full((1, 3, 4), np.nan), 1, source="s.npz")
+    with pytest.raises(InputError, match="negative"):
+        Stream(-np.ones((1, 3, 4)), 1)
+    with pytest.raises(InputError, match="model.experts is 4"):
+        Stream(np.ones((2, 3, 5)), 1).check(tiny_instance())
+    with pytest.raises(InputError, match="a stream needs per-step counts"):
+        Stream.from_workload(stats_from_counts(np.ones((2, 4)), top_k=1))
