@@ -39,7 +39,7 @@ largest GPU load of *every* plan, so each layer reports its gap. Works on counts
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -55,15 +55,19 @@ from moeopt.balance.batch import (
 from moeopt.balance.bound import lower_bound_batch
 from moeopt.balance.groups import expert_groups
 from moeopt.balance.loads import _cap, _node_shape
+from moeopt.balance.ranks import polish_rank_modulo, rank_modulo_bound, rank_modulo_loads, share_table
 from moeopt.balance.shift import shrink_loads
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.evaluate import maxvio
 from moeopt.instance import Instance
-from moeopt.plan import Dispatch, Plan
+from moeopt.plan import Dispatch, Plan, rule_dispatch
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, bound_closes
 from moeopt.schema import check_size
 from moeopt.utilization import utilization_trace
+
+#: The dispatch rules ``balance`` plans for (``locality`` needs tokens: ``joint`` plans for it).
+PLANNED_RULES = ("even", "static", "lp", "vllm", "ascend")
 
 #: Budgets (moved slots per layer) of the migration frontier reported with ``--from``.
 FRONTIER_BUDGETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
@@ -85,14 +89,22 @@ def balance_bound_hook(plan: Plan, instance: Instance, workloads: Any, metrics: 
     """Metric hook: the balance lower bound on the evaluation loads and the absolute gap.
 
     The bound (``balance_bound_maxvio``, mean over layers) holds for every plan in the
-    instance's ``G x W`` slots under ``even`` dispatch; ``balance_gap`` is MaxVio minus it
-    (absolute: MaxVio's optimum can be 0). Under other dispatch rules only ``total / G`` is a
-    valid bound, so nothing is added.
+    instance's ``G x W`` slots under the plan's rule: ``even`` (:func:`layer_bounds`) and
+    ``ascend`` (vLLM-Ascend's shares, :func:`moeopt.balance.ranks.rank_modulo_bound`);
+    ``balance_gap`` is MaxVio minus it (absolute: MaxVio's optimum can be 0). Under other
+    dispatch rules only ``total / G`` is a valid bound, so nothing is added.
     """
-    if plan.dispatch.kind != "even":
-        return
     c = instance.cluster
-    bounds = layer_bounds(workloads.evaluation.expert_load, c.gpus, c.width, c.allow_colocated_copies)
+    load = workloads.evaluation.expert_load
+    if plan.dispatch.kind == "even":
+        bounds = layer_bounds(load, c.gpus, c.width, c.allow_colocated_copies)
+    elif plan.dispatch.kind == "ascend":
+        table = share_table(c.gpus, load.shape[1], plan.dispatch.tp_size)
+        mean = load.sum(axis=1) / c.gpus
+        raw = np.array([rank_modulo_bound(row, c.gpus, c.width, table) for row in load])
+        bounds = np.maximum(np.divide(raw, mean, out=np.ones(len(raw)), where=mean > 0) - 1.0, 0.0)
+    else:
+        return
     metrics["balance_bound_maxvio"] = float(bounds.mean())
     metrics["balance_bound_per_layer"] = bounds.tolist()
     metrics["balance_gap"] = float(metrics["maxvio"] - bounds.mean())
@@ -157,7 +169,11 @@ class BalanceParams:
     robust_steps: int = DEFAULT_ROBUST_STEPS  # per-step counts aggregated into at most this many windows (0: all)
     hierarchical: bool = False  # every expert's copies in one node (cluster.gpus_per_node)
     iterations: int = core.DEFAULT_ITERATIONS  # perturbation rounds of the local search
-    dispatch: str = "even"  # the plan's dispatch rule: even (EPLB's model), static, lp
+    # the rule the plan runs under and is planned for: even (EPLB's model, SGLang dynamic), static, lp,
+    # vllm, ascend (vLLM-Ascend: the placement is polished for its rank-modulo shares); None: the
+    # instance's cluster.engine rule, else even
+    dispatch: str | None = None
+    tp_size: int | None = None  # ascend: the engine's tensor-parallel size (copy (r mod tp + r div tp + e) mod c)
     max_moves: int | None = None  # with a current plan: moved slots per layer at most
     target_maxvio: float | None = None  # with a current plan: stop moving once reached
     spread: bool = True  # fast search: every GPU gets its share of the replicated experts' copies
@@ -202,7 +218,10 @@ class BalanceParams:
             raise ValueError(f"polish_time must be a finite number > 0, got {self.polish_time}")
         if self.polish_slots < 1:
             raise ValueError(f"polish_slots must be >= 1, got {self.polish_slots}")
-        Dispatch(kind=self.dispatch)
+        if self.dispatch is not None and self.dispatch not in PLANNED_RULES:
+            raise ValueError(f"dispatch must be one of {', '.join(PLANNED_RULES)}, got {self.dispatch!r}")
+        if self.tp_size is not None and self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
 
     def groups_spread(self, expert_groups: int | None) -> bool:
         """Whether the fast search spreads the expert groups: as asked, else when the model has
@@ -216,6 +235,23 @@ class BalanceParams:
         """Whether the fast search connects the copy graph (with ``hierarchical``, inside every
         node): as asked, else under ``lp`` dispatch."""
         return self.dispatch == "lp" if self.connect is None else self.connect
+
+    def resolved(self, instance: Instance) -> BalanceParams:
+        """These parameters with ``dispatch`` decided: as given, else the rule of the instance's
+        engine (``cluster.engine``), else ``even``."""
+        if self.dispatch is not None:
+            return self
+        rule = instance.cluster.engine_rule or "even"
+        if rule not in PLANNED_RULES:  # pragma: no cover - every engine runs a planned rule
+            rule = "even"
+        return replace(self, dispatch=rule)
+
+    def rule(self, instance: Instance) -> Dispatch:
+        """The plan's :class:`Dispatch` (SGLang static with the model's dense rows; Ascend with ``tp_size``)."""
+        kind = self.dispatch or "even"
+        if kind == "ascend":
+            return Dispatch(kind="ascend", tp_size=self.tp_size)
+        return rule_dispatch(kind, instance.model)
 
 
 @register
@@ -294,6 +330,12 @@ class Balance:
         stats.update(polish="cpsat", polished_layers_improved=improved, polished_layers_optimal=optimal)
         return out
 
+    @staticmethod
+    def _polish_ascend(slots: np.ndarray, load: np.ndarray, l: int, table: np.ndarray) -> int:
+        """Layer ``l`` of ``slots`` polished in place for vLLM-Ascend's shares; the swaps made."""
+        slots[l], swaps = polish_rank_modulo(slots[l], load[l], table)
+        return swaps
+
     def combine_stats(self, per_layer: list[dict], params: BalanceParams) -> dict:
         """The layers' statistics; the migration frontier adds moves and averages MaxVio."""
         from moeopt.execute import combine_stats
@@ -317,6 +359,7 @@ class Balance:
 
     def solve(self, problem: Problem, params: BalanceParams, ctx: Context) -> Result:
         t0 = time.perf_counter()
+        params = params.resolved(problem.instance)
         if params.hierarchical:
             check_hierarchical(problem)
         c = problem.instance.cluster
@@ -463,11 +506,27 @@ class Balance:
         exact_bounds = None
         if params.polish == "cpsat":
             exact_bounds = self._polish(problem, params, ctx, slots, true_load, stats)
-        plan = Plan(slots=slots, experts=problem.experts, dispatch=Dispatch(kind=params.dispatch))
+        rule = params.rule(problem.instance)
+        table = None
+        if rule.kind == "ascend":  # vLLM-Ascend's unequal shares: re-deal the copies for them
+            table = share_table(G, problem.experts, rule.tp_size)
+            if current is None:
+                swaps = [self._polish_ascend(slots, true_load, l, table) for l in ctx.layers(L, "ascend shares")]
+                stats["ascend_swaps"] = int(sum(swaps))
+            else:  # a swap moves two expert weights: a re-plan keeps its budget instead
+                stats["ascend_swaps"] = 0
+        plan = Plan(slots=slots, experts=problem.experts, dispatch=rule)
         stats["plan_time"] = time.perf_counter() - t_plan  # the planner alone, bounds and scoring excluded
-        per_layer = maxvio(gpu_loads_batch(slots, true_load))  # every layer at once
-        bounds = layer_bounds(true_load, G, W, allow, counts)
-        if exact_bounds is not None:  # CP-SAT's proved bounds, where higher
+        if table is not None:  # the rule's own loads and bound
+            loads_by_rule = np.stack([rank_modulo_loads(slots[l], true_load[l], table) for l in range(L)])
+            per_layer = maxvio(loads_by_rule)
+            mean = true_load.sum(axis=1) / G
+            raw = np.array([rank_modulo_bound(true_load[l], G, W, table) for l in range(L)])
+            bounds = np.maximum(np.divide(raw, mean, out=np.ones(L), where=mean > 0) - 1.0, 0.0)
+        else:
+            per_layer = maxvio(gpu_loads_batch(slots, true_load))  # every layer at once
+            bounds = layer_bounds(true_load, G, W, allow, counts)
+        if exact_bounds is not None and table is None:  # CP-SAT's proved bounds (even split), where higher
             bounds = np.maximum(bounds, exact_bounds)
         stats["calibration_maxvio_per_layer"] = per_layer.tolist()
         stats["bound_maxvio_per_layer"] = bounds.tolist()
