@@ -19,9 +19,10 @@ moves from step to step is the builder's:
 * :func:`count_sampled`: one distribution, stationary or drifting by a multiplicative random
   walk (e.g. on the DeepSeek-V3 loads).
 
-No step gives an expert more than a ``1 / top_k`` share of the token-slots (a token picks an
-expert at most once, so no expert can receive more than ``tokens_per_step``): shares above it
-are capped and the excess spread over the others in proportion (:func:`cap_shares`). Every
+No step gives an expert more than ``tokens_per_step`` token-slots (a token picks an expert at
+most once): shares above ``1 / top_k`` are capped and the excess spread over the others in
+proportion (:func:`cap_shares`), and a draw above ``tokens_per_step`` is cut to it, its excess
+drawn again over the other experts (:func:`sample_counts`). Every
 builder is seeded and deterministic, and returns float counts that sum to
 ``tokens_per_step * top_k`` at every step and layer.
 """
@@ -91,7 +92,8 @@ def cap_shares(shares: np.ndarray, cap: float) -> np.ndarray:
 
 def sample_counts(shares: np.ndarray, tokens_per_step: int, top_k: int, seed: int | Sequence[int] = 0) -> np.ndarray:
     """Per-step counts drawn from per-step expert shares: ``tokens_per_step * top_k``
-    token-slots per step and layer, a multinomial over the (capped) shares.
+    token-slots per step and layer, a multinomial over the (capped) shares; a count above
+    ``tokens_per_step`` is cut to it and its excess drawn again over the experts below it.
 
     Parameters
     ----------
@@ -113,7 +115,19 @@ def sample_counts(shares: np.ndarray, tokens_per_step: int, top_k: int, seed: in
     top_k = _check_int(top_k, "top_k", 1)
     rng = np.random.default_rng(seed)
     p = cap_shares(shares, 1.0 / top_k)
-    return np.asarray(rng.multinomial(tokens_per_step * top_k, p), dtype=np.float64)
+    counts = rng.multinomial(tokens_per_step * top_k, p)
+    # an expert near the 1/k cap can still draw more slots than there are tokens: such counts
+    # are cut to tokens_per_step and their excess drawn again over the experts below it
+    for _ in range(p.shape[-1]):
+        excess = np.clip(counts - tokens_per_step, 0, None).sum(axis=-1)
+        if not excess.any():
+            break
+        counts = np.minimum(counts, tokens_per_step)
+        room = np.where(counts < tokens_per_step, p, 0.0)
+        total = room.sum(axis=-1, keepdims=True)
+        room = np.where(total > 0, room / np.where(total > 0, total, 1.0), 1.0 / p.shape[-1])
+        counts = counts + rng.multinomial(excess, room)
+    return np.asarray(counts, dtype=np.float64)
 
 
 def domain_sequence(
