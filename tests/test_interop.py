@@ -562,7 +562,7 @@ def test_stat_dump_shapes():
     [
         ([1, 2], "expected an SGLang expert-distribution dump"),
         ({"records": []}, "records: expected a non-empty list"),
-        ({"records": [{"x": 1}], "last_physical_to_logical_map": [[0]]}, "records[0]: expected a record"),
+        ({"records": [{"x": 1}], "last_physical_to_logical_map": [[0]]}, "records[0].global_physical_count: required"),
         ({"records": [{"topk_ids_of_layer": [[[0]]]}]}, "last_physical_to_logical_map: required"),
         (
             {"records": [{"topk_ids_of_layer": [[[0]], [[0]]]}], "last_physical_to_logical_map": [[0, 0]]},

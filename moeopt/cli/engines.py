@@ -90,28 +90,42 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_import(args: argparse.Namespace) -> int:
-    from moeopt.io import combine_snapshots, read_engine_dump, read_workload_file, write_counts
+    import numpy as np
+
+    from moeopt.io import combine_snapshots, read_workload_file, write_counts
+    from moeopt.io.engines import read_engine_dumps
 
     if Path(args.output).suffix.lower() != ".npz":
         raise MoeoptError(f"{args.output}: expected an .npz output (a trace or a counts file)")
-
-    def read(path: str) -> Trace | Stats:
-        if Path(path).suffix.lower() == ".pt":
-            return read_engine_dump(path, top_k=args.top_k, trusted=args.trust_pickle)
-        return read_workload_file(path, top_k=args.top_k)  # an SGLang JSON dump, counts, a trace
-
+    notes: list[str] = []
     w: Trace | Stats
-    if len(args.dump) == 1:
-        w = read(args.dump[0])
-    else:  # several snapshots: one count workload, each file's steps in turn (robust mode's input)
-        w = combine_snapshots([(path, read(path)) for path in args.dump])
+    if all(Path(path).suffix.lower() == ".pt" for path in args.dump):
+        # per-rank per_token / per_pass files of one recording merge; other sets join as snapshots
+        w, notes = read_engine_dumps(args.dump, top_k=args.top_k, trusted=args.trust_pickle)
+    else:
+
+        def read(path: str) -> Trace | Stats:
+            if Path(path).suffix.lower() == ".pt":
+                one, said = read_engine_dumps([path], top_k=args.top_k, trusted=args.trust_pickle)
+                notes.extend(said)
+                return one
+            return read_workload_file(path, top_k=args.top_k)  # an SGLang JSON dump, counts, a trace
+
+        items = [(path, read(path)) for path in args.dump]
+        # several snapshots: one count workload, each file's steps in turn (robust mode's input)
+        w = items[0][1] if len(items) == 1 else combine_snapshots(items)
     if isinstance(w, Trace):
         write_trace(args.output, w)
-        what = f"trace, {w.tokens} tokens, {w.layers} MoE layers, E={w.num_experts}, top-{w.top_k}, {w.steps} steps"
+        homes = "" if w.home is None else f", homes on {len(np.unique(w.home))} GPUs"
+        what = (
+            f"trace, {w.tokens} tokens, {w.layers} MoE layers, E={w.num_experts}, top-{w.top_k}, {w.steps} steps{homes}"
+        )
     else:
         write_counts(args.output, w)
         steps = 0 if w.step_counts is None else w.step_counts.shape[1]
         what = f"counts, {w.layers} MoE layers, E={w.experts}, top-{w.top_k}, {steps} steps"
     if not args.quiet:
         print(f"wrote {args.output}: {what}")
+    for line in notes:
+        console.note(line)
     return 0

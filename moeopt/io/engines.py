@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Sized
+from collections.abc import Sequence, Sized
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from moeopt import interop
+from moeopt import console, interop
 from moeopt.errors import InputError, PlanError
+from moeopt.interop.sglang import read_sglang_dumps
 from moeopt.io.files import (
     _NPZ_ERRORS,
     _read_json,
@@ -53,23 +54,93 @@ def _torch_save(path: str | Path, obj: dict[str, np.ndarray]) -> None:
 def read_sglang_dump(path: str | Path, *, top_k: int | None = None, trusted: bool = False) -> Trace | Stats:
     """Read an SGLang expert-distribution recorder dump (``.pt``, needs torch).
 
-    ``per_token`` dumps give a :class:`Trace` (physical ids mapped to logical experts),
-    ``stat`` dumps count-only :class:`Stats` with per-step counts (``top_k`` required);
-    see :mod:`moeopt.interop` for the rules (dense all-zero layers are dropped). Only
-    tensors and plain containers are unpickled unless ``trusted``.
+    ``per_token`` dumps give a :class:`Trace` (physical ids mapped to logical experts, the
+    records' ``rank`` as token homes), ``per_pass`` and ``stat`` dumps count-only
+    :class:`Stats` with per-step counts (``top_k`` required; a ``stat`` ring read in time
+    order); see :mod:`moeopt.interop.sglang` for the rules (dense all-zero layers are dropped).
+    Only tensors and plain containers are unpickled unless ``trusted``. Notes on what the
+    reading did (:func:`read_engine_dumps` returns them) are shown with :func:`moeopt.console.note`.
     """
     path = Path(path)
-    return interop.read_sglang_dump(_torch_load(path, trusted=trusted), top_k=top_k, source=str(path))
+    workload, notes = read_sglang_dumps([(str(path), _torch_load(path, trusted=trusted))], top_k=top_k)
+    for line in notes:
+        console.note(line)
+    return workload
+
+
+def _kind(obj: Any) -> str | None:
+    """The SGLang recorder mode of a loaded ``.pt`` object, None for vLLM EPLB state or anything else."""
+    if interop.is_vllm_eplb_state(obj):
+        return None
+    try:
+        return interop.sglang_dump_kind(obj)
+    except InputError:
+        return None
+
+
+def _read_loaded(source: str, obj: Any, top_k: int | None) -> tuple[Trace | Stats, list[str]]:
+    if interop.is_vllm_eplb_state(obj):
+        return interop.stats_from_vllm_eplb(obj, top_k=top_k, source=source), []
+    return read_sglang_dumps([(source, obj)], top_k=top_k)
+
+
+def read_engine_dumps(
+    paths: Sequence[str | Path], *, top_k: int | None = None, trusted: bool = False
+) -> tuple[Trace | Stats, list[str]]:
+    """Read one or several engine recordings (``.pt``, needs torch) as one workload.
+
+    Parameters
+    ----------
+    paths
+        vLLM EPLB state files (:mod:`moeopt.interop.vllm_eplb`) or SGLang recorder dumps
+        (:func:`moeopt.interop.sglang.read_sglang_dumps`). When every file is an SGLang
+        ``per_token`` dump, or every one a ``per_pass`` dump, they are the per-rank files of
+        one recording: ``per_token`` files become one trace (every rank's tokens, the rank as
+        their home, one step per forward pass), ``per_pass`` files one count workload summed
+        per forward pass. Any other set is snapshots taken at different times, joined in the
+        given order by :func:`combine_snapshots`.
+    top_k
+        k, for the files that do not record it (``stat``, ``per_pass``, vLLM).
+    trusted
+        Unpickle any object, not only tensors and plain containers (runs code).
+
+    Returns
+    -------
+    workload : Trace or Stats
+        The workload.
+    notes : list of str
+        One-line notes for the user (how a ``stat`` ring was ordered, passes dropped).
+
+    Raises
+    ------
+    InputError
+        On an unreadable or malformed file (naming it and the field).
+    """
+    if not paths:
+        raise ValueError("read_engine_dumps needs at least one file")
+    dumps = [(str(p), _torch_load(Path(p), trusted=trusted)) for p in paths]
+    kinds = {_kind(obj) for _, obj in dumps}
+    if len(dumps) > 1 and len(kinds) == 1 and kinds <= {"per_token", "per_pass"}:
+        return read_sglang_dumps(dumps, top_k=top_k)
+    items, notes = [], []
+    for source, obj in dumps:
+        workload, said = _read_loaded(source, obj, top_k)
+        items.append((source, workload))
+        notes += said
+    if len(items) == 1:
+        return items[0][1], notes
+    return combine_snapshots(items), notes
 
 
 def read_engine_dump(path: str | Path, *, top_k: int | None = None, trusted: bool = False) -> Trace | Stats:
     """Read an engine's recorded expert loads from a ``.pt`` file (needs torch): vLLM's EPLB state
-    tensors (:mod:`moeopt.interop.vllm_eplb`) or an SGLang recorder dump (:func:`read_sglang_dump`)."""
-    path = Path(path)
-    obj = _torch_load(path, trusted=trusted)
-    if interop.is_vllm_eplb_state(obj):
-        return interop.stats_from_vllm_eplb(obj, top_k=top_k, source=str(path))
-    return interop.read_sglang_dump(obj, top_k=top_k, source=str(path))
+    tensors (:mod:`moeopt.interop.vllm_eplb`) or an SGLang recorder dump of any mode
+    (:func:`read_sglang_dump`); its notes are shown with :func:`moeopt.console.note`
+    (:func:`read_engine_dumps` returns them)."""
+    workload, notes = read_engine_dumps([path], top_k=top_k, trusted=trusted)
+    for line in notes:
+        console.note(line)
+    return workload
 
 
 def combine_snapshots(items: list[tuple[str, Trace | Stats]]) -> Stats:

@@ -9,14 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from moeopt import schema
+from moeopt import console, schema
 from moeopt.errors import InputError
 from moeopt.instance import (
     Model,
 )
 from moeopt.interop import is_vllm_eplb_state, stats_from_vllm_eplb
+from moeopt.interop.sglang import read_sglang_dumps
 from moeopt.io.engines import (
-    read_engine_dump,
+    read_engine_dumps,
 )
 from moeopt.io.files import (
     _NPZ_ERRORS,
@@ -74,7 +75,13 @@ def fit_workload(w: Trace | Stats, model: Model, src: str) -> Trace | Stats:
 def read_workload_file(
     path: str | Path, *, format: str | None = None, select: str | None = None, top_k: int | None = None
 ) -> Trace | Stats:
-    """Read a trace or a count file, inferring the format from its content when not given."""
+    """Read a trace or a count file, inferring the format from its content when not given.
+
+    ``.pt`` files are engine recordings (:func:`moeopt.io.engines.read_engine_dumps`): an SGLang
+    recorder dump of any mode or vLLM EPLB state; SGLang's ``logical_count`` also reads from
+    JSON. Notes on what the reading did (a ``stat`` ring put in time order) are shown with
+    :func:`moeopt.console.note`.
+    """
     path = Path(path)
     src = str(path)
     if not path.is_file():
@@ -100,7 +107,7 @@ def read_workload_file(
     if suffix == ".json":
         data = _read_json(path)
         if isinstance(data, dict) and "logical_count" in data:
-            return _sglang_counts(np.asarray(_array(data["logical_count"], src, "logical_count")), src, top_k)
+            return _noted(read_sglang_dumps([(src, data)], top_k=top_k))
         if isinstance(data, dict) and "counts" in data:
             counts = _array(data["counts"], src, "counts")
             k = data.get("top_k", top_k)
@@ -118,7 +125,7 @@ def read_workload_file(
             raise InputError(src, None, f"not a readable .npy array ({exc})") from None
         return _counts(arr, src, "counts", top_k)
     if suffix == ".pt":
-        return read_engine_dump(path, top_k=top_k)
+        return _noted(read_engine_dumps([path], top_k=top_k))
     raise InputError(src, None, "unknown file type; expected .npz, .json, .csv, .npy or .pt")
 
 
@@ -190,21 +197,12 @@ def _read_csv(path: Path) -> np.ndarray:
     return np.array(rows)
 
 
-def _sglang_counts(arr: np.ndarray, src: str, top_k: int | None) -> Stats:
-    """SGLang ``logical_count`` ``[layers, E]`` (or ``[steps, layers, E]``); dense layers
-    (all-zero rows: SGLang counts every hidden layer) are dropped."""
-    if arr.ndim == 3:
-        steps = arr
-        arr = arr.sum(axis=0)
-    else:
-        steps = None
-    if arr.ndim != 2:
-        raise InputError(src, "logical_count", f"expected [layers, experts], got shape {arr.shape}")
-    keep = arr.sum(axis=1) > 0
-    stats = _counts(arr[keep], src, "logical_count", top_k)
-    if steps is not None:
-        stats = stats_from_counts(stats.counts, top_k=stats.top_k, step_counts=np.transpose(steps[:, keep], (1, 0, 2)))
-    return stats
+def _noted(read: tuple[Trace | Stats, list[str]]) -> Trace | Stats:
+    """The workload of a reader that returns notes, its notes shown (a workload has no room for them)."""
+    workload, notes = read
+    for line in notes:
+        console.note(line)
+    return workload
 
 
 def _read_domain_counts(data: Any, src: str, select: str | None) -> Stats:
