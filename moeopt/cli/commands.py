@@ -286,9 +286,9 @@ def cmd_trace_stream(args: argparse.Namespace) -> int:
             what = f"{args.source}, " + (f"drift {drift}" if drift > 0 else "stationary")
     except InputError as exc:
         if exc.source is None and exc.field:  # a builder's parameter: name the option that set it
-            option = {"a": "--source", "b": "--after", "load": "--source", "counts_by_domain": "--source"}
+            flags = {"a": "--source", "b": "--after", "load": "--source", "counts_by_domain": "--source"}
             name = exc.field.split("[")[0]
-            raise InputError(None, option.get(name, "--" + name.replace("_", "-")), exc.message) from None
+            raise InputError(None, flags.get(name, "--" + name.replace("_", "-")), exc.message) from None
         raise
     stats = stats_from_counts(counts.sum(axis=1), top_k=src.top_k)
     # float32 counts: exact (integers below 2**24) and half the size of float64 on disk
