@@ -420,3 +420,11 @@ def test_stream_checks() -> None:
         Stream(np.ones((2, 3, 5)), 1).check(tiny_instance())
     with pytest.raises(InputError, match="a stream needs per-step counts"):
         Stream.from_workload(stats_from_counts(np.ones((2, 4)), top_k=1))
+
+
+def test_workers_plan_the_same(switch: Stream) -> None:
+    """--workers applies to the planning inside: two processes give the serial report, byte for byte."""
+    policy = make_policy("incremental", interval=2, budget=1)
+    serial = replay(tiny_instance(), switch, policy).to_json()
+    pooled = replay(tiny_instance(), switch, policy, workers=2).to_json()
+    assert json.dumps(pooled) == json.dumps(serial)

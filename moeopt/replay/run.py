@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -275,17 +277,18 @@ class _Planner:
 
     def plan(self, req: Request, current: Plan | None) -> Plan:
         wl = self.workloads(req.planner, req.start, req.end)
-        result = solve(
-            self.instance,
-            method=req.planner,
-            params=req.params,
-            seed=self.seed,
-            quiet=True,
-            workloads=wl,
-            current=current if req.from_current else None,
-            workers=self.workers,
-            ray=self.ray,
-        )
+        with _notes_once(current is None):
+            result = solve(
+                self.instance,
+                method=req.planner,
+                params=req.params,
+                seed=self.seed,
+                quiet=True,
+                workloads=wl,
+                current=current if req.from_current else None,
+                workers=self.workers,
+                ray=self.ray,
+            )
         if result.plan is None:
             reason = result.stats.get("reason") or (result.termination.value if result.termination else "no plan")
             raise MoeoptError(f"replay: {req.planner} found no plan on steps {req.start}..{req.end - 1} ({reason})")
@@ -319,6 +322,21 @@ def _score(instance: Instance, stream: Stream, plan: Plan, start: int, end: int)
         remote = communication(routing.gpu, cluster, sub.home)[1]
     per_token = remote.mean(axis=1)  # remote GPUs per layer, as evaluate's comm_per_token
     return np.asarray(maxvio(loads).mean(axis=0)), (np.bincount(sub.step, weights=per_token, minlength=S), tokens)
+
+
+@contextmanager
+def _notes_once(first: bool) -> Iterator[None]:
+    """Console notes of the first plan only: a re-plan repeats its planner's notes (an executor
+    it cannot use, EPLB's policy), which would print once per re-plan."""
+    if first:
+        yield
+        return
+    prior = console.mode()
+    console.configure(quiet=True)
+    try:
+        yield
+    finally:
+        console.configure(verbose=prior == "verbose", quiet=prior == "quiet")
 
 
 def _moves(current: Plan, new: Plan) -> tuple[int, ...]:
