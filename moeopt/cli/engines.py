@@ -29,10 +29,26 @@ def cmd_export(args: argparse.Namespace) -> int:
     if inst is not None:
         _check_against(plan, inst, args.plan)
         plan = plan.padded(inst.cluster.width)
-    if args.dispatch:
-        plan = plan.with_dispatch(Dispatch(kind=args.dispatch))
-    if args.dense_layers and args.format != "sglang":
+    if args.dense_layers is not None and args.format != "sglang":
         raise MoeoptError("--dense-layers applies to --format sglang only (EPLB and vLLM count MoE layers)")
+    dense = args.dense_layers
+    if dense is None and args.format == "sglang" and inst is not None:
+        dense = inst.model.dense_layers
+        if dense is None:
+            raise MoeoptError(
+                f"{args.instance}: model.dense_layers: SGLang's map needs a row for every hidden layer and the "
+                f"instance does not say how many are dense: set model.dense_layers (DeepSeek-V3 / R1: 3, "
+                f"models without dense layers: 0) or give --dense-layers"
+            )
+    if args.dispatch:
+        rule = Dispatch(kind=args.dispatch, dense_layers=dense or 0) if args.dispatch == "static" else None
+        new = rule or Dispatch(kind=args.dispatch)
+        if new.kind != plan.dispatch.kind:
+            console.note(
+                f"note: {args.plan} was planned and scored under dispatch {plan.dispatch.kind!r}; the file runs "
+                f"under {new.kind!r}: evaluate it with --dispatch {new.kind} to see what the engine will do"
+            )
+        plan = plan.with_dispatch(new)
     load = None
     if args.load:
         w = read_workload_file(args.load, top_k=inst.model.top_k if inst is not None else 1)
@@ -43,16 +59,16 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise MoeoptError(
                 f"{args.load}: counts: expected {plan.layers} layers x {plan.experts} experts, got {list(load.shape)}"
             )
-    notes = write_engine_plan(args.output, plan, args.format, load=load, dense_layers=args.dense_layers)
+    notes = write_engine_plan(args.output, plan, args.format, load=load, dense_layers=dense)
     if not args.quiet:
         W = plan.width
         if args.format == "vllm-ascend":  # each device's distinct experts only
             W = int((plan.copies_on_gpu > 0).sum(axis=1).max())
         print(
-            f"wrote {args.output}: {args.format}, {plan.layers + args.dense_layers} layers x {plan.gpus * W} "
+            f"wrote {args.output}: {args.format}, {plan.layers + (dense or 0)} layers x {plan.gpus * W} "
             f"physical slots ({plan.gpus} GPUs x {W}), {plan.experts} experts, dispatch {plan.dispatch.kind}"
         )
-        for line in engine_settings(args.format, plan, str(args.output), dense_layers=args.dense_layers):
+        for line in engine_settings(args.format, plan, str(args.output), dense_layers=dense or 0):
             print(line)
     for line in notes:
         console.note(line)
@@ -64,15 +80,19 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     inst = _engine_instance(args)
     gpus = args.gpus if inst is None else inst.cluster.gpus
-    if args.dense_layers and args.format != "sglang":
+    if args.dense_layers is not None and args.format != "sglang":
         raise MoeoptError("--dense-layers applies to --format sglang only (EPLB and vLLM count MoE layers)")
+    dense = args.dense_layers
+    if dense is None and inst is not None and args.format == "sglang":
+        dense = inst.model.dense_layers
     plan = read_engine_plan(
         args.file,
         args.format,
         gpus=gpus,
         experts=None if inst is None else inst.model.experts,
-        dense_layers=args.dense_layers,
+        dense_layers=dense or 0,
         dispatch=args.dispatch,
+        model_layers=inst.model.layers if inst is not None and dense is None else None,
     )
     if inst is not None:
         _check_against(plan, inst, args.file)

@@ -329,10 +329,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--dispatch",
         choices=DISPATCH_KINDS,
         default=None,
-        help="dispatch to run the engine with (default: the plan's; sets SGLang's --ep-dispatch-algorithm)",
+        help="the rule the engine will run the file under (default: the plan's, which the engine must run: "
+        "sglang even/static/lp, eplb even/vllm, vllm-ascend ascend); sets SGLang's --ep-dispatch-algorithm",
     )
     x.add_argument(
-        "--dense-layers", type=_nonneg_int, default=0, help="sglang: dense hidden layers before the MoE ones"
+        "--dense-layers",
+        type=_nonneg_int,
+        default=None,
+        help="sglang (required there unless --instance sets model.dense_layers): the model's dense hidden "
+        "layers, written before the MoE ones (DeepSeek-V3: 3)",
     )
     x.add_argument("--quiet", action="store_true")
     x.set_defaults(func=cmd_export)
@@ -346,9 +351,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--dispatch",
         choices=DISPATCH_KINDS,
         default=None,
-        help="the engine's dispatch (default: even for every format, SGLang's dynamic; static or lp if it ran those)",
+        help="the rule the engine ran (default: sglang even, SGLang's dynamic, or static / lp if it ran those; "
+        "eplb even; vllm-ascend ascend)",
     )
-    im.add_argument("--dense-layers", type=_nonneg_int, default=0, help="sglang: leading dense-layer rows to drop")
+    im.add_argument(
+        "--dense-layers",
+        type=_nonneg_int,
+        default=None,
+        help="sglang: leading dense-layer rows to drop (default: --instance's model.dense_layers, else the rows "
+        "beyond its MoE layers, else 0)",
+    )
     im.add_argument("--quiet", action="store_true")
     im.set_defaults(func=cmd_import)
 

@@ -68,7 +68,9 @@ def from_sglang(
         Leading rows (dense hidden layers) to drop.
     dispatch
         The plan's dispatch; default ``even``, SGLang's ``dynamic`` (:data:`ENGINE_DISPATCH`);
-        ``static`` for a deployment with an all-to-all backend (DeepEP).
+        ``static`` for a deployment with an all-to-all backend (DeepEP), which then records the
+        ``dense_layers`` rows dropped (their draws come first in SGLang's seeded stream, as the
+        ``p mod E`` rows :func:`to_sglang` writes).
 
     Raises
     ------
@@ -84,9 +86,10 @@ def from_sglang(
         )
     if not 0 <= dense_layers < table.shape[0]:
         raise InputError(source, "dense_layers", f"{dense_layers} dense layers, the map has {table.shape[0]} rows")
-    return plan_from_physical(
-        table[dense_layers:], gpus, experts=experts, dispatch=_dispatch(dispatch, "sglang"), source=source
-    )
+    rule = _dispatch(dispatch, "sglang")
+    if rule.kind == "static" and rule.dense_layers != dense_layers:  # the dropped rows drew from the stream
+        rule = Dispatch(kind="static", dense_layers=dense_layers)
+    return plan_from_physical(table[dense_layers:], gpus, experts=experts, dispatch=rule, source=source)
 
 
 # ----------------------------------------------------------------------------- recorder dumps

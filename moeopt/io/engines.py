@@ -205,9 +205,14 @@ def write_engine_plan(
     format: str,
     *,
     load: np.ndarray | None = None,
-    dense_layers: int = 0,
+    dense_layers: int | None = None,
 ) -> list[str]:
     """Write a plan for a serving engine (atomically; layout rules in :mod:`moeopt.interop`).
+
+    The engine must run the plan's dispatch rule (:data:`moeopt.interop.ENGINE_RULES`): a plan
+    planned and scored under another rule is refused, so that no file promises loads its engine
+    will not produce (re-label it with :meth:`Plan.with_dispatch` to export it as the engine
+    will run it). SGLang's map needs a row per hidden layer: ``dense_layers`` must be given.
 
     Parameters
     ----------
@@ -222,7 +227,10 @@ def write_engine_plan(
         Optional float ``[L, E]`` expert loads, used only to fill an empty slot that no
         score-neutral copy can fill (:func:`moeopt.interop.fill_empty_slots`).
     dense_layers
-        SGLang only: dense hidden layers to put before the MoE layers.
+        SGLang only, required there: the model's dense hidden layers, written before the MoE
+        layers (DeepSeek-V3: 3; 0 for a model without any). SGLang reads a map without them
+        silently and shifts every MoE layer; a ``static`` plan must have been scored with the
+        same count (its draws depend on it).
 
     Returns
     -------
@@ -242,6 +250,23 @@ def write_engine_plan(
         raise InputError(None, "format", f"expected one of {', '.join(interop.ENGINE_FORMATS)}, got {format!r}")
     if suffix not in allowed[format]:
         raise InputError(str(path), None, f"{format} plans are written as {' or '.join(allowed[format])}")
+    if format == "sglang" and dense_layers is None:
+        raise InputError(
+            str(path),
+            "dense_layers",
+            "SGLang's map has a row for every hidden layer, dense ones included, and reads a map without "
+            "them silently, shifting every MoE layer: give the model's dense layers (--dense-layers N, "
+            "or --instance with model.dense_layers; DeepSeek-V3 / R1: 3, models without dense layers: 0)",
+        )
+    if format != "sglang" and dense_layers:
+        raise InputError(str(path), "dense_layers", f"{format} maps count MoE layers only; dense layers are SGLang's")
+    if plan.dispatch.kind == "static" and plan.dispatch.dense_layers != (dense_layers or 0):
+        raise InputError(
+            str(path),
+            "dense_layers",
+            f"the plan was scored under SGLang static with {plan.dispatch.dense_layers} dense rows, the map "
+            f"would have {dense_layers}: the engine's seeded choices would differ from the scored ones",
+        )
     try:
         if format == "vllm-ascend":
             _, notes = interop.vllm_ascend_layout(plan)
@@ -249,11 +274,15 @@ def write_engine_plan(
         else:
             _, notes = interop.fill_empty_slots(plan, load)
             if format == "sglang":
-                data = interop.to_sglang(plan, dense_layers=dense_layers, load=load)
+                data = interop.to_sglang(plan, dense_layers=dense_layers or 0, load=load)
             else:
                 data = interop.to_eplb(plan, load=load)
     except PlanError as exc:
         raise InputError(str(path), None, str(exc)) from None
+    try:
+        interop.check_engine_rule(plan, format)
+    except PlanError as exc:
+        raise InputError(str(path), "dispatch", str(exc).removeprefix("dispatch: ")) from None
     if suffix == ".pt":
         _torch_save(path, {k: np.asarray(v) for k, v in data.items()})
     elif suffix == ".npz":
