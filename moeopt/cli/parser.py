@@ -300,11 +300,16 @@ def build_parser() -> argparse.ArgumentParser:
     tt.set_defaults(func=cmd_trace_stats)
     ti = tsub.add_parser(
         "import",
-        help="SGLang expert-distribution dump(s) or vLLM EPLB state (.pt) -> trace or counts .npz; several "
-        "dumps -> one counts .npz with every file's steps in turn (snapshots for balance's robust mode)",
+        help="SGLang expert-distribution dump(s) of any recorder mode or vLLM EPLB state (.pt) -> trace or "
+        "counts .npz; per-rank per_token files -> one trace (homes = ranks), per-rank per_pass files -> one "
+        "counts file (steps = passes); other sets -> one counts .npz with every file's steps in turn",
     )
-    ti.add_argument("dump", nargs="+")
-    ti.add_argument("--output", required=True, help="TRACE.npz (per_token dump) or COUNTS.npz (stat dump, vLLM)")
+    ti.add_argument("dump", nargs="+", help="the dump files, in time order")
+    ti.add_argument(
+        "--output",
+        required=True,
+        help="TRACE.npz (per_token dumps) or COUNTS.npz (stat / stat_approx / per_pass dumps, vLLM state)",
+    )
     ti.add_argument(
         "--top-k", type=_positive_int, default=None, help="model top-k (stat dumps and vLLM do not record it)"
     )
