@@ -139,6 +139,12 @@ def test_auto_schedule_windows_and_snapshots() -> None:
     everything = make_policy("auto", interval=3, history=None).resolve(40, None, inst).schedule(inst)
     whole = everything.decide(Observation(9, 40, 3, np.zeros(6), 6, False))
     assert whole is not None and (whole.start, whole.end) == (0, 9) and whole.params["robust_steps"] == 3
+    fresh = make_policy("auto", interval=3, from_current=False).resolve(40, None, inst)
+    req = fresh.schedule(inst).decide(Observation(9, 40, 3, np.zeros(6), 6, False))
+    assert fresh.budget is None and req is not None and not req.from_current and req.relabel
+    assert "max_moves" not in req.params
+    with pytest.raises(InputError, match="from_current"):
+        make_policy("auto", from_current=False, budget=4)
 
 
 # ----------------------------------------------------------------------------- the one scorer

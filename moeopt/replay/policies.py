@@ -510,13 +510,16 @@ class Auto(_Budgeted):
     Each window of ``window`` steps is one snapshot of ``balance``'s robust mode (``robust``:
     ``mean`` plans for the mean per-snapshot MaxVio, ``worst`` for the worst); ``history: null``
     plans on every window so far (at most ``max_snapshots`` snapshots: older windows are
-    merged). ``planner_params`` go to ``balance`` too.
+    merged). ``from_current: false`` plans afresh (no budget) and, with ``relabel``, renumbers
+    the new plan's GPUs onto the plan in service. ``planner_params`` go to ``balance`` too.
     """
 
     history: int | None = 6  # windows planned on (None: every window so far)
     level: float | None = None  # re-plan only when the last window's MaxVio exceeds it (None: always)
     robust: str = "mean"  # balance's robust objective over the windows
-    max_snapshots: int = 16
+    max_snapshots: int = 16  # most snapshots one plan is made on (older windows merged)
+    from_current: bool = True  # re-plan from the plan in service within the budget (False: afresh)
+    relabel: bool = True  # with from_current false: renumber the fresh plan's GPUs onto the plan in service
     planner_params: dict[str, Any] = field(default_factory=dict)
 
     name: ClassVar[str] = "auto"
@@ -529,12 +532,18 @@ class Auto(_Budgeted):
         _check_int("max_snapshots", self.max_snapshots, 1, optional=False)
         if self.robust not in ("mean", "worst", "auto", "none"):
             raise _bad("robust", f"expected mean, worst, auto or none, got {self.robust!r}")
+        for key in ("from_current", "relabel"):
+            if not isinstance(getattr(self, key), bool):
+                raise _bad(key, f"expected true or false, got {getattr(self, key)!r}")
+        if not self.from_current and (self.budget is not None or self.budget_bytes is not None):
+            raise _bad("budget", "a budget needs from_current: true (a fresh plan moves what it moves)")
 
     def resolve(self, steps: int, window_steps: int | None, instance: Instance) -> Auto:
         _check_planner("planner_params", "balance", self.planner_params, migration=True)
         if "robust" in self.planner_params or "robust_steps" in self.planner_params:
             raise _bad("planner_params", "robust mode and its snapshots are the policy's robust and history")
-        return dataclasses.replace(self, **self._timing(steps, window_steps), budget=self._budget(instance))
+        budget = self._budget(instance) if self.from_current else None
+        return dataclasses.replace(self, **self._timing(steps, window_steps), budget=budget)
 
     def schedule(self, instance: Instance) -> Schedule:
         assert self.interval is not None and self.calibration is not None and self.window is not None
@@ -547,8 +556,9 @@ class Auto(_Budgeted):
             trigger_window=self.window,
             planner="balance",
             planner_params={**self.planner_params, "robust": self.robust},
-            from_current=True,
+            from_current=self.from_current,
             budget=self.budget,
+            relabel=self.relabel and not self.from_current,
             snapshot=self.window,
             max_snapshots=self.max_snapshots,
         )
