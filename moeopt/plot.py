@@ -278,7 +278,7 @@ def replay_label(policy: dict) -> str:
     planner = policy.get("planner")
     if planner is not None and planner != "balance":
         extra.append(str(planner))
-    if policy.get("relabel"):
+    if policy.get("relabel") and not policy.get("from_current", False):  # a plan from the current one needs none
         extra.append("relabeled")
     return f"{name} ({', '.join(extra)})" if extra else name
 

@@ -73,6 +73,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a parameter of the planner (YAML value), e.g. --planner-param robust=none; repeatable",
     )
+    r.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any policy parameter (YAML value), e.g. --param from_current=false or --param budget_share=0.1; "
+        "repeatable",
+    )
     r.add_argument("--interval", type=_positive_int, default=None, help="steps between re-plan decisions")
     r.add_argument("--window", type=_positive_int, default=None, help="steps planned on (default: the interval)")
     r.add_argument(
@@ -111,18 +119,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return r
 
 
-def _planner_params(items: list[str]) -> dict[str, Any] | None:
+def _key_values(option: str, items: list[str]) -> dict[str, Any] | None:
+    """``KEY=VALUE`` items (YAML values) as a mapping; None when there are none."""
     if not items:
         return None
     out: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
-            raise MoeoptError(f"--planner-param: expected KEY=VALUE, got {item!r}")
+            raise MoeoptError(f"{option}: expected KEY=VALUE, got {item!r}")
         try:
             out[key.strip()] = yaml.safe_load(text)
         except yaml.YAMLError:
-            raise MoeoptError(f"--planner-param: {key}: not a YAML value: {text!r}") from None
+            raise MoeoptError(f"{option}: {key}: not a YAML value: {text!r}") from None
     return out
 
 
@@ -130,18 +139,23 @@ def policy_params(args: argparse.Namespace, names: list[str], skip: tuple[str, .
     """Each policy's parameters from the options; an option none of ``names`` takes is an error."""
     from moeopt.replay.policies import make_policy, policy_fields
 
-    given: dict[str, Any] = {}
+    given: dict[str, Any] = dict(_key_values("--param", args.param) or {})
     for attr, key in POLICY_OPTIONS:
-        value = _planner_params(args.planner_param) if attr == "planner_params" else getattr(args, attr)
+        value = _key_values("--planner-param", args.planner_param) if attr == "planner_params" else getattr(args, attr)
         if value is not None and attr not in skip:
+            if key in given:
+                raise MoeoptError(f"--param {key}: also given as --{key.replace('_', '-')}")
             given[key] = None if value == "all" else value
+    for key in skip:
+        if key in given:
+            raise MoeoptError(f"--param {key}: the frontier sweeps it (--{key}s)")
     for name in names:
         make_policy(name)  # unknown names first
     out: dict[str, dict[str, Any]] = {name: {} for name in names}
     for key, value in given.items():
         takers = [n for n in names if key in policy_fields(n)]
         if not takers:
-            option = "--" + key.replace("_", "-")
+            option = "--" + key.replace("_", "-") if key in dict(POLICY_OPTIONS).values() else f"--param {key}"
             which = ", ".join(names)
             raise MoeoptError(f"{option}: policy {which} takes no {key.replace('_', ' ')}")
         for n in takers:
