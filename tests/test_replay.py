@@ -338,6 +338,11 @@ def test_cli_same_seed_same_bytes(switch_instance: Path, tmp_path: Path) -> None
         assert main([*argv, "--seed", "3", "--report", str(path), "--quiet"]) == 0
     assert a.read_bytes() == b.read_bytes()
     assert json.loads(a.read_text())["policy"]["seed"] == 3
+    c = tmp_path / "c.json"
+    argv = ["replay", str(switch_instance), "--interval", "2", "--param", "from_current=false", "--param", "history=1"]
+    assert main([*argv, "--report", str(c), "--quiet"]) == 0
+    policy = json.loads(c.read_text())["policy"]
+    assert (policy["from_current"], policy["history"], policy["budget"]) == (False, 1, None)
 
 
 def test_cli_timings_and_plot(switch_instance: Path, tmp_path: Path) -> None:
@@ -386,6 +391,8 @@ def _bad_stream(tmp_path: Path, step_counts: np.ndarray, name: str) -> str:
         (["--policy", "periodic", "--planner", "nope"], "unknown planner 'nope'"),
         (["--policy", "periodic", "--budget", "4"], "takes no budget"),
         (["--policy", "static", "--level", "0.1"], "takes no level"),
+        (["--policy", "periodic", "--param", "history=2"], "--param history: policy periodic takes no history"),
+        (["--policy", "auto", "--param", "budget_share=2"], "policy.budget_share"),
         (["--policy", "incremental", "--planner", "greedy"], "does not re-plan from the plan in service"),
         (["nan"], "NaN"),
         (["negative"], "negative"),
