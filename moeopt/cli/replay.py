@@ -140,12 +140,14 @@ def policy_params(args: argparse.Namespace, names: list[str], skip: tuple[str, .
     from moeopt.replay.policies import make_policy, policy_fields
 
     given: dict[str, Any] = dict(_key_values("--param", args.param) or {})
+    origin = {key: f"--param {key}" for key in given}
     for attr, key in POLICY_OPTIONS:
         value = _key_values("--planner-param", args.planner_param) if attr == "planner_params" else getattr(args, attr)
         if value is not None and attr not in skip:
             if key in given:
                 raise MoeoptError(f"--param {key}: also given as --{key.replace('_', '-')}")
             given[key] = None if value == "all" else value
+            origin[key] = "--" + attr.replace("_", "-")
     for key in skip:
         if key in given:
             raise MoeoptError(f"--param {key}: the frontier sweeps it (--{key}s)")
@@ -155,7 +157,7 @@ def policy_params(args: argparse.Namespace, names: list[str], skip: tuple[str, .
     for key, value in given.items():
         takers = [n for n in names if key in policy_fields(n)]
         if not takers:
-            option = "--" + key.replace("_", "-") if key in dict(POLICY_OPTIONS).values() else f"--param {key}"
+            option = origin[key]
             which = ", ".join(names)
             raise MoeoptError(f"{option}: policy {which} takes no {key.replace('_', ' ')}")
         for n in takers:
