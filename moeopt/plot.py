@@ -13,7 +13,7 @@ the Agg backend, imported only when drawing):
 * :func:`replay_series` / :func:`draw_replay`: a ``moeopt replay`` report (one run or
   several): per-step MaxVio over time for each policy, and the bytes each re-plan moved;
 * :func:`replay_frontier_series` / :func:`draw_replay_frontier`: a ``replay --frontier``
-  report: bytes moved against time-averaged MaxVio, one line per policy.
+  report: bytes moved against time-averaged MaxVio, one colour per policy.
 """
 
 from __future__ import annotations
@@ -383,7 +383,7 @@ def replay_frontier_series(data: dict) -> dict[str, list[tuple[float, float, str
 
 
 def draw_replay_frontier(data: dict, path: str | Path) -> None:
-    """Bytes moved (GB) against time-averaged MaxVio, one line per policy, each point labelled
+    """Bytes moved (GB) against time-averaged MaxVio, one colour per policy, each point labelled
     with its interval K and budget B; Pareto points ringed."""
     series = replay_frontier_series(data)
     plt = _pyplot()
@@ -391,7 +391,7 @@ def draw_replay_frontier(data: dict, path: str | Path) -> None:
     for i, (policy, pts) in enumerate(series.items()):
         gb = np.array([p[0] for p in pts])
         mv = np.array([p[1] for p in pts])
-        ax.plot(gb, mv, "o-", color=f"C{i}", label=policy, linewidth=1)
+        ax.plot(gb, mv, "o", color=f"C{i}", label=policy)  # points, not a path: the grid has no order
         for x, y, label, pareto in pts:
             ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6)
             if pareto:
