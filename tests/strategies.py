@@ -208,3 +208,21 @@ def stepped_profiles(draw: st.DrawFn, gpus: int, tiles: int, tile: int = 16) -> 
     scale = draw(float_arrays((gpus, 1), 0.5, 1.5))
     base = draw(float_arrays((gpus, 1), 0.1, 0.5))
     return Profile(tile=tile, latency=np.concatenate([base, base + np.cumsum(steps * scale, axis=1)], axis=1))
+
+
+@st.composite
+def engine_plans(
+    draw: st.DrawFn, max_experts: int = 12, max_gpus: int = 8, max_layers: int = 3
+) -> tuple[Plan, int, int]:
+    """``(plan, gpus_per_node, dense_layers)``: a plan with every slot filled (as SGLang's map
+    needs), extra copies colocated or not (drawn), GPUs in nodes of a drawn divisor of G, and
+    0 to 2 dense rows before its MoE layers."""
+    E = draw(st.integers(2, max_experts))
+    G = draw(st.integers(1, min(max_gpus, E)))
+    L = draw(st.integers(1, max_layers))
+    colocated = draw(st.booleans())
+    lo = math.ceil(E / G)
+    W = draw(st.integers(lo, lo + 2) if colocated else st.integers(lo, max(lo, min(E, lo + 2))))
+    gpn = draw(st.sampled_from([d for d in range(1, G + 1) if G % d == 0]))
+    slots = draw(slot_layouts(E, G, W, L, fill=True, colocated=colocated))
+    return Plan(slots=slots, experts=E), gpn, draw(st.integers(0, 2))
