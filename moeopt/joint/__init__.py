@@ -63,10 +63,13 @@ from moeopt.joint.exact import (
     routings,
     solve_exact,
 )
+from moeopt.joint.rules import RULE_KINDS, RuleCost
 from moeopt.joint.search import SearchStats, kick, local_search, neighbourhood, screened_moves
 from moeopt.joint.state import Move, SlotState
 
 __all__ = [
+    "RULE_KINDS",
+    "RuleCost",
     "Cost",
     "ExactCost",
     "ExactResult",

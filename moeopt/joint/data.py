@@ -59,6 +59,8 @@ class JointLayer:
     penalty: float = 4.0
     pair_weight: np.ndarray | None = None
     family_cap: float = math.inf
+    #: optional int ``[N]``: each sampled token's index in the trace it was sampled from
+    token_ids: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         topk = np.asarray(self.topk, dtype=np.int64)
@@ -177,7 +179,14 @@ def layer_from_trace(
     n, k = topk.shape
     if sample_tokens is None or n <= sample_tokens:
         return JointLayer(
-            topk=topk, family=family, families=families, experts=experts, gpus=gpus, width=width, **kwargs
+            topk=topk,
+            family=family,
+            families=families,
+            experts=experts,
+            gpus=gpus,
+            width=width,
+            token_ids=np.arange(n),
+            **kwargs,
         )
     rng = rng or np.random.default_rng(0)
     idx = np.sort(rng.choice(n, size=sample_tokens, replace=False))
@@ -196,6 +205,7 @@ def layer_from_trace(
         gpus=gpus,
         width=width,
         pair_weight=weight,
+        token_ids=idx,
         **kwargs,
     )
 
@@ -228,4 +238,5 @@ def subsample(layer: JointLayer, tokens: int, rng: np.random.Generator) -> Joint
         penalty=layer.penalty,
         pair_weight=ratio[key[idx]],
         family_cap=layer.family_cap,
+        token_ids=None if layer.token_ids is None else layer.token_ids[idx],
     )

@@ -27,12 +27,13 @@ from moeopt import balance as core
 from moeopt import console, execute
 from moeopt import joint as jm
 from moeopt.budget import Budget
+from moeopt.dispatch import HOME_SEED, batch_rows
 from moeopt.errors import InputError
 from moeopt.evaluate import evaluate, maxvio
 from moeopt.joint.costs import MAX_GPUS
 from moeopt.methods.balance import balance_bound_hook
 from moeopt.methods.baselines import hottest_replicas
-from moeopt.plan import Dispatch, Plan
+from moeopt.plan import Dispatch, Plan, rule_dispatch
 from moeopt.registry import Context, Problem, get_method, parse_params, register
 from moeopt.result import Result, Status, Termination, combine_status
 from moeopt.trace import Trace
@@ -107,8 +108,15 @@ class JointParams:
     candidates, kicks
         Moves screened per round; random-swap kicks of the iterated search.
     dispatch
-        ``auto`` (the guard with the best λ, or ``lp`` when no λ meets ``eps``),
-        ``locality`` (the guard, λ chosen the same way) or ``lp``.
+        The rule the plan is made for and runs under. A serving engine's (:mod:`moeopt.dispatch`):
+        ``even`` (SGLang dynamic), ``static`` (SGLang static, the model's dense rows), ``lp``
+        (SGLang lp), ``vllm``, ``ascend`` (vLLM-Ascend): the search then prices the rule itself
+        (:class:`moeopt.joint.RuleCost`: which copy each token really gets, the rule's loads).
+        Or the research rule no engine runs: ``locality`` (the load-guarded nearest copy, λ
+        chosen on the calibration trace); ``auto``: the instance's engine rule
+        (``cluster.engine``), else as ``locality``, with ``lp`` when no λ meets ``eps``.
+    tp_size
+        ``ascend``: vLLM-Ascend's tensor-parallel size.
     lam
         Fix the guard's λ (None: chosen on the calibration trace from ``1, 2, 4, ..., 128``).
     decay, guard_batch_tokens
@@ -149,6 +157,7 @@ class JointParams:
     candidates: int = 96
     kicks: int = 8
     dispatch: str = "auto"
+    tp_size: int | None = None
     lam: float | None = None
     decay: float = 0.99
     guard_batch_tokens: int | None = 32
@@ -182,8 +191,12 @@ class JointParams:
             raise ValueError(f"evaluations must be >= 1, got {self.evaluations}")
         if self.candidates < 1 or self.kicks < 0:
             raise ValueError("candidates must be >= 1 and kicks >= 0")
-        if self.dispatch not in ("auto", "locality", "lp"):
-            raise ValueError(f"dispatch must be auto, locality or lp, got {self.dispatch!r}")
+        if self.dispatch not in ("auto", "locality", *jm.RULE_KINDS):
+            raise ValueError(
+                f"dispatch must be one of auto, locality, {', '.join(jm.RULE_KINDS)}, got {self.dispatch!r}"
+            )
+        if self.tp_size is not None and self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
         if self.lam is not None and not self.lam >= 0:
             raise ValueError(f"lam must be >= 0, got {self.lam}")
         if not 0.0 <= self.decay < 1.0:
@@ -198,6 +211,25 @@ class JointParams:
     @property
     def start_list(self) -> list[str]:
         return [s.strip() for s in self.starts.split(",") if s.strip()]
+
+    @property
+    def engine_rule(self) -> str | None:
+        """The engine rule the search prices (:data:`moeopt.joint.RULE_KINDS`), None for the guard."""
+        return self.dispatch if self.dispatch in jm.RULE_KINDS else None
+
+    def resolved(self, problem: Problem) -> JointParams:
+        """``auto`` becomes the rule of the instance's engine (``cluster.engine``) when it names one."""
+        rule = problem.instance.cluster.engine_rule
+        if self.dispatch == "auto" and rule is not None and rule in jm.RULE_KINDS:
+            return replace(self, dispatch=rule)
+        return self
+
+    def rule_dispatch(self, problem: Problem) -> Dispatch:
+        """The plan's :class:`Dispatch` under an engine rule (SGLang static with the model's dense rows)."""
+        assert self.engine_rule is not None
+        if self.engine_rule == "ascend":
+            return Dispatch(kind="ascend", tp_size=self.tp_size)
+        return rule_dispatch(self.engine_rule, problem.instance.model)
 
     def guard(self, lam: float) -> Dispatch:
         return Dispatch(kind="locality", lam=lam, decay=self.decay, batch_tokens=self.guard_batch_tokens)
@@ -333,7 +365,7 @@ def choose_dispatch(
     cache: dict[tuple, dict] = {}
 
     def score(d: Dispatch) -> dict:
-        key = (d.kind, d.lam)
+        key = (d.kind, d.lam, d.dense_layers, d.tp_size)
         if key not in cache:
             m = evaluate(plan.with_dispatch(d), trace, cluster)
             cache[key] = {
@@ -347,8 +379,8 @@ def choose_dispatch(
         return cache[key]
 
     tol = 1e-9
-    if params.dispatch == "lp":
-        r = score(Dispatch(kind="lp"))
+    if params.engine_rule is not None:  # the engine's rule: nothing to choose
+        r = score(params.rule_dispatch(problem))
         return DispatchChoice(r["dispatch"], r["comm_per_token"], r["maxvio"], r["maxvio"] <= params.eps + tol, tried)
     if params.lam is not None:
         r = score(params.guard(params.lam))
@@ -434,6 +466,9 @@ def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: C
     home saves at most one GPU: ``distinct - 1``, and under ``previous-layer`` homes only for the
     share of tokens :func:`moeopt.colgen.cover.stay_upper_bound` allows."""
     if params.bound_time <= 0:
+        return None
+    if params.engine_rule in ("static", "ascend"):
+        # a copy on the token's own GPU costs nothing there: the distinct-GPU bound does not hold
         return None
     trace = _need_trace(problem, "joint")
     c = problem.instance.cluster
@@ -621,10 +656,13 @@ def search_layer(
     seed: int,
     l: int,
     per_layer: float,
+    rule: dict | None = None,
 ) -> dict:
     """Layer ``l``'s search from each start (a share of ``per_layer`` seconds and of the
     evaluations each, by start weight); the best plan and the run's statistics. Seeded by
-    ``(seed, l)`` alone: the same plan in this process, a worker or a Ray task."""
+    ``(seed, l)`` alone: the same plan in this process, a worker or a Ray task. ``rule``: the
+    engine rule's inputs of :class:`moeopt.joint.RuleCost` (its ``rule``, the sample's ``row``,
+    ``home`` and ``draw``, ``gpus_per_node``, ``tp_size``); None: the locality-first cost."""
     runs: dict[str, tuple[float, jm.SlotState, Any]] = {}
     weight = {"grouping": 2.0, "balance": 1.0, "hint": 1.0}
     total = sum(weight[k] for k in starts)
@@ -636,7 +674,11 @@ def search_layer(
         except ValueError:  # e.g. a hint with colocated copies: not a joint start
             continue
         rng = np.random.default_rng([seed, l, len(runs)])
-        cost = jm.SampleCost(layer, params.coarse_tokens, seed=seed + l, family_cap=False)
+        cost: Any = (
+            jm.SampleCost(layer, params.coarse_tokens, seed=seed + l, family_cap=False)
+            if rule is None
+            else jm.RuleCost(layer, **rule)
+        )
         best, value, st = jm.local_search(
             state,
             cost,
@@ -649,7 +691,9 @@ def search_layer(
         capped += int(st.capped)
         runs[label] = (value, best, st)
     label, (value, best, st) = min(runs.items(), key=lambda kv: kv[1][0])
-    best, repair = repair_family_cap(layer, best, params, seed, l, per_layer)
+    repair = None
+    if rule is None:  # the family cap is priced by the locality-first cost only
+        best, repair = repair_family_cap(layer, best, params, seed, l, per_layer)
     stats = {
         "start": label,
         "value": value,
@@ -729,6 +773,7 @@ class Joint:
 
     def solve(self, problem: Problem, params: JointParams, ctx: Context) -> Result:
         t0 = time.perf_counter()
+        params = params.resolved(problem)
         trace = _need_routing(problem, self.name)
         balanced = balance_starts(problem, ctx.seed)
         limits, relaxed = reachable_limits(problem, balanced, params.eps)
@@ -838,14 +883,55 @@ class Joint:
             starts["balance"] = balanced
         if ctx.hint is not None:
             starts["hint"] = ctx.hint.padded(problem.instance.cluster.width).slots
+        rules = rule_inputs(problem, params, layers, seed)
         # the layers' searches are independent: on a pool or Ray they run side by side
         items = [
-            (layers[l], {k: s[l] for k, s in starts.items()}, load[l], problem.experts, params, seed, l, per_layer)
+            (
+                layers[l],
+                {k: s[l] for k, s in starts.items()},
+                load[l],
+                problem.experts,
+                params,
+                seed,
+                l,
+                per_layer,
+                rules[l],
+            )
             for l in range(problem.layers)
         ]
         found = execute.map_items(search_layer, items, ctx.executor, lambda _: bar.update())
         slots = np.stack([out["slots"] for out in found])
         return slots, sum(out["capped"] for out in found), [out["stats"] for out in found]
+
+
+def rule_inputs(problem: Problem, params: JointParams, layers: list[jm.JointLayer], seed: int) -> list[dict | None]:
+    """Per layer, :class:`moeopt.joint.RuleCost`'s inputs on the layer's sample (None under the
+    guard): each sampled token's row in its batch (:func:`moeopt.dispatch.batch_rows`), its home
+    (the trace's, else drawn uniformly with :data:`moeopt.dispatch.HOME_SEED`, as the scorer's
+    ``previous-layer`` homes are) and a fair-draw number per pair (seeded by ``(seed, l)``)."""
+    rule = params.engine_rule
+    if rule is None:
+        return [None] * len(layers)
+    trace = problem.trace
+    assert trace is not None
+    c = problem.instance.cluster
+    row = batch_rows(trace, rule)
+    home = trace.home if trace.home is not None else np.random.default_rng(HOME_SEED).integers(0, c.gpus, trace.tokens)
+    out: list[dict | None] = []
+    for l, layer in enumerate(layers):
+        ids = layer.token_ids if layer.token_ids is not None else np.arange(layer.tokens)
+        out.append(
+            {
+                "rule": rule,
+                "row": row[ids],
+                "home": np.asarray(home)[ids],
+                "draw": np.random.default_rng([seed, l, 7]).random(layer.topk.shape),
+                "gpus_per_node": c.gpus_per_node,
+                "tp_size": params.tp_size,
+                "homes_known": trace.home is not None,
+            }
+        )
+    return out
 
 
 def restart_seed(seed: int, r: int) -> int:

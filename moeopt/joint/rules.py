@@ -1,0 +1,231 @@
+"""Pricing a plan under a serving engine's own dispatch rule (:class:`RuleCost`).
+
+The joint planner's first objective (:class:`~moeopt.joint.costs.SampleCost`) routes every token
+locality first, as the ``locality`` guard does: a rule no serving engine runs. The engines pick
+a copy without looking at the token's other experts (:mod:`moeopt.dispatch`):
+
+* ``even`` (SGLang ``dynamic``): the token in row ``r`` of its batch uses copy ``r mod c``;
+* ``vllm``: copy ``hash(r) mod c``;
+* ``ascend`` (vLLM-Ascend): the token's source rank ``h`` uses copy ``h mod c`` (with TP,
+  ``(h mod tp + h div tp + e) mod c``);
+* ``static`` (SGLang): the copy on the token's own GPU ``h``, else the first in its node when
+  that narrows the choice, else one fixed per (rank, expert) by a seeded fair draw;
+* ``lp`` (SGLang): a per-batch split that minimizes the largest GPU load, each token drawn at
+  random by the split's probabilities, whatever its other experts.
+
+So copies help communication only where the rule lines them up: copies of two experts that a
+token picks by the same row (``even``, ``vllm``: experts with the same copy count on the same
+GPUs in the same order go to the same GPU for every row), a copy on the token's own GPU
+(``static``), or the same rank's pick (``ascend``). :class:`RuleCost` prices exactly that on a
+token sample: every sampled token is routed by the rule (rows from its step, homes from the
+trace or drawn uniformly, the fair draw and ``lp``'s draw by a fixed uniform number per pair,
+``lp``'s split taken even), and counts its
+remote GPUs as the scorer does (``distinct * (1 - 1/G)`` without homes; ``distinct - [home
+used]`` with them). GPU loads are the rule's exact shares of the weighted expert loads: ``1 /
+c`` per copy (``even``, ``vllm``; ``lp`` and ``static`` use it too, an upper bound for ``lp``'s
+optimal split and the expectation of ``static``'s draw without node preference), vLLM-Ascend's
+rank-modulo shares (:mod:`moeopt.balance.ranks`). The objective is the joint planner's: the
+mean remote GPUs per token of the calibration workload and (weight ``robust``) of each family's,
+plus ``penalty`` per pair over each workload's load limit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from moeopt.balance.ranks import share_table
+from moeopt.joint.data import JointLayer
+from moeopt.joint.search import screened_moves
+from moeopt.joint.state import Move, SlotState
+
+#: the rules :class:`RuleCost` prices (``locality`` is :class:`~moeopt.joint.costs.SampleCost`'s)
+RULE_KINDS = ("even", "vllm", "static", "ascend", "lp")
+#: rules whose copy choice depends on the token's source rank
+_HOMED = ("static", "ascend")
+#: vLLM's replica hash (``moeopt.dispatch.VLLM_HASH``)
+_HASH = 2654435769
+
+
+class RuleCost:
+    """The joint objective of one layer under an engine's dispatch rule, on a token sample.
+
+    Parameters
+    ----------
+    layer
+        The layer's sample (tokens, families, weights, limits, penalty).
+    rule
+        One of :data:`RULE_KINDS`.
+    row
+        int ``[n]``: each sampled token's row in its batch (``even``, ``vllm``).
+    home
+        int ``[n]``: each sampled token's source GPU (``static``, ``ascend``).
+    draw
+        float ``[n, k]`` in ``[0, 1)``: the fair draw of each pair (``static``).
+    gpus_per_node
+        SGLang's node size for ``static``'s same-node preference (None or >= G: none).
+    tp_size
+        vLLM-Ascend's tensor-parallel size (``ascend``).
+    homes_known
+        Whether ``home`` is where the tokens really live (a trace with homes): remote GPUs are
+        then ``distinct - [home used]`` under every rule, as the scorer counts them; otherwise
+        only the per-rank rules (``static``, ``ascend``) use ``home``, a uniform draw standing for
+        the expectation over homes, and the others count ``distinct (1 - 1/G)``.
+    """
+
+    def __init__(
+        self,
+        layer: JointLayer,
+        rule: str,
+        *,
+        row: np.ndarray,
+        home: np.ndarray,
+        draw: np.ndarray,
+        gpus_per_node: int | None = None,
+        tp_size: int | None = None,
+        homes_known: bool = False,
+    ) -> None:
+        if rule not in RULE_KINDS:
+            raise ValueError(f"rule must be one of {', '.join(RULE_KINDS)}, got {rule!r}")
+        self.layer, self.rule = layer, rule
+        n, k = layer.topk.shape
+        G, E, F = layer.gpus, layer.experts, layer.families
+        self.row = np.asarray(row, dtype=np.int64)
+        self.hashed = (self.row * _HASH) & 0xFFFFFFFF
+        self.home = np.asarray(home, dtype=np.int64)
+        self.draw = np.asarray(draw, dtype=np.float64)
+        self.node = None if gpus_per_node is None or gpus_per_node >= G else int(gpus_per_node)
+        self.table = share_table(G, E, tp_size) if rule == "ascend" else None
+        self.tp_size = tp_size
+        self.by_home = rule in _HOMED or homes_known
+        order = np.argsort(layer.topk.ravel(), kind="stable")
+        self._tok = (order // k).astype(np.int64)
+        self._start = np.searchsorted(layer.topk.ravel()[order], np.arange(E + 1))
+        # loads of every workload (0: calibration, 1 + f: family f), in weighted sample pairs
+        key = layer.family[:, None] * E + layer.topk
+        fam = np.bincount(key.ravel(), weights=layer.weights.ravel(), minlength=F * E).reshape(F, E)
+        self.expert_loads = np.concatenate([fam.sum(axis=0, keepdims=True), fam])  # [1 + F, E]
+        self._eps = layer.limits
+        self._wts = layer.workload_weights
+        ntok = layer.family_tokens
+        self._ntok = np.concatenate([[max(float(ntok.sum()), 1.0)], np.maximum(ntok, 1.0)])
+        self.affinity = layer.coactivation()
+        self.value = math.inf
+        self._remote = np.zeros(n)
+        self._loads = np.zeros((1 + F, G))
+
+    # ------------------------------------------------------------------ the rule
+    def _copies(self, holds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """int ``[m, G]``: each expert's GPUs ascending (-1 padded) and int ``[m]`` its count."""
+        G = holds.shape[1]
+        c = holds.sum(axis=1)
+        order = np.argsort(~holds, axis=1, kind="stable")  # holding GPUs first, ascending
+        return np.where(np.arange(G)[None, :] < c[:, None], order, -1), c
+
+    def _shares(self, holds: np.ndarray, experts: np.ndarray) -> np.ndarray:
+        """float ``[m, G]``: the share of each expert's load each GPU serves under the rule."""
+        c = np.maximum(holds.sum(axis=1), 1)
+        if self.table is None:
+            return holds / c[:, None]
+        rank = np.clip(np.cumsum(holds, axis=1) - 1, 0, holds.shape[1] - 1)
+        return np.where(holds, self.table[experts[:, None], c[:, None], rank], 0.0)
+
+    def _route(self, tokens: np.ndarray, copies: np.ndarray, c: np.ndarray, holds: np.ndarray) -> np.ndarray:
+        """float ``[m]``: remote GPUs of each token of ``tokens`` under the rule."""
+        ids = self.layer.topk[tokens]  # [m, k]
+        ce = np.maximum(c[ids], 1)
+        G = holds.shape[1]
+        if self.rule == "even":
+            j = self.row[tokens][:, None] % ce
+        elif self.rule == "vllm":
+            j = self.hashed[tokens][:, None] % ce
+        elif self.rule == "ascend":
+            h = self.home[tokens][:, None]
+            if self.tp_size is None or self.tp_size <= 1:
+                j = h % ce
+            else:
+                j = (h % self.tp_size + h // self.tp_size + ids) % ce
+        else:  # lp (a draw per pair, as SGLang's probabilities), static (the fair draw, then near copies)
+            j = np.minimum((self.draw[tokens] * ce).astype(np.int64), ce - 1)
+        gpu = copies[ids, j]
+        if self.rule == "static":
+            h = self.home[tokens][:, None]
+            if self.node is not None:
+                nd = self.node
+                node_of = np.where(copies >= 0, copies // nd, -1)  # [E, G]
+                in_node = node_of[ids] == (h // nd)[:, :, None]  # [m, k, G]
+                n_in = in_node.sum(axis=2)
+                first = copies[ids, np.argmax(in_node, axis=2)]
+                gpu = np.where((n_in > 0) & (n_in < ce), first, gpu)
+            gpu = np.where(holds[ids, h], h, gpu)
+        s = np.sort(gpu, axis=1)
+        distinct = 1 + (s[:, 1:] != s[:, :-1]).sum(axis=1)
+        if self.by_home:
+            used = (gpu == self.home[tokens][:, None]).any(axis=1)
+            return np.asarray(distinct - used, dtype=np.float64)
+        return np.asarray(distinct * (1.0 - 1.0 / G), dtype=np.float64)
+
+    def _value(self, remote_sum: np.ndarray, loads: np.ndarray) -> float:
+        """The objective from per-workload remote sums ``[1 + F]`` and loads ``[1 + F, G]``."""
+        mean = loads.mean(axis=1, keepdims=True)
+        over = np.maximum(loads - (1.0 + self._eps[:, None]) * mean, 0.0).sum(axis=1)
+        per = (remote_sum + self.layer.penalty * over) / self._ntok
+        return float((self._wts * per).sum())
+
+    def _remote_by_workload(self, remote: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+        F = self.layer.families
+        fam = self.layer.family if tokens is None else self.layer.family[tokens]
+        by_f = np.bincount(fam, weights=remote, minlength=F)
+        return np.concatenate([[by_f.sum()], by_f])
+
+    # ------------------------------------------------------------------ the Cost protocol
+    def reset(self, state: SlotState) -> float:
+        holds = state.holds
+        copies, c = self._copies(holds)
+        self._holds, self._copies_t, self._c = holds.copy(), copies, c
+        E = self.layer.experts
+        self._share = self._shares(holds, np.arange(E))
+        self._loads = self.expert_loads @ self._share
+        self._remote = self._route(np.arange(self.layer.tokens), copies, c, holds)
+        self._remote_sum = self._remote_by_workload(self._remote)
+        self.value = self._value(self._remote_sum, self._loads)
+        return self.value
+
+    def delta(self, state: SlotState, move: Move) -> float:
+        """The change of :meth:`reset`'s value if ``move`` were applied (the state is not changed)."""
+        changed = np.array(state.changed_experts(move), dtype=np.int64)
+        holds = self._holds.copy()
+        if move.kind == "swap":
+            ea, eb = int(state.slots[move.a, move.i]), int(state.slots[move.b, move.j])
+            if ea >= 0:
+                holds[ea, move.a], holds[ea, move.b] = False, True
+            if eb >= 0:
+                holds[eb, move.b], holds[eb, move.a] = False, True
+        else:
+            old = int(state.slots[move.a, move.i])
+            if old >= 0:
+                holds[old, move.a] = False
+            holds[move.expert, move.a] = True
+        copies, c = self._copies_t.copy(), self._c.copy()
+        copies[changed], c[changed] = self._copies(holds[changed])
+        share = self._shares(holds[changed], changed)
+        loads = self._loads + self.expert_loads[:, changed] @ (share - self._share[changed])
+        parts = [self._tok[self._start[e] : self._start[e + 1]] for e in changed]
+        tokens = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        remote_sum = self._remote_sum.copy()
+        if tokens.size:
+            new = self._route(tokens, copies, c, holds)
+            remote_sum += self._remote_by_workload(new - self._remote[tokens], tokens)
+        return self._value(remote_sum, loads) - self.value
+
+    def delta_many(self, state: SlotState, moves: list[Move]) -> list[float]:
+        return [self.delta(state, m) for m in moves]
+
+    def loads(self) -> np.ndarray:
+        """float ``[1 + F, G]``: the loads of the last :meth:`reset` (calibration, then families)."""
+        return self._loads
+
+    def screen(self, state: SlotState, rng: np.random.Generator, count: int) -> list[Move]:
+        """Promising moves: the joint search's screening on the sample's co-activation and loads."""
+        return screened_moves(state, self.affinity, self._loads, rng, count)

@@ -1,0 +1,140 @@
+"""The joint objective under the engines' dispatch rules (RuleCost): exact against the scorer,
+incremental gains equal to re-pricing, and joint plans made for a rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moeopt.dispatch import batch_rows, count_loads
+from moeopt.evaluate import evaluate
+from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
+from moeopt.joint import RULE_KINDS, JointLayer, Move, RuleCost, SlotState
+from moeopt.plan import Dispatch, Plan
+from moeopt.solve import solve
+from moeopt.trace import Trace
+from tests.strategies import examples, slot_layouts, topk_arrays
+
+
+@st.composite
+def cases(draw: st.DrawFn, rules: tuple[str, ...] = RULE_KINDS):
+    """A one-layer plan without colocated copies, a token sample with steps and homes, a rule."""
+    G = draw(st.integers(2, 5))
+    W = draw(st.integers(1, 3))
+    E = draw(st.integers(2, G * W))
+    k = draw(st.integers(1, min(3, E)))
+    n = draw(st.integers(1, 40))
+    slots = draw(slot_layouts(E, G, W, 1, fill=None))[0]
+    topk = draw(topk_arrays((n,), E, k)).astype(np.int64)
+    step = np.array(draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+    home = np.array(draw(st.lists(st.integers(0, G - 1), min_size=n, max_size=n)))
+    rule = draw(st.sampled_from(rules))
+    gpn = draw(st.sampled_from([None, 1, 2]))
+    return slots, topk, step, home, rule, gpn
+
+
+def _cost(slots, topk, step, home, rule, gpn, draw=None, homes_known=False):
+    G, W = slots.shape
+    E = int(max(slots.max(), topk.max())) + 1
+    n, k = topk.shape
+    trace = Trace(
+        topk=topk[:, None, :].astype(np.int16),
+        family=np.zeros(n, np.int32),
+        step=step.astype(np.int32),
+        family_names=("a",),
+        num_experts=E,
+        home=home.astype(np.int64) if homes_known or rule in ("static", "ascend") else None,
+    )
+    layer = JointLayer(topk=topk, family=np.zeros(n), families=1, experts=E, gpus=G, width=W, robust=0.0)
+    cost = RuleCost(
+        layer,
+        rule,
+        row=batch_rows(trace, rule),
+        home=home,
+        draw=np.zeros((n, k)) if draw is None else draw,
+        gpus_per_node=gpn,
+        homes_known=homes_known,
+    )
+    return cost, trace, E
+
+
+@settings(max_examples=examples(80))
+@given(case=cases(rules=("even", "vllm", "ascend")), homes_known=st.booleans())
+def test_deterministic_rules_price_what_the_scorer_scores(case, homes_known):
+    """Under even, vllm and ascend the cost's mean remote GPUs per token and its loads are the
+    scorer's on the same tokens (rows from their steps; homes from the trace, or uniform)."""
+    slots, topk, step, home, rule, _ = case
+    cost, trace, E = _cost(slots, topk, step, home, rule, None, homes_known=homes_known)
+    value = cost.reset(SlotState(slots, E))
+    G, W = slots.shape
+    cluster = Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=W)
+    plan = Plan(slots=slots[None], experts=E, dispatch=Dispatch(kind=rule))
+    m = evaluate(plan, trace, cluster)
+    # one workload, no load term within the limit: the value is the remote mean plus the penalty part
+    remote = cost._remote_sum[0] / len(topk)
+    assert remote == pytest.approx(m["comm_per_token"], abs=1e-9)
+    loads = count_loads(plan, np.bincount(topk.ravel(), minlength=E)[None].astype(float), cluster)[0]
+    np.testing.assert_allclose(cost.loads()[0], loads, atol=1e-9)
+    assert value >= remote - 1e-9
+
+
+@settings(max_examples=examples(80))
+@given(case=cases(), data=st.data())
+def test_delta_equals_repricing(case, data):
+    """Every move's incremental gain equals the change of the re-priced value, under every rule."""
+    slots, topk, step, home, rule, gpn = case
+    n, k = topk.shape
+    draws = np.array(data.draw(st.lists(st.floats(0, 0.999), min_size=n * k, max_size=n * k))).reshape(n, k)
+    cost, _, E = _cost(slots, topk, step, home, rule, gpn, draws)
+    state = SlotState(slots, E)
+    base = cost.reset(state)
+    G, W = slots.shape
+    a, b = data.draw(st.integers(0, G - 1)), data.draw(st.integers(0, G - 1))
+    i, j = data.draw(st.integers(0, W - 1)), data.draw(st.integers(0, W - 1))
+    moves = [Move("swap", a, i, b, j), Move("replace", a, i, expert=data.draw(st.integers(0, E - 1)))]
+    for m in moves:
+        if not state.valid(m):
+            continue
+        d = cost.delta(state, m)
+        trial = state.copy()
+        trial.apply(m)
+        assert cost.reset(trial) - base == pytest.approx(d, abs=1e-9)
+        cost.reset(state)
+
+
+def test_static_near_copy_is_free():
+    """Under static a token whose home holds its expert stays home: an expert on every GPU costs
+    no remote GPU, whatever the draw."""
+    slots = np.array([[0, 1], [0, 2], [0, 3]])  # expert 0 on every GPU
+    topk = np.array([[0], [0], [0]])
+    cost, _, E = _cost(slots, topk, np.zeros(3, int), np.array([0, 1, 2]), "static", None, np.full((3, 1), 0.9))
+    cost.reset(SlotState(slots, E))
+    assert cost._remote_sum[0] == 0.0
+
+
+@pytest.fixture(scope="module")
+def small_instance():
+    return Instance(
+        name="t",
+        model=Model(layers=1, experts=16, top_k=2),
+        cluster=Cluster(gpus=4, gpus_per_node=4, slots_per_gpu=4, replica_slots_per_gpu=1),
+        workload=Workload(calibration=WorkloadSource(synthetic={"tokens": 2048, "steps": 8, "seed": 0})),
+        method=MethodSpec(name="joint"),
+    )
+
+
+@pytest.mark.parametrize("rule", ["even", "static", "lp", "ascend"])
+def test_joint_plans_for_an_engine_rule(small_instance, rule):
+    """joint with an engine rule returns a plan under that rule, scored by the scorer on
+    calibration as the result says, and an instance's engine makes it the default."""
+    r = solve(small_instance, params={"dispatch": rule, "eps": 0.3, "time_per_layer": 1.0, "restarts": 1})
+    assert r.plan is not None and r.plan.dispatch.kind == rule
+    engine = {"even": "sglang", "static": "sglang-static", "lp": "sglang-lp", "ascend": "vllm-ascend"}[rule]
+    inst = small_instance.replace(
+        cluster=Cluster(gpus=4, gpus_per_node=4, slots_per_gpu=4, replica_slots_per_gpu=1, engine=engine)
+    )
+    r2 = solve(inst, params={"eps": 0.3, "time_per_layer": 1.0, "restarts": 1})
+    assert r2.plan is not None and r2.plan.dispatch.kind == rule
+    assert "engine_rule" not in r2.stats  # planned for the engine's rule: nothing re-scored
