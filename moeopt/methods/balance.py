@@ -176,6 +176,9 @@ class BalanceParams:
     tp_size: int | None = None  # ascend: the engine's tensor-parallel size (copy (r mod tp + r div tp + e) mod c)
     max_moves: int | None = None  # with a current plan: moved slots per layer at most
     target_maxvio: float | None = None  # with a current plan: stop moving once reached
+    # with a current plan: also report the moves-vs-MaxVio frontier (one re-plan per budget; off for
+    # a loop that re-plans often, e.g. the replay)
+    migration_frontier: bool = True
     spread: bool = True  # fast search: every GPU gets its share of the replicated experts' copies
     connect: bool | None = None  # fast search: connect the copy graph (None: when dispatch is lp)
     # fast search: every GPU its share of each expert group's load (None: when model.expert_groups is
@@ -477,7 +480,8 @@ class Balance:
                     cur, load[l], max_moves=params.max_moves, target_maxvio=params.target_maxvio, **migrate
                 )
                 moves.append(core.count_moves(cur, slots[l]))
-                frontier.append(core.migration_frontier(cur, load[l], FRONTIER_BUDGETS, **migrate))
+                if params.migration_frontier:
+                    frontier.append(core.migration_frontier(cur, load[l], FRONTIER_BUDGETS, **migrate))
             elif (
                 robust == "auto"
                 and steps is not None
@@ -538,14 +542,15 @@ class Balance:
             stats["moves"] = int(sum(moves))
             # what the migration frontier's MaxVio (and target_maxvio) is read as
             stats["migration_objective"] = "pooled" if steps is None else f"{step_objective} per-step"
-            stats["migration_frontier"] = [
-                {
-                    "budget": b,
-                    "moves": int(sum(f[i][0] for f in frontier)),
-                    "maxvio": float(np.mean([f[i][1] for f in frontier])),
-                }
-                for i, b in enumerate(FRONTIER_BUDGETS)
-            ]
+            if frontier:
+                stats["migration_frontier"] = [
+                    {
+                        "budget": b,
+                        "moves": int(sum(f[i][0] for f in frontier)),
+                        "maxvio": float(np.mean([f[i][1] for f in frontier])),
+                    }
+                    for i, b in enumerate(FRONTIER_BUDGETS)
+                ]
         # largest GPU load over the mean (1 + MaxVio): its optimum is >= 1, so the relative gap
         # to the bound means something even when MaxVio itself is near 0
         objective = 1.0 + float(per_layer.mean())
