@@ -28,47 +28,67 @@ def _load(results: Path, name: str) -> dict:
     return json.loads((results / f"{name}.json").read_text())
 
 
+#: EPLB's policies the README shows beside ``balance`` (benchmark labels ``eplb-<policy>``)
+EPLB_POLICIES = ("global", "hierarchical")
+
+
+def _auto_ran(rows: list[dict]) -> str:
+    """``; SGLang's default `auto` = <policy>`` when every ``eplb-auto`` row of ``rows`` ran one
+    policy (the benchmark records it), else nothing."""
+    ran = {r.get("policy_resolved") for r in rows if r["method"] == "eplb-auto"}
+    return f"; SGLang's default `auto` = {ran.pop()}" if len(ran) == 1 and None not in ran else ""
+
+
 def _balance_rows(results: Path) -> list[tuple[str, str, str, str]]:
     rows = _load(results, "balance")["rows"]
     by = {
         (r["calibration"], r["evaluation"], r["gpus"], r["method"]): r for r in rows if r["workload"] == "deepseek-v3"
     }
+    what = "`balance` vs DeepSeek's EPLB (" + " / ".join(EPLB_POLICIES) + ")"
     out = []
     for calib, ev in (("prefill", "prefill"), ("decode", "decode"), ("prefill", "decode")):
-        b, e = by[(calib, ev, 64, "balance")], by[(calib, ev, 64, "eplb-global")]
+        b = by[(calib, ev, 64, "balance")]
+        eplb = [by[(calib, ev, 64, f"eplb-{p}")] for p in EPLB_POLICIES]
+
+        def each(key: str, fmt: str = ".4f", eplb: list[dict] = eplb) -> str:
+            return " / ".join(f"{e[key]:{fmt}}" for e in eplb)
+
         sample = "in sample" if calib == ev else f"planned on {calib}, scored on {ev}"
-        result = f"MaxVio {b['maxvio_even']:.4f} vs {e['maxvio_even']:.4f} (`even`), "
+        result = f"MaxVio {b['maxvio_even']:.4f} vs {each('maxvio_even')} (`even`), "
         lp = by.get((calib, ev, 64, "balance-lp"))  # the plan made for lp dispatch (copy graph connected)
         if lp is not None:
-            result += f"{lp['maxvio_lp']:.4f} (`dispatch: lp`) vs {e['maxvio_lp']:.4f} (`lp`)"
+            result += f"{lp['maxvio_lp']:.4f} (`dispatch: lp`) vs {each('maxvio_lp')} (`lp`)"
         else:
-            result += f"{b['maxvio_lp']:.4f} vs {e['maxvio_lp']:.4f} (`lp`)"
+            result += f"{b['maxvio_lp']:.4f} vs {each('maxvio_lp')} (`lp`)"
         if calib == ev:
-            result += f"; {b['algorithm_s']:.2f} s vs {e['algorithm_s']:.2f} s; gap to bound {b['gap']:.4f}"
+            result += f"; {b['algorithm_s']:.2f} s vs {each('algorithm_s', '.2f')} s; gap to bound {b['gap']:.4f}"
+        auto = [r for r in (by.get((calib, ev, 64, "eplb-auto")),) if r is not None]
         out.append(
-            (
-                "`balance` vs DeepSeek's EPLB",
-                f"DeepSeek-V3 {calib} loads, 64 GPUs × (4+1) slots, {sample}",
-                result,
-                "balance",
-            )
+            (what, f"DeepSeek-V3 {calib} loads, 64 GPUs × (4+1) slots, {sample}{_auto_ran(auto)}", result, "balance")
         )
     stepped = [r for r in rows if "maxvio_step_even" in r]
-    eplb = {(r["workload"], r["calibration"], r["gpus"]): r for r in stepped if r["method"] == "eplb-global"}
-    pairs = [
-        (r, eplb[(r["workload"], r["calibration"], r["gpus"])])
-        for r in stepped
-        if r["method"] == "balance" and (r["workload"], r["calibration"], r["gpus"]) in eplb
-    ]
-    if pairs:
-        ratio = [b["maxvio_step_even"] / e["maxvio_step_even"] for b, e in pairs]
-        lower = sum(b["maxvio_even"] < e["maxvio_even"] for b, e in pairs)
+
+    def of(method: str) -> dict:
+        return {(r["workload"], r["calibration"], r["gpus"]): r for r in stepped if r["method"] == method}
+
+    ours = of("balance")
+    parts, lower = [], []
+    for p in EPLB_POLICIES:
+        eplb = of(f"eplb-{p}")
+        pairs = [(ours[c], eplb[c]) for c in ours if c in eplb]
+        if pairs:
+            ratio = [b["maxvio_step_even"] / e["maxvio_step_even"] for b, e in pairs]
+            parts.append(f"{min(ratio):.2f}× to {max(ratio):.2f}× EPLB {p}'s")
+            lower.append(f"{sum(b['maxvio_even'] < e['maxvio_even'] for b, e in pairs)} of {len(pairs)} ({p})")
+    if parts:
+        cells = len(ours)
         out.append(
             (
-                "`balance` vs DeepSeek's EPLB",
-                f"per-step loads held out, {len(pairs)} configurations (count-sampled, real OLMoE / Mixtral counts)",
-                f"per-step MaxVio {min(ratio):.2f}× to {max(ratio):.2f}× EPLB's (`robust: auto`); pooled MaxVio "
-                f"below EPLB's in {lower} of {len(pairs)}",
+                what,
+                f"per-step loads held out, {cells} configurations (count-sampled, real OLMoE / Mixtral counts, "
+                f"no router groups){_auto_ran(stepped)}",
+                f"per-step MaxVio {', '.join(parts)} (`robust: auto`); pooled MaxVio below EPLB's in "
+                + ", ".join(lower),
                 "balance",
             )
         )
