@@ -40,7 +40,10 @@ Policies
     Per batch (trace step, or the pooled counts), the expert's tokens are split over the GPUs
     holding it to minimize the batch's largest GPU load: one LP per layer (all steps at
     once, block-separable, solved by HiGHS through scipy). Loads are the LP's fractional
-    optimum; tokens are assigned to GPUs by a largest-remainder rounding of it.
+    optimum. SGLang then draws each token's copy by the split's probabilities, independently
+    per (token, expert): communication is that draw's expectation (:func:`_expected_comm_draws`:
+    GPU g used with probability ``1 - prod_e (1 - p[e, g])``); the per-token GPUs a caller
+    needs (the harness) are a largest-remainder rounding of the split, tokens in order.
 ``locality``
     The online guard of SPEC 4.3 (:func:`guard_layer`), simulated batch by batch; every
     layer's guard in one pass over the batches (:func:`guard_layers`: with the guard's small
@@ -472,6 +475,15 @@ def route_trace(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
             step_loads[l] = _step_counts(gpu[:, l, :], step, T, G)
         return Routing(step_loads, gpu)
     gpu = np.empty((N, L, trace.top_k), dtype=np.int64)
+    if plan.dispatch.kind == "lp":  # the GPUs of a rounding; communication: the draws' expectation
+        comm = [np.zeros((N, L)) for _ in range(3)]
+        for l in range(L):
+            ids = trace.topk[:, l, :].astype(np.int64)
+            gpu[:, l, :], step_loads[l], prob = _lp_layer(plan, l, ids, step, T)
+            parts = _expected_comm_draws(ids, step, prob, trace.home, cluster)
+            for out, one in zip(comm, parts, strict=True):
+                out[:, l] = one
+        return Routing(step_loads, gpu, (comm[0], comm[1], comm[2]))
     row = batch_rows(trace, plan.dispatch.kind)
     for l in range(L):
         gpu[:, l, :], step_loads[l] = _route_layer(plan, l, trace, cluster, step, row, T, trace.home)
@@ -526,12 +538,56 @@ def _route_layer(
         assert home is not None
         g = rank_map(plan, cluster)[home[:, None], l, ids] // W
     elif kind == "lp":
-        holds = plan.copies_on_gpu[l] > 0
-        loads, flow = lp_layer_loads(_step_counts(ids, step, T, E), holds)
-        return _assign_by_quota(ids, step, E, _integer_quota(flow)), loads
+        g, loads, _ = _lp_layer(plan, l, ids, step, T)
+        return g, loads
     else:  # locality
         g = guard_layer(ids, step, plan.copies(l), G, plan.dispatch, home)
     return g, _step_counts(g, step, T, G)
+
+
+def _lp_layer(
+    plan: Plan, l: int, ids: np.ndarray, step: np.ndarray, T: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``lp`` on one layer: the GPU of every assignment ``[N, k]`` (a largest-remainder rounding
+    of the split, tokens in order), the loads ``[T, G]`` and each pair's probabilities ``[T, E, G]``
+    (the split's share of the expert's tokens in the batch)."""
+    E = plan.experts
+    counts = _step_counts(ids, step, T, E)
+    loads, flow = lp_layer_loads(counts, plan.copies_on_gpu[l] > 0)
+    prob = flow / np.where(counts > 0, counts, 1.0)[:, :, None]
+    return _assign_by_quota(ids, step, E, _integer_quota(flow)), loads, prob
+
+
+def _expected_comm_draws(
+    ids: np.ndarray,
+    step: np.ndarray,
+    prob: np.ndarray,
+    home: np.ndarray | None,
+    cluster: Cluster,
+    chunk: int = 4096,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per token, the expected (distinct GPUs, remote GPUs, weighted remote cost) when each of
+    its pairs draws its GPU independently by ``prob [T, E, G]`` (SGLang's ``lp`` dispatch draws
+    every token's copy by the batch's probabilities): GPU g is used with probability
+    ``1 - prod_e (1 - p[e, g])``; remote and weighted as :func:`communication_of` counts them."""
+    G = cluster.gpus
+    cost = hop_costs(cluster)
+    N = len(ids)
+    out = [np.zeros(N) for _ in range(3)]
+    for s in range(0, N, chunk):
+        p = prob[step[s : s + chunk, None], ids[s : s + chunk]]  # [n, k, G]
+        used = 1.0 - np.prod(1.0 - p, axis=1)  # [n, G]
+        distinct = used.sum(axis=1)
+        if home is None:
+            remote = distinct * (1.0 - 1.0 / G)
+            weighted = distinct * hop_cost_sum(cluster) / G
+        else:
+            h = home[s : s + chunk]
+            remote = distinct - used[np.arange(len(h)), h]
+            weighted = (cost[h] * used).sum(axis=1)
+        for o, v in zip(out, (distinct, remote, weighted), strict=True):
+            o[s : s + chunk] = v
+    return out[0], out[1], out[2]
 
 
 def _route_previous_layer(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
@@ -548,10 +604,17 @@ def _route_previous_layer(plan: Plan, trace: Trace, cluster: Cluster) -> Routing
     step_loads = np.zeros((L, T, G))
     comm = [np.zeros((N, L)) for _ in range(3)]
     for l in range(L):
-        gpu[:, l, :], step_loads[l] = _route_layer(plan, l, trace, cluster, step, row, T, home)
-        parts = communication_of(gpu[:, l : l + 1, :], cluster, home)
-        for out, part in zip(comm, parts, strict=True):
-            out[:, l] = part[:, 0]
+        if plan.dispatch.kind == "lp":  # each pair drawn by the split: the expectation
+            ids = trace.topk[:, l, :].astype(np.int64)
+            gpu[:, l, :], step_loads[l], prob = _lp_layer(plan, l, ids, step, T)
+            parts = _expected_comm_draws(ids, step, prob, home, cluster)
+            for out, one in zip(comm, parts, strict=True):
+                out[:, l] = one
+        else:
+            gpu[:, l, :], step_loads[l] = _route_layer(plan, l, trace, cluster, step, row, T, home)
+            many = communication_of(gpu[:, l : l + 1, :], cluster, home)
+            for out, part in zip(comm, many, strict=True):
+                out[:, l] = part[:, 0]
         home = gpu[:, l, 0]  # the token now lives where its top-1 expert ran
     return Routing(step_loads, gpu, (comm[0], comm[1], comm[2]))
 
