@@ -43,6 +43,13 @@ slow spell of the shared machine falls on all of them), and for ``balance`` the 
 weights it moves from the EPLB plan: all of them (its full plan, GPUs relabeled to EPLB's)
 and the fewest that reach a tenth of EPLB's MaxVio (``solve --from``).
 
+Under vLLM-Ascend's rule (``ascend``: rank ``r`` sends an expert's tokens to its copy ``r mod
+c``, so copy counts that do not divide G give unequal shares), on the DeepSeek-V3 cells in
+sample: ``balance`` planned for ``even``, ``balance`` planned for the rule (``dispatch:
+ascend``) and EPLB, all scored under ``ascend``, beside the lower bound under the rule
+(:func:`moeopt.balance.ranks.rank_modulo_bound`) (``--part ascend`` runs only this part and
+merges it into an existing ``balance.json``).
+
 Run: ``python benchmarks/balance.py`` (about 5 min on 2 cores). Writes
 ``benchmarks/results/balance.json``, ``balance.md`` and ``balance.png``.
 """
@@ -240,6 +247,87 @@ def deepseek_rows(methods: list[str], log, workers: int = 1) -> tuple[list[dict]
                         }
                 log(f"  moves from eplb ({calib}): full {all_moves}, to a tenth of EPLB's MaxVio {few_moves}")
     return rows, per_layer
+
+
+#: the plans scored under vLLM-Ascend's rule: (label, method, params)
+ASCEND = (
+    ("balance (even)", "balance", {}),
+    ("balance (ascend)", "balance", {"dispatch": "ascend"}),
+    ("eplb-global", "eplb", {"policy": "global"}),
+    ("eplb-hierarchical", "eplb", {"policy": "hierarchical"}),
+)
+
+
+def ascend_rows(log, workers: int = 1) -> list[dict]:
+    """DeepSeek-V3 in sample under vLLM-Ascend's rank-modulo rule: each plan's MaxVio under the
+    rule (and under ``even``, what it was planned for), and the rule's lower bound."""
+    from moeopt.balance.ranks import rank_modulo_bound, share_table
+
+    model = Model(layers=58, experts=256, top_k=8, expert_groups=8)
+    rows = []
+    for G, W in SHAPES["deepseek"]:
+        for calib, path in DEEPSEEK.items():
+            src = WorkloadSource(path=path)
+            load = read_workload_file(path, top_k=8)
+            el = load.expert_load
+            table = share_table(G, el.shape[1])
+            mean = el.sum(axis=1) / G
+            raw = np.array([rank_modulo_bound(row, G, W + 1, table) for row in el])
+            bound = float(np.mean(np.maximum(raw / mean - 1.0, 0.0)))
+            for label, method, params in ASCEND:
+                if not get_method(method).available():
+                    continue
+                inst = instance(model, G, W, src, method, params)
+                t0 = time.perf_counter()
+                r = solve(inst, workloads=load_workloads(inst), workers=workers)
+                wall = time.perf_counter() - t0
+                c = inst.cluster
+                under = evaluate(r.plan.with_dispatch(Dispatch("ascend")), load, c)["maxvio"]
+                even = evaluate(r.plan.with_dispatch(Dispatch("even")), load, c)["maxvio"]
+                rows.append(
+                    {
+                        "calibration": calib,
+                        "gpus": G,
+                        "slots": f"{W}+1",
+                        "method": label,
+                        "maxvio_ascend": float(under),
+                        "maxvio_even": float(even),
+                        "bound_ascend": bound,
+                        "wall_s": wall,
+                    }
+                )
+                log(f"ascend {G}x({W}+1) {calib} {label}: ascend {under:.4f}, even {even:.4f} ({wall:.2f} s)")
+    return rows
+
+
+def ascend_markdown(rows: list[dict]) -> list[str]:
+    body = [
+        [
+            r["calibration"],
+            f"{r['gpus']} × ({r['slots']})",
+            r["method"],
+            _maxvio(r["maxvio_ascend"]),
+            _maxvio(r["maxvio_even"]),
+            f"{r['bound_ascend']:.2g}",
+            f"{r['wall_s']:.2f}",
+        ]
+        for r in rows
+    ]
+    return [
+        "## Under vLLM-Ascend's rule",
+        "",
+        "DeepSeek-V3 loads in sample; every plan scored under `ascend` (vLLM-Ascend: rank r uses copy r mod c "
+        "of each expert's devices), the rule the engine runs, and under `even`; the bound holds for every plan "
+        "in these slots under `ascend`.",
+        "",
+        tabulate(
+            body,
+            headers=["loads", "GPUs × slots", "plan", "MaxVio (ascend)", "MaxVio (even)", "bound (ascend)", "wall (s)"],
+            tablefmt="github",
+            disable_numparse=True,
+        ),
+        "",
+    ]
 
 
 def olmoe_rows(methods: list[str], log, workers: int = 1) -> list[dict]:
@@ -490,7 +578,7 @@ def policies_markdown(rows: list[dict]) -> list[str]:
     ]
 
 
-def markdown(rows: list[dict], info: dict) -> str:
+def markdown(rows: list[dict], info: dict, ascend: list[dict] | None = None) -> str:
     head = [
         "workload",
         "calibration → evaluation",
@@ -633,6 +721,7 @@ def markdown(rows: list[dict], info: dict) -> str:
             "",
             *stepped,
             "",
+            *(ascend_markdown(ascend) if ascend else []),
         ]
     )
 
@@ -662,6 +751,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
+    ap.add_argument("--part", choices=("all", "ascend"), default="all", help="ascend: only vLLM-Ascend's rule, merged")
     args = ap.parse_args()
     log = (lambda *_: None) if args.quiet else print
     # every row records the policy EPLB's auto resolved to; its note would repeat it per run
@@ -670,13 +760,25 @@ def main() -> int:
     if len(methods) < len(METHODS):
         log(f"note: EPLB is not installed here; running {', '.join(methods)}")
     t0 = time.perf_counter()
+    if args.part == "ascend":
+        import json
+
+        data = json.loads((OUT / "balance.json").read_text())
+        data["ascend"] = ascend_rows(log, args.workers)
+        data["info"]["ascend_wall_s"] = time.perf_counter() - t0
+        write_json(OUT / "balance.json", data)
+        write_text(OUT / "balance.md", markdown(data["rows"], data["info"], data["ascend"]))
+        return 0
     pooled_only = [m for m in methods if m != "balance-pooled"]  # the same plans as balance without steps
     rows, per_layer = deepseek_rows(pooled_only, log, args.workers)
     rows += olmoe_rows(pooled_only, log, args.workers)
     rows += stepped_rows(methods, log)
+    ascend = ascend_rows(log, args.workers)
     info = {"machine": machine(), "wall_s": time.perf_counter() - t0}
-    write_json(OUT / "balance.json", {"info": info, "rows": rows, "per_layer_prefill_64x5": per_layer})
-    write_text(OUT / "balance.md", markdown(rows, info))
+    write_json(
+        OUT / "balance.json", {"info": info, "rows": rows, "per_layer_prefill_64x5": per_layer, "ascend": ascend}
+    )
+    write_text(OUT / "balance.md", markdown(rows, info, ascend))
     plot(per_layer, OUT / "balance.png")
     log(f"wrote {OUT / 'balance.json'}, balance.md, balance.png ({info['wall_s']:.0f} s)")
     return 0

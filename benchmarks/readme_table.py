@@ -66,6 +66,26 @@ def _balance_rows(results: Path) -> list[tuple[str, str, str, str]]:
         out.append(
             (what, f"DeepSeek-V3 {calib} loads, 64 GPUs × (4+1) slots, {sample}{_auto_ran(auto)}", result, "balance")
         )
+    ascend = _load(results, "balance").get("ascend", [])
+    if ascend:
+        cells = sorted({(r["gpus"], r["slots"], r["calibration"]) for r in ascend}, reverse=True)
+        at = {(r["gpus"], r["slots"], r["calibration"], r["method"]): r for r in ascend}
+        made = [at[c + ("balance (ascend)",)]["maxvio_ascend"] for c in cells]
+        even = [at[c + ("balance (even)",)]["maxvio_ascend"] for c in cells]
+        eplb = [at[c + ("eplb-global",)]["maxvio_ascend"] for c in cells if c + ("eplb-global",) in at]
+        bound = [at[c + ("balance (ascend)",)]["bound_ascend"] for c in cells]
+        out.append(
+            (
+                "`balance` for vLLM-Ascend's rule",
+                f"DeepSeek-V3 prefill and decode loads in sample, {len({c[:2] for c in cells})} shapes (64 × (4+1), "
+                "32 × (8+1)), scored under `ascend` (rank r uses copy r mod c)",
+                f"MaxVio {min(made):.4f} to {max(made):.4f} (`dispatch: ascend`) vs {min(even):.4f} to "
+                f"{max(even):.4f} (the `even` plan exported)"
+                + (f", EPLB global {min(eplb):.4f} to {max(eplb):.4f}" if eplb else "")
+                + f"; lower bound under the rule {max(bound):.4f}",
+                "balance",
+            )
+        )
     stepped = [r for r in rows if "maxvio_step_even" in r]
 
     def of(method: str) -> dict:
@@ -103,14 +123,41 @@ def _joint_rows(results: Path) -> list[tuple[str, str, str, str]]:
         best = s.get("joint_best_at_target")
         if s["replica_slots"] == 1 and best:
             parts.append(f"{-best['reduction']:.1f} % ({s['instance']}, MaxVio {best['maxvio']:.3f})")
-    return [
+    out = []
+    rules = data.get("rules", [])
+    if rules:
+        by_rule: dict[str, list[dict]] = {}
+        for r in rules:
+            by_rule.setdefault(r["rule"], []).append(r)
+        cells = []
+        for rule, rs in by_rule.items():
+            ratios = [r["ratio"] for r in rs if r["ratio"] is not None]
+            met = sum(r["met"] for r in rs)
+            cells.append(
+                f"`{rule}`: {min(ratios):.2f}× to {max(ratios):.2f}× agnostic's cut, target met in {met} of {len(rs)}"
+                if ratios
+                else f"`{rule}`: no plan at agnostic's MaxVio"
+            )
+        target_ratio = data["info"].get("rule_target", 1.3)
+        out.append(
+            (
+                "`joint` made for the engine's rule vs `agnostic`",
+                f"{len({(r['instance'], r['replica_slots']) for r in rules})} cells (3 synthetic shapes, OLMoE "
+                f"count-sampled; 1 and 2 replica slots), remote GPUs per token cut at held-out MaxVio ≤ agnostic's "
+                f"(target {target_ratio:g}×)",
+                "; ".join(cells),
+                "joint",
+            )
+        )
+    out.append(
         (
-            "`joint` vs `linear`",
+            "`joint` vs `linear`, under `locality` (a research rule no engine runs)",
             f"1 replica slot per GPU, best plan with held-out MaxVio ≤ {target}",
             "remote GPUs per token " + ", ".join(parts),
             "joint",
         )
-    ]
+    )
+    return out
 
 
 def _tacg_rows(results: Path) -> list[tuple[str, str, str, str]]:
