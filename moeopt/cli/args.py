@@ -14,7 +14,7 @@ from moeopt.io import (
     load_instance,
     read_plan_file,
 )
-from moeopt.plan import Dispatch
+from moeopt.plan import Dispatch, rule_dispatch
 
 
 def _number_type(parse: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
@@ -41,8 +41,9 @@ _positive_seconds = _number_type(float, lambda v: math.isfinite(v) and v > 0, "a
 _fraction = _number_type(float, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
 
 
-def _dispatch(args: argparse.Namespace) -> Dispatch | None:
-    return Dispatch(kind=args.dispatch) if getattr(args, "dispatch", None) else None
+def _dispatch(args: argparse.Namespace, model: Any = None) -> Dispatch | None:
+    """``--dispatch KIND`` as the model's rule (SGLang static with ``model.dense_layers``), or None."""
+    return rule_dispatch(args.dispatch, model) if getattr(args, "dispatch", None) else None
 
 
 def _read_plan_for(path: str, inst: Any) -> PlanFile:

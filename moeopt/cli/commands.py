@@ -30,7 +30,7 @@ from moeopt.io import (
     write_plan,
     write_trace,
 )
-from moeopt.plan import Dispatch
+from moeopt.plan import engine_dispatch, rule_dispatch
 from moeopt.registry import metric_hooks
 from moeopt.schema import check_homes
 from moeopt.scoring import score
@@ -49,7 +49,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         seed=args.seed,
         quiet=not console.progress(),
         hint=hint,
-        dispatch=_dispatch(args),
+        dispatch=_dispatch(args, inst.model),
         current=current,
         workers=args.workers,
         ray=args.ray,
@@ -69,7 +69,13 @@ def cmd_solve(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     inst = load_instance(args.instance)
     pf = _read_plan_for(args.plan, inst)
-    plan = pf.plan if args.dispatch is None else pf.plan.with_dispatch(Dispatch(kind=args.dispatch))
+    plan = pf.plan if args.dispatch is None else pf.plan.with_dispatch(rule_dispatch(args.dispatch, inst.model))
+    engine = engine_dispatch(inst.model, inst.cluster)
+    if args.dispatch is None and engine is not None and plan.dispatch != engine:
+        console.note(
+            f"note: {args.plan} runs under dispatch {plan.dispatch.kind!r}, but {inst.cluster.engine} "
+            f"(cluster.engine) runs {engine.kind!r}: --dispatch {engine.kind} scores it as the engine will run it"
+        )
     wl = load_workloads(inst)
     workload = None
     if args.trace:
@@ -99,7 +105,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             seed=args.seed,
             quiet=not console.progress(),
             workloads=wl,
-            dispatch=_dispatch(args),
+            dispatch=_dispatch(args, inst.model),
             workers=args.workers,
             ray=args.ray,
         )

@@ -7,6 +7,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from moeopt.plan import RESEARCH_KINDS
 from moeopt.result import Result
 from moeopt.trace import Trace
 
@@ -73,7 +74,11 @@ def metrics_table(columns: dict[str, dict], extra: Sequence[tuple[str, list[str]
 def metrics_report(name: str, metrics: dict) -> str:
     """The metrics table of one plan against linear, its reductions and its notes."""
     table = metrics_table({"linear": metrics.get("linear", {}), name: metrics})
-    extra = [f"dispatch: {metrics['dispatch']}"] if metrics.get("dispatch") else []
+    extra = []
+    if metrics.get("dispatch"):
+        kind = metrics["dispatch"]
+        label = " (a research rule: no serving engine runs it)" if kind in RESEARCH_KINDS else ""
+        extra.append(f"dispatch: {kind}{label}")
     for key, label in (
         ("comm_reduction_vs_linear", "communication reduction vs linear"),
         ("straggler_improvement_vs_linear", "straggler latency improvement vs linear"),
