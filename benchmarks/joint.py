@@ -43,6 +43,7 @@ from moeopt.frontier import FrontierPoint, family_workloads, mark_pareto
 from moeopt.frontier import table as frontier_table
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
 from moeopt.io import load_instance, read_workload_file, write_json, write_text
+from moeopt.plan import rule_dispatch
 from moeopt.registry import Context, Problem, get_method, parse_params
 from moeopt.scoring import Workloads, score
 from moeopt.solve import load_workloads, solve
@@ -62,6 +63,15 @@ TARGET_MAXVIO = 0.07
 #: the plot's smallest MaxVio (lp plans reach 0 on some instances; the axis is logarithmic)
 FLOOR = 1e-3
 TARGET_SHARE = 0.85
+#: the engines' dispatch rules the "rules" part plans for and scores under (SGLang dynamic, static, lp)
+RULES = ("even", "static", "lp")
+#: load limits of ``joint`` made for an engine rule
+RULE_EPS = (0.1, 0.2, 0.4, 0.6)
+#: the engine-rule target: remote GPUs per token cut by this times what ``agnostic`` cuts, at a
+#: held-out MaxVio no worse than agnostic's
+RULE_TARGET = 1.3
+#: the eps of the default (locality) joint plan re-scored under the engines' rules
+LOCALITY_EPS = 0.06
 
 
 def olmoe_workloads(gpus: int = 16, tokens: int = 16384) -> tuple[Instance, Workloads] | None:
@@ -192,6 +202,101 @@ def joint_points(
     return pts
 
 
+def rule_part(
+    name: str, inst: Instance, wl: Workloads, families: dict, log, seconds: float, workers: int = 1
+) -> list[dict]:
+    """Under each engine rule: ``agnostic`` (one copy each: every rule routes it alike), ``joint``
+    made for the rule at :data:`RULE_EPS`, and the default ``joint`` (``locality``, a rule no
+    engine runs) re-scored under the rule; the best rule-made plan at a held-out MaxVio no worse
+    than agnostic's against :data:`RULE_TARGET`."""
+    base = solve(inst, method="agnostic", workloads=wl, workers=workers)
+    ag = score(base.plan, inst, wl)
+    agnostic = {"reduction": ag["comm_reduction_vs_linear"], "maxvio": float(ag["maxvio"])}
+    log(f"  agnostic: comm {agnostic['reduction']:.2f} %, MaxVio {agnostic['maxvio']:.4f}")
+    loc = solve(
+        inst, method="joint", params={"eps": LOCALITY_EPS, "time_per_layer": seconds}, workloads=wl, workers=workers
+    )
+    out = []
+    for rule in RULES:
+        pts = []
+        for e in RULE_EPS:
+            params = {"dispatch": rule, "eps": e, "time_per_layer": seconds}
+            t0 = time.perf_counter()
+            r = solve(inst, method="joint", params=params, workloads=wl, workers=workers)
+            label = f"joint dispatch={rule} eps={e:g}"
+            p = scored(label, "joint", e, r.plan, inst, wl, families, time.perf_counter() - t0, params)
+            pts.append(p)
+            log(f"  {label}: comm {p.comm_reduction:.2f} %, MaxVio {p.maxvio:.4f} ({p.wall_time:.1f} s)")
+        ok = [p for p in pts if p.maxvio <= agnostic["maxvio"] + 1e-12]
+        best = max(ok, key=lambda p: p.comm_reduction) if ok else None
+        under = score(loc.plan.with_dispatch(rule_dispatch(rule, inst.model)), inst, wl)
+        ratio = None if best is None or agnostic["reduction"] <= 0 else best.comm_reduction / agnostic["reduction"]
+        out.append(
+            {
+                "instance": name,
+                "replica_slots": inst.cluster.replica_slots_per_gpu,
+                "rule": rule,
+                "agnostic": agnostic,
+                "best": None
+                if best is None
+                else {"eps": best.eps, "reduction": best.comm_reduction, "maxvio": best.maxvio},
+                "ratio": ratio,
+                "met": ratio is not None and ratio >= RULE_TARGET,
+                "locality_joint_under_rule": {
+                    "eps": LOCALITY_EPS,
+                    "reduction": under["comm_reduction_vs_linear"],
+                    "maxvio": float(under["maxvio"]),
+                },
+                "points": [p.to_json() for p in pts],
+            }
+        )
+        log(f"  {rule}: best {out[-1]['best']}, ratio {ratio}")
+    return out
+
+
+def rules_markdown(rows: list[dict]) -> list[str]:
+    """The engine-rule table (the ``rules`` part)."""
+    table = []
+    for r in rows:
+        a, b, u = r["agnostic"], r["best"], r["locality_joint_under_rule"]
+        table.append(
+            [
+                r["instance"],
+                r["replica_slots"],
+                r["rule"],
+                f"{a['reduction']:.1f} % at {a['maxvio']:.3f}",
+                "-" if b is None else f"{b['reduction']:.1f} % at {b['maxvio']:.3f} (eps {b['eps']:g})",
+                "-" if r["ratio"] is None else f"{r['ratio']:.2f}x " + ("(met)" if r["met"] else "(not met)"),
+                f"{u['reduction']:.1f} % at {u['maxvio']:.3f}",
+            ]
+        )
+    return [
+        "## Under the engines' rules",
+        "",
+        f"Each plan is scored under the rule an engine runs (`even`: SGLang dynamic; `static`: SGLang static; "
+        f"`lp`: SGLang lp). `agnostic` places one copy per expert, which every rule routes alike. `joint made for "
+        f"the rule` plans with `dispatch: RULE` at eps {', '.join(f'{e:g}' for e in RULE_EPS)}; the best of them "
+        f"whose held-out MaxVio is no worse than agnostic's is compared with agnostic's cut (target "
+        f"{RULE_TARGET:g}x). The last column is the default `joint` (the `locality` rule, which no engine runs; "
+        f"eps {LOCALITY_EPS:g}) scored under the engine's rule instead.",
+        "",
+        tabulate(
+            table,
+            headers=[
+                "instance",
+                "replica slots",
+                "rule",
+                "agnostic: remote GPUs cut at held-out MaxVio",
+                "joint made for the rule: best cut at MaxVio <= agnostic's",
+                f"ratio (target {RULE_TARGET:g}x)",
+                "default joint (locality) under the rule",
+            ],
+            tablefmt="github",
+        ),
+        "",
+    ]
+
+
 def summarize(name: str, S: int, pts: list[FrontierPoint]) -> dict:
     """The done-when checks for one (instance, slots) frontier."""
     joint = [p for p in pts if p.stats.get("method") == "joint"]
@@ -296,6 +401,8 @@ def markdown(data: dict) -> str:
             tablefmt="github",
         )
     )
+    if data.get("rules"):
+        lines += ["", *rules_markdown(data["rules"])]
     for block in data["frontiers"]:
         pts = [FrontierPoint(**{k: v for k, v in p.items() if k != "worst_family_maxvio"}) for p in block["points"]]
         lines += [
@@ -370,6 +477,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--report-only", action="store_true", help="rebuild joint.md and joint.png from joint.json")
     ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
+    ap.add_argument(
+        "--part",
+        choices=("all", "frontier", "rules"),
+        default="all",
+        help="frontier: the locality frontier; rules: the engines' rules (merged into an existing joint.json)",
+    )
     args = ap.parse_args(argv)
     if args.report_only:
         import json
@@ -391,9 +504,16 @@ def main(argv: list[str] | None = None) -> int:
     if ol is not None:
         instances.append(("olmoe (count-sampled)", ol[0], ol[1]))
     slots = (1,) if args.quick else SLOTS
-    frontiers, summary = [], []
+    frontiers, summary, rules = [], [], []
     for name, inst, wl in instances:
         families = family_workloads(wl.evaluation)
+        if args.part in ("all", "rules"):
+            for S in slots:
+                inst_s = inst.replace(cluster=replace(inst.cluster, replica_slots_per_gpu=S))
+                log(f"{name}, {S} replica slot(s): engine rules")
+                rules += rule_part(name, inst_s, wl, families, log, args.seconds, args.workers)
+        if args.part == "rules":
+            continue
         log(f"{name}: grouping")
         group_pts, bases = grouping_points(inst, wl, families, log, args.workers)
         for S in slots:
@@ -407,20 +527,34 @@ def main(argv: list[str] | None = None) -> int:
             summary.append(summarize(name, S, pts))
             s = summary[-1]
             log(f"{name} S={S}: {s['joint_best_at_target']}; beaten by {s['other_points_beating_a_joint_point']}")
-    data = {
-        "info": {
-            "machine": f"{platform.processor() or platform.machine()}, 2-core CPU shared with other jobs, "
-            f"Python {sys.version.split()[0]}",
-            "wall_time_s": time.perf_counter() - t0,
-            "machine_info": machine_info(),
-            "joint_seconds_per_layer": args.seconds,
-            "joint_eps": JOINT_EPS,
-            "target_maxvio": TARGET_MAXVIO,
-            "target_share": TARGET_SHARE,
-        },
-        "summary": summary,
-        "frontiers": frontiers,
+    info = {
+        "machine": f"{platform.processor() or platform.machine()}, 2-core CPU shared with other jobs, "
+        f"Python {sys.version.split()[0]}",
+        "wall_time_s": time.perf_counter() - t0,
+        "machine_info": machine_info(),
+        "joint_seconds_per_layer": args.seconds,
+        "joint_eps": JOINT_EPS,
+        "target_maxvio": TARGET_MAXVIO,
+        "target_share": TARGET_SHARE,
     }
+    rules_info = {"rule_eps": RULE_EPS, "rule_target": RULE_TARGET, "rules_wall_time_s": time.perf_counter() - t0}
+    if args.part == "rules":  # merge into the frontier's results
+        import json
+
+        data = json.loads((args.out / "joint.json").read_text())
+        data["info"].update(rules_info)
+        data["rules"] = rules
+    else:
+        data = {"info": {**info, **rules_info}, "summary": summary, "frontiers": frontiers, "rules": rules}
+        if args.part == "frontier":
+            data["info"].pop("rules_wall_time_s")
+            old = args.out / "joint.json"
+            if old.is_file():  # keep the rules part of an earlier run
+                import json
+
+                prev = json.loads(old.read_text())
+                data["rules"] = prev.get("rules", [])
+                data["info"].update({k: v for k, v in prev["info"].items() if k.startswith("rule")})
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "joint.json", data)
     write_text(args.out / "joint.md", markdown(data))
