@@ -440,7 +440,7 @@ def render_joint(d: dict) -> str:
                 ]
             )
         heads = ["instance", "replica slots", "rule", "`agnostic`: cut at held-out MaxVio"]
-        heads += [f"`joint` made for the rule: best cut at MaxVio ≤ agnostic's", f"ratio (target {goal}×)"]
+        heads += ["`joint` made for the rule: best cut at MaxVio ≤ agnostic's", f"ratio (target {goal}×)"]
         heads += ["default `joint` (`locality`) under the rule"]
         out += ["## Under the engines' rules", "", table(body, heads), ""]
     out += ["## Summary (`locality`)", ""]
