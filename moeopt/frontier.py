@@ -415,7 +415,7 @@ def plot(points: Sequence[FrontierPoint], path: Any, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from moeopt.outputs import atomic_path
+    from moeopt.outputs import atomic_path, figure_format
 
     ok = [p for p in points if p.error is None and p.comm_reduction is not None]
     methods = list(dict.fromkeys(p.method for p in ok))
@@ -448,5 +448,5 @@ def plot(points: Sequence[FrontierPoint], path: Any, title: str = "") -> None:
         fig.suptitle(title)
     fig.tight_layout()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+        fig.savefig(tmp, dpi=110, format=figure_format(path))  # the extension's format (png without one)
     plt.close(fig)

@@ -4,7 +4,10 @@ Every writer in :mod:`moeopt.io` writes through :func:`atomic_path`: a temporary
 target's directory (the target of a symlink), renamed onto the target only when complete.
 Inside :func:`all_or_none` (the CLI runs every command in one) the renames wait until the
 command succeeds, so a failure leaves no output at all. Targets that are not regular files
-(directories, FIFOs, devices, sockets) are refused, never replaced.
+(directories, FIFOs, devices, sockets) are refused, never replaced, and so is a target that is
+one of the command's inputs: inside :func:`all_or_none` every file a reader of :mod:`moeopt.io`
+opens is recorded (:func:`note_input`), and :func:`check_target` compares the target with them
+as files (resolved paths, and device and inode: symlinks, ``./x`` and ``x``, hard links).
 """
 
 from __future__ import annotations
@@ -20,11 +23,58 @@ from moeopt.errors import InputError
 
 #: (temporary, target) renames waiting for the end of :func:`all_or_none`; None: rename at once
 _pending: list[tuple[str, Path]] | None = None
+#: the files the command reads (inside :func:`all_or_none`): file key -> what the file is
+_inputs: dict[object, str] | None = None
 
 
 def resolve(path: str | Path) -> Path:
     """The file a write to ``path`` lands in: symlinks followed (even dangling ones)."""
     return Path(os.path.realpath(path))
+
+
+def file_keys(path: str | Path) -> list[object]:
+    """What identifies the file at ``path``: its resolved path and, when it exists, its
+    ``(device, inode)`` (hard links and case-insensitive names included)."""
+    target = resolve(path)
+    keys: list[object] = [str(target)]
+    try:
+        st = os.stat(target)
+    except OSError:
+        return keys
+    keys.append((st.st_dev, st.st_ino))
+    return keys
+
+
+def note_input(path: str | Path, what: str | None = None) -> None:
+    """Record ``path`` as an input of the running command (inside :func:`all_or_none`; a no-op
+    outside one): no output of the command may be written onto it. ``what`` names it for
+    the message (default: the path itself)."""
+    if _inputs is None:
+        return
+    for key in file_keys(path):
+        _inputs.setdefault(key, what or str(path))
+
+
+def input_named(path: str | Path, inputs: dict[object, str] | None = None) -> str | None:
+    """What the input at ``path`` is, when ``path`` is one of ``inputs`` (default: the files the
+    running command has read, :func:`note_input`); None otherwise."""
+    known = _inputs if inputs is None else inputs
+    if not known:
+        return None
+    for key in file_keys(path):
+        if key in known:
+            return known[key]
+    return None
+
+
+def refuse_input(path: str | Path, what: str, option: str | None) -> InputError:
+    """The error for an output ``path`` that is an input of the run (``what`` it is)."""
+    source, field = (None, option) if option else (str(path), None)
+    where = f"{path}: " if option else ""
+    named = "" if what == str(path) else f" ({what})"
+    return InputError(
+        source, field, f"{where}expected a new file, found an input of this run{named}: it would be overwritten"
+    )
 
 
 def check_target(path: str | Path, option: str | None = None) -> Path:
@@ -67,6 +117,9 @@ def check_target(path: str | Path, option: str | None = None) -> Path:
                 else "a socket or special file"
             )
             raise InputError(source, field, f"{where}expected a regular file path, found {kind}")
+        what = input_named(target)
+        if what is not None:
+            raise refuse_input(path, what, option)
     parent = target.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -130,12 +183,14 @@ def _rename(tmp: str, target: Path, shown: str | Path) -> None:
 @contextmanager
 def all_or_none() -> Iterator[None]:
     """Hold every :func:`atomic_path` rename until the block succeeds; on an error remove the
-    temporary files, so either every output is written or none (nested blocks join the outer)."""
-    global _pending
+    temporary files, so either every output is written or none (nested blocks join the outer).
+    Inside the block the files read are recorded (:func:`note_input`) and never written."""
+    global _pending, _inputs
     if _pending is not None:
         yield
         return
     _pending = []
+    _inputs = {}
     try:
         yield
         for tmp, target in _pending:
@@ -145,3 +200,41 @@ def all_or_none() -> Iterator[None]:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         _pending = None
+        _inputs = None
+
+
+#: figure formats matplotlib writes that need a program beside it (pgf: a TeX system)
+_FIGURE_FORMATS_NEEDING_TEX = frozenset({"pgf"})
+
+
+def figure_formats() -> list[str]:
+    """The figure formats a file may be written in: those matplotlib's Agg canvas writes by
+    itself (``png``, ``pdf``, ``svg``, ``jpg``, ...; not ``pgf``, which needs TeX)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(set(FigureCanvasBase.get_supported_filetypes()) - _FIGURE_FORMATS_NEEDING_TEX)
+
+
+def figure_format(path: str | Path, option: str | None = None) -> str:
+    """The format a figure at ``path`` is written in: the one its extension names (``png``
+    without an extension).
+
+    Raises
+    ------
+    InputError
+        For an extension no figure format has (``o.txt``, ``p.docx``), naming ``option``.
+    """
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if not suffix:
+        return "png"
+    formats = figure_formats()
+    if suffix not in formats:
+        source, field = (None, option) if option else (str(path), None)
+        where = f"{path}: " if option else ""
+        raise InputError(
+            source,
+            field,
+            f"{where}expected a figure file ending in .{', .'.join(formats)} (the format is the extension's), "
+            f"found .{suffix}",
+        )
+    return suffix

@@ -128,11 +128,11 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: str | Path) -> None:
-    from moeopt.outputs import atomic_path
+    from moeopt.outputs import atomic_path, figure_format
 
-    suffix = Path(path).suffix.lower().lstrip(".") or "png"
+    fmt = figure_format(path)  # refused before a temporary file is made
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format=suffix)
+        fig.savefig(tmp, dpi=110, format=fmt)
 
 
 def draw_loads(panels: Sequence[LoadBars], path: str | Path, *, title: str = "") -> None:

@@ -548,9 +548,9 @@ class ProfileFileSchema(Strict):
 
 # ----------------------------------------------------------------------------- plans
 class PlanSchema(Strict):
-    """``moeopt.plan/2`` and ``moeopt.plan/1`` files (the shape is checked against the header)."""
+    """``moeopt.plan/2`` and ``moeopt.plan/1`` files, as strictly as instances: unknown keys and
+    the other format's keys are refused (the shape is checked against the header)."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
     format: Literal["moeopt.plan/2", "moeopt.plan/1"]
     gpus: PosInt
     layers: PosInt
@@ -569,7 +569,18 @@ class PlanSchema(Strict):
             raise ValueError("slots: required field is missing")
         if self.format == "moeopt.plan/1" and self.placement is None:
             raise ValueError("placement: required field is missing")
+        other = PLAN_V1_ONLY if self.format == "moeopt.plan/2" else PLAN_V2_ONLY
+        foreign = sorted(other & self.model_fields_set)
+        if foreign:
+            raise ValueError(f"{foreign[0]}: not a field of {self.format} (it belongs to the other plan format)")
+        if self.replicas is not None and len(self.replicas) != self.layers:
+            raise ValueError(f"replicas: expected one list per layer ({self.layers}), found {len(self.replicas)}")
         return self
+
+
+#: fields of one plan format only
+PLAN_V1_ONLY = frozenset({"placement", "replicas"})
+PLAN_V2_ONLY = frozenset({"slots", "slots_per_gpu", "dispatch"})
 
 
 def check_plan(data: Any, source: str) -> PlanSchema:

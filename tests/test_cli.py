@@ -29,7 +29,7 @@ BAD = [
     ("invalid_nan_counts.yaml", "nan-counts.json: counts: contains NaN"),
     ("invalid_negative_counts.yaml", "negative-counts.csv: counts: contains negative counts"),
     ("invalid_layers.yaml", "tiny-trace.npz: layers: workload has 2 layers, model.layers is 3"),
-    ("invalid_not_npz.yaml", "not-an-npz.npz: not a readable .npz archive"),
+    ("invalid_not_npz.yaml", "not-an-npz.npz: not an npz archive (a zip of .npy arrays)"),
     ("invalid_yaml_syntax.yaml", "invalid_yaml_syntax.yaml: not valid YAML"),
     ("invalid_missing_model.yaml", "model: required field is missing"),
     ("invalid_needs_trace.yaml", "needs a token trace (coactivation); this workload is count-only"),

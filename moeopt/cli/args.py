@@ -41,6 +41,24 @@ _positive_seconds = _number_type(float, lambda v: math.isfinite(v) and v > 0, "a
 _fraction = _number_type(float, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
 
 
+def method_list(text: str, option: str) -> list[str]:
+    """``--methods a,b,c`` (or ``--method a``): registered method names, none empty or twice;
+    :class:`MoeoptError` naming ``option`` otherwise (never the instance's ``method.name``)."""
+    from moeopt.registry import method_names
+
+    names = [m.strip() for m in text.split(",")]
+    if not text.strip() or any(not m for m in names):
+        raise MoeoptError(f"{option}: expected comma-separated method names, none empty, got {text!r}")
+    known = method_names()
+    for name in names:
+        if name not in known:
+            raise MoeoptError(f"{option}: unknown method {name!r}; registered: {', '.join(known)}")
+    twice = sorted({m for m in names if names.count(m) > 1})
+    if twice:
+        raise MoeoptError(f"{option}: expected each method once, got {', '.join(twice)} twice in {text!r}")
+    return names
+
+
 def _dispatch(args: argparse.Namespace, model: Any = None) -> Dispatch | None:
     """``--dispatch KIND`` as the model's rule (SGLang static with ``model.dense_layers``), or None."""
     return rule_dispatch(args.dispatch, model) if getattr(args, "dispatch", None) else None

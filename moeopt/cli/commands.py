@@ -9,7 +9,7 @@ from typing import Any
 from tabulate import tabulate
 
 from moeopt import console
-from moeopt.cli.args import _current_plan, _dispatch, _read_plan_for
+from moeopt.cli.args import _current_plan, _dispatch, _read_plan_for, method_list
 from moeopt.cli.plots import _plot_loads
 from moeopt.cli.tables import (
     _fmt,
@@ -38,8 +38,23 @@ from moeopt.solve import Workloads, load_workloads, solve
 from moeopt.trace import Stats, Trace
 
 
+def _note_token_home(inst: Any, names: list[str]) -> None:
+    """Say when a method plans for other token homes than the instance's (``crosslayer`` plans
+    for ``previous-layer`` homes; its plans are scored under the instance's own)."""
+    home = inst.cluster.token_home
+    if "crosslayer" in names and home != "previous-layer":
+        console.note(
+            f"note: crosslayer plans for cluster.token_home: previous-layer (a token stays on the GPU of its "
+            f"previous layer's top-1 expert); {inst.source or inst.name} has token_home: {home}, under which its "
+            f"plans are scored: set token_home: previous-layer, or plan with joint or agnostic"
+        )
+
+
 def cmd_solve(args: argparse.Namespace) -> int:
+    if args.method is not None:
+        method_list(args.method, "--method")
     inst = load_instance(args.instance)
+    _note_token_home(inst, [args.method or inst.method.name])
     hint = _read_plan_for(args.hint, inst).plan if args.hint else None
     current = _current_plan(args.from_plan, args.from_format, inst) if args.from_plan else None
     result = solve(
@@ -90,11 +105,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    names = method_list(args.methods, "--methods")
     inst = load_instance(args.instance)
+    _note_token_home(inst, names)
     wl: Workloads = load_workloads(inst)
-    names = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not names:
-        raise MoeoptError(f"--methods: expected comma-separated method names, got {args.methods!r}")
     cols: dict[str, dict] = {}
     reports = []
     for name in names:
@@ -130,15 +144,29 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     """Sweep the load limit of several methods; write the Pareto set as table, JSON and plot."""
     from moeopt import frontier as fr
     from moeopt.io import write_text
+    from moeopt.outputs import check_target, figure_format
 
-    inst = load_instance(args.instance)
+    methods = method_list(args.methods, "--methods")
     try:
-        eps = [float(x) for x in args.eps.split(",") if x.strip()]
+        eps = [float(x) for x in args.eps.split(",")]
     except ValueError:
         raise MoeoptError(f"--eps: expected comma-separated numbers, got {args.eps!r}") from None
     if any(not (e >= 0) for e in eps):
         raise MoeoptError(f"--eps: every value must be >= 0, got {args.eps!r}")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    inst = load_instance(args.instance)
+    _note_token_home(inst, methods)
+    out = Path(args.output_dir) if args.output_dir else None
+    stem = args.name or inst.name
+    if out is not None:  # the three files, checked before the sweep (inputs and --plot included)
+        seen = {str(check_target(args.plot, "--plot"))} if args.plot else set()
+        for suffix in (".json", ".md", ".png"):
+            target = str(check_target(out / f"{stem}{suffix}", "--output-dir"))
+            if target in seen:
+                raise MoeoptError(
+                    f"--output-dir: {out / (stem + suffix)} is also given as --plot; expected distinct files"
+                )
+            seen.add(target)
+        figure_format(out / f"{stem}.png", "--output-dir")
     log = console.progress_line if console.progress() else None
     points = fr.frontier(
         inst,
@@ -150,8 +178,6 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         workers=args.workers,
         ray=args.ray,
     )
-    out = Path(args.output_dir) if args.output_dir else None
-    stem = args.name or inst.name
     md = f"# Frontier: {inst.name}\n\n" + fr.table(points) + "\n"
     if out is not None:
         write_json(
@@ -215,6 +241,8 @@ def cmd_trace_synth(args: argparse.Namespace) -> int:
         switch_seed=args.switch_seed,
     )
     spec.validate(source=None, prefix="--")
+    if Path(args.output).suffix.lower() != ".npz":
+        raise MoeoptError(f"--output: {args.output}: expected an .npz output (a trace)")
     trace = synthesize(spec)
     write_trace(args.output, trace)
     if not args.quiet:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import re
 from typing import Any, NoReturn
 
@@ -443,11 +444,68 @@ def one_line(message: str) -> str:
 #: options naming files a command writes, and options naming a directory it writes into
 OUTPUT_FILE_OPTIONS = ("output", "report", "markdown", "plot", "graphml")
 OUTPUT_DIR_OPTIONS = ("output_dir",)
+#: arguments and options naming files a command reads, and what each is (for messages); an
+#: instance's own named files (workloads, profile) are inputs too
+INPUT_OPTIONS = {
+    "instance": "the instance",
+    "plan": "the plan",
+    "plans": "a plan",
+    "file": "the input file",
+    "dump": "a dump",
+    "trace": "the trace",
+    "hint": "--hint",
+    "from_plan": "--from",
+    "load": "--load",
+    "source": "--source",
+    "after": "--after",
+    "profile": "--profile",
+    "stream": "--stream",
+}
+
+
+def _input_files(args: argparse.Namespace) -> dict[object, str]:
+    """The files ``args`` names as inputs (and those each instance names), keyed as
+    :func:`moeopt.outputs.file_keys` keys them, with what each is."""
+    from moeopt.io.instances import instance_inputs
+    from moeopt.outputs import file_keys
+
+    inputs: dict[object, str] = {}
+    for name, what in INPUT_OPTIONS.items():
+        value = getattr(args, name, None)
+        for path in value if isinstance(value, list) else [value]:
+            if not isinstance(path, str) or not path:
+                continue
+            named = instance_inputs(path) if name == "instance" else [(path, what)]
+            for file, label in named:
+                for key in file_keys(file):
+                    inputs.setdefault(key, label)
+    return inputs
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse options that contradict each other or mean nothing here (one line each)."""
+    if getattr(args, "quiet", False) and getattr(args, "verbose", False):
+        raise MoeoptError("--quiet and --verbose: expected at most one of them (quiet: no progress or notes)")
+    name = getattr(args, "name", None)
+    if args.command == "frontier" and name is not None:
+        if not getattr(args, "output_dir", None):
+            raise MoeoptError(
+                f"--name: names the files --output-dir writes; expected --output-dir too, got --name {name!r}"
+            )
+        if name in ("", ".", "..") or "/" in name or os.sep in name or (os.altsep and os.altsep in name):
+            raise MoeoptError(f"--name: expected a file stem inside --output-dir (no folder), got {name!r}")
 
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Refuse, before any work, outputs that cannot be written (directories, FIFOs, devices,
-    unwritable folders), naming the option; two options naming one file are refused too."""
+    unwritable folders) or that are one of the run's inputs (the instance, the files it names,
+    plans, traces: compared as files, so ``./x``, a symlink or a hard link to an input is
+    refused too), figures of an unknown format, and options that contradict each other
+    (:func:`check_options`), naming the option; two options naming one file are refused too."""
+    from moeopt.outputs import figure_format, input_named, refuse_input
+
+    check_options(args)
+    inputs = _input_files(args)
     seen: dict[str, str] = {}
     for name in OUTPUT_FILE_OPTIONS:
         value = getattr(args, name, None)
@@ -455,6 +513,11 @@ def check_outputs(args: argparse.Namespace) -> None:
             continue
         option = "--" + name.replace("_", "-")
         target = str(check_target(value, option))
+        what = input_named(value, inputs)
+        if what is not None:
+            raise refuse_input(value, what, option)
+        if name == "plot" or (name == "output" and args.command == "plot"):
+            figure_format(value, option)
         if target in seen:
             raise MoeoptError(f"{option}: {value} is also given as {seen[target]}; expected distinct files")
         seen[target] = option

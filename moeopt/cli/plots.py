@@ -44,11 +44,11 @@ def _plot_input(path: str) -> dict:
     """A JSON file for ``moeopt plot``: a plan, a solve or compare report, or a frontier file."""
     import json
 
+    from moeopt.io import input_file
+
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(input_file(path, "the input file"), encoding="utf-8") as fh:
             data = json.load(fh)
-    except FileNotFoundError:
-        raise MoeoptError(f"{path}: file not found") from None
     except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise MoeoptError(f"{path}: not a JSON file: {exc}") from None
     if not isinstance(data, dict):

@@ -14,8 +14,10 @@ from moeopt import console, interop
 from moeopt.errors import InputError, PlanError
 from moeopt.interop.sglang import read_sglang_dumps
 from moeopt.io.files import (
-    _NPZ_ERRORS,
     _read_json,
+    input_file,
+    npz_array,
+    open_npz,
     write_text,
 )
 from moeopt.outputs import atomic_path
@@ -25,13 +27,12 @@ from moeopt.trace import Stats, Trace
 
 def _torch_load(path: Path, *, trusted: bool = False) -> Any:
     """``torch.load``: tensors and plain containers only unless ``trusted`` (arbitrary pickles
-    run code); InputError without torch."""
+    run code); InputError for a missing or irregular file, then without torch."""
+    input_file(path)
     try:
         import torch
     except ImportError:
         raise InputError(str(path), None, "reading .pt files needs torch: pip install -e '.[torch]'") from None
-    if not path.is_file():
-        raise InputError(str(path), None, "file not found")
     try:
         with warnings.catch_warnings():  # a damaged file makes torch warn before it raises: one line only
             warnings.simplefilter("ignore")
@@ -302,14 +303,9 @@ def load_engine_file(path: str | Path) -> Any:
     suffix = path.suffix.lower()
     if suffix == ".pt":
         return _torch_load(path)
-    if not path.is_file():
-        raise InputError(src, None, "file not found")
     if suffix == ".npz":
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
-        except _NPZ_ERRORS as exc:
-            raise InputError(src, None, f"not a readable .npz archive ({exc})") from None
+        with open_npz(path) as z:
+            return {k: npz_array(z, k, src) for k in z.files}
     return _read_json(path)
 
 

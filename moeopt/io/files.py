@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import zipfile
 import zlib
 from pathlib import Path
@@ -14,7 +16,7 @@ import yaml
 
 from moeopt import schema
 from moeopt.errors import InputError
-from moeopt.outputs import atomic_path
+from moeopt.outputs import atomic_path, note_input
 
 #: what numpy and zipfile raise for a damaged .npz or .npy file
 _NPZ_ERRORS = (OSError, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile, zlib.error)
@@ -59,16 +61,186 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+# ----------------------------------------------------------------------------- input files
+def input_file(path: str | Path, what: str | None = None) -> Path:
+    """``path`` checked as a readable regular file and recorded as an input of the running
+    command (:func:`moeopt.outputs.note_input`: no output may overwrite it).
+
+    Raises
+    ------
+    InputError
+        Naming the file and what it is instead: missing (or a dangling symbolic link), a
+        directory, a FIFO, a device (``/dev/null``), a socket, or unreadable.
+    """
+    path = Path(path)
+    src = str(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        dangling = os.path.islink(path)
+        raise InputError(
+            src, None, "file not found" + (" (a symbolic link to a missing file)" if dangling else "")
+        ) from None
+    except NotADirectoryError:
+        raise InputError(src, None, "file not found (a folder on its path is a file)") from None
+    except OSError as exc:
+        raise InputError(src, None, f"cannot be read ({exc.strerror or exc})") from None
+    mode = st.st_mode
+    if stat.S_ISDIR(mode):
+        raise InputError(src, None, "is a directory, expected a file")
+    if not stat.S_ISREG(mode):
+        kind = (
+            "a FIFO (named pipe)"
+            if stat.S_ISFIFO(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "a special file"
+        )
+        raise InputError(src, None, f"is {kind}, not a regular file")
+    if not os.access(path, os.R_OK):
+        raise InputError(src, None, "cannot be read (no read permission)")
+    note_input(path, what)
+    return path
+
+
+#: the first bytes of a zip archive (an .npz), of an .npy array and of a pickle (protocol 2+)
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _sniff(path: Path) -> str:
+    """What a binary file's first bytes say it is, for a message."""
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    if not head:
+        return "an empty file"
+    if head.startswith(_ZIP_MAGIC):
+        return "a zip archive"
+    if head.startswith(_NPY_MAGIC):
+        return "a single .npy array"
+    if head[:1] == b"\x80":
+        return "a pickle (never loaded: it could run code)"
+    return "bytes of another format"
+
+
+def open_npz(path: str | Path) -> Any:
+    """An ``.npz`` archive opened without pickles (:func:`numpy.load`, ``allow_pickle=False``);
+    :class:`InputError` for a file that is not one (checked by its first bytes, so numpy's
+    pickle fallback never sees it)."""
+    path = input_file(path)
+    src = str(path)
+    kind = _sniff(path)
+    if kind != "a zip archive":
+        raise InputError(src, None, f"not an npz archive (a zip of .npy arrays): found {kind}")
+    try:
+        return np.load(path, allow_pickle=False)
+    except _NPZ_ERRORS as exc:
+        raise InputError(src, None, f"not a readable npz archive ({_npz_reason(exc)})") from None
+
+
+def open_npy(path: str | Path) -> np.ndarray:
+    """A ``.npy`` array without pickles; :class:`InputError` for any other file."""
+    path = input_file(path)
+    src = str(path)
+    kind = _sniff(path)
+    if kind != "a single .npy array":
+        raise InputError(src, None, f"not an .npy array: found {kind}")
+    try:
+        return np.asarray(np.load(path, allow_pickle=False))
+    except _NPZ_ERRORS as exc:
+        raise InputError(src, None, f"not a readable .npy array ({_npz_reason(exc)})") from None
+
+
+def npz_array(data: Any, key: str, src: str) -> np.ndarray:
+    """``data[key]`` of an open npz archive; :class:`InputError` (naming the key) for an array
+    numpy cannot read: damaged, or of objects (pickled: moeopt never loads pickles)."""
+    try:
+        return np.asarray(data[key])
+    except (*_NPZ_ERRORS, TypeError) as exc:
+        raise InputError(src, key, f"expected a plain numeric array, found {_npz_reason(exc)}") from None
+
+
+def _npz_reason(exc: BaseException) -> str:
+    """numpy's error for an unreadable array, without its invitation to load pickles."""
+    text = str(exc)
+    if "allow_pickle" in text or "pickle" in text.lower():
+        return "an array of Python objects (pickled: moeopt never loads pickles; save numeric arrays)"
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return f"damaged data: {first}"
+
+
 # ----------------------------------------------------------------------------- YAML helpers
 #: libyaml's safe loader when built (same documents, several times faster), else PyYAML's
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: nodes that YAML aliases may add when expanded (``*anchor`` repeats its node); beyond it a
+#: document is refused before it is constructed (nested aliases grow exponentially: a
+#: "billion laughs" document of 600 bytes would expand to gigabytes)
+MAX_ALIAS_NODES = 100_000
 
 
-def _read_yaml(path: Path) -> Any:
-    if not path.is_file():
-        raise InputError(str(path), None, "file not found")
+class YamlAliasError(Exception):
+    """A YAML document whose aliases expand past :data:`MAX_ALIAS_NODES` or refer to themselves."""
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def check_aliases(root: yaml.Node, budget: int = MAX_ALIAS_NODES) -> None:
+    """Raise :class:`YamlAliasError` when the node graph ``root`` (aliases are shared nodes)
+    expands to more than ``budget`` nodes beyond its distinct ones, or holds a cycle. Counts
+    each distinct node once (post-order, no recursion), so the check itself is linear."""
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in _children(node))
+            if size[key] > len(size) + budget:
+                raise YamlAliasError(
+                    f"expected aliases (*name) that add at most {budget:,} nodes when expanded, found one node "
+                    f"that expands to {size[key]:,} (anchors repeated inside anchors)"
+                )
+            continue
+        if key in size:
+            continue
+        on_path.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in on_path:
+                raise YamlAliasError("expected no recursive alias (an anchor used inside itself)")
+            if id(child) not in size:
+                stack.append((child, False))
+
+
+class _BoundedLoader(_YAML_LOADER):  # type: ignore[misc,valid-type]
+    """The safe loader, with aliases checked before the document is constructed."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        check_aliases(node)
+        return super().construct_document(node)
+
+
+def load_yaml_text(text: str) -> Any:
+    """A YAML document with the safe loader, aliases bounded (:func:`check_aliases`)."""
+    return yaml.load(text, Loader=_BoundedLoader)
+
+
+def _read_yaml(path: Path, what: str | None = None) -> Any:
+    input_file(path, what)
     try:
-        data = yaml.load(path.read_bytes().decode("utf-8"), Loader=_YAML_LOADER)
+        data = load_yaml_text(path.read_bytes().decode("utf-8"))
+    except YamlAliasError as exc:
+        raise InputError(str(path), None, f"{exc}") from None
     except UnicodeDecodeError as exc:
         raise InputError(
             str(path), None, f"expected UTF-8 text, found byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
@@ -134,7 +306,9 @@ def _float(data: dict, key: str, src: str, field: str, default: float, minimum: 
 
 
 def _read_json(path: Path) -> Any:
-    """A JSON file's content, or one :class:`InputError` line (bad UTF-8, syntax, nesting)."""
+    """A JSON file's content, or one :class:`InputError` line (not a regular file, bad UTF-8,
+    syntax, nesting)."""
+    input_file(path)
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
         if schema.nesting(data) > schema.MAX_NESTING:

@@ -33,6 +33,7 @@ from moeopt.io.workloads import (
     _check_shape,
     read_workload_file,
 )
+from moeopt.outputs import note_input
 from moeopt.profile import Profile, synthetic_profile
 from moeopt.synth import SynthSpec, synthesize
 from moeopt.trace import Stats, Trace
@@ -44,7 +45,9 @@ def load_instance(path: str | Path) -> Instance:
     """Read and validate an instance YAML file (every field is described in the README)."""
     path = Path(path)
     src = str(path)
-    data = _mapping(_read_yaml(path), src, "", _TOP)
+    data = _mapping(_read_yaml(path, "the instance"), src, "", _TOP)
+    for named, what in named_files(data, path):  # inputs too: never overwritten by an output
+        note_input(named, what)
     checked = schema.validate(schema.InstanceSchema, data, src)
     schema.check_instance_sizes(checked, src)
     model_keys = {
@@ -154,6 +157,34 @@ def load_instance(path: str | Path) -> Instance:
         source=path,
         executor=_executor(data.get("executor"), src),
     )
+
+
+def named_files(data: Any, path: Path) -> list[tuple[Path, str]]:
+    """The files an instance's content ``data`` names (its workloads and latency profile),
+    resolved against the instance file ``path``, each with what it is (for messages)."""
+    out: list[tuple[Path, str]] = []
+    workload = data.get("workload") if isinstance(data, dict) else None
+    for key in ("calibration", "evaluation"):
+        value = workload.get(key) if isinstance(workload, dict) else None
+        if isinstance(value, dict):
+            value = value.get("path")
+        if isinstance(value, str) and value:
+            out.append((path.parent / value, f"workload.{key} of {path}"))
+    profile = data.get("profile") if isinstance(data, dict) else None
+    if isinstance(profile, str) and profile:
+        out.append((path.parent / profile, f"profile of {path}"))
+    return out
+
+
+def instance_inputs(path: str | Path) -> list[tuple[Path, str]]:
+    """The instance file and the files it names (:func:`named_files`), each with what it is;
+    only the instance when its YAML cannot be read (reading it again says why)."""
+    path = Path(path)
+    out = [(path, "the instance")]
+    try:
+        return out + named_files(_read_yaml(path), path)
+    except InputError:
+        return out
 
 
 def _executor(value: Any, src: str) -> ExecutorSpec | None:

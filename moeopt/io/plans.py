@@ -56,8 +56,6 @@ def read_plan_file(path: str | Path) -> PlanFile:
     """Read a plan file with its ``method`` and ``params`` (see :func:`read_plan`)."""
     path = Path(path)
     src = str(path)
-    if not path.is_file():
-        raise InputError(src, None, "file not found")
     data = _read_json(path)
     if not isinstance(data, dict) or data.get("format") not in (PLAN_FORMAT, PLAN_FORMAT_V1):
         raise InputError(src, "format", f"expected {PLAN_FORMAT!r} (or {PLAN_FORMAT_V1!r})")
@@ -83,6 +81,11 @@ def read_plan_file(path: str | Path) -> PlanFile:
             slots = _int_array(data["slots"], src, "slots", "[layers][gpus][slots] integer expert ids")
             if slots.ndim != 3 or slots.shape[:2] != (L, G):
                 raise InputError(src, "slots", f"expected shape [{L}, {G}, slots], got {list(slots.shape)}")
+            width = data.get("slots_per_gpu")
+            if width is not None and width != slots.shape[2]:
+                raise InputError(
+                    src, "slots_per_gpu", f"expected {slots.shape[2]} (the slots of each GPU in 'slots'), got {width}"
+                )
             plan = Plan(slots=slots, experts=E, dispatch=Dispatch.from_json(data.get("dispatch", "even")))
     except PlanError as exc:
         raise InputError(src, None, str(exc)) from None

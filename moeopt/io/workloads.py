@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,12 @@ from moeopt.io.engines import (
     read_engine_dumps,
 )
 from moeopt.io.files import (
-    _NPZ_ERRORS,
     _array,
     _read_json,
+    input_file,
+    npz_array,
+    open_npy,
+    open_npz,
 )
 from moeopt.outputs import atomic_path
 from moeopt.trace import Stats, Trace, stats_from_counts
@@ -82,27 +86,37 @@ def read_workload_file(
     JSON. Notes on what the reading did (a ``stat`` ring put in time order) are shown with
     :func:`moeopt.console.note`.
     """
-    path = Path(path)
+    path = input_file(path)
     src = str(path)
-    if not path.is_file():
-        raise InputError(src, None, "file not found")
     suffix = path.suffix.lower()
     if suffix == ".npz":
-        try:
-            data = np.load(path, allow_pickle=False)
-            keys = set(data.files)
-        except _NPZ_ERRORS as exc:
-            raise InputError(src, None, f"not a readable .npz archive ({exc})") from None
+        data = open_npz(path)
+        keys = set(data.files)
+        domains = format == "olmoe-domains" or (format is None and any("/expert_counts/" in k for k in keys))
+        if select is not None and not domains:
+            raise InputError(
+                src,
+                "select",
+                f"names a model inside a multi-model per-domain count file (keys MODEL/expert_counts/DOMAIN), "
+                f"found a file without models; expected no select, got {select!r}",
+            )
         if format == "trace" or (format is None and "topk" in keys):
             return read_trace(path)
         if format is None and "counts" not in keys and is_vllm_eplb_state(dict.fromkeys(keys)):
-            return stats_from_vllm_eplb({k: data[k] for k in keys}, top_k=top_k, source=src)
-        if format == "olmoe-domains" or (format is None and any("/expert_counts/" in k for k in keys)):
+            return stats_from_vllm_eplb({k: npz_array(data, k, src) for k in keys}, top_k=top_k, source=src)
+        if domains:
             return _read_domain_counts(data, src, select)
         if format in (None, "counts") and "counts" in keys:
             return _counts_npz(data, src, top_k)
         raise InputError(
             src, None, "expected a trace (key 'topk'), counts (key 'counts'), per-domain counts or vLLM EPLB loads"
+        )
+    if select is not None:
+        raise InputError(
+            src,
+            "select",
+            f"names a model inside a multi-model per-domain count file (.npz, keys MODEL/expert_counts/DOMAIN), "
+            f"found a {suffix or 'suffix-less'} file; expected no select, got {select!r}",
         )
     if suffix == ".json":
         data = _read_json(path)
@@ -119,11 +133,7 @@ def read_workload_file(
         except UnicodeDecodeError as exc:
             raise InputError(src, None, f"expected UTF-8 text, found byte 0x{exc.object[exc.start]:02x}") from None
     if suffix == ".npy":
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except _NPZ_ERRORS as exc:
-            raise InputError(src, None, f"not a readable .npy array ({exc})") from None
-        return _counts(arr, src, "counts", top_k)
+        return _counts(open_npy(path), src, "counts", top_k)
     if suffix == ".pt":
         return _noted(read_engine_dumps([path], top_k=top_k))
     raise InputError(src, None, "unknown file type; expected .npz, .json, .csv, .npy or .pt")
@@ -142,6 +152,7 @@ def _counts(arr: np.ndarray, src: str, field: str, top_k: int | None, family_nam
         raise InputError(src, field, "contains NaN or infinite values")
     if (arr < 0).any():
         raise InputError(src, field, "contains negative counts")
+    _check_totals(arr, src, field)
     per_layer = arr.sum(axis=tuple(i for i in range(arr.ndim) if i != arr.ndim - 2)) if arr.size else arr
     if arr.size == 0 or not (per_layer > 0).all():
         raise InputError(src, field, "expected every layer to count some routed tokens, found a layer of zeros")
@@ -159,23 +170,48 @@ def _counts(arr: np.ndarray, src: str, field: str, top_k: int | None, family_nam
     return stats_from_counts(arr, top_k=top_k, family_names=names)
 
 
+#: the largest count total accepted: float64 holds every integer up to 2**53 exactly, and loads,
+#: their squares (Jain fairness) and sums stay finite far beyond any real token count
+MAX_COUNT_TOTAL = float(2**53)
+
+
+def _check_totals(arr: np.ndarray, src: str, field: str) -> None:
+    """Refuse finite, non-negative counts whose total would leave float64's exact range (1e308
+    counts sum to inf, and every load, MaxVio and bound derived from them to NaN)."""
+    if arr.size == 0:
+        return
+    peak = float(arr.max())
+    with np.errstate(over="ignore"):
+        total = float(arr.sum(dtype=np.float64)) if math.isfinite(peak) else math.inf
+    if not total <= MAX_COUNT_TOTAL:
+        raise InputError(
+            src, field, f"expected counts totalling at most 2**53 (about 9.0e15), found a total of {total:.3g}"
+        )
+
+
 def _counts_npz(data: Any, src: str, top_k: int | None) -> Stats:
-    try:
-        counts = data["counts"]
-        names = [str(x) for x in data["family_names"]] if "family_names" in data.files else None
-        k = data["top_k"] if "top_k" in data.files else top_k
-        if k is not None and (np.shape(k) != () or np.asarray(k).dtype.kind not in "iu"):
-            raise InputError(src, "top_k", f"expected an integer, found {np.asarray(k).dtype} {list(np.shape(k))}")
-        k = None if k is None else int(k)
-    except (*_NPZ_ERRORS, TypeError) as exc:  # object arrays need pickle
-        raise InputError(src, None, f"expected plain numeric arrays, found one numpy cannot read ({exc})") from None
+    counts = npz_array(data, "counts", src)
+    names = None
+    if "family_names" in data.files:
+        fn = npz_array(data, "family_names", src)
+        if fn.ndim != 1 or fn.dtype.kind not in "US":
+            raise InputError(src, "family_names", f"expected a list of names, found {fn.dtype} {list(fn.shape)}")
+        names = [str(x) for x in fn]
+    k: Any = npz_array(data, "top_k", src) if "top_k" in data.files else top_k
+    if k is not None and (np.shape(k) != () or np.asarray(k).dtype.kind not in "iu"):
+        raise InputError(src, "top_k", f"expected an integer, found {np.asarray(k).dtype} {list(np.shape(k))}")
+    k = None if k is None else int(k)
     stats = _counts(counts, src, "counts", k, names)
     if "step_counts" in data.files:
-        sc = np.asarray(data["step_counts"], dtype=np.float64)
+        sc = npz_array(data, "step_counts", src)
+        if sc.dtype.kind not in "iuf":
+            raise InputError(src, "step_counts", f"expected numbers, got dtype {sc.dtype}")
+        sc = sc.astype(np.float64)
         if sc.ndim != 3 or sc.shape[0] != stats.layers or sc.shape[2] != stats.experts:
             raise InputError(src, "step_counts", f"expected [layers, steps, experts], got shape {sc.shape}")
         if not np.isfinite(sc).all() or (sc < 0).any():
             raise InputError(src, "step_counts", "contains NaN, infinite or negative counts")
+        _check_totals(sc, src, "step_counts")
         stats = stats_from_counts(stats.counts, top_k=stats.top_k, family_names=stats.family_names, step_counts=sc)
     return stats
 
@@ -211,6 +247,8 @@ def _read_domain_counts(data: Any, src: str, select: str | None) -> Stats:
     Families are the domains; ``select`` names the model prefix (olmoe, mistral, ...).
     """
     models = sorted({k.split("/")[0] for k in data.files if "/expert_counts/" in k})
+    if not models:
+        raise InputError(src, None, "expected per-domain counts (arrays MODEL/expert_counts/DOMAIN), found none")
     if select is None:
         if len(models) != 1:
             raise InputError(src, "select", f"file holds several models; choose one of {', '.join(models)}")
@@ -219,10 +257,23 @@ def _read_domain_counts(data: Any, src: str, select: str | None) -> Stats:
         raise InputError(src, "select", f"no model {select!r}; the file holds {', '.join(models)}")
     prefix = f"{select}/expert_counts/"
     domains = sorted(k[len(prefix) :] for k in data.files if k.startswith(prefix))
-    arr = np.stack([data[prefix + d] for d in domains])
+    rows = [npz_array(data, prefix + d, src) for d in domains]
+    if len({(r.shape, r.dtype.kind in "iuf") for r in rows}) != 1 or rows[0].dtype.kind not in "iuf":
+        shapes = ", ".join(f"{d} {r.dtype} {list(r.shape)}" for d, r in zip(domains, rows, strict=True))
+        raise InputError(src, f"{prefix}*", f"expected numeric arrays of one shape [layers, experts], found {shapes}")
+    arr = _counts(np.stack(rows), src, f"{prefix}*", 1, domains).counts  # checked before k is inferred from it
     # each row sums to tokens * k: infer k from the first-rank counts where present
     top1 = f"{select}/expert_counts_top1/{domains[0]}"
-    k = round(float(arr[0, 0].sum()) / float(data[top1][0].sum())) if top1 in data.files else None
+    k = None
+    if top1 in data.files:
+        first = npz_array(data, top1, src)
+        if first.dtype.kind not in "iuf" or first.ndim < 1 or first.shape[0] < 1:
+            raise InputError(src, top1, f"expected numeric counts [layers, experts], found {first.dtype} {first.shape}")
+        ones = float(np.asarray(first[0], dtype=np.float64).sum())
+        ratio = float(arr[0, 0].sum()) / ones if ones > 0 and math.isfinite(ones) else math.nan
+        if not (math.isfinite(ratio) and ratio >= 0.5):
+            raise InputError(src, top1, "expected positive first-choice counts (they give the model's top_k)")
+        k = round(ratio)
     return _counts(arr, src, f"{prefix}*", k, domains)
 
 
@@ -230,21 +281,13 @@ def read_trace(path: str | Path) -> Trace:
     """Read a routing trace ``.npz`` (format in the README) and validate every array."""
     path = Path(path)
     src = str(path)
-    try:
-        data = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise InputError(src, None, "file not found") from None
-    except _NPZ_ERRORS as exc:
-        raise InputError(src, None, f"not a readable .npz archive ({exc})") from None
+    data = open_npz(path)
     for key in ("topk",):
         if key not in data.files:
             raise InputError(src, key, "required array is missing")
 
     def array(key: str) -> np.ndarray:
-        try:
-            return np.asarray(data[key])
-        except _NPZ_ERRORS as exc:  # object arrays need pickle
-            raise InputError(src, key, f"expected a plain numeric array, found one numpy cannot read ({exc})") from None
+        return npz_array(data, key, src)
 
     topk = array("topk")
     schema.check_topk(topk, src)

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from moeopt import console
+from moeopt.errors import InputError
 from moeopt.evaluate import evaluate, linear_plan
 from moeopt.packing import balanced_homes
 from moeopt.plan import Dispatch, Plan
@@ -248,8 +249,17 @@ class Greedy(Baseline):
         loads = problem.stats.expert_load
         home = np.stack([balanced_homes(loads[l], c.gpus, c.slots_per_gpu) for l in range(problem.layers)])
         reps: tuple[np.ndarray, ...] = ()
+        most = c.gpus * c.replica_slots_per_gpu  # the redundant slots of a layer
+        if params.replicas is not None and params.replicas > most:
+            src = str(problem.instance.source) if problem.instance.source else None
+            raise InputError(
+                src,
+                "method.replicas",
+                f"expected at most {most} copies per layer (cluster.gpus x replica_slots_per_gpu = "
+                f"{c.gpus} x {c.replica_slots_per_gpu}), got {params.replicas}",
+            )
         if params.replicate and c.replica_slots_per_gpu > 0:
-            budget = c.gpus * c.replica_slots_per_gpu if params.replicas is None else params.replicas
+            budget = most if params.replicas is None else params.replicas
             reps = tuple(
                 hottest_replicas(loads[l], home[l], c.gpus, c.replica_slots_per_gpu, budget)
                 for l in ctx.layers(problem.layers, "greedy")
