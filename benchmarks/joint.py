@@ -65,7 +65,8 @@ FLOOR = 1e-3
 TARGET_SHARE = 0.85
 #: the engines' dispatch rules the "rules" part plans for and scores under (SGLang dynamic, static, lp)
 RULES = ("even", "static", "lp")
-#: load limits of ``joint`` made for an engine rule
+#: load limits of ``joint`` made for an engine rule; each rule is also planned at agnostic's own
+#: calibration MaxVio (rounded to 0.05), the load the comparison allows
 RULE_EPS = (0.1, 0.2, 0.4, 0.6)
 #: the engine-rule target: remote GPUs per token cut by this times what ``agnostic`` cuts, at a
 #: held-out MaxVio no worse than agnostic's
@@ -216,10 +217,13 @@ def rule_part(
     loc = solve(
         inst, method="joint", params={"eps": LOCALITY_EPS, "time_per_layer": seconds}, workloads=wl, workers=workers
     )
+    cal = float(evaluate(base.plan, wl.calibration, inst.cluster)["maxvio"])
+    matched = round(cal * 20) / 20
+    grid = sorted({*RULE_EPS, matched} if matched > 0 else set(RULE_EPS))
     out = []
     for rule in RULES:
         pts = []
-        for e in RULE_EPS:
+        for e in grid:
             params = {"dispatch": rule, "eps": e, "time_per_layer": seconds}
             t0 = time.perf_counter()
             r = solve(inst, method="joint", params=params, workloads=wl, workers=workers)
@@ -275,7 +279,8 @@ def rules_markdown(rows: list[dict]) -> list[str]:
         "",
         f"Each plan is scored under the rule an engine runs (`even`: SGLang dynamic; `static`: SGLang static; "
         f"`lp`: SGLang lp). `agnostic` places one copy per expert, which every rule routes alike. `joint made for "
-        f"the rule` plans with `dispatch: RULE` at eps {', '.join(f'{e:g}' for e in RULE_EPS)}; the best of them "
+        f"the rule` plans with `dispatch: RULE` at eps {', '.join(f'{e:g}' for e in RULE_EPS)} and at "
+        "agnostic's calibration MaxVio; the best of them "
         f"whose held-out MaxVio is no worse than agnostic's is compared with agnostic's cut (target "
         f"{RULE_TARGET:g}x). The last column is the default `joint` (the `locality` rule, which no engine runs; "
         f"eps {LOCALITY_EPS:g}) scored under the engine's rule instead.",
