@@ -111,7 +111,8 @@ def test_incremental_keeps_its_budget(switch: Stream) -> None:
 
 def test_auto_plans_from_the_plan_in_service(switch: Stream) -> None:
     """auto over one window with 2 slots per layer re-plans at 6 to the balanced plan, moving 2 per layer."""
-    r = replay(tiny_instance(), switch, make_policy("auto", interval=2, history=1, budget=2))
+    policy = make_policy("auto", interval=2, history=1, budget=2, surge=None, carry=None)
+    r = replay(tiny_instance(), switch, policy)
     assert series(r) == [0, 0, HALF, HALF, 0, 0]
     assert moves(r) == [(4, 4, (0, 0)), (6, 6, (2, 2))]
     assert r.replans[-1].effective == 6 and (r.replans[-1].start, r.replans[-1].end) == (4, 6)
@@ -127,12 +128,13 @@ def test_oracle_plans_each_block_on_itself(switch: Stream) -> None:
 def test_auto_schedule_windows_and_snapshots() -> None:
     """auto plans on its last history windows, one robust snapshot per window, from the plan in service."""
     inst = tiny_instance()
-    policy = make_policy("auto", interval=3, window=2, history=3, budget=1).resolve(40, None, inst)
+    policy = make_policy("auto", interval=3, window=2, history=3, budget=1, carry=None).resolve(40, None, inst)
     sched = policy.schedule(inst)
     obs = Observation(step=11, steps=40, calibration=2, maxvio=np.zeros(9), planned_until=8, pending=False)
     req = sched.decide(obs)
     assert req is not None and (req.start, req.end, req.effective) == (5, 11, 11)
-    assert req.params == {"robust": "mean", "robust_steps": 3, "max_moves": 1} and req.from_current
+    assert req.params == {"robust": "mean", "robust_steps": 3, "max_moves": 1, "migration_frontier": False}
+    assert req.from_current
     assert sched.decide(Observation(10, 40, 2, np.zeros(8), 8, False)) is None  # not a decision step
     assert sched.decide(Observation(11, 40, 2, np.zeros(9), 8, True)) is None  # a plan is pending
     assert sched.initial(40).params == {"robust": "none", "robust_steps": 1}  # one snapshot: pooled
@@ -145,6 +147,59 @@ def test_auto_schedule_windows_and_snapshots() -> None:
     assert "max_moves" not in req.params
     with pytest.raises(InputError, match="from_current"):
         make_policy("auto", from_current=False, budget=4)
+
+
+def test_auto_surge_replans_at_once(switch: Stream) -> None:
+    """The surge watch re-plans after the first step of the switch (step 4), on that step alone."""
+    policy = make_policy("auto", interval=3, calibration=2, history=1, budget=2, carry=None, surge=2.0)
+    r = replay(tiny_instance(), switch, policy)
+    assert series(r) == [0, 0, HALF, 0, 0, 0]
+    assert moves(r) == [(5, 5, (2, 2))] and (r.replans[0].start, r.replans[0].end) == (4, 5)
+    calm = replay(
+        tiny_instance(),
+        switch,
+        make_policy("auto", interval=3, calibration=2, history=1, budget=2, carry=None, surge=2.0, surge_margin=0.6),
+    )
+    assert series(calm)[:3] == [0, 0, HALF] and [x.decided for x in calm.replans] == [5]  # the decision point
+    assert (calm.replans[0].start, calm.replans[0].end) == (2, 5)
+
+
+def test_surge_onset_needs_every_step_above() -> None:
+    """A surge starts at the earliest step from which every step exceeds surge x the median before it."""
+    inst = tiny_instance()
+    sched = make_policy("auto", interval=4, window=3, budget=1).resolve(40, None, inst).schedule(inst)
+    mv = np.array([0.1, 0.12, 0.1, 0.5, 0.6])  # steps 3..7
+    obs = Observation(8, 40, 3, mv, 3, False, service_start=3)
+    assert sched.surge_onset(obs) == 6
+    assert sched.surge_onset(Observation(8, 40, 3, mv, 3, False, service_start=7)) == 7  # only steps in service
+    noisy = np.array([0.1, 0.12, 0.1, 0.19, 0.15])
+    assert sched.surge_onset(Observation(8, 40, 3, noisy, 3, False)) is None
+    low = np.array([0.01, 0.01, 0.01, 0.01, 0.05])  # five times the median, but under the margin (0.1)
+    assert sched.surge_onset(Observation(8, 40, 3, low, 3, False)) is None
+
+
+def test_transfer_bucket() -> None:
+    """The bucket fills at budget per interval from one interval's worth, caps at carry intervals, and
+    a decision point spends only what lies above the reserve of carry - 1 intervals."""
+    inst = tiny_instance()
+    sched = make_policy("auto", interval=2, calibration=2, budget=4, carry=3.0).resolve(40, None, inst).schedule(inst)
+    zero = np.zeros(38)
+
+    def obs(step: int, spent: tuple = ()) -> Observation:
+        return Observation(step, 40, 2, zero[: step - 2], 2, False, spent=spent)
+
+    assert [sched.bucket(obs(t)) for t in (2, 3, 4, 6, 30)] == [4, 6, 8, 12, 12]
+    assert sched.bucket(obs(6, ((4, 5),))) == 7  # 8 at step 4, less 5, plus 4
+    assert sched.decide(obs(4)) is None  # 8 in the bucket: nothing above the reserve of 8
+    req = sched.decide(obs(6))
+    assert req is not None and req.budget == 4 and req.params["max_moves"] == 4
+
+
+def test_min_gain_keeps_the_plan(switch: Stream) -> None:
+    """min_gain 1: no re-plan can lower MaxVio by all of it, so the first plan serves throughout."""
+    policy = make_policy("auto", interval=2, history=1, budget=2, carry=None, surge=None, min_gain=1.0)
+    r = replay(tiny_instance(), switch, policy)
+    assert r.replans == [] and set(r.plan_of_step.tolist()) == {0}
 
 
 # ----------------------------------------------------------------------------- the one scorer
@@ -194,6 +249,21 @@ def test_incremental_never_exceeds_its_budget(case: tuple[Instance, Stream], bud
     r = replay(inst, stream, make_policy("incremental", interval=interval, window=2, budget=budget))
     assert r.replans
     assert all(max(x.moved_slots_per_layer) <= budget for x in r.replans)
+
+
+@settings(max_examples=examples(12))
+@given(small_streams(), st.integers(1, 3), st.integers(1, 3), st.sampled_from([1.0, 2.0, 3.0]))
+def test_auto_spends_no_more_than_its_bucket(
+    case: tuple[Instance, Stream], budget: int, interval: int, carry: float
+) -> None:
+    """auto's moves (the most in one layer, summed over re-plans) never exceed what its bucket took in."""
+    inst, stream = case
+    r = replay(inst, stream, make_policy("auto", interval=interval, window=2, budget=budget, carry=carry))
+    C = int(r.steps[0])
+    spent = 0
+    for x in r.replans:
+        spent += max(x.moved_slots_per_layer)
+        assert spent <= budget + budget * (x.decided - C) / interval + 1e-9
 
 
 @settings(max_examples=examples(12))

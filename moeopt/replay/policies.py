@@ -105,6 +105,12 @@ class Request:
         Renumber the new plan's GPUs onto the plan in service.
     budget
         Moved slots per layer allowed (None: any).
+    surge
+        Made by the surge watch (between decision points): the steps from ``start`` on are a new
+        regime, and later windows start there.
+    min_gain
+        Keep the plan in service unless the new plan lowers the mean per-step MaxVio of the
+        planned-on steps by at least this share of it (None: always take the new plan).
     """
 
     decided: int
@@ -116,6 +122,8 @@ class Request:
     from_current: bool = False
     relabel: bool = False
     budget: int | None = None
+    surge: bool = False
+    min_gain: float | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,6 +145,17 @@ class Observation:
         End of the window the newest plan (in service or pending) was planned on.
     pending
         Whether a plan is decided but not yet in service (``lag``).
+    service_start
+        The first step the plan in service served.
+    regime_start
+        The first step of the current regime: where the newest surge re-plan's steps began (0
+        before any surge); windows do not reach before it.
+    calibration_maxvio
+        float ``[calibration]``: the first plan's MaxVio on each calibration step (in sample), the
+        reference of a surge at the first scored steps; None: not known.
+    spent
+        ``(decided, moved)`` of each re-plan made so far: its step and the most slots it moved
+        in one layer (the move bucket's withdrawals).
     """
 
     step: int
@@ -145,6 +164,10 @@ class Observation:
     maxvio: np.ndarray
     planned_until: int
     pending: bool
+    service_start: int = 0
+    regime_start: int = 0
+    calibration_maxvio: np.ndarray | None = None
+    spent: tuple[tuple[int, int], ...] = ()
 
     @property
     def since_plan(self) -> int:
@@ -188,6 +211,25 @@ class Schedule:
         window (at most ``max_snapshots``); None: the planner's own default.
     max_snapshots
         The most snapshots one plan is made on.
+    surge
+        The surge watch (None: off): after every step, re-plan at once when the last steps'
+        MaxVio each exceed ``surge`` times the median of the ``trigger_window`` steps before them
+        (and that median by ``surge_margin``), on those steps alone, from the plan in service
+        within the whole :meth:`bucket`; later windows start at the surge (:meth:`surge_onset`).
+    surge_margin
+        The least rise (in MaxVio) a surge needs, so that noise on a well-balanced plan does not
+        trigger one.
+    surge_budget
+        Moved slots per layer of a surge re-plan without ``carry`` (None: ``budget``).
+    carry
+        With a ``budget``: the budget is a rate, ``budget`` moved slots per layer per
+        ``interval`` steps, kept in a bucket that holds at most ``carry`` intervals' worth (and
+        starts with one, :meth:`bucket`): a surge re-plan may spend all of it, a decision
+        point's re-plan only what lies above a reserve of ``carry - 1`` intervals' worth (at most
+        ``budget``), so that a surge finds the reserve. None: ``budget`` per re-plan.
+    min_gain
+        Keep the plan in service unless the re-plan lowers the planned-on steps' mean per-step
+        MaxVio by at least this share (None: always take it).
     """
 
     interval: int
@@ -205,6 +247,11 @@ class Schedule:
     relabel: bool = False
     snapshot: int | None = None
     max_snapshots: int = 16
+    surge: float | None = None
+    surge_margin: float = 0.0
+    surge_budget: int | None = None
+    carry: float | None = None
+    min_gain: float | None = None
 
     def initial(self, steps: int) -> Request:
         """The first plan: on the calibration prefix (the oracle: on the first scored block)."""
@@ -217,13 +264,63 @@ class Schedule:
         """The first decision point after ``step`` steps observed (None: the policy never re-plans)."""
         if not self.replans:
             return None
+        if self.surge is not None and step >= self.calibration:
+            return step + 1  # the surge watch looks after every step
         k = max(1, (step - self.calibration) // self.interval + 1)
         return self.calibration + k * self.interval
+
+    def bucket(self, obs: Observation) -> int | None:
+        """Moved slots per layer the next re-plan may spend: the bucket filled at ``budget`` per
+        ``interval`` steps from one interval's worth at the calibration step, capped at ``carry``
+        intervals' worth, less what each re-plan spent (None: no budget)."""
+        if self.budget is None:
+            return None
+        if self.carry is None:
+            return self.budget
+        rate, cap = self.budget / self.interval, self.carry * self.budget
+        level, t = float(self.budget), self.calibration
+        for step, moved in obs.spent:
+            level = min(cap, level + rate * (step - t)) - moved
+            t = step
+        level = min(cap, level + rate * (obs.step - t))
+        return max(0, math.floor(level + 1e-9))
+
+    def surge_onset(self, obs: Observation) -> int | None:
+        """The first step of a surge that ends at the last step observed, or None.
+
+        A surge starting at step ``j`` (a step the plan in service served, at most
+        ``trigger_window`` steps back) means every step from ``j`` to the last has MaxVio above
+        ``surge`` times the median ``m`` of the ``trigger_window`` steps before ``j`` and above
+        ``m + surge_margin``; the earliest such ``j`` is returned.
+        """
+        if self.surge is None:
+            return None
+        C, w = obs.calibration, self.trigger_window
+        prior = obs.calibration_maxvio if obs.calibration_maxvio is not None else np.zeros(0)
+        mv = np.concatenate([np.asarray(prior, dtype=np.float64)[-C:], obs.maxvio])  # mv[i]: step i + C - len(prior)
+        first = C - (len(mv) - len(obs.maxvio))  # the step of mv[0]
+        last = len(mv) - 1
+        lowest = max(obs.service_start, obs.step - w, C, first + 1) - first
+        onset = None
+        for j in range(last, lowest - 1, -1):
+            ref = float(np.median(mv[max(0, j - w) : j]))
+            if float(mv[j:].min()) > max(self.surge * ref, ref + self.surge_margin):
+                onset = j
+            else:
+                break
+        return None if onset is None else first + onset
 
     def decide(self, obs: Observation) -> Request | None:
         """The re-plan to make after ``obs.step`` steps, or None to keep the plan in service."""
         d = obs.step
-        if not self.replans or obs.pending or d <= self.calibration or (d - self.calibration) % self.interval:
+        if not self.replans or obs.pending or d <= self.calibration:
+            return None
+        if not self.lookahead:
+            onset = self.surge_onset(obs)
+            if onset is not None:
+                budget = self.bucket(obs) if self.carry is not None or self.surge_budget is None else self.surge_budget
+                return self._request(d, onset, d, d + self.lag, budget=budget, surge=True)
+        if (d - self.calibration) % self.interval:
             return None
         if self.level is not None:
             recent = obs.maxvio[-self.trigger_window :]
@@ -232,21 +329,49 @@ class Schedule:
         if self.lookahead:
             return self._request(d, d, min(d + self.interval, obs.steps), d)
         start = 0 if self.span is None else max(0, d - self.span)
-        return self._request(d, start, d, d + self.lag)
+        budget = self.bucket(obs)
+        if budget is not None and self.budget is not None:
+            reserve = 0 if self.carry is None else math.floor((self.carry - 1.0) * self.budget + 1e-9)
+            budget = min(self.budget, budget - reserve)
+            if budget <= 0 and self.carry is not None:
+                return None  # nothing above the surge reserve to spend: keep the plan in service
+        return self._request(d, max(start, min(obs.regime_start, d - 1)), d, d + self.lag, budget=budget)
 
-    def _request(self, decided: int, start: int, end: int, effective: int, first: bool = False) -> Request:
+    def _request(
+        self,
+        decided: int,
+        start: int,
+        end: int,
+        effective: int,
+        first: bool = False,
+        budget: int | None = None,
+        surge: bool = False,
+    ) -> Request:
         params = dict(self.planner_params)
         if self.snapshot is not None:
             snapshots = min(self.max_snapshots, max(1, math.ceil((end - start) / self.snapshot)))
             params["robust_steps"] = snapshots
             if snapshots < 2 and params.get("robust") in ("mean", "worst"):
                 params["robust"] = "none"  # one snapshot: robust over it is planning on it
-        budget = None if first else self.budget
+        if first:
+            budget = None
         if budget is not None:
             params["max_moves"] = budget
         from_current = self.from_current and not first
+        if from_current and self.planner == "balance":
+            params.setdefault("migration_frontier", False)  # the replay never reads balance's moves-vs-MaxVio report
         return Request(
-            decided, start, end, effective, self.planner, params, from_current, self.relabel and not first, budget
+            decided,
+            start,
+            end,
+            effective,
+            self.planner,
+            params,
+            from_current,
+            self.relabel and not first,
+            budget,
+            surge,
+            None if first else self.min_gain,
         )
 
 
@@ -503,33 +628,63 @@ class Incremental(_Budgeted):
 
 @dataclass(frozen=True)
 class Auto(_Budgeted):
-    """moeopt's default: robust over the last ``history`` windows, from the plan in service
-    within a move budget, every ``interval`` steps or, with ``level``, when the last window's
-    mean per-step MaxVio exceeds it.
+    """moeopt's default: re-plan from the plan in service, robust over the last ``history``
+    windows, within a transfer budget per interval, and at once when the load surges.
 
-    Each window of ``window`` steps is one snapshot of ``balance``'s robust mode (``robust``:
-    ``mean`` plans for the mean per-snapshot MaxVio, ``worst`` for the worst); ``history: null``
-    plans on every window so far (at most ``max_snapshots`` snapshots: older windows are
-    merged). ``from_current: false`` plans afresh (no budget) and, with ``relabel``, renumbers
-    the new plan's GPUs onto the plan in service. ``planner_params`` go to ``balance`` too.
+    * **Decision points** (every ``interval`` steps; with ``level``, only when the last
+      window's mean per-step MaxVio exceeds it): ``balance`` from the plan in service, robust
+      over the last ``history`` windows of ``window`` steps, each window one snapshot
+      (``robust``: ``mean`` plans for the mean per-snapshot MaxVio, ``worst`` for the worst;
+      ``history: null``: every window so far, at most ``max_snapshots`` snapshots).
+    * **Surge watch** (``surge``; null: off): after every step, when the last steps' MaxVio
+      each exceed ``surge`` times the median of the window before them (and that median by
+      ``surge_margin``), re-plan at once on those steps alone; later windows start there
+      (:meth:`Schedule.surge_onset`). A plan chasing a shift that has already happened serves
+      the whole interval otherwise.
+    * **Transfer budget**: ``budget`` (or ``budget_bytes``, else ``budget_share`` of a layer's
+      slots) moved slots per layer per interval, saved in a bucket of ``carry`` intervals'
+      worth: a decision point spends at most one interval's worth, and only what lies above a
+      reserve of ``carry - 1`` intervals' worth; a surge spends the whole bucket
+      (:meth:`Schedule.bucket`). ``carry: null`` makes the budget per re-plan (a surge then
+      spends ``surge_budget_share`` of the slots, or the budget).
+    * ``min_gain``: keep the plan in service unless the re-plan lowers the planned-on steps'
+      mean per-step MaxVio by that share. ``from_current: false`` plans afresh (no budget) and,
+      with ``relabel``, renumbers the new plan's GPUs onto the plan in service.
+      ``planner_params`` go to ``balance``.
+
+    The defaults were chosen on the bundled streams as a whole (the re-planning guide,
+    "Choosing a policy: measured", and ``benchmarks/replay.py``).
     """
 
-    history: int | None = 6  # windows planned on (None: every window so far)
-    level: float | None = None  # re-plan only when the last window's MaxVio exceeds it (None: always)
+    budget_share: float = 0.15  # without budget and budget_bytes: this share of a layer's slots per interval
+    history: int | None = 2  # windows planned on (None: every window so far)
+    level: float | None = None  # re-plan at a decision point only above this MaxVio (None: always)
     robust: str = "mean"  # balance's robust objective over the windows
     max_snapshots: int = 16  # most snapshots one plan is made on (older windows merged)
     from_current: bool = True  # re-plan from the plan in service within the budget (False: afresh)
     relabel: bool = True  # with from_current false: renumber the fresh plan's GPUs onto the plan in service
+    surge: float | None = 2.0  # watch every step: re-plan at once when MaxVio jumps this many times (None: off)
+    surge_margin: float = 0.1  # ... and by at least this much MaxVio
+    carry: float | None = 3.0  # the budget is per interval, saved up to this many intervals (None: per re-plan)
+    surge_budget_share: float | None = None  # with carry null: a surge re-plan's budget, a share of the slots
+    min_gain: float | None = None  # keep the plan in service unless a re-plan gains this share (None: always)
     planner_params: dict[str, Any] = field(default_factory=dict)
 
     name: ClassVar[str] = "auto"
-    summary: ClassVar[str] = "moeopt's default: robust over recent windows, from the plan in service, move budget"
+    summary: ClassVar[str] = (
+        "moeopt's default: robust over recent windows from the plan in service, a transfer budget, a surge watch"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_int("history", self.history, 1)
         _check_number("level", self.level)
         _check_int("max_snapshots", self.max_snapshots, 1, optional=False)
+        _check_number("surge", self.surge, low=1.0)
+        _check_number("surge_margin", self.surge_margin)
+        _check_number("carry", self.carry, low=1.0)
+        _check_number("surge_budget_share", self.surge_budget_share, high=1.0, open_low=True)
+        _check_number("min_gain", self.min_gain, high=1.0)
         if self.robust not in ("mean", "worst", "auto", "none"):
             raise _bad("robust", f"expected mean, worst, auto or none, got {self.robust!r}")
         for key in ("from_current", "relabel"):
@@ -561,6 +716,13 @@ class Auto(_Budgeted):
             relabel=self.relabel and not self.from_current,
             snapshot=self.window,
             max_snapshots=self.max_snapshots,
+            surge=None if self.surge is None else float(self.surge),
+            surge_margin=float(self.surge_margin),
+            surge_budget=None
+            if self.surge_budget_share is None or not self.from_current
+            else max(1, math.floor(self.surge_budget_share * _slots(instance))),
+            carry=None if self.carry is None else float(self.carry),
+            min_gain=None if self.min_gain is None else float(self.min_gain),
         )
 
 

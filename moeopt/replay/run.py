@@ -339,6 +339,15 @@ def _notes_once(first: bool) -> Iterator[None]:
         console.configure(verbose=prior == "verbose", quiet=prior == "quiet")
 
 
+def _gains(instance: Instance, stream: Stream, current: Plan, new: Plan, req: Request) -> bool:
+    """Whether ``new`` lowers the mean per-step MaxVio of the planned-on steps by at least
+    ``req.min_gain`` of the plan in service's."""
+    assert req.min_gain is not None
+    before = float(_score(instance, stream, current, req.start, req.end)[0].mean())
+    after = float(_score(instance, stream, new, req.start, req.end)[0].mean())
+    return after < before * (1.0 - req.min_gain)
+
+
 def _moves(current: Plan, new: Plan) -> tuple[int, ...]:
     return tuple(count_moves(current.slots[l], new.slots[l]) for l in range(current.layers))
 
@@ -419,17 +428,21 @@ def replay(
     tokens = np.zeros(S, dtype=np.int64) if stream.trace is not None else None
     replans: list[Replan] = []
     in_service = 0
+    service_start = C  # the first step the plan in service served
+    regime_start = 0  # where the newest surge re-plan's steps began
     pending: tuple[int, int] | None = None  # (effective step, plan index)
     planned_until = first.end
     pos = C
     decision = sched.next_decision(C)
+    # the first plan's in-sample MaxVio per calibration step: the surge watch's first reference
+    calib_mv = _score(instance, stream, plans[0], 0, C)[0] if sched.surge is not None else None
 
     def serve(until: int) -> None:
         """Score steps ``pos .. until - 1``, switching to the pending plan at its step."""
-        nonlocal pos, in_service, pending
+        nonlocal pos, in_service, pending, service_start
         while pos < until:
             if pending is not None and pending[0] <= pos:
-                in_service, pending = pending[1], None
+                in_service, pending, service_start = pending[1], None, pos
             end = until if pending is None else min(until, pending[0])
             vals, comm = _score(instance, stream, plans[in_service], pos, end)
             mv[pos - C : end - C] = vals
@@ -444,13 +457,31 @@ def replay(
         if decision is None or decision >= T:
             break
         if pending is not None and pending[0] <= decision:
-            in_service, pending = pending[1], None
-        req = sched.decide(Observation(decision, T, C, mv[: decision - C], planned_until, pending is not None))
+            in_service, pending, service_start = pending[1], None, decision
+        obs = Observation(
+            decision,
+            T,
+            C,
+            mv[: decision - C],
+            planned_until,
+            pending is not None,
+            service_start,
+            regime_start,
+            calib_mv,
+            tuple((r.decided, max(r.moved_slots_per_layer, default=0)) for r in replans),
+        )
+        req = sched.decide(obs)
         if req is not None and req.effective < T:
             current = plans[pending[1] if pending is not None else in_service]
             t1 = time.perf_counter()
             new = planner.plan(req, current)
             elapsed = time.perf_counter() - t1
+            if req.surge:
+                regime_start = req.start
+            if req.min_gain is not None and not _gains(instance, stream, current, new, req):
+                say(f"replay {name}: step {req.decided}: the re-plan gains less than {req.min_gain:g}; plan kept")
+                decision = sched.next_decision(decision)
+                continue
             moved = _moves(current, new)
             plans.append(new)
             index = len(plans) - 1
@@ -474,7 +505,7 @@ def replay(
                 f"in service from step {req.effective}"
             )
             if req.effective <= decision:
-                in_service = index
+                in_service, service_start = index, decision
             else:
                 pending = (req.effective, index)
         decision = sched.next_decision(decision)

@@ -1,0 +1,625 @@
+"""Re-planning benchmark: every replay policy on every bundled stream, and the default ``auto``.
+
+Streams (``instances/replay/``, how each was made: its README): the real OLMoE and Mixtral
+per-domain counts visited in sequence (count-sampled, 4096 tokens per step), DeepSeek-V3's
+real prefill loads then its decode loads, DeepSeek-V3's prefill loads drifting by a random walk
+(both count-sampled), and three synthetic token traces (family mix drift, popularity drift, a
+sudden switch of the hidden structure).
+
+On each stream, at each interval ``K`` (window = ``K``, calibration prefix = ``K``, lag 0),
+:func:`moeopt.replay.replay` serves the stream under
+
+* ``static``: ``balance`` once on the calibration prefix;
+* ``periodic eplb``: DeepSeek's EPLB every ``K`` steps on the last ``K`` (what SGLang and vLLM
+  run; EPLB's policy as SGLang's default picks it: hierarchical on DeepSeek-V3, global
+  elsewhere), and ``periodic eplb relabeled`` (its GPUs renumbered onto the plan in service);
+  on the DeepSeek-V3 streams also ``periodic eplb global``;
+* ``periodic balance``, ``threshold`` (``balance``, level 0.15), ``incremental`` (``balance``
+  from the plan in service, a fifth of the slots per re-plan);
+* ``auto``: moeopt's default policy, every parameter at its default;
+* ``oracle``: every block of ``K`` steps planned on itself (hindsight, not a policy).
+
+Every step is scored by the one scorer under the plan's rule (``even``). Per row: the
+time-averaged MaxVio, the worst window (mean MaxVio of the worst block of ``K`` scored steps),
+re-plans, slots moved per layer per re-plan, bytes moved (expert sizes below), planning time.
+Per stream and interval, the issue's three targets for ``auto`` against ``periodic eplb``
+(time average <= 0.8x, worst window <= 0.6x, moved slots <= 25 %), met or not, with the
+oracle beside them and the policies (if any) that meet all three.
+
+Also: the frontier (bytes moved against time-averaged MaxVio over intervals 2, 4, 8 and
+budgets 4 to 32 slots per layer) of ``periodic eplb``, ``incremental`` and ``auto`` on the
+OLMoE and synthetic-switch streams, and the alternatives tried for ``auto``'s defaults on
+the small streams (:data:`ALTERNATIVES`).
+
+Expert sizes: DeepSeek-V3 from its instances (``3 x 7168 x 2048`` FP8, 44 MB); OLMoE-1B-7B
+``3 x 2048 x 1024`` BF16 (12.6 MB); Mixtral-8x7B ``3 x 4096 x 14336`` BF16 (352 MB); the
+synthetic streams the model default (``3 x 1024 x 512`` BF16, 3.1 MB).
+
+Run: ``python benchmarks/replay.py`` (about 25 minutes on 2 shared cores: the small streams at
+``K`` = 4 and 8, the DeepSeek-V3 streams at ``K`` = 8 only, since each of their re-plans with
+``balance`` takes seconds); ``--quick``: the OLMoE and synthetic-switch streams at ``K`` = 4,
+no frontier and no alternatives. EPLB needs ``sglang`` and ``torch`` (``pip install -e
+'.[eplb]'``); without them its rows and the targets are skipped, and the file says so. Writes
+``benchmarks/results/replay.{json,md,png}``; ``--report-only`` rebuilds the Markdown and the
+figure from the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from machine_info import machine  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from tabulate import tabulate
+
+from moeopt import console
+from moeopt.io import load_instance, write_json, write_text
+from moeopt.registry import get_method
+from moeopt.replay import load_stream, make_policy, replay, replay_frontier
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results"
+STREAMS_DIR = ROOT / "instances" / "replay"
+
+#: the issue's targets for auto against periodic EPLB at the same interval
+TARGET_MEAN, TARGET_WORST, TARGET_MOVES = 0.8, 0.6, 0.25
+
+#: (instance stem, label, kind, intervals, model sizes to set (None: the instance's own))
+STREAMS: tuple[tuple[str, str, str, tuple[int, ...], dict[str, Any] | None], ...] = (
+    (
+        "olmoe-domains-stream",
+        "OLMoE domains in sequence",
+        "real, count-sampled",
+        (4, 8),
+        {"d_model": 2048, "d_ff": 1024},
+    ),
+    (
+        "mixtral-domains-stream",
+        "Mixtral domains in sequence",
+        "real, count-sampled",
+        (4, 8),
+        {"d_model": 4096, "d_ff": 14336},
+    ),
+    ("deepseek-v3-prefill-decode-stream", "DeepSeek-V3 prefill -> decode", "real, count-sampled", (8,), None),
+    ("deepseek-v3-count-sampled-stream", "DeepSeek-V3 prefill, random walk", "real, count-sampled", (8,), None),
+    ("synthetic-mix-drift", "synthetic: family mix drift", "synthetic", (4, 8), None),
+    ("synthetic-popularity-drift", "synthetic: popularity drift", "synthetic", (4, 8), None),
+    ("synthetic-switch", "synthetic: sudden switch", "synthetic", (4, 8), None),
+)
+QUICK = {"olmoe-domains-stream": (4,), "synthetic-switch": (4,)}
+
+#: (label, policy, parameters): the rows of every stream and interval
+POLICIES: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("static", "static", {}),
+    ("periodic eplb", "periodic", {"planner": "eplb"}),
+    ("periodic eplb relabeled", "periodic", {"planner": "eplb", "relabel": True}),
+    ("periodic balance", "periodic", {}),
+    ("threshold", "threshold", {}),
+    ("incremental", "incremental", {}),
+    ("auto", "auto", {}),
+    ("oracle", "oracle", {}),
+)
+#: the stronger EPLB policy beside SGLang's default where the two differ (router groups)
+EPLB_GLOBAL = ("periodic eplb global", "periodic", {"planner": "eplb", "planner_params": {"policy": "global"}})
+BASELINE = "periodic eplb"
+
+#: the frontier: streams, intervals, budgets (slots per layer; auto: per interval)
+FRONTIER_STREAMS = ("olmoe-domains-stream", "synthetic-switch")
+FRONTIER_INTERVALS = (2, 4, 8)
+FRONTIER_BUDGETS = (4, 8, 16, 32)
+
+#: alternatives tried for auto's defaults (label, auto parameters), on the small streams
+ALTERNATIVES: tuple[tuple[str, dict[str, Any]], ...] = (
+    (
+        "robust over every window so far, from the plan in service, 20 % per re-plan (the issue's first try)",
+        {"history": None, "surge": None, "carry": None, "budget_share": 0.2},
+    ),
+    (
+        "robust over the last 6 windows, 20 % per re-plan (the first auto)",
+        {"history": 6, "surge": None, "carry": None, "budget_share": 0.2},
+    ),
+    (
+        "robust over the last 3 windows afresh, relabeled (no budget)",
+        {"history": 3, "surge": None, "from_current": False},
+    ),
+    ("surge watch, 20 % per re-plan", {"carry": None, "budget_share": 0.2}),
+    (
+        "surge watch, 20 % per surge, 5 % per decision point",
+        {"carry": None, "budget_share": 0.05, "surge_budget_share": 0.2},
+    ),
+    ("surge watch, bucket of 20 % per interval, carry 4", {"budget_share": 0.2, "carry": 4.0}),
+    ("auto, robust over 6 windows", {"history": 6}),
+    ("auto, keep unless the re-plan gains 10 %", {"min_gain": 0.1}),
+    ("auto (the default: surge watch, bucket of 15 % per interval, carry 3, 2 windows)", {}),
+)
+ALTERNATIVE_INTERVALS = (4, 8)
+
+
+def stream_instance(stem: str, sizes: dict[str, Any] | None):
+    """The stream's instance, with the model's expert size set when the instance does not."""
+    inst = load_instance(STREAMS_DIR / f"{stem}.yaml")
+    if sizes:
+        inst = inst.replace(model=replace(inst.model, **sizes))
+    return inst
+
+
+def run_row(label: str, name: str, params: dict, K: int, inst, stream) -> dict:
+    """One policy at interval ``K``: its totals, series and re-plans."""
+    given = {**params, "interval": K}
+    if name != "oracle":
+        given["calibration"] = K
+    t0 = time.perf_counter()
+    r = replay(inst, stream, make_policy(name, **given), timings=True)
+    wall = time.perf_counter() - t0
+    m = r.metrics
+    return {
+        "label": label,
+        "policy": r.policy.to_json(),
+        "maxvio_mean": m["maxvio_mean"],
+        "maxvio_worst": m["maxvio_worst"],
+        "maxvio_max": m["maxvio_max"],
+        "replans": m["replans"],
+        "moved_slots": m["moved_slots"],
+        "moved_slots_per_layer_per_replan": m["moved_slots_per_layer_per_replan"],
+        "moved_bytes": m["moved_bytes"],
+        "comm_per_token_mean": m.get("comm_per_token_mean"),
+        "plan_time_s": r.initial_time + sum(x.plan_time for x in r.replans),
+        "wall_s": wall,
+        "series": {"step": r.steps.tolist(), "maxvio": [round(float(x), 6) for x in r.maxvio]},
+        "replan_steps": [x.effective for x in r.replans],
+        "replan_bytes": [x.moved_bytes for x in r.replans],
+    }
+
+
+def done_when(rows: list[dict]) -> dict | None:
+    """``auto`` against ``periodic eplb``: the three ratios, met or not, the oracle, and every
+    policy that meets all three (None without EPLB)."""
+    by = {r["label"]: r for r in rows}
+    base = by.get(BASELINE)
+    if base is None:
+        return None
+
+    def ratios(r: dict) -> dict:
+        mean = r["maxvio_mean"] / base["maxvio_mean"]
+        worst = r["maxvio_worst"] / base["maxvio_worst"]
+        moved = r["moved_slots"] / base["moved_slots"] if base["moved_slots"] else math.inf
+        return {
+            "mean_ratio": mean,
+            "worst_ratio": worst,
+            "moved_ratio": moved,
+            "mean_met": mean <= TARGET_MEAN,
+            "worst_met": worst <= TARGET_WORST,
+            "moved_met": moved <= TARGET_MOVES,
+        }
+
+    auto = ratios(by["auto"])
+    auto["met"] = auto["mean_met"] and auto["worst_met"] and auto["moved_met"]
+    meets = []
+    for r in rows:
+        if r["label"] in (BASELINE, "oracle"):
+            continue
+        x = ratios(r)
+        if x["mean_met"] and x["worst_met"] and x["moved_met"]:
+            meets.append(r["label"])
+    oracle = by.get("oracle")
+    out = {**auto, "met_by": meets}
+    if oracle is not None:
+        out["oracle_mean_ratio"] = oracle["maxvio_mean"] / base["maxvio_mean"]
+        out["oracle_worst_ratio"] = oracle["maxvio_worst"] / base["maxvio_worst"]
+    glob = by.get(EPLB_GLOBAL[0])
+    if glob is not None:
+        out["vs_eplb_global"] = {
+            "mean_ratio": by["auto"]["maxvio_mean"] / glob["maxvio_mean"],
+            "worst_ratio": by["auto"]["maxvio_worst"] / glob["maxvio_worst"],
+            "moved_ratio": by["auto"]["moved_slots"] / glob["moved_slots"] if glob["moved_slots"] else math.inf,
+        }
+    return out
+
+
+def run_streams(selected: dict[str, tuple[int, ...]], eplb: bool, log) -> list[dict]:
+    out = []
+    for stem, label, kind, _intervals, sizes in STREAMS:
+        if stem not in selected:
+            continue
+        inst = stream_instance(stem, sizes)
+        stream = load_stream(inst)
+        policies = [p for p in POLICIES if eplb or p[2].get("planner") != "eplb"]
+        grouped = inst.model.expert_groups and inst.model.expert_groups > 1
+        if eplb and grouped:
+            policies.insert(3, EPLB_GLOBAL)
+        entry: dict[str, Any] = {
+            "stream": stem,
+            "label": label,
+            "kind": kind,
+            "layers": stream.layers,
+            "experts": stream.experts,
+            "steps": stream.steps,
+            "tokens": stream.trace.tokens if stream.trace is not None else None,
+            "gpus": inst.cluster.gpus,
+            "slots_per_layer": inst.cluster.gpus * inst.cluster.width,
+            "expert_bytes": inst.model.expert_size,
+            "intervals": [],
+        }
+        for K in selected[stem]:
+            rows = []
+            for plabel, name, params in policies:
+                row = run_row(plabel, name, params, K, inst, stream)
+                rows.append(row)
+                log(
+                    f"{stem} K={K} {plabel}: MaxVio {row['maxvio_mean']:.4f} (worst {row['maxvio_worst']:.4f}), "
+                    f"{row['replans']} re-plans, {row['moved_slots_per_layer_per_replan']:.1f} slots/layer/re-plan "
+                    f"({row['wall_s']:.1f} s)"
+                )
+            dw = done_when(rows)
+            entry["intervals"].append({"interval": K, "rows": rows, "done_when": dw})
+            if dw is not None:
+                log(
+                    f"{stem} K={K}: auto / EPLB {dw['mean_ratio']:.2f}x mean, {dw['worst_ratio']:.2f}x worst, "
+                    f"{dw['moved_ratio']:.2f} moved: {'met' if dw['met'] else 'not met'}"
+                )
+        out.append(entry)
+    return out
+
+
+def run_frontier(eplb: bool, log) -> list[dict]:
+    out = []
+    for stem, _label, _kind, _intervals, sizes in STREAMS:
+        if stem not in FRONTIER_STREAMS:
+            continue
+        inst = stream_instance(stem, sizes)
+        stream = load_stream(inst)
+        policies = ["periodic", "incremental", "auto"]
+        t0 = time.perf_counter()
+        points = replay_frontier(
+            inst,
+            stream,
+            policies,
+            intervals=FRONTIER_INTERVALS,
+            budgets=FRONTIER_BUDGETS,
+            params={"periodic": {"planner": "eplb" if eplb else "balance"}},
+        )
+        log(f"{stem}: frontier of {len(points)} points ({time.perf_counter() - t0:.0f} s)")
+        out.append(
+            {
+                "stream": stem,
+                "planner_periodic": "eplb" if eplb else "balance",
+                "expert_bytes": inst.model.expert_size,
+                "points": [p.to_json() for p in points],
+            }
+        )
+    return out
+
+
+def run_alternatives(streams: list[dict], log) -> list[dict]:
+    """Each alternative of :data:`ALTERNATIVES` on the small streams, against the EPLB rows measured."""
+    base = {
+        (s["stream"], iv["interval"]): {r["label"]: r for r in iv["rows"]}[BASELINE]
+        for s in streams
+        for iv in s["intervals"]
+        if any(r["label"] == BASELINE for r in iv["rows"])
+    }
+    out = []
+    for label, params in ALTERNATIVES:
+        cells = []
+        for stem, _l, _k, _iv, sizes in STREAMS:
+            if stem.startswith("deepseek"):
+                continue
+            inst = stream_instance(stem, sizes)
+            stream = load_stream(inst)
+            for K in ALTERNATIVE_INTERVALS:
+                b = base.get((stem, K))
+                if b is None:
+                    continue
+                r = run_row(label, "auto", params, K, inst, stream)
+                mean, worst = r["maxvio_mean"] / b["maxvio_mean"], r["maxvio_worst"] / b["maxvio_worst"]
+                moved = r["moved_slots"] / b["moved_slots"]
+                cells.append(
+                    {
+                        "stream": stem,
+                        "interval": K,
+                        "mean_ratio": mean,
+                        "worst_ratio": worst,
+                        "moved_ratio": moved,
+                        "met": mean <= TARGET_MEAN and worst <= TARGET_WORST and moved <= TARGET_MOVES,
+                    }
+                )
+        out.append({"label": label, "params": params, "cells": cells})
+        met = sum(c["met"] for c in cells)
+        log(f"alternative {label}: targets met in {met} of {len(cells)}")
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+def _g(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _gm(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def summary_rows(data: dict) -> list[list[str]]:
+    """One row per stream and interval: auto against periodic EPLB, the targets, the oracle."""
+    rows = []
+    for s in data["streams"]:
+        for iv in s["intervals"]:
+            dw = iv["done_when"]
+            if dw is None:
+                continue
+
+            def mark(ratio: float, met: bool) -> str:
+                return f"{ratio:.2f}x {'met' if met else 'not met'}"
+
+            rows.append(
+                [
+                    s["label"],
+                    iv["interval"],
+                    mark(dw["mean_ratio"], dw["mean_met"]),
+                    mark(dw["worst_ratio"], dw["worst_met"]),
+                    f"{100 * dw['moved_ratio']:.0f} % {'met' if dw['moved_met'] else 'not met'}",
+                    "**met**" if dw["met"] else "not met",
+                    f"{dw.get('oracle_mean_ratio', math.nan):.2f}x / {dw.get('oracle_worst_ratio', math.nan):.2f}x",
+                    ", ".join(dw["met_by"]) or "no policy",
+                ]
+            )
+    return rows
+
+
+SUMMARY_HEADERS = [
+    "stream",
+    "interval",
+    "auto / EPLB: time-averaged MaxVio (<= 0.8x)",
+    "worst window (<= 0.6x)",
+    "moved slots (<= 25 %)",
+    "all three",
+    "oracle / EPLB (mean / worst)",
+    "policies meeting all three",
+]
+
+
+def markdown(data: dict) -> str:
+    info = data["info"]
+    m = info["machine"]
+    lines = [
+        "# Re-planning benchmark",
+        "",
+        f"Machine: {m['processor']}, {m['cpus']} CPUs (shared), Python {m['python']}; commit "
+        f"{m['git_commit']}; run time {info['wall_s']:.0f} s{' (--quick)' if info['quick'] else ''}. "
+        f"EPLB {'available' if info['eplb'] else 'not available: its rows and the targets are skipped'}.",
+        "",
+        "Every policy at the same interval K (window = K, calibration = K, lag 0); every step scored by the "
+        "one scorer (`even` dispatch). Worst window: the mean MaxVio of the worst block of K scored steps. "
+        "Targets (issue 39): `auto` against `periodic eplb` (what SGLang and vLLM run) at the same interval: "
+        f"time-averaged MaxVio <= {TARGET_MEAN}x, worst window <= {TARGET_WORST}x, moved slots <= "
+        f"{100 * TARGET_MOVES:.0f} %.",
+        "",
+        "## The targets, per stream",
+        "",
+        tabulate(summary_rows(data), headers=SUMMARY_HEADERS, tablefmt="github", disable_numparse=True),
+        "",
+    ]
+    for s in data["streams"]:
+        lines += [
+            f"## {s['label']} (`{s['stream']}`)",
+            "",
+            f"{s['layers']} layers x {s['experts']} experts, {s['steps']} steps"
+            + (f" ({s['tokens']} tokens)" if s["tokens"] else "")
+            + f", {s['gpus']} GPUs, {s['slots_per_layer']} slots per layer; {s['kind']}; "
+            f"{s['expert_bytes'] / 1e6:.1f} MB per expert.",
+            "",
+        ]
+        for iv in s["intervals"]:
+            body = [
+                [
+                    r["label"],
+                    _g(r["maxvio_mean"], 4),
+                    _g(r["maxvio_worst"], 4),
+                    _g(r["maxvio_max"], 4),
+                    r["replans"],
+                    f"{r['moved_slots_per_layer_per_replan']:.1f}",
+                    f"{r['moved_bytes'] / 1e9:.2f}",
+                    _g(r["comm_per_token_mean"], 3),
+                    f"{r['plan_time_s']:.1f}",
+                ]
+                for r in iv["rows"]
+            ]
+            heads = [
+                f"K = {iv['interval']}",
+                "MaxVio (time avg)",
+                "worst window",
+                "worst step",
+                "re-plans",
+                f"slots moved / layer / re-plan (of {s['slots_per_layer']})",
+                "moved GB",
+                "remote GPUs / token",
+                "planning s",
+            ]
+            lines += [tabulate(body, headers=heads, tablefmt="github", disable_numparse=True), ""]
+    if data.get("frontier"):
+        lines += ["## Frontier: bytes moved against time-averaged MaxVio", ""]
+        for f in data["frontier"]:
+            body = [
+                [
+                    p["policy"] + (" (eplb)" if p["policy"] == "periodic" and f["planner_periodic"] == "eplb" else ""),
+                    p["interval"],
+                    "-" if p["budget"] is None else p["budget"],
+                    _g(p["maxvio_mean"], 4),
+                    _g(p["maxvio_worst"], 4),
+                    p["replans"],
+                    f"{p['moved_slots_per_layer_per_replan']:.1f}",
+                    f"{p['moved_bytes'] / 1e9:.2f}",
+                    "*" if p["pareto"] else "",
+                ]
+                for p in f["points"]
+            ]
+            heads = [
+                "policy",
+                "interval",
+                "budget / layer",
+                "MaxVio (time avg)",
+                "worst window",
+                "re-plans",
+                "slots / layer / re-plan",
+                "moved GB",
+                "Pareto",
+            ]
+            lines += [
+                f"### `{f['stream']}` (calibration on the first {max(FRONTIER_INTERVALS)} steps for every point; "
+                "auto's budget is per interval)",
+                "",
+                tabulate(body, headers=heads, tablefmt="github", disable_numparse=True),
+                "",
+            ]
+    if data.get("alternatives"):
+        lines += [
+            "## Alternatives tried for `auto`'s defaults",
+            "",
+            "On the small streams at K = " + ", ".join(str(k) for k in ALTERNATIVE_INTERVALS) + " (the DeepSeek-V3 "
+            "streams left out for time); ratios against `periodic eplb` at the same interval; geometric means over "
+            "the cells.",
+            "",
+        ]
+        body = []
+        for a in data["alternatives"]:
+            c = a["cells"]
+            body.append(
+                [
+                    a["label"],
+                    f"{sum(x['met'] for x in c)} of {len(c)}",
+                    f"{_gm([x['mean_ratio'] for x in c]):.2f}x",
+                    f"{max(x['mean_ratio'] for x in c):.2f}x",
+                    f"{_gm([x['worst_ratio'] for x in c]):.2f}x",
+                    f"{100 * _gm([max(x['moved_ratio'], 1e-3) for x in c]):.0f} %",
+                    f"{100 * max(x['moved_ratio'] for x in c):.0f} %",
+                ]
+            )
+        heads = [
+            "auto variant",
+            "targets met",
+            "time avg (geo mean)",
+            "time avg (worst cell)",
+            "worst window (geo mean)",
+            "moved (geo mean)",
+            "moved (largest)",
+        ]
+        lines += [tabulate(body, headers=heads, tablefmt="github", disable_numparse=True), ""]
+    return "\n".join(lines)
+
+
+COLORS = {
+    "static": "C7",
+    "periodic eplb": "C3",
+    "periodic eplb relabeled": "C1",
+    "periodic eplb global": "C5",
+    "periodic balance": "C0",
+    "threshold": "C8",
+    "incremental": "C4",
+    "auto": "C2",
+    "oracle": "k",
+}
+
+
+def plot(data: dict, path: Path) -> None:
+    """Per stream (its smallest interval): MaxVio over time per policy, and GB moved per re-plan;
+    then the frontiers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    streams = data["streams"]
+    fronts = data.get("frontier") or []
+    rows = len(streams) + (1 if fronts else 0)
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 3.0 * rows), squeeze=False)
+    for (ax, bx), s in zip(axes, streams, strict=False):
+        iv = s["intervals"][0]
+        for i, r in enumerate(iv["rows"]):
+            c = COLORS.get(r["label"], "k")
+            width = 2.0 if r["label"] == "auto" else 1.0
+            ax.plot(r["series"]["step"], r["series"]["maxvio"], color=c, linewidth=width, label=r["label"])
+            if r["replan_bytes"]:
+                off = (i - len(iv["rows"]) / 2) * 0.08
+                bx.bar(
+                    [x + off for x in r["replan_steps"]],
+                    [b / 1e9 for b in r["replan_bytes"]],
+                    width=0.08 * 1.0,
+                    color=c,
+                )
+        ax.set_yscale("symlog", linthresh=0.05)
+        ax.set_title(f"{s['label']}, K = {iv['interval']}: MaxVio per step", fontsize=9)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        bx.set_title("GB moved by each re-plan (bars by policy, at the step it serves from)", fontsize=9)
+        bx.set_xlabel("step")
+        bx.grid(alpha=0.3)
+        if s is streams[0]:
+            ax.legend(fontsize=6, ncol=2)
+    if fronts:
+        for ax, f in zip(axes[-1], fronts, strict=False):
+            for policy, color in (("periodic", "C3"), ("incremental", "C4"), ("auto", "C2")):
+                pts = [p for p in f["points"] if p["policy"] == policy]
+                ax.scatter(
+                    [p["moved_bytes"] / 1e9 for p in pts],
+                    [p["maxvio_mean"] for p in pts],
+                    c=color,
+                    s=[40 if p["pareto"] else 14 for p in pts],
+                    edgecolors=["k" if p["pareto"] else "none" for p in pts],
+                    label=policy + (" (eplb)" if policy == "periodic" and f["planner_periodic"] == "eplb" else ""),
+                )
+            ax.set_xscale("symlog", linthresh=0.1)
+            ax.set_title(f"{f['stream']}: frontier (Pareto points ringed)", fontsize=9)
+            ax.set_xlabel("GB moved in all")
+            ax.set_ylabel("time-averaged MaxVio")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="OLMoE and synthetic-switch at K = 4; no frontier")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--report-only", action="store_true", help="rebuild replay.md and replay.png from replay.json")
+    args = ap.parse_args(argv)
+    if args.report_only:
+        data = json.loads((args.out / "replay.json").read_text())
+        write_text(args.out / "replay.md", markdown(data))
+        plot(data, args.out / "replay.png")
+        return 0
+    console.configure(quiet=True)
+    t0 = time.perf_counter()
+    info: dict[str, Any] = {"machine": machine(), "quick": args.quick}
+
+    def log(line: str) -> None:
+        print(f"[{time.perf_counter() - t0:6.0f}s] {line}", flush=True)
+
+    eplb = get_method("eplb").available()
+    info["eplb"] = eplb
+    if not eplb:
+        log("EPLB not available (pip install -e '.[eplb]'): its rows and the targets are skipped")
+    selected = dict(QUICK) if args.quick else {stem: iv for stem, _l, _k, iv, _s in STREAMS}
+    streams = run_streams(selected, eplb, log)
+    data: dict[str, Any] = {"info": info, "streams": streams}
+    if not args.quick:
+        data["frontier"] = run_frontier(eplb, log)
+        if eplb:
+            data["alternatives"] = run_alternatives(streams, log)
+    info["wall_s"] = time.perf_counter() - t0
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "replay.json", data)
+    write_text(args.out / "replay.md", markdown(data))
+    plot(data, args.out / "replay.png")
+    log(f"wrote {args.out / 'replay.json'}, replay.md and replay.png ({info['wall_s']:.0f} s)")
+    print(tabulate(summary_rows(data), headers=SUMMARY_HEADERS, tablefmt="github", disable_numparse=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
