@@ -1,7 +1,13 @@
-"""Fuzz every command in-process: mutated instances, traces, plans, profiles, engine files and
-options give exit 2, one line naming the file or option, and no output file; or, when the
-mutation happens to be valid, exit 0 with the outputs written. A mutation known to be invalid
-must give exit 2 (no silent acceptance)."""
+"""Fuzz every command in-process: mutated instances, traces, count files, plans, profiles,
+engine files, output targets and options give exit 2, one line naming the file or option, no
+output file and every input's bytes unchanged; or, when the mutation happens to be valid,
+exit 0 with the outputs written. A mutation known to be invalid must give exit 2 (no silent
+acceptance); so must an output that is one of the run's inputs (as given, ``./x`` or a
+symlink), an input that is a directory, FIFO or device, and a figure of an unknown format.
+
+Examples per command: :data:`EXAMPLES` by hypothesis profile (CI's ``ci``: a few seconds per
+command, the same examples every run; ``HYPOTHESIS_PROFILE=explore``: 500 fresh ones per
+command); ``MOEOPT_FUZZ_EXAMPLES=N`` sets any other number."""
 
 from __future__ import annotations
 
@@ -24,9 +30,12 @@ from hypothesis.extra import numpy as hnp
 
 from moeopt.cli import main
 
-#: at least 500 examples per command whatever the profile (MOEOPT_FUZZ_EXAMPLES: more, or fewer locally)
+#: examples per command for each hypothesis profile (tests/conftest.py): CI's default profile
+#: keeps the fuzz to a few seconds per command; explore (and dev) run at least 500 per command
+EXAMPLES = {"ci": 12, "explore": 500, "dev": 600}
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 FUZZ = settings(
-    max_examples=int(os.environ.get("MOEOPT_FUZZ_EXAMPLES", 500)),
+    max_examples=int(os.environ.get("MOEOPT_FUZZ_EXAMPLES", EXAMPLES.get(PROFILE, EXAMPLES["ci"]))),
     deadline=None,
     suppress_health_check=list(HealthCheck),
 )
@@ -196,14 +205,31 @@ def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
-def check(argv: list[str], *, invalid: bool, blame: tuple[str, ...], outputs: tuple[Path | None, ...] = ()) -> int:
+def _bytes_of(folder: Path | None) -> dict[str, bytes]:
+    """Every regular file's bytes under ``folder`` (the example's inputs)."""
+    if folder is None:
+        return {}
+    return {str(p): p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def check(
+    argv: list[str],
+    *,
+    invalid: bool,
+    blame: tuple[str, ...],
+    outputs: tuple[Path | None, ...] = (),
+    inputs: Path | None = None,
+) -> int:
     """Run ``argv``: exit 2 with one line starting with ``error: <one of blame>`` and no output
     written, or (only when not known invalid) exit 0 with every output written (``None``: an
-    output target that must be refused, nothing to look for)."""
+    output target that must be refused, nothing to look for). Every file that was under
+    ``inputs`` before keeps its bytes (outputs never overwrite an input)."""
     outputs = tuple(p for p in outputs if p is not None)
     folders = {p.parent for p in outputs if p.parent.is_dir()}
+    before = _bytes_of(inputs)
     code, err = run(argv)
     assert "Traceback" not in err, (argv, err)
+    assert {k: v for k, v in _bytes_of(inputs).items() if k in before} == before, argv
     if invalid or code != 0:
         assert code == 2, (argv, code, err)
         lines = err.splitlines()
@@ -236,7 +262,9 @@ def instance_text(draw) -> tuple[bytes, bool, bool]:
     """A mutated instance YAML (bytes), whether the mutation is known to be invalid, and whether
     it touches only the instance's method (which ``--method``/``--methods`` override)."""
     data = copy.deepcopy(BASE_INSTANCE)
-    kind = draw(st.sampled_from(["invalid"] * 10 + ["param", "param", "delete", "extra", "junk", "text", "none"]))
+    kind = draw(
+        st.sampled_from(["invalid"] * 10 + ["param", "param", "delete", "extra", "junk", "text", "alias", "none"])
+    )
     invalid = kind in ("invalid", "param", "delete", "extra")
     method_only = kind == "param"
     if kind == "invalid":
@@ -254,8 +282,22 @@ def instance_text(draw) -> tuple[bytes, bool, bool]:
     elif kind == "junk":
         _set(data, draw(st.sampled_from(_leaves(data) + sorted(INSTANCE_INVALID))), draw(JUNK))
     text = _dump(data).encode()
+    if kind == "alias":  # anchors and aliases: a few are fine, nested ones past the budget are refused
+        levels = draw(st.integers(1, 8))
+        where = draw(st.sampled_from(["description", "method.junk", "name"]))
+        lines = ["x0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [
+            f"x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels)
+        ]
+        body = "\n".join("  " + line for line in lines)
+        head = _dump({k: v for k, v in data.items() if k != where.split(".")[0]}).encode()
+        if where == "method.junk":
+            text = head + b"method:\n  name: linear\n" + body.encode() + b"\n"
+        else:
+            text = head + f"{where}:\n".encode() + body.encode() + b"\n"
+        invalid = True  # a mapping as description or name, or an unknown parameter of linear
+        return text, invalid, where.startswith("method")
     if kind == "text":
-        how = draw(st.sampled_from(["latin-1", "utf-16", "truncate", "insert", "deep"]))
+        how = draw(st.sampled_from(["latin-1", "utf-16", "truncate", "insert", "deep", "bytes"]))
         if how == "latin-1":
             text = _dump({**data, "name": "tiny\u00e9"}, allow_unicode=True).encode("latin-1")
             invalid = True
@@ -265,6 +307,8 @@ def instance_text(draw) -> tuple[bytes, bool, bool]:
         elif how == "deep":
             text = b"name: " + b"[" * 5000 + b"]" * 5000 + b"\n"
             invalid = True
+        elif how == "bytes":
+            text = draw(st.binary(max_size=64))
         elif how == "truncate":
             text = text[: draw(st.integers(min_value=0, max_value=len(text)))]
         else:
@@ -274,11 +318,20 @@ def instance_text(draw) -> tuple[bytes, bool, bool]:
 
 
 @st.composite
-def output_target(draw, folder: Path, name: str) -> tuple[Path, bool, Path | None]:
-    """An output path: plain, in a new folder, a symlink to a file (all valid), or a directory,
-    a FIFO, a device or a path under a file (invalid). Returns (path, invalid, the file a
-    successful run writes; None for an invalid target)."""
-    kind = draw(st.sampled_from(["plain"] * 8 + ["newdir", "symlink", "dir", "fifo", "device", "under-file"]))
+def output_target(
+    draw, folder: Path, name: str, inputs: tuple[Path, ...] = (), figure: bool = False
+) -> tuple[Path, bool, Path | None]:
+    """An output path: plain, in a new folder, a symlink to a new file (all valid), or a
+    directory, a FIFO, a device, a path under a file, one of the run's ``inputs`` (as given,
+    through ``./``, or through a symlink) and, for a ``figure``, a name whose extension no
+    figure format has (invalid). Returns (path, invalid, the file a successful run writes;
+    None for an invalid target)."""
+    kinds = ["plain"] * 8 + ["newdir", "symlink", "dir", "fifo", "device", "under-file"]
+    if inputs:
+        kinds += ["input", "input-dot", "input-link"]
+    if figure:
+        kinds += ["extension", "svg"]
+    kind = draw(st.sampled_from(kinds))
     path = folder / name
     if kind == "newdir":
         path = folder / "new" / name
@@ -295,8 +348,43 @@ def output_target(draw, folder: Path, name: str) -> tuple[Path, bool, Path | Non
     elif kind == "under-file":
         (folder / "afile").write_text("x")
         path = folder / "afile" / name
-    invalid = kind in ("dir", "fifo", "device", "under-file")
+    elif kind in ("input", "input-dot", "input-link"):
+        source = draw(st.sampled_from(inputs))
+        path = source
+        if kind == "input-dot":  # the same file by another spelling (pathlib would normalize it away)
+            path = draw(
+                st.sampled_from(
+                    [f"{source.parent}/./{source.name}", f"{source.parent}/../{source.parent.name}/{source.name}"]
+                )
+            )
+        if kind == "input-link":
+            path = folder / f"link-{name}"
+            path.symlink_to(source)
+    elif kind == "extension":
+        path = folder / (Path(name).stem + draw(st.sampled_from([".txt", ".docx", ".pngx", ".json", ".pgf"])))
+    elif kind == "svg":
+        path = folder / (Path(name).stem + ".svg")
+    invalid = kind in ("dir", "fifo", "device", "under-file", "input", "input-dot", "input-link", "extension")
     return path, invalid, None if invalid else path
+
+
+@st.composite
+def input_path(draw, path: Path) -> tuple[Path, bool]:
+    """The path an input is given as: ``path`` itself (usually), or a missing file, a dangling
+    symlink, a directory, a FIFO or ``/dev/null`` in its place (invalid). Returns (path, invalid)."""
+    kind = draw(st.sampled_from(["file"] * 10 + ["missing", "dangling", "dir", "fifo", "device"]))
+    if kind == "file":
+        return path, False
+    other = path.parent / f"other-{path.name}"
+    if kind == "dangling":
+        other.symlink_to(path.parent / "nowhere")
+    elif kind == "dir":
+        other.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(other)
+    elif kind == "device":
+        other = Path(os.devnull)
+    return other, True
 
 
 def _write_instance(folder: Path, text: bytes) -> Path:
@@ -308,26 +396,43 @@ def _write_instance(folder: Path, text: bytes) -> Path:
 @FUZZ
 @given(case=instance_text(), data=st.data())
 def test_fuzz_solve(root, case, data):
-    """solve: mutated instances and output targets."""
+    """solve: mutated instances (or no regular file in their place), output targets (the
+    instance among them) and figure names."""
     text, invalid, method_only = case
     d = fresh(root)
     inst = _write_instance(d, text)
-    out, bad_out, out_file = data.draw(output_target(d, "plan.json"))
+    out, bad_out, out_file = data.draw(output_target(d, "plan.json", inputs=(inst,)))
+    given, bad_in = data.draw(input_path(inst))
     report = d / "report.json"
-    blame = (str(d), "--output")
-    outputs = (out_file, report)
+    argv = ["solve", str(given), "--quiet", "--output", str(out), "--report", str(report)]
+    plot = data.draw(st.sampled_from([None, "loads.txt", "loads.docx"]))
+    if plot:  # an unknown figure format (a valid figure takes a second to draw)
+        argv += ["--plot", str(d / plot)]
     check(
-        ["solve", str(inst), "--quiet", "--output", str(out), "--report", str(report)],
-        invalid=invalid or bad_out,
-        blame=blame,
-        outputs=outputs,
+        argv,
+        invalid=invalid or bad_out or bad_in or bool(plot),
+        blame=(str(d), "--output", "--plot", os.devnull),
+        outputs=(out_file, report),
+        inputs=d,
     )
 
 
 @FUZZ
 @given(
     case=instance_text(),
-    methods=st.sampled_from(["linear", "linear,greedy", "magic", "", ",", "linear,3"]),
+    methods=st.sampled_from(
+        [
+            "linear",
+            "linear,greedy",
+            "magic",
+            "",
+            ",",
+            "linear,3",
+            "linear,,greedy",
+            "linear,linear",
+            "linear,nonexistent",
+        ]
+    ),
     options=st.lists(
         st.sampled_from(
             [
@@ -337,6 +442,7 @@ def test_fuzz_solve(root, case, data):
                 ["--workers", "0"],
                 ["--seed", "1.5"],
                 ["--time-limit", "-1"],
+                ["--verbose"],
             ]
         ),
         max_size=1,
@@ -347,33 +453,46 @@ def test_fuzz_compare(root, case, methods, options):
     text, invalid, method_only = case
     d = fresh(root)
     inst = _write_instance(d, text)
-    known_bad = methods in ("magic", "", ",", "linear,3")
+    known_bad = methods in ("magic", "", ",", "linear,3", "linear,,greedy", "linear,linear", "linear,nonexistent")
     report = d / "cmp.json"
     argv = ["compare", str(inst), "--methods", methods, "--quiet", "--report", str(report)]
     for o in options:
         argv += o
-    invalid = (invalid and not method_only) or bool(options)
-    code = check(argv, invalid=invalid, blame=(str(d), "moeopt compare: argument", "--methods"), outputs=(report,))
+    invalid = (invalid and not method_only) or bool(options) or known_bad
+    code = check(
+        argv,
+        invalid=invalid,
+        blame=(str(d), "moeopt compare: argument", "--methods", "--quiet"),
+        outputs=(report,),
+        inputs=d,
+    )
     if known_bad:
         assert code == 2
 
 
 @FUZZ
-@given(case=instance_text(), eps=st.sampled_from(["0.1", "nan", "-1", "a", "0.1,x", "inf,0.1"]))
-def test_fuzz_frontier(root, case, eps):
-    """frontier: mutated instances and load-limit lists (the output folder only where the run
-    must fail: drawing the plot of a valid run takes a second)."""
+@given(
+    case=instance_text(),
+    eps=st.sampled_from(["0.1", "nan", "-1", "a", "0.1,x", "inf,0.1", "0.1,"]),
+    name=st.sampled_from([None] * 4 + ["../escaped", "", ".", "..", "a/b", "alone"]),
+)
+def test_fuzz_frontier(root, case, eps, name):
+    """frontier: mutated instances, load-limit lists and --name stems (the output folder only
+    where the run must fail: drawing the plot of a valid run takes a second)."""
     text, invalid, method_only = case
     d = fresh(root)
     inst = _write_instance(d, text)
-    invalid = (invalid and not method_only) or eps in ("nan", "-1", "a", "0.1,x")
-    out = ["--output-dir", str(d / "fr")] if invalid else []
+    invalid = (invalid and not method_only) or eps in ("nan", "-1", "a", "0.1,x", "0.1,") or name is not None
+    out = ["--output-dir", str(d / "fr")] if invalid and name != "alone" else []
+    named = [] if name is None else ["--name", "x" if name == "alone" else name]  # alone: no --output-dir
     check(
-        ["frontier", str(inst), "--methods", "greedy", "--eps", eps, "--quiet", *out],
+        ["frontier", str(inst), "--methods", "greedy", "--eps", eps, "--quiet", *out, *named],
         invalid=invalid,
-        blame=(str(d), "--eps", "--output-dir"),
+        blame=(str(d), "--eps", "--output-dir", "--name"),
+        inputs=d,
     )
     assert not (d / "fr").exists() or not any((d / "fr").iterdir())
+    assert not (d / "escaped.json").exists() and not (root / "escaped.json").exists()
 
 
 @FUZZ
@@ -485,12 +604,14 @@ def test_fuzz_trace_synth(root, data):
     families = argv[argv.index("--families") + 1].split(",") if "--families" in argv else []
     if "--family" in argv and argv[argv.index("--family") + 1] not in families:
         invalid = True
-    out, bad_out, out_file = data.draw(output_target(d, "t.npz"))
+    name = data.draw(st.sampled_from(["t.npz"] * 6 + ["t.yaml", "t.json", "t"]))  # a trace is an .npz
+    out, bad_out, out_file = data.draw(output_target(d, name))
     check(
         [*argv, "--output", str(out)],
-        invalid=invalid or bad_out,
+        invalid=invalid or bad_out or not name.endswith(".npz"),
         blame=("moeopt trace synth: argument", "--"),
         outputs=(out_file,),
+        inputs=d,
     )
 
 
@@ -531,6 +652,8 @@ def trace_file(draw, folder: Path) -> tuple[Path, bool, bool]:
                 "huge",
                 "junk",
                 "bytes",
+                "pickled",
+                "not-zip",
                 "none",
             ]
         )
@@ -575,9 +698,20 @@ def trace_file(draw, folder: Path) -> tuple[Path, bool, bool]:
     elif kind == "junk":
         key = draw(st.sampled_from(sorted(arrays)))
         arrays[key] = draw(hnp.arrays(hnp.scalar_dtypes(), hnp.array_shapes(min_dims=0, max_dims=3, max_side=9)))
+    elif kind == "pickled":  # an array of Python objects: numpy would need to unpickle it
+        arrays[draw(st.sampled_from(sorted(arrays)))] = np.array([{"a": 1}, None], dtype=object)
     path = folder / "trace.npz"
     with open(path, "wb") as fh:
         np.savez(fh, **arrays)
+    if kind == "not-zip":  # an .npy, a pickle, text or nothing under the .npz name
+        with open(path, "wb") as fh:
+            how = draw(st.sampled_from(["npy", "pickle", "text", "empty"]))
+            if how == "npy":
+                np.save(fh, arrays["topk"])
+            elif how == "pickle":
+                fh.write(b"\x80\x04\x95" + draw(st.binary(max_size=16)))
+            elif how == "text":
+                fh.write(b"topk,family\n1,2\n")
     if kind == "bytes":
         raw = bytearray(path.read_bytes())
         how = draw(st.sampled_from(["truncate", "flip"]))
@@ -594,10 +728,31 @@ def trace_file(draw, folder: Path) -> tuple[Path, bool, bool]:
 @FUZZ
 @given(data=st.data())
 def test_fuzz_trace_stats(root, data):
-    """trace stats: mutated trace files (token homes are not checked without a cluster)."""
+    """trace stats: mutated trace files (token homes are not checked without a cluster), given
+    as themselves or as no regular file, with --select (meaningless on a trace) and --graphml
+    targets (the trace among them), sometimes with a mutated --plan (that may or may not fit)."""
     d = fresh(root)
     path, _, invalid = data.draw(trace_file(d))
-    check(["trace", "stats", str(path)], invalid=invalid, blame=(str(path),))
+    given, bad_in = data.draw(input_path(path))
+    argv = ["trace", "stats", str(given)]
+    select = data.draw(st.booleans()) and data.draw(st.booleans())
+    if select:
+        argv += ["--select", "olmoe"]
+    outputs: tuple[Path | None, ...] = ()
+    bad_out = False
+    if data.draw(st.booleans()):
+        out, bad_out, out_file = data.draw(output_target(d, "g.graphml", inputs=(path,)))
+        argv += ["--graphml", str(out)]
+        outputs = (out_file,)
+    plan_given = outputs and data.draw(st.booleans())
+    if plan_given:
+        plan, _ = data.draw(plan_file(d))
+        argv += ["--plan", str(plan)]
+    known = invalid or bad_in or bad_out or select
+    code = check(
+        argv, invalid=known, blame=(str(d), os.devnull, "--graphml"), outputs=() if plan_given else outputs, inputs=d
+    )
+    assert code == 2 or not known
 
 
 @FUZZ
@@ -608,8 +763,14 @@ def test_fuzz_solve_on_trace(root, data):
     path, invalid, _ = data.draw(trace_file(d))
     inst = d / "inst.yaml"
     inst.write_text(_dump({**BASE_INSTANCE, "workload": {"calibration": path.name}}))
-    out = d / "plan.json"
-    check(["solve", str(inst), "--quiet", "--output", str(out)], invalid=invalid, blame=(str(d),), outputs=(out,))
+    out, bad_out, out_file = data.draw(output_target(d, "plan.json", inputs=(inst, path)))
+    check(
+        ["solve", str(inst), "--quiet", "--output", str(out)],
+        invalid=invalid or bad_out,
+        blame=(str(d), "--output"),
+        outputs=(out_file,),
+        inputs=d,
+    )
 
 
 # ----------------------------------------------------------------------------- counts
@@ -619,10 +780,12 @@ def counts_file(draw, folder: Path) -> tuple[Path, bool, bool]:
     any format)."""
     counts = [[5, 3, 2, 6]]
     data: Any = {"counts": counts, "top_k": 2}
-    kind = draw(st.sampled_from(["nan", "negative", "zeros", "top_k", "ragged", "junk", "text", "none"]))
+    kind = draw(st.sampled_from(["nan", "negative", "zeros", "top_k", "ragged", "huge", "junk", "text", "none"]))
     invalid = kind not in ("junk", "none")
     if kind == "nan":
         data["counts"] = [[5, math.nan, 2, 6]]
+    elif kind == "huge":  # totals past 2**53: loads, squares and bounds would overflow or lose integers
+        data["counts"] = [draw(st.sampled_from([[1e308] * 4, [1e17, 1, 1, 1], [5, 3, 2, 1e300]]))]
     elif kind == "negative":
         data["counts"] = [[5, -1, 2, 6]]
     elif kind == "zeros":
@@ -638,7 +801,7 @@ def counts_file(draw, folder: Path) -> tuple[Path, bool, bool]:
     if kind == "text":
         text = draw(st.sampled_from([text[:-3], b"\xff\xfe" + text, b"[" * 100000, b'{"counts": NaN}']))
     path.write_bytes(text)
-    return path, invalid, kind in ("nan", "negative", "zeros")
+    return path, invalid, kind in ("nan", "negative", "zeros", "huge")
 
 
 @FUZZ
@@ -668,7 +831,7 @@ def test_fuzz_trace_stats_counts(root, data, suffix, top_k):
     argv = ["trace", "stats", str(path)] + ([] if top_k is None else [f"--top-k={top_k}"])
     # 9 > experts: refused where the file does not record its own top_k (CSV, NPY)
     bad_k = top_k in ("0", "-1", "x") or (top_k == "9" and suffix != ".json")
-    check(argv, invalid=invalid or bad_k, blame=(str(path), "moeopt trace stats: argument"))
+    check(argv, invalid=invalid or bad_k, blame=(str(path), "moeopt trace stats: argument"), inputs=d)
 
 
 @FUZZ
@@ -679,7 +842,14 @@ def test_fuzz_solve_on_counts(root, data):
     path, invalid, _ = data.draw(counts_file(d))
     inst = d / "inst.yaml"
     inst.write_text(_dump({**BASE_INSTANCE, "workload": {"calibration": path.name}, "method": {"name": "greedy"}}))
-    check(["solve", str(inst), "--quiet"], invalid=invalid, blame=(str(d),))
+    out, bad_out, out_file = data.draw(output_target(d, "r.json", inputs=(inst, path)))
+    check(
+        ["solve", str(inst), "--quiet", "--report", str(out)],
+        invalid=invalid or bad_out,
+        blame=(str(d), "--report"),
+        outputs=(out_file,),
+        inputs=d,
+    )
 
 
 # ----------------------------------------------------------------------------- profiles
@@ -738,7 +908,14 @@ def test_fuzz_solve_with_profile(root, data):
     path, invalid = data.draw(profile_file(d))
     inst = d / "inst.yaml"
     inst.write_text(_dump({**BASE_INSTANCE, "profile": path.name}))
-    check(["solve", str(inst), "--quiet"], invalid=invalid, blame=(str(d),))
+    out, bad_out, out_file = data.draw(output_target(d, "r.json", inputs=(inst, path)))
+    check(
+        ["solve", str(inst), "--quiet", "--report", str(out)],
+        invalid=invalid or bad_out,
+        blame=(str(d), "--report"),
+        outputs=(out_file,),
+        inputs=d,
+    )
 
 
 # ----------------------------------------------------------------------------- plans
@@ -761,7 +938,22 @@ def plan_file(draw, folder: Path) -> tuple[Path, bool]:
     data = copy.deepcopy(BASE_PLAN)
     kind = draw(
         st.sampled_from(
-            ["header", "header", "slot", "shape", "format", "method", "wide", "text", "v1", "junk", "junk", "none"]
+            [
+                "header",
+                "header",
+                "slot",
+                "shape",
+                "format",
+                "method",
+                "wide",
+                "text",
+                "v1",
+                "strict",
+                "strict",
+                "junk",
+                "junk",
+                "none",
+            ]
         )
     )
     invalid = kind not in ("junk", "none")
@@ -782,6 +974,19 @@ def plan_file(draw, folder: Path) -> tuple[Path, bool]:
     elif kind == "method":
         data[draw(st.sampled_from(["method", "params"]))] = draw(st.sampled_from([3, [1], "x"]))
         invalid = not isinstance(data["method"], str) or not isinstance(data["params"], dict)
+    elif kind == "strict":  # what a strict reader refuses: keys of no format, of the other one, a lying header
+        how = draw(st.sampled_from(["unknown", "v1-key", "width", "lam", "replicas"]))
+        if how == "unknown":
+            data[draw(st.sampled_from(["colour", "slot", "Slots", "notes"]))] = draw(JUNK)
+        elif how == "v1-key":
+            data[draw(st.sampled_from(["placement", "replicas"]))] = [[0, 0, 1, 1]]
+        elif how == "width":
+            data["slots_per_gpu"] = draw(st.sampled_from([1, 3, 5]))
+        elif how == "lam":
+            data["dispatch"] = {"kind": draw(st.sampled_from(["even", "lp", "static"])), "lam": 3}
+        else:
+            data = {**BASE_PLAN, "format": "moeopt.plan/1", "placement": [[0, 0, 1, 1]], "replicas": [[], []]}
+            del data["slots"], data["slots_per_gpu"], data["dispatch"]
     elif kind == "wide":  # more slots per GPU than the cluster has (over capacity)
         data["slots"] = [[[0, 1, -1], [2, 3, 0]]]
         data["slots_per_gpu"] = 3
@@ -829,12 +1034,14 @@ def test_fuzz_evaluate(root, base_instance, data):
     """evaluate: mutated plans (and a report target)."""
     d = fresh(root)
     path, invalid = data.draw(plan_file(d))
-    report, bad_out, report_file = data.draw(output_target(d, "r.json"))
+    report, bad_out, report_file = data.draw(output_target(d, "r.json", inputs=(path,)))
+    given, bad_in = data.draw(input_path(path))
     check(
-        ["evaluate", str(base_instance), str(path), "--report", str(report)],
-        invalid=invalid or bad_out,
-        blame=(str(path), "--report"),
+        ["evaluate", str(base_instance), str(given), "--report", str(report)],
+        invalid=invalid or bad_out or bad_in,
+        blame=(str(path), str(given), "--report"),
         outputs=(report_file,),
+        inputs=d,
     )
 
 
@@ -844,12 +1051,13 @@ def test_fuzz_solve_hint(root, base_instance, data):
     """solve --hint: mutated warm-start plans."""
     d = fresh(root)
     path, invalid = data.draw(plan_file(d))
-    out = d / "out.json"
+    out, bad_out, out_file = data.draw(output_target(d, "out.json", inputs=(path,)))
     check(
         ["solve", str(base_instance), "--method", "greedy", "--quiet", "--hint", str(path), "--output", str(out)],
-        invalid=invalid,
-        blame=(str(path),),
-        outputs=(out,),
+        invalid=invalid or bad_out,
+        blame=(str(path), "--output"),
+        outputs=(out_file,),
+        inputs=d,
     )
 
 
@@ -861,12 +1069,13 @@ def test_fuzz_export_load(root, base_instance, data):
     path, _, invalid = data.draw(trace_file(d))
     p = d / "plan.json"
     p.write_text(json.dumps({**BASE_PLAN, "slots": [[[0, 1, -1], [2, 3, -1]]], "slots_per_gpu": 3}))
-    out = d / "e.npz"
+    out, bad_out, out_file = data.draw(output_target(d, "e.npz", inputs=(path, p)))
     check(
         ["export", str(p), "--format", "eplb", "--load", str(path), "--output", str(out), "--quiet"],
-        invalid=invalid,
-        blame=(str(path), str(p), str(out)),
-        outputs=(out,),
+        invalid=invalid or bad_out,
+        blame=(str(path), str(p), str(out), "--output"),
+        outputs=(out_file,),
+        inputs=d,
     )
 
 
@@ -876,12 +1085,15 @@ def test_fuzz_export(root, base_instance, data, fmt):
     """export: mutated plans, checked against the instance, and output targets."""
     d = fresh(root)
     path, invalid = data.draw(plan_file(d))
-    out, bad_out, out_file = data.draw(output_target(d, fmt[1]))
+    out, bad_out, out_file = data.draw(output_target(d, fmt[1], inputs=(path,)))
+    dense = ["--dense-layers", "0"] if fmt[0] == "sglang" else []  # the instance does not say (SGLang needs it)
     check(
-        ["export", str(path), "--format", fmt[0], "--instance", str(base_instance), "--output", str(out), "--quiet"],
+        ["export", str(path), "--format", fmt[0], "--instance", str(base_instance), "--output", str(out), "--quiet"]
+        + dense,
         invalid=invalid or bad_out,
         blame=(str(path), str(out), "--output"),
         outputs=(out_file,),
+        inputs=d,
     )
 
 
@@ -930,12 +1142,13 @@ def test_fuzz_import(root, data, gpus):
     """import: mutated engine placement files and --gpus values."""
     d = fresh(root)
     path, fmt, invalid = data.draw(engine_file(d))
-    out, bad_out, out_file = data.draw(output_target(d, "plan.json"))
+    out, bad_out, out_file = data.draw(output_target(d, "plan.json", inputs=(path,)))
     check(
         ["import", str(path), "--format", fmt, "--gpus", gpus, "--output", str(out), "--quiet"],
         invalid=invalid or bad_out or gpus != "2",
         blame=(str(path), "--output", "--gpus", "moeopt import:"),
         outputs=(out_file,),
+        inputs=d,
     )
 
 
@@ -946,12 +1159,14 @@ def test_fuzz_trace_import(root, data):
     d = fresh(root)
     dump = d / "dump.pt"
     dump.write_bytes(data.draw(st.binary(max_size=64)))
-    out, bad_out, out_file = data.draw(output_target(d, "t.npz"))
+    given, _ = data.draw(input_path(dump))
+    out, bad_out, out_file = data.draw(output_target(d, "t.npz", inputs=(dump,)))
     check(
-        ["trace", "import", str(dump), "--output", str(out), "--quiet"],
+        ["trace", "import", str(given), "--output", str(out), "--quiet"],
         invalid=True,
-        blame=(str(dump), "--output", str(out)),
+        blame=(str(dump), str(given), "--output", str(out)),
         outputs=(out_file,),
+        inputs=d,
     )
 
 
@@ -963,10 +1178,230 @@ def test_fuzz_plot(root, base_instance, data):
     path, invalid = data.draw(plan_file(d))
     if not invalid:
         path.write_text("{")
-    out, _, out_file = data.draw(output_target(d, "loads.png"))
+    out, _, out_file = data.draw(output_target(d, "loads.png", inputs=(path,), figure=True))
     check(
         ["plot", str(path), "--kind", "loads", "--instance", str(base_instance), "--output", str(out), "--quiet"],
         invalid=True,
         blame=(str(path), "--output"),
         outputs=(out_file,),
+        inputs=d,
     )
+
+
+# ----------------------------------------------------------------------------- count archives
+@st.composite
+def counts_npz(draw, folder: Path, steps: bool = False) -> tuple[Path, bool]:
+    """A mutated counts ``.npz`` (1 layer, 4 experts, top-2; with ``step_counts`` when
+    ``steps``) or per-domain counts (keys ``MODEL/expert_counts/DOMAIN``), and whether it is
+    known to be invalid."""
+    rng = np.random.default_rng(draw(st.integers(0, 3)))
+    sc = rng.integers(1, 9, size=(1, 3, 4)).astype(np.float64)
+    arrays: dict[str, Any] = {"counts": sc.sum(axis=1), "top_k": np.array(2)}
+    if steps:
+        arrays["step_counts"] = sc
+    kind = draw(
+        st.sampled_from(
+            ["values", "step_counts", "top_k", "names", "pickled", "bytes", "domains", "junk", "none", "none"]
+        )
+    )
+    invalid = kind not in ("junk", "domains", "none")
+    if kind == "values":
+        bad = draw(st.sampled_from([math.nan, math.inf, -1.0, 1e308, 1e17]))
+        key = "step_counts" if steps and draw(st.booleans()) else "counts"
+        arrays[key] = arrays[key].copy()
+        arrays[key].flat[draw(st.integers(0, 3))] = bad
+    elif kind == "step_counts":
+        arrays["step_counts"] = draw(st.sampled_from([sc[0], sc[:, :, :2], sc.astype(str), np.zeros((2, 3, 4))]))
+    elif kind == "top_k":
+        arrays["top_k"] = draw(
+            st.sampled_from([np.array([2, 2]), np.array(2.0), np.array(0), np.array(9), np.array("2")])
+        )
+    elif kind == "names":
+        arrays["counts"] = np.stack([arrays["counts"]] * 2)
+        arrays["family_names"] = draw(st.sampled_from([np.array([1, 2]), np.array(["a"]), np.array([["a", "b"]])]))
+        arrays.pop("step_counts", None)
+    elif kind == "pickled":
+        arrays[draw(st.sampled_from(sorted(arrays)))] = np.array([{"a": 1}], dtype=object)
+    elif kind == "domains":  # the OLMoE per-domain layout: valid, or shapes that disagree
+        arrays = {f"m/expert_counts/{d}": sc[0, i : i + 1] + 1 for i, d in enumerate("abc")}
+        arrays["m/expert_counts_top1/a"] = draw(st.sampled_from([(sc[0, :1] + 1) / 2, np.zeros((1, 4))]))
+        bad = draw(st.sampled_from(["none", "none", "shape", "top1", "dtype"]))
+        if bad == "shape":
+            arrays["m/expert_counts/b"] = np.ones((1, 5))
+        elif bad == "dtype":
+            arrays["m/expert_counts/c"] = np.array([["x"] * 4])
+        elif bad == "top1":  # the first-choice counts that give top_k: none, text or infinite
+            arrays["m/expert_counts_top1/a"] = draw(
+                st.sampled_from([np.zeros(0), np.array([["x"] * 4]), np.full((1, 4), math.inf)])
+            )
+        invalid = bad != "none" or not arrays["m/expert_counts_top1/a"].any()
+    elif kind == "junk":
+        key = draw(st.sampled_from(sorted(arrays)))
+        arrays[key] = draw(hnp.arrays(hnp.scalar_dtypes(), hnp.array_shapes(min_dims=0, max_dims=3, max_side=5)))
+    path = folder / "counts.npz"
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+    if kind == "bytes":
+        raw = path.read_bytes()
+        path.write_bytes(draw(st.sampled_from([raw[: len(raw) // 2], raw[:4], b"", b"\x80\x04junk", b"counts\n1,2"])))
+    return path, invalid
+
+
+@FUZZ
+@given(data=st.data(), select=st.sampled_from([None, None, None, "m", "olmoe"]))
+def test_fuzz_counts_npz(root, data, select):
+    """trace stats and solve (balance) on mutated count archives, with --select sometimes (it
+    names a model of a per-domain file and means nothing elsewhere)."""
+    d = fresh(root)
+    path, invalid = data.draw(counts_npz(d))
+    domains = "m/expert_counts/a" in np.load(path, allow_pickle=False).files if not invalid else False
+    bad_select = select is not None and (not domains or select != "m")
+    argv = ["trace", "stats", str(path)] + ([] if select is None else ["--select", select])
+    check(argv, invalid=invalid or bad_select, blame=(str(path),), inputs=d)
+    inst = d / "inst.yaml"
+    source: Any = path.name if select is None else {"path": path.name, "select": select}
+    inst.write_text(_dump({**BASE_INSTANCE, "workload": {"calibration": source}, "method": {"name": "balance"}}))
+    out, bad_out, out_file = data.draw(output_target(d, "plan.json", inputs=(inst, path)))
+    # a per-domain file holds 3 families of 1 layer: fine for a 1-layer instance
+    check(
+        ["solve", str(inst), "--quiet", "--output", str(out)],
+        invalid=invalid or bad_select or bad_out,
+        blame=(str(d), "--output"),
+        outputs=(out_file,),
+        inputs=d,
+    )
+
+
+@FUZZ
+@given(data=st.data(), kind=st.sampled_from(["sampled", "phase", "domains"]))
+def test_fuzz_trace_stream(root, data, kind):
+    """trace stream: mutated count archives as --source (and --after), output targets (the
+    sources among them) and output names that are not .npz."""
+    d = fresh(root)
+    path, invalid = data.draw(counts_npz(d))
+    given, bad_in = data.draw(input_path(path))
+    name = data.draw(st.sampled_from(["s.npz"] * 5 + ["s.json"]))
+    out, bad_out, out_file = data.draw(output_target(d, name, inputs=(path,)))
+    argv = ["trace", "stream", kind, "--source", str(given), "--steps", "4", "--tokens-per-step", "16", "--quiet"]
+    if kind == "phase":
+        argv += ["--after", str(given)]
+    families = 1
+    if not invalid:
+        with np.load(path, allow_pickle=False) as z:
+            families = 3 if "m/expert_counts/a" in z.files else (2 if np.asarray(z["counts"]).ndim == 3 else 1)
+    known = invalid or bad_in or bad_out or not name.endswith(".npz") or (kind == "domains" and families < 2)
+    if kind == "domains":
+        argv += ["--steps-per-domain", "2"]
+        argv.remove("--steps"), argv.remove("4")
+    check(
+        [*argv, "--output", str(out)],
+        invalid=known,
+        blame=(str(d), os.devnull, "--output", "--source", "moeopt trace stream: argument"),
+        outputs=(out_file,),
+        inputs=d,
+    )
+
+
+# ----------------------------------------------------------------------------- replay, evaluate --trace, engine files
+@FUZZ
+@given(case=instance_text(), data=st.data())
+def test_fuzz_replay(root, case, data):
+    """replay: mutated instances, or a valid one replaying a mutated --stream of per-step counts;
+    report targets (the inputs among them)."""
+    text, invalid, method_only = case
+    d = fresh(root)
+    inst = _write_instance(d, text)
+    argv = ["replay", str(inst), "--quiet", "--interval", "1"]
+    if data.draw(st.booleans()):  # a valid instance, a mutated stream
+        inst.write_text(_dump({**BASE_INSTANCE, "method": {"name": "balance"}}))
+        path, invalid = data.draw(counts_npz(d, steps=True))
+        argv += ["--stream", str(path)]
+    else:
+        invalid = invalid and not method_only  # replay plans with its own planner
+    inputs = tuple(p for p in d.iterdir() if p.is_file())
+    out, bad_out, out_file = data.draw(output_target(d, "replay.json", inputs=inputs))
+    check(
+        [*argv, "--report", str(out)],
+        invalid=invalid or bad_out,
+        blame=(str(d), "--report"),
+        outputs=(out_file,),
+        inputs=d,
+    )
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_evaluate_trace(root, base_instance, data):
+    """evaluate --trace: a plan scored on mutated traces and count files (the trace as --report too)."""
+    d = fresh(root)
+    if data.draw(st.booleans()):
+        path, invalid, _ = data.draw(trace_file(d))
+    else:
+        path, invalid, _ = data.draw(counts_file(d))
+    plan = d / "plan.json"
+    plan.write_text(json.dumps(BASE_PLAN))
+    report, bad_out, report_file = data.draw(output_target(d, "r.json", inputs=(path, plan)))
+    check(
+        ["evaluate", str(base_instance), str(plan), "--trace", str(path), "--report", str(report)],
+        invalid=invalid or bad_out,
+        blame=(str(path), "--report"),
+        outputs=(report_file,),
+        inputs=d,
+    )
+
+
+@st.composite
+def eplb_file(draw, folder: Path) -> tuple[Path, bool]:
+    """A mutated DeepSeek EPLB ``.npz`` (``phy2log``, ``log2phy``, ``logcnt``, ``num_gpus``) of
+    the base plan (2 GPUs, 4 experts) and whether it is known to be invalid."""
+    arrays: dict[str, Any] = {
+        "phy2log": np.array([[0, 1, 2, 3]]),
+        "log2phy": np.array([[[0], [1], [2], [3]]]),
+        "logcnt": np.ones((1, 4), dtype=np.int64),
+        "num_gpus": np.array(2),
+    }
+    kind = draw(st.sampled_from(["id", "shape", "gpus", "pickled", "missing", "bytes", "lenient", "junk", "none"]))
+    invalid = kind not in ("junk", "lenient", "none")
+    if kind == "id":
+        arrays["phy2log"] = arrays["phy2log"].copy()
+        arrays["phy2log"][0, draw(st.integers(0, 3))] = draw(st.sampled_from([-1, 4, 99]))
+    elif kind == "shape":
+        arrays["phy2log"] = draw(
+            st.sampled_from([np.array([0, 1, 2, 3]), np.array([[0, 1, 2]]), np.array([[0.5, 1, 2, 3]])])
+        )
+    elif kind == "gpus":
+        arrays["num_gpus"] = draw(st.sampled_from([np.array(3), np.array(0), np.array([2, 2]), np.array(2.5)]))
+    elif kind == "lenient":  # read as engines write them (moeopt.interop.to_numpy): whole floats, one-element counts
+        arrays.update(draw(st.sampled_from([{"phy2log": np.array([[0.0, 1, 2, 3]])}, {"num_gpus": np.array([2])}])))
+    elif kind == "pickled":
+        arrays["phy2log"] = np.array([[0, 1, 2, {"x": 3}]], dtype=object)
+    elif kind == "missing":
+        del arrays["phy2log"]
+    elif kind == "junk":
+        key = draw(st.sampled_from(sorted(arrays)))
+        arrays[key] = draw(hnp.arrays(hnp.scalar_dtypes(), hnp.array_shapes(min_dims=0, max_dims=3, max_side=5)))
+    path = folder / "eplb.npz"
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+    if kind == "bytes":
+        path.write_bytes(draw(st.sampled_from([b"", b"\x80\x04x", b"PK\x03\x04", path.read_bytes()[:30]])))
+    return path, invalid
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_engine_files(root, base_instance, data):
+    """solve --from and import: mutated SGLang / vLLM-Ascend JSON and EPLB archives."""
+    d = fresh(root)
+    if data.draw(st.booleans()):
+        path, invalid = data.draw(eplb_file(d))
+        fmt = "eplb"
+    else:
+        path, fmt, invalid = data.draw(engine_file(d))
+    out, bad_out, out_file = data.draw(output_target(d, "plan.json", inputs=(path,)))
+    if data.draw(st.booleans()):
+        argv = ["solve", str(base_instance), "--method", "balance", "--from", str(path), "--from-format", fmt]
+        argv += ["--quiet", "--output", str(out)]
+    else:
+        argv = ["import", str(path), "--format", fmt, "--instance", str(base_instance), "--output", str(out), "--quiet"]
+    check(argv, invalid=invalid or bad_out, blame=(str(path), "--output"), outputs=(out_file,), inputs=d)
