@@ -51,3 +51,14 @@ def pooled_balance_quickstart(tmp_path) -> Path:
     path = tmp_path / "pooled-balance.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+@pytest.fixture(scope="session")
+def deepseek_few_layers(tmp_path_factory):
+    """Layers 3-6 of the real DeepSeek-V3 prefill loads (plus the three dense rows SGLang records)."""
+    import json
+
+    data = json.loads((INSTANCES / "real" / "deepseek_v3_prefill_in1024.json").read_text())
+    path = tmp_path_factory.mktemp("ds") / "ds.json"
+    path.write_text(json.dumps({"logical_count": data["logical_count"][:7]}))
+    return path

@@ -17,15 +17,6 @@ from tests.conftest import INSTANCES
 PREFILL = INSTANCES / "real" / "deepseek_v3_prefill_in1024.json"
 
 
-@pytest.fixture(scope="module")
-def deepseek_few_layers(tmp_path_factory):
-    """Layers 3-6 of the real DeepSeek-V3 prefill loads (plus the three dense rows SGLang records)."""
-    data = json.loads(PREFILL.read_text())
-    path = tmp_path_factory.mktemp("ds") / "ds.json"
-    path.write_text(json.dumps({"logical_count": data["logical_count"][:7]}))
-    return path
-
-
 def instance(path, gpus=64, slots=4, extra=1, gpn=8, method="balance", groups=None, **params) -> Instance:
     return Instance(
         name="ds",

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,8 +16,6 @@ from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, Work
 from moeopt.plan import Dispatch, Plan
 from moeopt.solve import solve
 from tests.strategies import examples, float_arrays, slot_layouts
-
-PREFILL = Path(__file__).resolve().parent.parent / "instances" / "real" / "deepseek_v3_prefill_in1024.json"
 
 
 @st.composite
@@ -100,23 +96,14 @@ def test_share_table_by_hand():
     assert (t2[0, 3, :3] * 4).tolist() == [1, 2, 1] and (t2[1, 3, :3] * 4).tolist() == [1, 1, 2]
 
 
-@pytest.fixture(scope="module")
-def deepseek_layers(tmp_path_factory):
-    """Layers 3-6 of the real DeepSeek-V3 prefill loads (with SGLang's three dense rows)."""
-    data = json.loads(PREFILL.read_text())
-    path = tmp_path_factory.mktemp("ds") / "ds.json"
-    path.write_text(json.dumps({"logical_count": data["logical_count"][:7]}))
-    return path
-
-
-def test_balance_plans_for_vllm_ascend(deepseek_layers):
+def test_balance_plans_for_vllm_ascend(deepseek_few_layers):
     """On real DeepSeek-V3 loads (64 GPUs x 5 slots) the even plan loses its balance under the
     rank-modulo rule; the plan made for the rule (cluster.engine: vllm-ascend) keeps MaxVio <= 0.005."""
     inst = Instance(
         name="ds",
         model=Model(layers=4, experts=256, top_k=8),
         cluster=Cluster(gpus=64, gpus_per_node=8, slots_per_gpu=4, replica_slots_per_gpu=1, engine="vllm-ascend"),
-        workload=Workload(calibration=WorkloadSource(path=deepseek_layers)),
+        workload=Workload(calibration=WorkloadSource(path=deepseek_few_layers)),
         method=MethodSpec(name="balance"),
     )
     made = solve(inst)
@@ -126,6 +113,6 @@ def test_balance_plans_for_vllm_ascend(deepseek_layers):
     even = solve(inst.replace(cluster=Cluster(gpus=64, gpus_per_node=8, slots_per_gpu=4, replica_slots_per_gpu=1)))
     assert even.plan is not None and even.plan.dispatch.kind == "even"
     c = inst.cluster
-    load = np.array(json.loads(deepseek_layers.read_text())["logical_count"][3:], dtype=float)
+    load = np.array(json.loads(deepseek_few_layers.read_text())["logical_count"][3:], dtype=float)
     under_rule = maxvio(count_loads(even.plan.with_dispatch(Dispatch(kind="ascend")), load, c)).mean()
     assert under_rule > 2 * made.metrics["maxvio"]  # what exporting the even plan would give
