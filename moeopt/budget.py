@@ -11,26 +11,22 @@ the budget is only a cap, and a search that hits it says so (termination ``time_
 
 :func:`run_interruptible` lets Ctrl-C reach a solver that runs in native code (CP-SAT,
 HiGHS), where Python's own SIGINT handler only runs once the call returns: the solver is asked
-to stop and :class:`KeyboardInterrupt` is raised, so an interrupt is never mistaken for a time
-limit.
+to stop through its own API (:mod:`moeopt.interrupt`) and :class:`KeyboardInterrupt` is raised,
+so an interrupt is never mistaken for a time limit.
 """
 
 from __future__ import annotations
 
 import math
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any, TypeVar, overload
+from collections.abc import Callable
+from typing import TypeVar, overload
+
+from moeopt import interrupt
 
 __all__ = ["Budget", "deferred_interrupt", "run_interruptible"]
 
 T = TypeVar("T")
-
-#: Seconds to wait for a stopped solver to return before leaving it behind.
-STOP_WAIT = 0.8
 
 
 class Budget:
@@ -102,62 +98,18 @@ class Budget:
 
 
 def run_interruptible(solve: Callable[[], T], stop: Callable[[], object] | None = None) -> T:
-    """``solve()`` such that Ctrl-C stops it within about a second and raises KeyboardInterrupt.
+    """``solve()``, a native solver's call, such that Ctrl-C (or SIGTERM) stops it at once and
+    raises :class:`~moeopt.interrupt.Interrupted` (a :class:`KeyboardInterrupt`).
 
-    A native solver (CP-SAT, HiGHS) runs in C++ and Python's SIGINT handler only runs once
-    the call returns. Here the call runs in a helper thread while this (main) thread waits;
-    on SIGINT, ``stop()`` (e.g. CP-SAT's ``stop_search`` or HiGHS's ``cancelSolve``) ends the
-    search, and :class:`KeyboardInterrupt` is raised instead of returning a result that would
-    look like a time limit. Without ``stop`` the helper is abandoned (a daemon thread).
-
-    Outside the main thread, or where SIGINT is not Python's default handler (pool workers
-    ignore it: their parent stops them), ``solve()`` simply runs here.
+    The call runs in this thread; ``stop()`` (CP-SAT's ``stop_search``, HiGHS's ``cancelSolve``)
+    is registered with :mod:`moeopt.interrupt`, whose watcher calls it when a signal comes, so
+    the solver returns, its threads joined, and the interrupt is raised instead of a result
+    that would look like a time limit. A call without ``stop`` runs in a child process that a
+    signal kills, under the command line (:func:`moeopt.interrupt.call`).
     """
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        return solve()
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = solve()
-        except BaseException as exc:  # noqa: BLE001  (raised again in the caller's thread)
-            box["error"] = exc
-
-    helper = threading.Thread(target=target, name="moeopt-solve", daemon=True)
-    helper.start()
-    try:
-        while helper.is_alive():
-            helper.join(0.05)
-    except KeyboardInterrupt:
-        if stop is not None:
-            stop()
-            helper.join(STOP_WAIT)
-        raise
-    if "error" in box:
-        raise box["error"]
-    value: T = box["value"]
-    return value
+    return interrupt.call(solve, stop)
 
 
-@contextmanager
-def deferred_interrupt() -> Iterator[None]:
-    """Hold Ctrl-C back while the block runs (e.g. starting worker processes, which a signal
-    must not leave half started), then raise :class:`KeyboardInterrupt` if one came.
-
-    Nothing changes outside the main thread or where SIGINT is not Python's default handler.
-    """
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-    hit: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: hit.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if hit:
-        raise KeyboardInterrupt
+#: Hold Ctrl-C back while a block runs (e.g. starting worker processes), then raise it:
+#: :func:`moeopt.interrupt.deferred`.
+deferred_interrupt = interrupt.deferred

@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from moeopt import console
-from moeopt.budget import Budget, deferred_interrupt
+from moeopt import console, interrupt
+from moeopt.budget import Budget
 from moeopt.errors import InputError, MoeoptError
 from moeopt.instance import Instance
 from moeopt.plan import Plan
@@ -372,7 +372,7 @@ def pool_map(
     runs once in each worker (it must leave SIGINT to the parent, as :func:`worker_init` does)."""
     pool = None
     try:
-        with deferred_interrupt():  # Ctrl-C waits until every worker is known, so all are stopped
+        with interrupt.deferred():  # Ctrl-C waits until every worker is known, so all are stopped
             pool = ProcessPoolExecutor(
                 max_workers=min(workers, len(items)),
                 mp_context=mp_context(),
@@ -471,19 +471,34 @@ def ray_map(
     down at the end. Ctrl-C or an error cancels the tasks still pending."""
     ray = import_ray()
     started = False
-    if not ray.is_initialized():
-        opts: dict[str, Any] = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-        if executor.ray == "local":
-            cpus = executor.workers if executor.workers > 1 else (os.cpu_count() or 2)
-            ray.init(num_cpus=cpus, **opts)
-        else:
-            if executor.ray is not None:
-                _check_reachable(executor.ray)
-            try:
-                ray.init(address=executor.ray, **opts)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise MoeoptError(f"--ray {executor.ray}: cannot connect to a Ray cluster: {exc}") from None
-        started = True
+    try:
+        if not ray.is_initialized():
+            opts: dict[str, Any] = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+            # Ctrl-C waits until Ray is up (a half-started Ray would leave its processes behind)
+            with interrupt.deferred():
+                started = True
+                if executor.ray == "local":
+                    cpus = executor.workers if executor.workers > 1 else (os.cpu_count() or 2)
+                    ray.init(num_cpus=cpus, **opts)
+                else:
+                    if executor.ray is not None:
+                        _check_reachable(executor.ray)
+                    try:
+                        ray.init(address=executor.ray, **opts)
+                    except (ConnectionError, RuntimeError, ValueError) as exc:
+                        raise MoeoptError(f"--ray {executor.ray}: cannot connect to a Ray cluster: {exc}") from None
+                interrupt.reclaim()  # ray.init sets a SIGTERM handler that would exit without stopping Ray
+        _ray_tasks(ray, fn, items, done, shared)
+    finally:
+        if started and ray.is_initialized():
+            ray.shutdown()  # a local Ray's processes end with it
+
+
+def _ray_tasks(
+    ray: Any, fn: Callable[..., Any], items: Sequence[tuple[Any, ...]], done: Callable[[Any], None], shared: Any
+) -> None:
+    """Run the tasks of :func:`ray_map` on an initialized Ray; Ctrl-C or an error cancels
+    (kills) the tasks still pending."""
     remote = ray.remote(num_cpus=1, max_retries=0)(fn)
     pending: list = []
     try:
@@ -500,9 +515,6 @@ def ray_map(
             except Exception:  # noqa: BLE001  (already finished or gone)
                 pass
         raise
-    finally:
-        if started:
-            ray.shutdown()
 
 
 # ----------------------------------------------------------------------------- combine

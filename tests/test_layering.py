@@ -2,7 +2,7 @@
 
 The layers, lowest first (a module may import its own layer and those below):
 
-* ``data``: the problem, the plan, the result and plain helpers (errors, clock, console);
+* ``data``: the problem, the plan, the result and plain helpers (errors, signals, clock, console);
 * ``scoring``: dispatch and the metrics, the single judge of every plan;
 * ``models``: problem models and their bounds (balance, joint, relabel), trace synthesis, and
   the search parts they share with the heuristics (``moves``: the slot state and the descent
@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "data",
         [
             "errors",
+            "interrupt",
             "budget",
             "console",
             "schema",

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moeopt import interrupt
+
 #: CP-SAT (OR-Tools)
 CPSAT = "ortools.sat.python.cp_model"
 #: HiGHS through highspy's own API
@@ -41,6 +43,7 @@ def available(backend: str) -> bool:
             return bool(SolverFactory("highs").available())
         importlib.import_module(backend)
     except Exception:  # noqa: BLE001  (a missing or broken install, a licence problem: unavailable)
+        interrupt.check()  # unless Ctrl-C broke the import (a native module may turn it into an ImportError)
         return False
     return True
 

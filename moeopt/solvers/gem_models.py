@@ -28,7 +28,7 @@ from moeopt.errors import InputError
 from moeopt.outcome import ExactOutcome
 from moeopt.profile import Profile
 from moeopt.result import cpsat_termination, pyomo_termination
-from moeopt.solvers.highs_common import cancel_pyomo_highs, highs_threads, pyomo_highs_start
+from moeopt.solvers.highs_common import highs_threads, pyomo_highs_solve, pyomo_highs_start
 from moeopt.utilization import step_lower_bound
 
 #: Largest model accepted, in constraint-matrix nonzeros (load rows E*G*T plus levels).
@@ -284,16 +284,13 @@ def solve_milp(
     build = time.perf_counter() - t0
     opt = SolverFactory("highs")
     warm = hint is not None and pyomo_highs_start(opt, m, _milp_values(m, model, canonical_home(model, hint)))
-    res = run_interruptible(
-        lambda: opt.solve(
-            m,
-            time_limit=max(time_limit - (time.perf_counter() - t0), 0.05),  # build included
-            threads=highs_threads(threads),
-            rel_gap=1e-7,
-            raise_exception_on_nonoptimal_result=False,
-            load_solutions=False,
-        ),
-        lambda: cancel_pyomo_highs(opt),
+    res = pyomo_highs_solve(
+        opt,
+        m,
+        time_limit=max(time_limit - (time.perf_counter() - t0), 0.05),  # build included
+        threads=highs_threads(threads),
+        rel_gap=1e-7,
+        raise_exception_on_nonoptimal_result=False,
     )
     home = None
     if res.incumbent_objective is not None:

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from moeopt.budget import run_interruptible
 from moeopt.grouping import Grouping, pairs
 from moeopt.outcome import ExactOutcome
 from moeopt.result import highs_termination
@@ -30,6 +29,7 @@ from moeopt.solvers.highs_common import (  # noqa: F401  (estimate_nonzeros: pub
     highs_milp,
     highs_threads,
     refuse_large,
+    run_highs,
     set_start,
 )
 
@@ -194,7 +194,7 @@ def solve(g: Grouping, settings: ExactSettings) -> ExactOutcome:
     for option, value in GROUPING_OPTIONS.items():
         h.setOptionValue(option, value)
     warm = hint is not None and set_start(h, arrays.point(g.canonical(hint), g.groups))
-    run_interruptible(h.run, h.cancelSolve)
+    h = run_highs(h)  # h, or its answer read where it ran
     model_status = h.getModelStatus()
     info = h.getInfo()
     bound = float(info.mip_dual_bound)

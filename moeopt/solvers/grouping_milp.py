@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from moeopt.budget import run_interruptible
 from moeopt.grouping import Grouping, pairs
 from moeopt.outcome import ExactOutcome
 from moeopt.result import pyomo_termination
@@ -23,8 +22,8 @@ from moeopt.solvers import PYOMO_HIGHS, ExactSettings
 from moeopt.solvers import available as solver_available
 from moeopt.solvers.highs_common import (
     GROUPING_OPTIONS,
-    cancel_pyomo_highs,
     highs_threads,
+    pyomo_highs_solve,
     pyomo_highs_start,
     refuse_large,
 )
@@ -127,17 +126,14 @@ def solve(g: Grouping, settings: ExactSettings) -> ExactOutcome:
     build = time.perf_counter() - t0
     opt = SolverFactory("highs")
     warm = hint is not None and pyomo_highs_start(opt, m, start_values(m, g.canonical(hint)))
-    res = run_interruptible(
-        lambda: opt.solve(
-            m,
-            raise_exception_on_nonoptimal_result=False,
-            load_solutions=False,
-            tee=settings.log,
-            time_limit=max(0.05, time_limit - (time.perf_counter() - t0)),
-            threads=highs_threads(settings.threads),
-            solver_options={"random_seed": settings.seed, **GROUPING_OPTIONS},
-        ),
-        lambda: cancel_pyomo_highs(opt),
+    res = pyomo_highs_solve(
+        opt,
+        m,
+        raise_exception_on_nonoptimal_result=False,
+        tee=settings.log,
+        time_limit=max(0.05, time_limit - (time.perf_counter() - t0)),
+        threads=highs_threads(settings.threads),
+        solver_options={"random_seed": settings.seed, **GROUPING_OPTIONS},
     )
     wall = time.perf_counter() - t0
     home = None

@@ -15,19 +15,29 @@ The assembly of a MILP from arrays (:func:`highs_milp`), the hand-over of a star
 (:func:`set_start`, and :func:`pyomo_highs_start` for Pyomo's HiGHS interface), the grouping
 MILP's options and its size check (:func:`refuse_large`) live here too, so the backends share
 them without importing each other.
+
+Ctrl-C: every HiGHS MILP runs through :func:`run_highs` (highspy) or
+:func:`pyomo_highs_solve` (Pyomo), which run it where a signal stops it at once: a child
+process under the command line, or here with HiGHS's interrupt callback and ``cancelSolve``
+(:mod:`moeopt.interrupt`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from moeopt import interrupt
+from moeopt.budget import run_interruptible
 from moeopt.errors import InputError
 from moeopt.grouping import Grouping, pairs
 
@@ -155,6 +165,116 @@ def pyomo_highs_start(opt: Any, model: Any, values: Iterable[tuple[Any, float]])
     except (AttributeError, KeyError, TypeError):
         return False
     return set_start(highs, start)
+
+
+@dataclass(frozen=True)
+class SolvedHighs:
+    """What a ``Highs`` holds after ``run()``, read in the child process that ran it
+    (:func:`run_highs`): the same four methods callers read, with the same values."""
+
+    model_status: Any  # highspy.HighsModelStatus
+    status_text: str
+    info: SimpleNamespace  # every public field of highspy.HighsInfo
+    solution: SimpleNamespace  # col_value, value_valid
+
+    def getModelStatus(self) -> Any:
+        return self.model_status
+
+    def modelStatusToString(self, status: Any) -> str:
+        return self.status_text
+
+    def getInfo(self) -> SimpleNamespace:
+        return self.info
+
+    def getSolution(self) -> SimpleNamespace:
+        return self.solution
+
+
+def _run_and_read(h: Any) -> SolvedHighs:
+    """Run ``h`` and read its answer (in the child process of :func:`run_highs`)."""
+    h.run()
+    info = h.getInfo()
+    status = h.getModelStatus()
+    sol = h.getSolution()
+    return SolvedHighs(
+        status,
+        h.modelStatusToString(status),
+        SimpleNamespace(**{k: getattr(info, k) for k in dir(info) if not k.startswith("_")}),
+        SimpleNamespace(col_value=list(sol.col_value), value_valid=bool(sol.value_valid)),
+    )
+
+
+def run_highs(h: Any) -> Any:
+    """``h.run()`` such that Ctrl-C stops it; returns what to read the answer from (``h``, or
+    a :class:`SolvedHighs` with ``getModelStatus``, ``getInfo``, ``getSolution``).
+
+    HiGHS's interrupt callback (``cancelSolve``) is not consulted while a MIP solves its root
+    LP, which can take most of the time limit. Under the command line the run therefore goes
+    to a child process that Ctrl-C kills (:func:`moeopt.interrupt.run_in_child`); elsewhere
+    (a library call; pool and Ray workers are stopped by their parent) it runs here with the
+    interrupt callback on (highspy's ``HandleUserInterrupt``: a flag check, the search is
+    unchanged) and ``cancelSolve`` as the stop hook. Same model, options and seed: same answer.
+    """
+    if interrupt.active() and threading.current_thread() is threading.main_thread():
+        return interrupt.run_in_child(_run_and_read, h)
+    h.HandleUserInterrupt = True
+    run_interruptible(h.run, h.cancelSolve)
+    return h
+
+
+@dataclass(frozen=True)
+class _VarValues:
+    """Loads variable values into a Pyomo model, in ``component_data_objects`` order (the
+    ``solution_loader`` of :class:`SolvedPyomo`)."""
+
+    model: Any
+    values: list[float | None] | None
+
+    def load_vars(self) -> None:
+        import pyomo.environ as pyo
+
+        if self.values is None:
+            raise RuntimeError("no solution to load")
+        for var, value in zip(self.model.component_data_objects(pyo.Var), self.values, strict=True):
+            var.set_value(value, skip_validation=True)
+
+
+@dataclass(frozen=True)
+class SolvedPyomo:
+    """The fields of a Pyomo v2 ``Results`` that moeopt reads, from the child process that solved
+    (:func:`pyomo_highs_solve`); ``solution_loader.load_vars()`` sets the model's values here."""
+
+    termination_condition: Any
+    solution_status: Any
+    incumbent_objective: float | None
+    objective_bound: float | None
+    solution_loader: _VarValues
+
+
+def _solve_and_read(opt: Any, model: Any, options: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
+    """Solve with Pyomo's HiGHS and read the answer (in the child process of :func:`pyomo_highs_solve`)."""
+    import pyomo.environ as pyo
+    from pyomo.contrib.solver.common.results import SolutionStatus
+
+    res = opt.solve(model, load_solutions=False, **options)
+    values = None
+    held = res.solution_status in (SolutionStatus.feasible, SolutionStatus.optimal)
+    if held or res.incumbent_objective is not None:
+        res.solution_loader.load_vars()
+        values = [var.value for var in model.component_data_objects(pyo.Var)]
+    return res.termination_condition, res.solution_status, res.incumbent_objective, res.objective_bound, values
+
+
+def pyomo_highs_solve(opt: Any, model: Any, **options: Any) -> Any:
+    """``opt.solve(model, load_solutions=False, **options)`` with Pyomo's HiGHS, such that
+    Ctrl-C stops it: in a child process that Ctrl-C kills under the command line (HiGHS does
+    not look at its interrupt callback during a MIP's root LP; see :func:`run_highs`), whose
+    answer comes back as a :class:`SolvedPyomo`; elsewhere here, with :func:`cancel_pyomo_highs`
+    as the stop hook, returning Pyomo's own results."""
+    if interrupt.active() and threading.current_thread() is threading.main_thread():
+        term, status, incumbent, bound, values = interrupt.run_in_child(_solve_and_read, opt, model, options)
+        return SolvedPyomo(term, status, incumbent, bound, _VarValues(model, values))
+    return run_interruptible(lambda: opt.solve(model, load_solutions=False, **options), lambda: cancel_pyomo_highs(opt))
 
 
 def cancel_pyomo_highs(opt) -> None:

@@ -8,11 +8,13 @@ Both libraries are optional: they are imported on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
 
+from moeopt import interrupt
 from moeopt.errors import InputError
 
 if TYPE_CHECKING:
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
 PRESETS = ("default", "quality", "highest_quality", "deterministic", "large_k")
 
 _INIT: dict[int, object] = {}
+
+T = TypeVar("T")
 
 
 def _mtkahypar(threads: int) -> tuple[Any, Any]:
@@ -54,16 +58,18 @@ def mtkahypar_partition(
     home, km1
         int ``[E]`` blocks (may exceed ``slots`` when the partitioner could not balance
         exactly: repair follows) and Mt-KaHyPar's own (λ − 1) value (weighted, integer).
+
+    Notes
+    -----
+    Mt-KaHyPar's call cannot be interrupted; under the command line it runs in a child process
+    that Ctrl-C kills (:func:`stoppable`).
     """
     E = edges.experts
     if gpus == 1:
         return np.zeros(E, dtype=np.int64), 0
-    mtk, init, ctx = _km1_context(gpus, slots, seed=seed, preset=preset, threads=threads)
-    hg = init.create_hypergraph(
-        ctx, E, len(edges.pins), edges.pins, [1] * E, np.rint(edges.weight).astype(np.int64).tolist()
-    )
-    part = hg.partition(ctx)
-    return np.asarray(part.get_partition(), dtype=np.int64), int(part.km1())
+    _check_preset(preset)
+    weights = np.rint(edges.weight).astype(np.int64).tolist()
+    return stoppable(_km1_partition, E, edges.pins, weights, gpus, slots, None, seed, preset, threads)
 
 
 def fixed_home_partition(
@@ -79,27 +85,54 @@ def fixed_home_partition(
     numpy.ndarray
         int ``[E]`` blocks of the experts (repair follows, as for :func:`mtkahypar_partition`).
     """
-    mtk, init, ctx = _km1_context(gpus, slots + 1, seed=seed, preset=preset, threads=1)  # + the fixed home
-    n = experts + gpus
-    hg = init.create_hypergraph(
-        ctx, n, len(edges.pins), edges.pins, [1] * n, np.rint(edges.weight).astype(np.int64).tolist()
-    )
-    hg.add_fixed_vertices([-1] * experts + list(range(gpus)), gpus)
-    part = np.asarray(hg.partition(ctx).get_partition(), dtype=np.int64)
+    _check_preset(preset)
+    weights = np.rint(edges.weight).astype(np.int64).tolist()
+    fixed = [-1] * experts + list(range(gpus))
+    part, _ = stoppable(
+        _km1_partition, experts + gpus, edges.pins, weights, gpus, slots + 1, fixed, seed, preset, 1
+    )  # + the fixed home
     return part[:experts]
 
 
-def _km1_context(gpus: int, block_weight: int, *, seed: int, preset: str, threads: int) -> tuple[Any, Any, Any]:
-    """Mt-KaHyPar module, initializer and a (λ − 1) context: G blocks of ``block_weight``."""
+def stoppable(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, a Mt-KaHyPar call, where Ctrl-C can stop it: in a child process that a
+    signal kills under the command line (:func:`moeopt.interrupt.run_in_child`), here otherwise
+    (a library call, a pool or Ray worker, which its parent stops), and here too once this
+    process has started Mt-KaHyPar's threads itself (a forked child would not have them)."""
+    if interrupt.active() and not _INIT:
+        return interrupt.run_in_child(fn, *args)
+    return fn(*args)
+
+
+def _check_preset(preset: str) -> None:
     if preset not in PRESETS:
         raise InputError(None, "method.preset", f"expected one of {', '.join(PRESETS)}, got {preset!r}")
+
+
+def _km1_partition(
+    vertices: int,
+    pins: Any,
+    weights: list[int],
+    gpus: int,
+    block_weight: int,
+    fixed: list[int] | None,
+    seed: int,
+    preset: str,
+    threads: int,
+) -> tuple[np.ndarray, int]:
+    """Mt-KaHyPar's (λ − 1) partition of ``vertices`` unit-weight vertices into G blocks of
+    ``block_weight``, with the vertices of ``fixed`` (block or -1) fixed: blocks and km1."""
     mtk, init = _mtkahypar(threads)
     ctx = init.context_from_preset(getattr(mtk.PresetType, preset.upper()))
     ctx.set_partitioning_parameters(gpus, 0.0, mtk.Objective.KM1)
     ctx.set_individual_target_block_weights([int(block_weight)] * gpus)
     ctx.logging = False
     mtk.set_seed(int(seed))
-    return mtk, init, ctx
+    hg = init.create_hypergraph(ctx, vertices, len(pins), pins, [1] * vertices, weights)
+    if fixed is not None:
+        hg.add_fixed_vertices(fixed, gpus)
+    part = hg.partition(ctx)
+    return np.asarray(part.get_partition(), dtype=np.int64), int(part.km1())
 
 
 def metis_partition(graph: np.ndarray, gpus: int, *, seed: int = 0, ufactor: int = 1) -> tuple[np.ndarray, int]:

@@ -24,9 +24,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from moeopt.budget import run_interruptible
 from moeopt.result import Status, Termination, highs_termination
-from moeopt.solvers.highs_common import cancel_pyomo_highs, highs_milp, highs_threads, set_start
+from moeopt.solvers.highs_common import highs_milp, highs_threads, pyomo_highs_solve, run_highs, set_start
 
 #: share of the time limit spent looking for a plan that reaches the count bound exactly
 FEASIBILITY_SHARE = 0.5
@@ -232,7 +231,7 @@ def _run_highs(
     h.setOptionValue("mip_rel_gap", 1e-6)
     if start is not None:
         set_start(h, start)
-    run_interruptible(h.run, h.cancelSolve)
+    h = run_highs(h)  # h, or its answer read where it ran
     status = _STATUS_OF.get(highs_termination(h.getModelStatus().name), Status.ERROR)
     info = h.getInfo()
     col = None
@@ -492,17 +491,14 @@ def solve_replication_bound_pyomo(
     m.link = pyo.Constraint(m.P, rule=lambda _, p: m.x[p] <= float(w[pairs[p][0]]) * m.y[p])
     m.slots = pyo.Constraint(range(gpus), rule=slot_limit)
     opt = SolverFactory("highs")
-    res = run_interruptible(
-        lambda: opt.solve(
-            m,
-            raise_exception_on_nonoptimal_result=False,
-            load_solutions=False,
-            time_limit=max(0.1, time_limit),
-            threads=highs_threads(1),
-            rel_gap=1e-7,
-            abs_gap=1e-9,
-        ),
-        lambda: cancel_pyomo_highs(opt),
+    res = pyomo_highs_solve(
+        opt,
+        m,
+        raise_exception_on_nonoptimal_result=False,
+        time_limit=max(0.1, time_limit),
+        threads=highs_threads(1),
+        rel_gap=1e-7,
+        abs_gap=1e-9,
     )
     optimal = res.termination_condition == TerminationCondition.convergenceCriteriaSatisfied
     bound = res.objective_bound
