@@ -86,11 +86,21 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     r.add_argument(
         "--calibration", type=_positive_int, default=None, help="steps of the first plan (default: the window)"
     )
-    r.add_argument("--budget", type=_nonneg_int, default=None, help="incremental / auto: moved slots per layer")
-    r.add_argument("--budget-bytes", type=_positive_int, default=None, help="incremental / auto: moved bytes per layer")
+    r.add_argument(
+        "--budget",
+        type=_nonneg_int,
+        default=None,
+        help="moved slots per layer (incremental: per re-plan; auto: per interval)",
+    )
+    r.add_argument(
+        "--budget-bytes",
+        type=_positive_int,
+        default=None,
+        help="moved bytes per layer (incremental: per re-plan; auto: per interval)",
+    )
     r.add_argument("--level", type=_level, default=None, help="threshold / auto: re-plan only above this MaxVio")
     r.add_argument("--lag", type=_nonneg_int, default=None, help="steps before a new plan serves (default 0)")
-    r.add_argument("--history", type=_history, default=None, help="auto: windows planned on, or 'all' (default 6)")
+    r.add_argument("--history", type=_history, default=None, help="auto: windows planned on, or 'all' (default 2)")
     r.add_argument(
         "--relabel",
         action="store_const",

@@ -8,13 +8,16 @@ and one instance, to a :class:`Schedule`: the one composition the replay loop
 * **when**: after every ``interval`` scored steps (steps ``calibration + k * interval``,
   ``k >= 1``), optionally only when the plan in service's mean per-step MaxVio over the last
   ``trigger_window`` steps exceeds ``level`` (:meth:`Schedule.decide` gets an
-  :class:`Observation`: the steps seen, their MaxVio, whether a plan is pending);
+  :class:`Observation`: the steps seen, their MaxVio, whether a plan is pending); with a
+  ``surge`` watch also after any step whose MaxVio jumps (:meth:`Schedule.surge_onset`);
 * **on what**: the last ``span`` steps before the decision (``None``: every step so far), or,
   for the oracle, the coming ``interval`` steps themselves;
 * **how**: a registered planner (``planner`` + ``planner_params``), from scratch or from the
   plan in service with at most ``budget`` moved slots per layer (``balance``'s migration mode:
-  :func:`moeopt.balance.replan_from`), robust over snapshots of ``snapshot`` steps each, and
-  with the new plan's GPUs relabeled onto the plan in service (``relabel``).
+  :func:`moeopt.balance.replan_from`; with ``carry`` the budget is a rate per interval,
+  :meth:`Schedule.bucket`), robust over snapshots of ``snapshot`` steps each, and with the new
+  plan's GPUs relabeled onto the plan in service (``relabel``); with ``min_gain`` the plan in
+  service is kept unless the re-plan gains that share on the planned-on steps.
 
 A plan decided after step ``d - 1`` (planned on steps ending there) serves from step
 ``d + lag``; the plan in service serves until then. While a plan is pending no other re-plan is
@@ -42,9 +45,11 @@ The named policies:
 ``auto``
     moeopt's default: every ``interval`` steps (or, with ``level``, when the last window's
     MaxVio exceeds it), plan robustly over the last ``history`` windows of ``window`` steps,
-    each window one snapshot (``balance`` with ``robust``), from the plan in service with a
-    move budget. Every knob is a parameter; the defaults are the ones chosen on the bundled
-    streams (see the re-planning guide).
+    each window one snapshot (``balance`` with ``robust``), from the plan in service within a
+    transfer budget per interval (a bucket with a reserve for surges); and a surge watch that
+    re-plans at once, on the new steps alone, when a step's MaxVio jumps. Every knob is a
+    parameter; the defaults are the ones chosen on the bundled streams (see the re-planning
+    guide).
 ``oracle``
     Hindsight, not a policy an engine can run: every block of ``interval`` scored steps is
     served by a plan made on that block itself (no lag). It bounds what any re-planning with
