@@ -17,6 +17,7 @@ import json
 import math
 import os
 import tempfile
+import warnings
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -191,14 +192,20 @@ def _leaves(data: Any, prefix: str = "") -> list[str]:
 
 # ----------------------------------------------------------------------------- running
 def run(argv: list[str]) -> tuple[int, str]:
-    """``main(argv)`` in-process: exit code and stderr (argparse errors exit via SystemExit)."""
+    """``main(argv)`` in-process: exit code and stderr (argparse errors exit via SystemExit).
+    Warnings the command lets out are added to stderr as the interpreter would print them
+    (Python's default filters: deprecations hidden), so a numpy warning counts as a line."""
     err = io.StringIO()
-    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+    with redirect_stdout(io.StringIO()), redirect_stderr(err), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", category)
         try:
             code = main(argv)
         except SystemExit as exc:
             code = int(exc.code or 0)
-    return code, err.getvalue()
+    shown = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught)
+    return code, err.getvalue() + shown
 
 
 def _leftovers(folder: Path) -> list[str]:
@@ -228,7 +235,7 @@ def check(
     folders = {p.parent for p in outputs if p.parent.is_dir()}
     before = _bytes_of(inputs)
     code, err = run(argv)
-    assert "Traceback" not in err, (argv, err)
+    assert "Traceback" not in err and "Warning: " not in err, (argv, err)
     assert {k: v for k, v in _bytes_of(inputs).items() if k in before} == before, argv
     if invalid or code != 0:
         assert code == 2, (argv, code, err)

@@ -49,6 +49,7 @@ def check_engine_rule(plan: Plan, fmt: str) -> None:
         f"evaluate it so"
     )
 
+
 #: SGLang's ``--ep-dispatch-algorithm`` for each moeopt dispatch kind (none for ``locality``).
 SGLANG_DISPATCH = {"even": "dynamic", "static": "static", "lp": "lp"}
 
@@ -78,7 +79,7 @@ def to_numpy(value: Any, source: str | None, field: str, *, integer: bool = True
     if integer and arr.dtype.kind == "f":
         if not np.isfinite(arr).all() or (arr != np.round(arr)).any():
             raise InputError(source, field, "expected integer ids")
-    if integer and arr.dtype.kind in "fu" and arr.size and np.abs(arr).max() >= 2.0**63:
+    if integer and arr.dtype.kind in "fu" and arr.size and float(np.abs(arr).max()) >= 2.0**63:
         raise InputError(source, field, f"expected integer ids below 2**63, found {arr.max():.6g}")
     return arr.astype(np.int64) if integer else arr.astype(np.float64)
 
