@@ -308,10 +308,16 @@ def _raise(layer: int, error: tuple) -> None:
 
 # ----------------------------------------------------------------------------- backends
 def worker_init() -> None:
-    """Workers leave SIGINT to the parent, which stops them all; their progress bars (disabled)
-    lock with a thread lock, not a named semaphore a terminated worker would leave behind."""
+    """Workers leave SIGINT to the parent, which stops them all (:func:`stop_pool`).
+
+    A stopped worker runs no exit code, so nothing it makes may need some: its progress bars
+    (disabled) lock with a thread lock, and the locks a library makes in it (Pyomo makes a
+    ``multiprocessing.Lock`` on first use) follow the fork context's rule, unlinked when made,
+    rather than named semaphores a resource tracker would report leaked once the worker is gone.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tqdm.set_lock(threading.RLock())
+    multiprocessing.set_start_method("fork", force=True)  # this worker's own default only
 
 
 #: One BLAS / OpenMP thread per worker (as Ray does for its tasks): N workers on N cores, not

@@ -1,4 +1,5 @@
-"""--time-limit bounds every method's whole run; Ctrl-C stops every method at once (exit 130, no files)."""
+"""--time-limit bounds every method's whole run; Ctrl-C and SIGTERM stop every method family at once (exit
+130 / 143, no files, no process left)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -39,7 +41,7 @@ profile: {variability: medium, seed: 0, tile: 64}
 method: {name: greedy}
 """
 
-#: Larger, for Ctrl-C: every search and exact model is still running a second after start.
+#: Larger, for Ctrl-C: every native solver (CP-SAT, HiGHS, Mt-KaHyPar) runs for seconds on it.
 SIGINT_INSTANCE = """\
 name: sigint
 model: {layers: 2, experts: 64, top_k: 4}
@@ -73,11 +75,6 @@ PARAMS: dict[str, dict] = {
 #: On the larger Ctrl-C instance (8 GPUs, top-4) the exact joint model needs a smaller token
 #: sample to stay under its column limit (patterns x G^k routings).
 SIGINT_PARAMS: dict[str, dict] = {"joint-exact": {"sample_tokens": 8, "coarse_tokens": 8, "max_columns": 100000}}
-
-#: Methods that may finish (in well under a second) before a signal sent a second after start
-#: reaches them: for these the Ctrl-C test also accepts a complete run (exit 0, or killed by the
-#: signal in the interpreter's teardown after both files were written).
-FAST = {"balance", "eplb", "greedy", "linear", "metis", "random", "round_robin", "speed-greedy"}
 
 
 def _available(name: str) -> bool:
@@ -145,121 +142,233 @@ def test_time_limit_bounds_the_whole_run(name, limit_case):
     assert wall <= bound, f"{name} ran {wall:.2f} s, more than {layers} x {LIMIT} s x 1.1 + {ALLOWANCE} s"
 
 
-# ----------------------------------------------------------------------------- Ctrl-C
-#: The CLI's main() after its imports, the method's backend included (``available()``;
-#: torch for eplb): 'ready' on stderr marks where a run starts (what ``python -m moeopt``
-#: runs, with a marker so that the signal never lands in an import of native code).
-_LAUNCH = (
-    "import os, sys, moeopt.cli, moeopt.methods, moeopt.solve\n"
-    "from moeopt.registry import get_method\n"
-    "get_method(os.environ['MOEOPT_TEST_METHOD']).available()\n"
-    "sys.stderr.write('ready\\n'); sys.stderr.flush()\n"
-    "raise SystemExit(moeopt.cli.main(sys.argv[1:]))\n"
-)
-#: Seconds from 'ready' to the signal (the instance loads, the method starts), and how long the
-#: run may take to stop after it.
-SIGNAL_AFTER = 1.0
-STOP_WITHIN = 1.5
-#: The interpreter's teardown after main() returned (torch, OR-Tools, Pyomo modules) on a busy
-#: two-core machine; a run that goes on after the signal (the old behaviour) takes a minute.
-EXIT_WITHIN = 10.0
-#: A process pool holds Ctrl-C back until its workers have started (so that it can stop them
-#: all): the pool case is signalled once the fork server has loaded moeopt.
-POOL_SIGNAL_AFTER = 4.0
+# ----------------------------------------------------------------------------- Ctrl-C, SIGTERM
+#: The CLI's main() in a child process, instrumented for the test only: marks on the file
+#: descriptor MOEOPT_TEST_MARKS say when it is ready, when a native solver call starts and ends
+#: (moeopt.interrupt.native: CP-SAT, HiGHS, the child process of Mt-KaHyPar or SciPy's MILP)
+#: and when a layer is done, so that the signal is sent while the native solver runs, never in
+#: Python warm-up code. SIGINT is set to Python's default handler first, as in a terminal (a
+#: runner that started the tests in the background may ignore it).
+_LAUNCH = """\
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+marks = os.fdopen(int(os.environ["MOEOPT_TEST_MARKS"]), "w", buffering=1)
+import moeopt.cli, moeopt.execute, moeopt.interrupt, moeopt.methods, moeopt.solve
+from moeopt.registry import get_method
+get_method(os.environ["MOEOPT_TEST_METHOD"]).available()
+native, enter, leave = moeopt.interrupt.native, moeopt.interrupt.native.__enter__, moeopt.interrupt.native.__exit__
+def marked_enter(self):
+    marks.write("native start\\n")
+    return enter(self)
+def marked_exit(self, *exc):
+    marks.write("native end\\n")
+    return leave(self, *exc)
+native.__enter__, native.__exit__ = marked_enter, marked_exit
+point = moeopt.execute._history_point
+def marked_point(*args):
+    marks.write("layer done\\n")
+    return point(*args)
+moeopt.execute._history_point = marked_point
+marks.write("ready\\n")
+raise SystemExit(moeopt.cli.main(sys.argv[1:]))
+"""
+
+#: The executors' instance: four layers, so that layers are still running in the workers when
+#: the first one is done (the signal's cue).
+EXECUTOR_INSTANCE = SIGINT_INSTANCE.replace("layers: 2", "layers: 4")
+
+#: Seconds from the cue to the signal (the solver is well into its search), the longest wait for
+#: a cue (start-up of the interpreter, Ray), and for the run to end after the signal.
+SIGNAL_AFTER = 0.3
+CUE_WITHIN = 120.0
+END_WITHIN = 60.0
+#: Seconds from the signal to 'interrupted' on stderr: the solver stops through its own API, or
+#: its child process is killed, at once; a pool or a local Ray is stopped in a few seconds.
+SAID_WITHIN = 3.0
+SAID_WITHIN_EXECUTOR = 20.0
 
 
-def _interrupt(name: str, instance: Path, out: Path, extra: tuple[str, ...] = (), after: float = SIGNAL_AFTER) -> dict:
-    """Run ``solve`` in a subprocess, SIGINT it after start-up, report how it ended."""
-    out.mkdir(parents=True, exist_ok=True)
-    own = out.parent / f"{out.name}.yaml"  # the instance with this method and its params
-    params = "".join(f", {k}: {v}" for k, v in {**PARAMS.get(name, {}), **SIGINT_PARAMS.get(name, {})}.items())
-    own.write_text(instance.read_text().replace("method: {name: greedy}", f"method: {{name: {name}{params}}}"))
-    cmd = [
-        sys.executable,
-        "-c",
-        _LAUNCH,
-        "solve",
-        str(own),
-        "--time-limit",
-        "60",
-        "--output",
-        str(out / "plan.json"),
-        "--report",
-        str(out / "report.json"),
-        "--quiet",
-        *extra,
-    ]
-    path = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
-    env = {**os.environ, "MOEOPT_TEST_METHOD": name, "PYTHONPATH": path}
-    # a shell or runner that started us in the background may ignore SIGINT: the child must not
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    first = proc.stderr.readline()
-    if first.strip() != "ready":
-        proc.kill()
-        rest = proc.communicate()[1]
-        return {"returncode": None, "stderr": first + rest}
-    time.sleep(after)
-    sent = time.perf_counter()
-    finished_before = proc.poll() is not None
-    if not finished_before:
-        proc.send_signal(signal.SIGINT)
-    lines, said = [], None
-    for line in proc.stderr:  # until the child closes stderr: it has ended
-        lines.append(line)
-        if line.strip() == "interrupted" and said is None:
-            said = time.perf_counter() - sent
+@dataclass(frozen=True)
+class Case:
+    """One interrupted run: the method, its parameters, the signal, extra options, and the cue
+    ('native': a native solver call has started; 'layer': a layer is done; a number: seconds
+    after start-up, for a method that runs no native solver)."""
+
+    method: str
+    signum: int = signal.SIGINT
+    extra: tuple[str, ...] = ()
+    cue: str | float = "native"
+    params: tuple[tuple[str, object], ...] = ()
+    instance: str = SIGINT_INSTANCE
+
+    @property
+    def executor(self) -> bool:
+        return self.cue == "layer"
+
+
+_POOL = ("--workers", "2", "--time-limit", "3")
+_RAY = ("--ray", "--time-limit", "3")
+#: Every method of issue 42 and both executors, stopped by SIGINT or SIGTERM: the two go through
+#: one handler; each solver family (CP-SAT, HiGHS through highspy and through Pyomo, the killed
+#: child process of SciPy's MILP and of Mt-KaHyPar, plain Python) gets SIGINT, and SIGTERM runs
+#: on two families (CP-SAT: gem-cpsat; Pyomo's HiGHS: gem-milp), a pool and a local Ray.
+CASES: dict[str, Case] = {
+    "tacg-cpsat": Case("tacg-cpsat"),
+    "tacg-highs": Case("tacg-highs"),
+    "tacg-milp": Case("tacg-milp"),
+    "joint-exact": Case("joint-exact", params=tuple(SIGINT_PARAMS["joint-exact"].items())),
+    "hypergraph": Case("hypergraph"),
+    "crosslayer": Case("crosslayer"),
+    "joint": Case("joint", cue=1.5, params=(("evaluations", 10**7),)),
+    "tacg-cpsat --workers 2": Case("tacg-cpsat", extra=_POOL, cue="layer", instance=EXECUTOR_INSTANCE),
+    "tacg-cpsat --ray": Case("tacg-cpsat", extra=_RAY, cue="layer", instance=EXECUTOR_INSTANCE),
+    "gem-cpsat SIGTERM": Case("gem-cpsat", signal.SIGTERM),
+    "gem-milp SIGTERM": Case("gem-milp", signal.SIGTERM),
+    "gem-milp --workers 2 SIGTERM": Case(
+        "gem-milp", signal.SIGTERM, extra=_POOL, cue="layer", instance=EXECUTOR_INSTANCE
+    ),
+    "tacg-cpsat --ray SIGTERM": Case("tacg-cpsat", signal.SIGTERM, extra=_RAY, cue="layer", instance=EXECUTOR_INSTANCE),
+}
+
+
+def _ray_installed() -> bool:
     try:
-        proc.wait(timeout=30)
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, ...)."""
+    try:
+        import psutil
+    except ImportError:  # /proc: parent of every process
+        parents: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                parents.setdefault(ppid, []).append(int(entry.name))
+        out, todo = [], [pid]
+        while todo:
+            kids = parents.get(todo.pop(), [])
+            out += kids
+            todo += kids
+        return out
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _interrupt(name: str, case: Case, root: Path) -> dict:
+    """Run ``solve`` in a subprocess, send the signal at the case's cue, report how it ended."""
+    out = root / name.replace(" ", "_")
+    out.mkdir()
+    own = root / f"{out.name}.yaml"  # the instance with this method and its params
+    params = "".join(f", {k}: {v}" for k, v in case.params)
+    own.write_text(case.instance.replace("method: {name: greedy}", f"method: {{name: {case.method}{params}}}"))
+    cmd = [sys.executable, "-c", _LAUNCH, "solve", str(own), "--time-limit", "60", "--quiet", *case.extra]
+    cmd += ["--output", str(out / "plan.json"), "--report", str(out / "report.json")]
+    read_marks, write_marks = os.pipe()
+    path = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env = {**os.environ, "MOEOPT_TEST_METHOD": case.method, "MOEOPT_TEST_MARKS": str(write_marks), "PYTHONPATH": path}
+    proc = subprocess.Popen(
+        cmd, cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(write_marks,)
+    )
+    os.close(write_marks)
+    marks = os.fdopen(read_marks)
+    errors: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: errors.extend((time.perf_counter(), ln) for ln in proc.stderr))
+    reader.start()
+    seen: list[tuple[float, str]] = []
+
+    def wait_for(cue: str) -> bool:
+        for line in marks:
+            seen.append((time.perf_counter(), line.strip()))
+            if line.strip() == cue:
+                return True
+        return False  # the run ended first
+
+    cued = wait_for("ready")
+    if cued and isinstance(case.cue, float):
+        time.sleep(case.cue)
+    elif cued:
+        cued = wait_for("native start" if case.cue == "native" else "layer done")
+    sent = None
+    children: list[int] = []
+    if cued and proc.poll() is None:
+        time.sleep(SIGNAL_AFTER)
+        children = _descendants(proc.pid)
+        sent = time.perf_counter()
+        proc.send_signal(case.signum)
+    for line in marks:  # until every holder of the pipe (the run and its children) has ended
+        seen.append((time.perf_counter(), line.strip()))
+    marks.close()
+    try:
+        proc.wait(timeout=END_WITHIN)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    reader.join(30)
+    proc.stdout.close()
+    ended = time.perf_counter()
+    deadline = time.perf_counter() + 15.0  # a local Ray's processes may take a moment to go
+    while any(_running(pid) for pid in children) and time.perf_counter() < deadline:
+        time.sleep(0.1)
+    said = next((t for t, ln in errors if ln.strip() == "interrupted"), None)
     return {
         "returncode": proc.returncode,
-        "said": said,  # seconds from the signal to the 'interrupted' line
-        "exit": time.perf_counter() - sent,  # ... to the end of the process (teardown included)
-        "stderr": "".join(lines),
-        "finished_before": finished_before,
-        "files": sorted(p.name for p in out.iterdir()),
+        "sent": sent is not None,
+        "said": None if sent is None or said is None else said - sent,
+        "ended": None if sent is None else ended - sent,
+        # the native call the signal interrupted ended after the signal: the signal landed in it
+        "in_native": sent is not None and any(t > sent and ln == "native end" for t, ln in seen),
+        "stderr": "".join(ln for _, ln in errors),
+        "files": sorted(p.name for p in out.iterdir()),  # outputs, temporary files, a core dump
+        "children": len(children),
+        "stray": [pid for pid in children if _running(pid)],
     }
 
 
 @pytest.fixture(scope="module")
 def interrupted(tmp_path_factory):
-    """Every available method run and interrupted, four at a time."""
-    root = tmp_path_factory.mktemp("sigint")
-    instance = root / "sigint.yaml"
-    instance.write_text(SIGINT_INSTANCE)
-    names = [n for n in method_names() if _available(n)]
-    jobs = {n: (n, instance, root / n) for n in names}
-    jobs["tacg --workers 2"] = ("tacg", instance, root / "tacg-workers", ("--workers", "2"), POOL_SIGNAL_AFTER)
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {k: pool.submit(_interrupt, *v) for k, v in jobs.items()}
-        return {k: f.result() for k, f in futures.items()}
+    """Every case run and interrupted, three at a time (two cores: the solvers share them)."""
+    root = tmp_path_factory.mktemp("interrupt")
+    jobs = {
+        name: case
+        for name, case in CASES.items()
+        if _available(case.method) and ("--ray" not in case.extra or _ray_installed())
+    }
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(_interrupt, name, case, root) for name, case in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
 
 
-@pytest.mark.parametrize("name", [*method_names(), "tacg --workers 2"])
-def test_sigint_stops_the_run(name, interrupted):
-    """Ctrl-C: 'interrupted' (one line on stderr) within STOP_WITHIN s, exit 130, no output file."""
+@pytest.mark.parametrize("name", list(CASES))
+def test_signal_stops_the_run(name, interrupted):
+    """SIGINT (SIGTERM): exit 130 (143), 'interrupted' alone on stderr, no file, no core, no process left."""
     if name not in interrupted:
-        pytest.skip(f"{name} is not available here")
-    r = interrupted[name]
-    assert r["returncode"] is not None, r["stderr"]
-    if r["returncode"] in (0, -signal.SIGINT) and name in FAST:  # done before the signal: a complete run
-        assert r["files"] == ["plan.json", "report.json"]
-        return
-    print(f"{name}: 'interrupted' {r['said']} s, exit {r['exit']:.2f} s after SIGINT")
-    assert r["returncode"] == 130, r["stderr"][-2000:]
-    assert r["stderr"].strip().splitlines().count("interrupted") == 1, r["stderr"][-2000:]
-    assert r["stderr"].strip().splitlines()[-1] == "interrupted", r["stderr"][-2000:]
-    assert "Traceback" not in r["stderr"]
-    assert r["said"] <= STOP_WITHIN
-    assert r["exit"] <= EXIT_WITHIN
+        pytest.skip(f"{name}: not available here")
+    case, r = CASES[name], interrupted[name]
+    assert r["sent"], f"{name} ended before its cue: {r['stderr'][-2000:]}"
+    print(f"{name}: 'interrupted' {r['said']} s, exit {r['ended']:.2f} s after the signal; {r['children']} children")
+    assert r["returncode"] == 128 + case.signum, r["stderr"][-2000:]
+    assert r["stderr"] == "interrupted\n", r["stderr"][-2000:]  # no traceback, no C++ abort, no leaked semaphore
     assert r["files"] == []
+    assert r["stray"] == []
+    if case.cue == "native":
+        assert r["in_native"], f"{name}: the signal did not land in a native solver call"
+    assert r["said"] is not None and r["said"] <= (SAID_WITHIN_EXECUTOR if case.executor else SAID_WITHIN)
