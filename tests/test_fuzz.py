@@ -33,7 +33,7 @@ from moeopt.cli import main
 
 #: examples per command for each hypothesis profile (tests/conftest.py): CI's default profile
 #: keeps the fuzz to a few seconds per command; explore (and dev) run at least 500 per command
-EXAMPLES = {"ci": 12, "explore": 500, "dev": 600}
+EXAMPLES = {"ci": 30, "explore": 500, "dev": 600}
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 FUZZ = settings(
     max_examples=int(os.environ.get("MOEOPT_FUZZ_EXAMPLES", EXAMPLES.get(PROFILE, EXAMPLES["ci"]))),
