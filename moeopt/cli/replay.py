@@ -12,6 +12,7 @@ from moeopt import console
 from moeopt.cli.args import _nonneg_int, _number_type, _positive_int
 from moeopt.errors import MoeoptError
 from moeopt.io import load_instance, write_json
+from moeopt.io.files import YamlAliasError, load_yaml_text
 
 #: command-line options that set a policy parameter: (option attribute, policy field)
 POLICY_OPTIONS = (
@@ -139,7 +140,9 @@ def _key_values(option: str, items: list[str]) -> dict[str, Any] | None:
         if not sep or not key.strip():
             raise MoeoptError(f"{option}: expected KEY=VALUE, got {item!r}")
         try:
-            out[key.strip()] = yaml.safe_load(text)
+            out[key.strip()] = load_yaml_text(text)  # aliases bounded, as in every YAML moeopt reads
+        except YamlAliasError as exc:
+            raise MoeoptError(f"{option}: {key}: {exc}") from None
         except yaml.YAMLError:
             raise MoeoptError(f"{option}: {key}: not a YAML value: {text!r}") from None
     return out
