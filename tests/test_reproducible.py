@@ -1,16 +1,19 @@
-"""Searches are bounded by work, not by the clock: one seed gives the same plan on a busy machine."""
+"""Searches and certificates are bounded by work, not by the clock: one seed gives the same plan,
+bound and gap on a busy machine."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 
+from moeopt.cli.tables import report_dict
 from moeopt.io import load_instance, plan_to_json
 from moeopt.registry import get_method
 from moeopt.result import Termination
@@ -116,3 +119,79 @@ def test_a_binding_cap_is_reported(name, case):
     r = solve(inst, method=name, params=endless, time_limit=0.3, workloads=wl)
     assert r.termination is Termination.TIME_LIMIT
     assert "time limit" in str(r.stats.get("note"))
+
+
+# ----------------------------------------------------------------------------- certificates
+#: Small, with certificates that do real work: the cover LPs of joint and crosslayer are solved by
+#: column generation (4 slots per GPU: exact pricing by enumeration) and stay above their trivial
+#: values, tacg's column generation prices and proves its LP, and its SDP runs SCS and the polish.
+CERT_INSTANCE = """\
+name: reproducible-certificates
+model: {layers: 2, experts: 24, top_k: 6}
+cluster: {gpus: 8, token_home: previous-layer}
+workload:
+  synthetic: {tokens: 1024, steps: 8, structure_seed: 7, seed: 0, layer_dependency: 0.5}
+method: {name: greedy}
+"""
+
+#: The certified methods, with parameters that keep their searches short (the certificates keep
+#: their default work budgets): name -> (method, params)
+CERTIFIED: dict[str, tuple[str, dict]] = {
+    "joint": ("joint", {"evaluations": 200, "restarts": 1}),
+    "crosslayer": ("crosslayer", {"sweeps": 2}),
+    "tacg auto": ("tacg", {"certificate": "auto", "iterations": 100}),
+    "tacg sdp": ("tacg", {"certificate": "sdp", "iterations": 100}),
+}
+
+#: report keys that hold wall times (seconds, timings, the history's clock), the only fields two
+#: runs may differ in
+WALL = re.compile(r"seconds|time|wall")
+
+
+def without_wall_times(value: object) -> object:
+    """``value`` (a report) without the keys that hold wall times, recursively."""
+    if isinstance(value, dict):
+        return {k: without_wall_times(v) for k, v in value.items() if not WALL.search(str(k))}
+    if isinstance(value, list):
+        return [without_wall_times(v) for v in value]
+    return value
+
+
+@pytest.fixture(scope="module")
+def cert_case(tmp_path_factory):
+    """The certificates' instance and its loaded workloads."""
+    path = tmp_path_factory.mktemp("certificates") / "certificates.yaml"
+    path.write_text(CERT_INSTANCE)
+    inst = load_instance(path)
+    return inst, load_workloads(inst)
+
+
+@pytest.mark.parametrize("case_name", list(CERTIFIED))
+def test_same_certificate_under_load(case_name, cert_case):
+    """Two runs of a certified method, the second beside a CPU hog on every core: the same report
+    (plan, bound, gap, certificate records) apart from wall times."""
+    name, params = CERTIFIED[case_name]
+    inst, wl = cert_case
+    quiet = solve(inst, method=name, params=params, seed=5, workloads=wl)
+    with cpu_hog():
+        busy = solve(inst, method=name, params=params, seed=5, workloads=wl)
+    assert quiet.bound is not None and quiet.gap is not None
+    # the work budgets, not the clock, ended every part: nothing was capped
+    assert quiet.termination is not Termination.TIME_LIMIT and busy.termination is not Termination.TIME_LIMIT
+    a, b = (without_wall_times(report_dict(r, inst.name)) for r in (quiet, busy))
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_a_binding_certificate_cap_is_reported(cert_case):
+    """A time limit too short for the certificate's work stops it and says so (termination and note)."""
+    inst, wl = cert_case
+    r = solve(
+        inst,
+        method="tacg",
+        params={"certificate": "sdp", "iterations": 100, "sdp_iterations": 10**6},
+        time_limit=0.5,
+        workloads=wl,
+    )
+    assert r.termination is Termination.TIME_LIMIT
+    assert "certificate" in str(r.stats.get("note"))
+    assert any(rec["sdp"]["capped"] for rec in r.stats["certificate"])

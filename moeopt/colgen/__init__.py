@@ -23,6 +23,13 @@ upper bound on the reduced cost. Duals are smoothed (Wentges): pricing happens a
 combination of the best-bound duals and the master's. A restricted master MILP (HiGHS, the
 incumbent as a start) over the generated columns can improve the plan.
 
+Every part is bounded by work, never by the clock: master LP solves (``rounds``), heuristic
+pricing rounds between exact pricings (``exact_every``), the exact pricings' branch-and-bound
+work and CP-SAT deterministic time (one worker), the MILP's nodes. The bound and the plan are
+then a function of the problem, the seed and these budgets, the same on a busy machine as on an
+idle one; a time limit is only an outer cap, and a result it stopped says so (termination
+``time_limit``, ``info["capped"]``).
+
 The package: :mod:`.pricing` (the quadratic-knapsack pricing, and the :class:`Pricer` protocol a
 column value implements), :mod:`.master` (the restricted master LP and MILP in highspy, over a
 :class:`ColumnSpace`), :mod:`.driver` (:func:`generate`, the loop and its bounds for any column
@@ -31,9 +38,13 @@ space, and :func:`column_generation` on a grouping). The joint planner's certifi
 """
 
 from moeopt.colgen.driver import (
+    CONVERGED_WORK,
+    EXACT_EVERY,
+    MILP_NODES,
     MILP_SHARE,
     PRICING_TOLERANCE,
     RC_TOL,
+    ROUNDS,
     STALL_ITERATIONS,
     ColgenResult,
     Generation,
@@ -44,6 +55,8 @@ from moeopt.colgen.master import ColumnSpace, Master, grouping_space, restricted
 from moeopt.colgen.pricing import (
     LOAD_SCALE,
     PRICING_SCALE,
+    PRICING_WORK,
+    WORK_PER_DTIME,
     GroupingPricer,
     Pricer,
     Pricing,
@@ -58,12 +71,18 @@ from moeopt.colgen.pricing import (
 )
 
 __all__ = [
+    "CONVERGED_WORK",
+    "EXACT_EVERY",
     "LOAD_SCALE",
+    "MILP_NODES",
     "MILP_SHARE",
     "PRICING_SCALE",
     "PRICING_TOLERANCE",
+    "PRICING_WORK",
     "RC_TOL",
+    "ROUNDS",
     "STALL_ITERATIONS",
+    "WORK_PER_DTIME",
     "ColgenResult",
     "ColumnSpace",
     "Generation",

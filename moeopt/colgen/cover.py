@@ -17,7 +17,8 @@ over columns ``S`` of at most ``W`` distinct experts (copies of one expert on on
 nothing). It is solved by the package's column generation loop
 (:func:`moeopt.colgen.generate`) with :class:`HypergraphPricer`; the Lagrangian (Farley) bound
 ``sum_e pi_e + G max(0, max_S v(S) - pi(S))`` with ``pi <= 0`` holds at every exact pricing, so
-a time cap leaves a valid bound. Exact pricing enumerates every ``W``-set by inclusion-exclusion
+a cap on its work (or on the clock) leaves a valid bound. Exact pricing enumerates every
+``W``-set by inclusion-exclusion
 (``(c - 1)^+ = C(c,2) - C(c,3) + C(c,4)`` for ``c <= 4``) when ``W <= 4``; for larger ``W``
 it bounds ``v`` by the pair value (``(c - 1)^+ <= C(c, 2)``) and prices that quadratic knapsack
 exactly with the grouping's pricing.
@@ -56,9 +57,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
+from threadpoolctl import threadpool_limits
 
 from moeopt.colgen import RC_TOL, ColumnSpace, Master, Pricing, generate
-from moeopt.colgen.pricing import price_exact
+from moeopt.colgen.pricing import PRICING_WORK, price_exact
 from moeopt.grouping import LOAD_TOL, Grouping
 
 #: exact pricing enumerates W-sets when there are at most this many
@@ -67,6 +69,28 @@ MAX_ENUMERATION = 3_000_000
 CHUNK = 200_000
 #: best sets of each chunk kept for the greedy packing of a whole plan
 POOL = 4096
+#: HiGHS iterations of each LP of the bound (the pair LP, the stay LP): their work budget
+LP_ITERATIONS = 500_000
+#: the column generation of :func:`distinct_lower_bound` by default: ``COVER_WORK / (E M W)``
+#: master LP solves (E experts, M token patterns, W slots per GPU: a round's heuristic pricing
+#: costs about ``E M W``), at least ``COVER_MIN_ROUNDS`` and at most ``COVER_MAX_ROUNDS``. Small
+#: layers (W <= 4, exact pricing by enumeration) get the rounds that prove their LP (E = 32, 8 GPUs
+#: of 4 slots, top-6: 25 rounds, 2 s); large ones a few rounds, about what 3 s of the clock gave
+#: them before (their bound comes from the pair LP)
+COVER_WORK = 10_000_000
+COVER_MIN_ROUNDS = 4
+COVER_MAX_ROUNDS = 30
+#: heuristic pricing rounds between two exact pricings there
+COVER_EXACT_EVERY = 5
+#: work of each exact pricing there (:func:`moeopt.colgen.pricing.price_exact`'s units)
+COVER_PRICING_WORK = 5_000_000
+
+
+def cover_rounds(experts: int, patterns: int, width: int) -> int:
+    """The default master LP solves of :func:`distinct_lower_bound` for a layer of ``experts``,
+    ``patterns`` distinct top-k sets and ``width`` slots per GPU (see :data:`COVER_WORK`)."""
+    rounds = COVER_WORK / max(experts * patterns * width, 1)
+    return int(min(max(round(rounds), COVER_MIN_ROUNDS), COVER_MAX_ROUNDS))
 
 
 def token_patterns(topk: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -255,22 +279,25 @@ class HypergraphPricer:
         self,
         pi: np.ndarray,
         *,
-        time_limit: float,
+        work: float = PRICING_WORK,
+        deadline: float | None = None,
         hint: np.ndarray | None = None,
         seed: int = 0,
         threshold: float = 0.0,
         tolerance: float = 0.0,
         keep: int = 100,
+        time_limit: float | None = None,
     ) -> Pricing:
         """A proved upper bound on ``max_S v(S) - pi(S)`` (``pi <= 0``) and the best sets found.
 
         ``pi <= 0`` makes the reduced value grow with ``S``, so a best set has ``width`` members
         (within a load limit, a best set may have fewer: every size is enumerated then).
         Enumeration of all of them when ``width <= 4`` and there are at most
-        :data:`MAX_ENUMERATION` (not cut by ``time_limit``: at most a few tenths of a second);
+        :data:`MAX_ENUMERATION` (not cut by ``work``: at most a few tenths of a second);
         otherwise the pair relaxation priced exactly by
-        :func:`moeopt.colgen.price_exact` within the load limit (its proved upper bound, unproven
-        for ``v``)."""
+        :func:`moeopt.colgen.price_exact` within the load limit in ``work`` units (its proved upper
+        bound, unproven for ``v``; ``deadline``, or ``time_limit`` seconds from now, an outer
+        wall-clock cap)."""
         del threshold, tolerance
         if (pi > 0).any():
             raise ValueError("hypergraph pricing needs duals pi <= 0 (expert rows >= 1)")
@@ -313,9 +340,9 @@ class HypergraphPricer:
         # the pair relaxation: v(S) <= sum of pair weights inside S, priced exactly (an upper bound)
         W2 = self._lookup_tables()[0]
         problem = Grouping(graph=W2, load=self.load, groups=1, cap=Wd, load_limit=self.limit)
-        pr = price_exact(problem, pi, time_limit=time_limit, hint=hint, seed=seed)
+        pr = price_exact(problem, pi, work=work, deadline=deadline, time_limit=time_limit, hint=hint, seed=seed)
         found = [s for s in self.greedy(pi) if self.admissible(s)][:keep]
-        return Pricing(found, max(pr.upper, 0.0), False, f"pair-{pr.kind}")
+        return Pricing(found, max(pr.upper, 0.0), False, f"pair-{pr.kind}", capped=pr.capped)
 
 
 def _pack(pool: list[tuple[np.ndarray, np.ndarray]], E: int) -> list[np.ndarray]:
@@ -381,6 +408,10 @@ def pair_saving_bound(
     width: int,
     load: np.ndarray | None = None,
     load_limit: float | None = None,
+    *,
+    iterations: int | None = LP_ITERATIONS,
+    time_limit: float | None = None,
+    report: dict | None = None,
 ) -> float:
     """An upper bound on the saving ``sum_g v(S_g)`` of every plan of ``gpus x width`` slots, from
     the token patterns ``pats [M, k]`` (sorted, :func:`token_patterns`) and their weights ``w``:
@@ -388,8 +419,15 @@ def pair_saving_bound(
 
     With ``load`` and ``load_limit``: of every single-copy plan within the limit; the pair LP
     then has every copy count 1 and, per expert e, ``sum_f load_f y_ef <= limit - load_e`` (the
-    experts sharing e's GPU fit beside it)."""
+    experts sharing e's GPU fit beside it).
+
+    The pair LP gets ``iterations`` HiGHS iterations (its work budget) and ``time_limit`` seconds
+    (an outer cap); when it is not solved within them the star bound alone is returned, and
+    ``report`` (a dict, if given) gets ``pair_lp`` (``solved``, ``iteration_limit`` or
+    ``time_limit``)."""
     E = experts
+    report = {} if report is None else report
+    report["pair_lp"] = "solved"
     if len(pats) == 0 or E == 0 or width <= 1:
         return 0.0
     first = np.ones(pats.shape, dtype=bool)
@@ -408,7 +446,11 @@ def pair_saving_bound(
     spare = gpus * width - E
     extra = np.sort(np.repeat(per, max(gpus - 1, 0)))[::-1][: max(spare, 0)]  # an expert on at most G GPUs
     star = float(per.sum() + extra.sum())
-    lp = _pair_lp_bound(upper.row, upper.col, upper.data, E, gpus, width, load, load_limit)
+    lp, capped = _pair_lp_bound(
+        upper.row, upper.col, upper.data, E, gpus, width, load, load_limit, iterations, time_limit
+    )
+    if lp is None:
+        report["pair_lp"] = "time_limit" if capped else "iteration_limit"
     return star if lp is None else min(star, lp)
 
 
@@ -421,14 +463,17 @@ def _pair_lp_bound(
     W: int,
     load: np.ndarray | None = None,
     limit: float | None = None,
-) -> float | None:
+    iterations: int | None = None,
+    time_limit: float | None = None,
+) -> tuple[float | None, bool]:
     """The pair LP of the module notes, ``max sum_{e<f} A_ef y_ef``, as a valid bound (None when
-    HiGHS does not solve it): :func:`_lp_upper_bound` over the polytope of
+    HiGHS does not solve it within ``iterations`` and ``time_limit``; and whether the time limit
+    stopped it): :func:`_lp_upper_bound` over the polytope of
     :func:`_copy_graph_rows` on the experts of one layer, with ``sum_f y_ef <= (W - 1) c_e``
     (``c_e = 1`` without spare slots: a fractional b-matching; within a load limit, single copy:
     ``c_e = 1`` and the partners' load fits beside e)."""
     if a.size == 0:
-        return 0.0
+        return 0.0, False
     group = np.zeros(E, dtype=np.int64)
     if load is not None and limit is not None and math.isfinite(limit):
         load = np.asarray(load, dtype=np.float64)
@@ -436,7 +481,9 @@ def _pair_lp_bound(
     else:
         rows = _copy_graph_rows(e, f, group, W - 1.0, G, W, G * W > E)
     A_ub, b_ub, lo, hi = rows
-    return _lp_upper_bound(np.r_[a, np.zeros(len(lo) - a.size)], A_ub, b_ub, lo, hi)
+    report: dict = {}
+    value = _lp_upper_bound(np.r_[a, np.zeros(len(lo) - a.size)], A_ub, b_ub, lo, hi, iterations, time_limit, report)
+    return value, bool(report["capped"])
 
 
 def _copy_graph_rows(
@@ -493,16 +540,26 @@ def _lp_upper_bound(
     b_ub: np.ndarray,
     lo: np.ndarray,
     hi: np.ndarray,
+    iterations: int | None = None,
     time_limit: float | None = None,
+    report: dict | None = None,
 ) -> float | None:
     """``max obj x`` s.t. ``A_ub x <= b_ub``, ``lo <= x <= hi``, as a valid upper bound: the
     Lagrangian value ``lam b + sum_j max(r_j lo_j, r_j hi_j)`` (``r = obj - A^T lam``) at HiGHS's
     duals ``lam >= 0`` (any such ``lam`` gives a bound, so solver tolerances cannot make it too
-    small); None when HiGHS does not solve the LP (within ``time_limit`` seconds, if given)."""
+    small). None when HiGHS does not solve the LP within ``iterations`` (its work budget: the same
+    answer on any machine) or ``time_limit`` seconds (an outer cap); ``report`` (a dict, if
+    given) gets ``capped``: whether the time limit stopped HiGHS."""
+    report = {} if report is None else report
     from scipy.optimize import linprog
 
-    options = {} if time_limit is None else {"time_limit": max(float(time_limit), 0.01)}
+    options: dict[str, float | int] = {}
+    if iterations is not None:
+        options["maxiter"] = max(int(iterations), 1)
+    if time_limit is not None:
+        options["time_limit"] = max(float(time_limit), 0.01)
     res = linprog(-obj, A_ub=A_ub, b_ub=b_ub, bounds=np.c_[lo, hi], method="highs", options=options)
+    report["capped"] = res.status != 0 and "time limit" in str(res.message).lower()
     if res.status != 0:
         return None
     lam = np.maximum(-np.asarray(res.ineqlin.marginals), 0.0)
@@ -519,6 +576,9 @@ def stay_upper_bound(
     loads: tuple[np.ndarray, np.ndarray] | None = None,
     load_limits: tuple[float, float] | None = None,
     time_limit: float | None = None,
+    *,
+    iterations: int | None = LP_ITERATIONS,
+    report: dict | None = None,
 ) -> float:
     """Under ``token_home: previous-layer``: an upper bound on the share of the tokens whose home
     (the GPU that served their top-1 expert ``prev_top1 [N]`` at the previous layer) holds one of
@@ -539,9 +599,16 @@ def stay_upper_bound(
     count is 1 and the experts beside e at this layer fit in this layer's limit,
     ``sum_f load_f z_ef <= limit``, and likewise the previous-layer experts beside f.
 
-    ``time_limit``: seconds for that LP (over token patterns, the larger); when HiGHS does not
-    solve it in time, the per-pair LP (``sum B_ef z_ef``, looser and quicker) is the bound.
+    ``iterations``: HiGHS iterations for that LP (over token patterns, the larger; its work
+    budget, so that the bound is the same on any machine), ``time_limit`` seconds an outer cap;
+    when HiGHS does not solve it within them, the per-pair LP (``sum B_ef z_ef``, looser and
+    quicker, within the same limits) is the bound. ``report`` (a dict, if given) gets ``stay_lp``:
+    ``patterns`` (the LP above), ``pairs`` (the per-pair LP), ``none`` (neither: the bound is 1),
+    and ``capped`` (whether the time limit stopped one).
     """
+    report = {} if report is None else report
+    report.update(stay_lp="patterns", capped=False)
+    t0 = time.perf_counter()
     prev = np.asarray(prev_top1, dtype=np.int64)
     ids = np.asarray(topk, dtype=np.int64)
     N = len(prev)
@@ -561,11 +628,16 @@ def stay_upper_bound(
     else:
         A_z, b_z, lo_z, hi_z = _copy_graph_rows(e, E + f, group, float(W), G, W, G * W > E)
     polytope = (A_z, b_z, lo_z, hi_z)
-    share = _stay_lp(prev, ids, E, nz, polytope, time_limit)
-    if share is None:  # not solved in time: weight each pair by its tokens (counts a token per expert)
+    share, capped = _stay_lp(prev, ids, E, nz, polytope, iterations, time_limit)
+    if share is None:  # not solved in its budget: weight each pair by its tokens (counts a token per expert)
         B = np.bincount(key % (E * E), minlength=E * E)[nz].astype(np.float64)
-        ub = _lp_upper_bound(np.r_[B, np.zeros(len(lo_z) - B.size)], *polytope)
+        left = None if time_limit is None else max(time_limit - (time.perf_counter() - t0), 0.01)
+        late: dict = {}
+        ub = _lp_upper_bound(np.r_[B, np.zeros(len(lo_z) - B.size)], *polytope, iterations, left, late)
+        capped = capped or late["capped"]
         share = 1.0 if ub is None else min(1.0, max(ub, 0.0) / N)
+        report["stay_lp"] = "none" if ub is None else "pairs"
+    report["capped"] = capped
     return share
 
 
@@ -575,14 +647,15 @@ def _stay_lp(
     E: int,
     pairs: np.ndarray,
     polytope: tuple[sp.csr_matrix, np.ndarray, np.ndarray, np.ndarray],
+    iterations: int | None = None,
     time_limit: float | None = None,
-) -> float | None:
+) -> tuple[float | None, bool]:
     """The staying share's LP: a token stays at most once, and only if one of its pairs
     ``(e, f)`` (previous top-1, expert here) shares a GPU, so per pattern p (``e`` and its set of
     ``f``; tokens with the same pattern share it) ``s_p <= 1`` and ``s_p <= sum_{f in p} z_ef``,
     with ``z`` (the sorted keys ``pairs = e E + f``) in ``polytope`` (:func:`_copy_graph_rows`);
     ``max sum_p w_p s_p / N``, as a valid bound (at most 1); None when HiGHS does not solve it
-    within ``time_limit``."""
+    within ``iterations`` and ``time_limit`` (and whether the time limit stopped it)."""
     N = len(prev)
     A_z, b_z, lo_z, hi_z = polytope
     pats, w = np.unique(np.c_[prev, np.sort(ids, axis=1)], axis=0, return_counts=True)
@@ -596,24 +669,32 @@ def _stay_lp(
         shape=(P, nz + P),
     )
     A = sp.vstack([sp.hstack([A_z, sp.csr_matrix((A_z.shape[0], P))]), link]).tocsr()
+    report: dict = {}
     ub = _lp_upper_bound(
         np.r_[np.zeros(nz), w.astype(np.float64)],
         A,
         np.r_[b_z, np.zeros(P)],
         np.r_[lo_z, np.zeros(P)],
         np.r_[hi_z, np.ones(P)],
+        iterations,
         time_limit,
+        report,
     )
-    return None if ub is None else min(1.0, max(ub, 0.0) / N)
+    return (None if ub is None else min(1.0, max(ub, 0.0) / N)), bool(report["capped"])
 
 
+@threadpool_limits.wrap(limits=1, user_api="blas")
 def distinct_lower_bound(
     topk: np.ndarray,
     experts: int,
     gpus: int,
     width: int,
     *,
-    time_limit: float = 3.0,
+    time_limit: float | None = None,
+    rounds: int | None = None,
+    exact_every: int = COVER_EXACT_EVERY,
+    pricing_work: float = COVER_PRICING_WORK,
+    lp_iterations: int | None = LP_ITERATIONS,
     weights: np.ndarray | None = None,
     start_slots: np.ndarray | None = None,
     seed: int = 0,
@@ -633,7 +714,15 @@ def distinct_lower_bound(
     experts, gpus, width
         E, G and W (slots per GPU).
     time_limit
-        Seconds of column generation (the bound is valid whenever it stops).
+        Outer wall-clock cap in seconds (None: none); the bound is valid whenever it stops, and
+        ``info["capped"]`` says whether the cap, not the work budgets, stopped some part of it
+        (then the bound depends on the machine's speed).
+    rounds, exact_every, pricing_work
+        The column generation's work budgets (:func:`moeopt.colgen.generate`): master LP solves
+        (None: :func:`cover_rounds` of the layer's size), heuristic rounds between exact pricings,
+        work of an exact pricing.
+    lp_iterations
+        HiGHS iterations of the pair LP (:func:`pair_saving_bound`).
     weights
         Optional token weights ``[N]`` (default 1: the plain mean over tokens).
     start_slots
@@ -672,7 +761,20 @@ def distinct_lower_bound(
     trivial = need - total  # every token uses at least one GPU
     if min(width, experts) <= 1 or trivial <= 0:
         return JointBound(max(need / total, 1.0), 0.0, 0.0, True, time.perf_counter() - t0, 0, 0)
-    pair = pair_saving_bound(pats, w, experts, gpus, width, load, load_limit)
+    deadline = None if time_limit is None else t0 + time_limit
+    lp_report: dict = {}
+    pair = pair_saving_bound(
+        pats,
+        w,
+        experts,
+        gpus,
+        width,
+        load,
+        load_limit,
+        iterations=lp_iterations,
+        time_limit=time_limit,
+        report=lp_report,
+    )
     master = Master(ColumnSpace(experts, gpus, "cover", pricer.value))
     chunks = [np.arange(e, min(e + width, experts)) for e in range(0, experts, width)]
     # ceil(E / W) <= G columns covering every expert: the master is feasible (within a load
@@ -685,8 +787,10 @@ def distinct_lower_bound(
         pricer,
         bound=trivial,
         kind="trivial",
-        stop_at=t0 + time_limit,
-        pricing_time=max(0.5, 0.2 * time_limit),
+        rounds=cover_rounds(experts, len(pats), width) if rounds is None else rounds,
+        exact_every=exact_every,
+        pricing_work=pricing_work,
+        deadline=deadline,
         tol=RC_TOL * max(pricer.scale, 1e-12),
         smoothing=smoothing,
         seed=seed,
@@ -702,7 +806,13 @@ def distinct_lower_bound(
         seconds=time.perf_counter() - t0,
         iterations=gen.iterations,
         columns=len(master.groups),
-        info=dict(gen_kind=gen.kind if gen.bound <= pair else "pair", pair_saving=pair, load_limited=limited),
+        info=dict(
+            gen_kind=gen.kind if gen.bound <= pair else "pair",
+            pair_saving=pair,
+            load_limited=limited,
+            pair_lp=lp_report["pair_lp"],
+            capped=gen.capped or lp_report["pair_lp"] == "time_limit",
+        ),
     )
 
 

@@ -12,10 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from moeopt.bounds import grouping_bound
 from moeopt.colgen.master import Master, grouping_space, restricted_milp
-from moeopt.colgen.pricing import GroupingPricer, Pricer
+from moeopt.colgen.pricing import PRICING_WORK, GroupingPricer, Pricer
 from moeopt.errors import InfeasibleError
 from moeopt.grouping import Grouping
 from moeopt.heuristics.spectral import grouping_heuristic
@@ -23,14 +24,24 @@ from moeopt.result import Termination
 
 #: reduced costs below this (relative to the largest affinity) count as zero
 RC_TOL = 1e-7
-#: share of the time limit kept for the restricted master MILP at the end
+#: share of the time limit kept for the restricted master MILP at the end (when a time limit caps
+#: the generation: the MILP's branch and bound is bounded by :data:`MILP_NODES` otherwise)
 MILP_SHARE = 0.15
 #: master LP solves without progress before an exact pricing (for a bound and a new center)
 STALL_ITERATIONS = 8
 #: exact pricing may stop this far (relative to the LP value, over G) from the best reduced cost
 PRICING_TOLERANCE = 2e-4
-#: full columns: an exact pricing at least every this many pricing times, converged or not
+#: full columns: an exact pricing at least every this many ``exact_every`` stretches, converged or not
 FULL_EXACT_EVERY = 3
+#: master LP solves (pricing rounds) of :func:`column_generation` by default: its work budget
+ROUNDS = 200
+#: heuristic pricing rounds between two exact pricings at most (a bound and a new center)
+EXACT_EVERY = 10
+#: an exact pricing at the master's own duals after the heuristic found nothing there (the
+#: certificate of the LP) gets this many times the work of the others
+CONVERGED_WORK = 4.0
+#: branch-and-bound nodes of the restricted master MILP (HiGHS ``mip_max_nodes``)
+MILP_NODES = 2000
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,13 +66,16 @@ class ColgenResult:
     proven
         Whether pricing proved the master LP optimal (its value is then the LP bound).
     termination
-        Why the search stopped (OPTIMAL: LP proved and, where possible, the plan too).
+        Why the search stopped: OPTIMAL (LP proved and, where possible, the plan too), COMPLETED
+        (LP proved), ITERATION_LIMIT (the work budget ran out first), TIME_LIMIT (the outer
+        wall-clock cap stopped it: the bound then depends on the machine's speed).
     lp_value
         The last restricted master LP value (a lower bound on the LP optimum).
     bound_kind
         ``'colgen'`` when the column generation bound is the tightest, else the cheap bound's name.
     info
-        Counters: pricing calls by kind, time in each part.
+        Counters: pricing calls by kind, time in each part, ``capped`` (the time limit stopped
+        some part), ``gave_up``.
     """
 
     bound: float
@@ -86,40 +100,54 @@ class ColgenResult:
         return max(self.bound - self.objective, 0.0) / self.bound
 
 
-def _start_plan(problem: Grouping, start_home: np.ndarray | None, seed: int, deadline: float) -> np.ndarray | None:
+def _start_plan(
+    problem: Grouping, start_home: np.ndarray | None, seed: int, deadline: float | None
+) -> tuple[np.ndarray | None, bool]:
+    """The start plan (``start_home``, else ``agnostic``'s heuristic) and whether ``deadline``
+    cut the heuristic short."""
     if start_home is not None:
         home = np.asarray(start_home, dtype=np.int64)
-        return home if problem.feasible(home) else None
+        return (home if problem.feasible(home) else None), False
     try:  # agnostic's defaults (moeopt.methods.tacg.heuristic_home with AgnosticParams())
-        home, _ = grouping_heuristic(problem, np.random.default_rng(seed), deadline=deadline)
+        home, info = grouping_heuristic(problem, np.random.default_rng(seed), deadline=deadline)
     except InfeasibleError:
-        return None
-    return home if problem.feasible(home) else None
+        return None, False
+    return (home if problem.feasible(home) else None), bool(info.get("capped", False))
 
 
+@threadpool_limits.wrap(limits=1, user_api="blas")
 def column_generation(
     problem: Grouping,
-    time_limit: float,
+    time_limit: float | None = None,
     *,
     start_home: np.ndarray | None = None,
     log: Callable[[str], None] | None = None,
     seed: int = 0,
     smoothing: float = 0.8,
-    pricing_time: float | None = None,
+    rounds: int = ROUNDS,
+    exact_every: int = EXACT_EVERY,
+    pricing_work: float = PRICING_WORK,
+    milp_nodes: int = MILP_NODES,
     give_up: bool = False,
 ) -> ColgenResult:
     """Upper bound (and maybe a better plan) for ``problem`` by column generation.
+
+    The work is bounded by counts (master LP solves, exact pricings' work, MILP nodes), so that
+    the bound and the plan are a function of the problem, ``seed`` and these parameters, the same
+    on a busy machine as on an idle one; ``time_limit`` is only an outer cap, and when it stops
+    the loop the termination is ``TIME_LIMIT`` (and ``info["capped"]``).
 
     Parameters
     ----------
     problem
         The grouping problem (W, w, G, cap, load limit).
     time_limit
-        Seconds for everything (start plan, cheap bound, pricing, master LPs, final MILP).
+        Outer wall-clock cap in seconds for everything (start plan, pricing, master LPs, final
+        MILP); None: none.
     start_home
         A feasible plan: its groups seed the master and it is the first incumbent. None:
-        ``agnostic``'s heuristic (:func:`moeopt.heuristics.spectral.grouping_heuristic`), within a
-        tenth of the time limit.
+        ``agnostic``'s heuristic (:func:`moeopt.heuristics.spectral.grouping_heuristic`, bounded
+        by its iterations).
     log
         Called with one line per exact pricing.
     seed
@@ -127,12 +155,18 @@ def column_generation(
     smoothing
         Wentges dual smoothing alpha in [0, 1) (0: price at the master's duals); after k
         consecutive exact pricings without a column, ``max(0, 1 - (k + 1)(1 - alpha))``.
-    pricing_time
-        Seconds per exact pricing, and the longest stretch of heuristic pricing between two
-        exact ones (default: a tenth of the time limit, at least 1 s).
+    rounds
+        Master LP solves at most (each followed by a pricing): the loop's work budget.
+    exact_every
+        Heuristic pricing rounds between two exact pricings at most (``FULL_EXACT_EVERY`` times
+        as many when every column is full).
+    pricing_work
+        Work units of one exact pricing (:func:`moeopt.colgen.pricing.price_exact`).
+    milp_nodes
+        Branch-and-bound nodes of the restricted master MILP at the end.
     give_up
         Stop at the first exact pricing that ends without proving its optimum, and skip the
-        restricted master MILP: for a caller with another bound to spend the time on
+        restricted master MILP: for a caller with another bound to spend its effort on
         (``certificate: auto``). Measured on the certificates benchmark, every layer whose LP
         was proved had all its exact pricings proved, and every layer whose LP was not had
         its first one unproved. ``info["gave_up"]`` says whether it happened.
@@ -141,9 +175,15 @@ def column_generation(
     -------
     ColgenResult
         Bound valid at every recorded point, best plan and history.
+
+    Notes
+    -----
+    Runs with one BLAS thread (as :func:`moeopt.solvers.grouping_sdp.sdp_bound`): the pricing's
+    products are small, and two threads spinning against other work on a busy machine are far
+    slower than one.
     """
     t0 = time.perf_counter()
-    deadline = t0 + time_limit
+    deadline = None if time_limit is None else t0 + time_limit
     say = log or (lambda _msg: None)
     W = problem.graph
     E, G = problem.experts, problem.groups
@@ -155,8 +195,10 @@ def column_generation(
         "pricing_time": 0.0,
         "milp_time": 0.0,
         "gave_up": False,
+        "capped": False,
     }
-    home = _start_plan(problem, start_home, seed, t0 + 0.1 * time_limit)
+    home, capped = _start_plan(problem, start_home, seed, deadline)
+    info["capped"] = capped
     incumbent = None if home is None else problem.objective(home)
     cheap, cheap_kind = grouping_bound(problem)
     bound, kind = cheap, cheap_kind
@@ -180,8 +222,10 @@ def column_generation(
         GroupingPricer(problem, partition),
         bound=bound,
         kind=kind,
-        stop_at=deadline - MILP_SHARE * time_limit,
-        pricing_time=max(1.0, 0.1 * time_limit) if pricing_time is None else pricing_time,
+        rounds=rounds,
+        exact_every=exact_every,
+        pricing_work=pricing_work,
+        deadline=None if deadline is None or time_limit is None else deadline - MILP_SHARE * time_limit,
         tol=tol,
         center=center,
         incumbent=incumbent,
@@ -195,15 +239,20 @@ def column_generation(
     )
     bound, kind, lp_value, proven, iterations = gen.bound, gen.kind, gen.lp_value, gen.proven, gen.iterations
     info["gave_up"] = gen.gave_up
+    info["capped"] = info["capped"] or gen.capped
     # restricted master MILP over the generated columns
     ts = time.perf_counter()
-    left = deadline - ts
+    left = None if deadline is None else deadline - ts
     if (
         (proven or not gen.gave_up)
-        and left > 0.05
+        and (left is None or left > 0.05)
         and (incumbent is None or incumbent < bound - 1e-9 * max(abs(bound), 1.0))
     ):
-        plan = restricted_milp(problem, master.groups, partition, time_limit=left, start=home)
+        milp: dict = {}
+        plan = restricted_milp(
+            problem, master.groups, partition, time_limit=left, nodes=milp_nodes, start=home, report=milp
+        )
+        info["capped"] = info["capped"] or milp["capped"]
         if plan is not None and problem.feasible(plan):
             value = problem.objective(plan)
             if incumbent is None or value > incumbent:
@@ -213,8 +262,10 @@ def column_generation(
     closed = incumbent is not None and bound - incumbent <= 1e-6 * max(abs(bound), 1e-12)
     if closed or proven:
         termination = Termination.OPTIMAL if closed else Termination.COMPLETED
-    else:
+    elif info["capped"]:
         termination = Termination.TIME_LIMIT
+    else:
+        termination = Termination.ITERATION_LIMIT
     return ColgenResult(
         bound, incumbent, home, history, len(master.groups), iterations, proven, termination, lp_value, kind, info
     )
@@ -237,7 +288,8 @@ def _disjoint_first(groups: list[np.ndarray], experts: int, limit: int) -> list[
 class Generation:
     """Where :func:`generate` stopped: the best Lagrangian bound (or the starting one, ``kind``
     naming it), the last master LP value, whether the LP was proved solved, master LP solves,
-    and whether it gave up at an unproved exact pricing (``give_up``)."""
+    whether it gave up at an unproved exact pricing (``give_up``) and whether the outer
+    wall-clock cap (``deadline``), not the work budget, stopped it or one of its pricings."""
 
     bound: float
     kind: str
@@ -245,6 +297,7 @@ class Generation:
     proven: bool
     iterations: int
     gave_up: bool = False
+    capped: bool = False
 
 
 def generate(
@@ -253,9 +306,11 @@ def generate(
     *,
     bound: float,
     kind: str,
-    stop_at: float,
-    pricing_time: float,
     tol: float,
+    rounds: int = ROUNDS,
+    exact_every: int = EXACT_EVERY,
+    pricing_work: float = PRICING_WORK,
+    deadline: float | None = None,
     center: np.ndarray | None = None,
     incumbent: float | None = None,
     smoothing: float = 0.8,
@@ -269,13 +324,16 @@ def generate(
     """The column generation loop over any column space: master LP, pricing, Lagrangian bounds.
 
     Each master LP solve is followed by heuristic pricing (at Wentges-smoothed duals, then at the
-    master's); when it finds nothing, the master stalls, or ``pricing_time`` has passed since the
-    last one, an exact pricing gives the Lagrangian (Farley) bound
+    master's); when it finds nothing, the master stalls, or ``exact_every`` rounds have passed
+    since the last one, an exact pricing gives the Lagrangian (Farley) bound
 
         L(pi) = sum_e pi_e + G max(0, upper),   upper >= max_S [v(S) - pi(S)],
 
     valid for any ``pi`` that :meth:`Pricer.project` returns (e.g. ``pi >= 0`` for rows ``<= 1``,
     ``pi <= 0`` for rows ``>= 1``), so ``bound`` is valid at every iteration.
+
+    Every decision counts work, never the clock: the same input, seed and budgets give the same
+    columns and bound on any machine. ``deadline`` is an outer cap (``Generation.capped``).
 
     Parameters
     ----------
@@ -285,12 +343,18 @@ def generate(
         Column pricing for the master's problem.
     bound, kind
         A valid upper bound on the master's optimum to start from, and its name.
-    stop_at
-        ``time.perf_counter()`` value at which to stop.
-    pricing_time
-        Seconds per exact pricing, and the longest stretch of heuristic pricing between two.
     tol
         Reduced values at or below this count as zero.
+    rounds
+        Master LP solves at most.
+    exact_every
+        Heuristic pricing rounds between two exact pricings at most (``FULL_EXACT_EVERY`` times
+        as many with full columns, whose heuristic is near exact).
+    pricing_work
+        Work units of one exact pricing (:data:`CONVERGED_WORK` times as many for the one that
+        certifies the LP).
+    deadline
+        ``time.perf_counter()`` value at which to stop whatever the work left (None: none).
     center
         First stability center of the dual smoothing (None: the master's duals).
     incumbent
@@ -316,18 +380,22 @@ def generate(
     floor = -math.inf if pricer.full else 0.0  # the empty column's value, unless every column is full
     center_value = math.inf  # the exact Lagrangian bound at the center
     center_estimate = math.inf  # the heuristic's estimate of it (full columns)
-    last_exact = time.perf_counter()
+    since_exact = 0  # pricing rounds since the last exact pricing
     best_lp, stalled = -math.inf, 0  # master LP iterations without progress
     mispriced = 0  # consecutive exact pricings that found nothing for the master
     iterations = 0
-    proven = gave_up = False
+    proven = gave_up = capped = False
     lp_value = None
     hint = None
-    while time.perf_counter() < stop_at:
+    while iterations < rounds:
+        if deadline is not None and time.perf_counter() >= deadline:
+            capped = True
+            break
         ts = time.perf_counter()
         lp_value, pi, mu, _x = master.solve()
         info["lp_time"] += time.perf_counter() - ts
         iterations += 1
+        since_exact += 1
         if lp_value >= bound - 1e-9 * max(abs(bound), 1.0):
             break  # the master meets a valid bound: LP (and bound) optimal
         # Wentges smoothing; after each misprice the pricing duals move towards the master's
@@ -354,16 +422,16 @@ def generate(
         if pricer.full:
             # full columns: the heuristic (iterated local search) is near exact, so its estimate
             # of the Lagrangian steers the center, and the exact pricing waits until the heuristic
-            # finds nothing at the master's own duals (then it gets the time left) or until
-            # FULL_EXACT_EVERY pricing times have passed without one (a bound now and then)
+            # finds nothing at the master's own duals (then it gets more work) or until
+            # FULL_EXACT_EVERY stretches have passed without one (a bound now and then)
             estimate = float(pi_price.sum()) + G * threshold
             if math.isfinite(estimate) and estimate < center_estimate:  # -inf: no full group found
                 center, center_estimate = pi_price.copy(), estimate
-            due = time.perf_counter() - last_exact > FULL_EXACT_EVERY * pricing_time
+            due = since_exact >= FULL_EXACT_EVERY * exact_every
             heuristic_only = not due and (bool(good) or alpha > 0.0)
             mispriced = 0 if good else mispriced + heuristic_only
         else:
-            due = time.perf_counter() - last_exact > pricing_time  # a bound (and a center) now and then
+            due = since_exact >= exact_every  # a bound (and a center) now and then
             heuristic_only = bool(good) and stalled < STALL_ITERATIONS and iterations > 1 and not due
         converged = pricer.full and not good
         if heuristic_only:
@@ -377,7 +445,6 @@ def generate(
             stalled = 0
         # exact pricing at the smoothed duals: a Lagrangian bound, and columns if any
         ts = time.perf_counter()
-        left = stop_at - time.perf_counter()
         # far from the LP optimum a rough pricing is worth more than an exact one: prune within a
         # tenth of the current gap (the bound loses at most that), then tighter as the gap closes
         slack = max(PRICING_TOLERANCE * max(abs(lp_value), abs(incumbent or 0.0)), 0.1 * (bound - lp_value)) / G
@@ -385,15 +452,17 @@ def generate(
             slack = PRICING_TOLERANCE * max(abs(lp_value), abs(incumbent or 0.0)) / G
         pr = pricer.exact(
             pi_price,
-            time_limit=max(0.1, left if converged else min(pricing_time, left)),
+            work=pricing_work * (CONVERGED_WORK if converged else 1.0),
+            deadline=deadline,
             hint=hint,
             seed=seed,
             threshold=threshold,
             tolerance=slack,
         )
         info["exact_pricings"] += 1
-        last_exact = time.perf_counter()
-        info["pricing_time"] += last_exact - ts
+        since_exact = 0
+        info["pricing_time"] += time.perf_counter() - ts
+        capped = capped or pr.capped
         lag = float(pi_price.sum()) + G * max(floor, pr.upper)
         if lag < center_value and not pricer.full:
             center, center_value = pi_price.copy(), lag
@@ -406,6 +475,8 @@ def generate(
             f"upper {pr.upper:.4g}{'' if pr.proven else ' (unproven)'}, alpha {alpha:.2g}, "
             f"columns {len(master.groups)}"
         )
+        if pr.capped:  # the clock stopped the pricing: nothing more can be done in time
+            break
         if give_up and not pr.proven:
             gave_up = True
             break
@@ -424,4 +495,4 @@ def generate(
             break
     if lp_value is not None and lp_value >= bound - 1e-9 * max(abs(bound), 1.0):
         proven = True
-    return Generation(bound, kind, lp_value, proven, iterations, gave_up)
+    return Generation(bound, kind, lp_value, proven, iterations, gave_up, capped and not proven)

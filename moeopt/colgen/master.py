@@ -150,18 +150,28 @@ def restricted_milp(
     groups: list[np.ndarray],
     partition: bool,
     *,
-    time_limit: float,
+    time_limit: float | None = None,
+    nodes: int | None = None,
     start: np.ndarray | None = None,
+    report: dict | None = None,
 ) -> np.ndarray | None:
-    """Best plan made of the given columns (HiGHS MILP, ``start`` as a warm start); None if none found."""
+    """Best plan made of the given columns (HiGHS MILP, one thread, ``start`` as a warm start);
+    None if none found. ``nodes`` (HiGHS ``mip_max_nodes``) bounds its branch and bound by work,
+    so that the plan is the same on any machine; ``time_limit`` is an outer cap, and ``report``
+    (a dict, if given) gets ``capped``: whether it stopped HiGHS."""
     import highspy
 
+    report = {} if report is None else report
+    report["capped"] = False
     E, C = problem.experts, len(groups)
     if C == 0:
         return None
     space = grouping_space(problem, partition)
     h = _master_model(space)
-    h.setOptionValue("time_limit", max(0.1, float(time_limit)))
+    if time_limit is not None:
+        h.setOptionValue("time_limit", max(0.1, float(time_limit)))
+    if nodes is not None:
+        h.setOptionValue("mip_max_nodes", max(1, int(nodes)))
     h.setOptionValue("mip_rel_gap", 1e-6)
     _add_columns(h, space, groups, upper=1.0)
     h.changeColsIntegrality(C, np.arange(C, dtype=np.int32), np.full(C, highspy.HighsVarType.kInteger))
@@ -174,6 +184,7 @@ def restricted_milp(
                 col[c] = 1.0
         set_start(h, col)
     h.run()
+    report["capped"] = h.modelStatusToString(h.getModelStatus()) == "Time limit reached"
     if h.getInfo().primal_solution_status != 2:  # kSolutionStatusFeasible
         return None
     x = np.asarray(h.getSolution().col_value)

@@ -5,6 +5,12 @@ A small quadratic knapsack: a vectorized greedy + swap heuristic first
 branch and bound over the groups in lexicographic order, CP-SAT beside it for groups of more
 than 4 experts). An exact pricing that stops early still returns a proved upper bound on the
 best reduced cost (``Pricing.upper``), which keeps the Lagrangian bound valid.
+
+Exact pricing is bounded by work, not by the clock, so that a bound is a function of the
+input, the seed and the parameters: the branch and bound by the node-candidate pairs it scores
+(``work``), CP-SAT by its deterministic time with one worker (:data:`WORK_PER_DTIME` work units
+per deterministic second). A ``deadline`` is only an outer cap; a pricing it stops says so
+(``Pricing.capped``) and its bound then depends on the machine's speed.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -32,6 +38,17 @@ ILS_SWAPS = 3
 ILS_ELITE = 32
 #: ... and it stops after this many rounds in a row that did not raise the best value
 ILS_PATIENCE = 2
+#: work of one exact pricing (node-candidate pairs the branch and bound scores) by default:
+#: about a second of pricing on a 2-core machine at E = 128 to 256
+PRICING_WORK = 40_000_000
+#: branch-and-bound work units per deterministic second of CP-SAT (both about a second of a
+#: 2-core machine's time): CP-SAT gets the branch and bound's unspent share in its own units
+WORK_PER_DTIME = 40_000_000
+#: share of an exact pricing's work the branch and bound may spend before CP-SAT takes the
+#: rest, for groups of more than 4 experts (smaller groups: the branch and bound alone)
+BRANCH_SHARE = 0.75
+#: least CP-SAT deterministic time worth starting
+MIN_DTIME = 0.05
 
 
 def group_value(graph: np.ndarray, members: np.ndarray) -> float:
@@ -260,6 +277,9 @@ class Pricing:
     #: columns the master takes whatever their reduced value (e.g. a whole plan around the best
     #: group: when columns must partition the experts, a new one is of no use without partners)
     partners: list[np.ndarray] = field(default_factory=list)
+    #: the deadline (an outer wall-clock cap), not the work budget, stopped it: ``upper`` is still
+    #: valid but depends on the machine's speed
+    capped: bool = False
 
 
 def price_enumerate(problem: Grouping, pi: np.ndarray, cand: np.ndarray, keep: int = 20) -> Pricing:
@@ -297,6 +317,7 @@ def price_branch_and_bound(
     *,
     threshold: float = 0.0,
     tolerance: float = 0.0,
+    work: float | None = None,
     deadline: float | None = None,
     keep: int = 20,
     chunk_elements: int = 4_000_000,
@@ -313,8 +334,10 @@ def price_branch_and_bound(
     U counted from both ends). Nodes whose bound is at most ``max(threshold, best found) + tolerance`` are
     pruned; the last expert of a group is chosen exactly (``max_f g_f``). ``threshold`` must be
     the reduced value of some feasible group (or 0, the empty group). Children are expanded
-    in chunks, best bound first; chunks left at ``deadline`` contribute their parents'
-    bounds, so the answer's upper bound stays valid (not proven).
+    in chunks, best bound first; each chunk costs its nodes times the candidates in ``work``
+    units, and chunks left once ``work`` is spent (or at ``deadline``, an outer wall-clock cap:
+    ``capped``) contribute their parents' bounds, so the answer's upper bound stays valid (not
+    proven). Expansion is depth first in a fixed order, so ``work`` alone decides where it stops.
 
     With ``full``, only groups of exactly ``cap`` experts count (``cand`` must then be every
     expert): a node must add all ``r`` experts, so its bound is ``top_r`` without the positive
@@ -342,7 +365,8 @@ def price_branch_and_bound(
             top = -np.sort(-np.partition(part, part.shape[1] - k, axis=1)[:, part.shape[1] - k :], axis=1)
             tops[l, :, 1 : k + 1] = np.cumsum(top, axis=1)
             tops[l, :, k + 1 :] = tops[l, :, k : k + 1]
-    state = {"best": max(threshold, floor), "left": -math.inf}
+    state = {"best": max(threshold, floor), "left": -math.inf, "work": 0.0, "capped": False}
+    budget = math.inf if work is None else float(work)
     found: list[tuple[float, np.ndarray]] = []
     index = np.arange(n)
 
@@ -379,9 +403,13 @@ def price_branch_and_bound(
             part = part[bound[part] > state["best"] + tolerance]
             if not len(part):
                 continue
-            if deadline is not None and time.perf_counter() > deadline:
+            stop = state["work"] >= budget
+            if not stop and deadline is not None and time.perf_counter() > deadline:
+                stop = state["capped"] = True
+            if stop:
                 state["left"] = max(state["left"], float(bound[part].max()))
                 continue
+            state["work"] += len(part) * n
             # children: each node with each f > last that may still pay
             cut = state["best"] + tolerance - value[part] - rest[part]
             node, f = np.nonzero(score[part] > cut[:, None])
@@ -399,7 +427,8 @@ def price_branch_and_bound(
     found.sort(key=lambda t: -t[0])
     proven = state["left"] == -math.inf
     upper = max(state["best"] + tolerance, state["left"], floor)
-    return Pricing([np.sort(s) for _, s in found[:keep]], upper, proven, "branch-and-bound")
+    groups = [np.sort(s) for _, s in found[:keep]]
+    return Pricing(groups, upper, proven, "branch-and-bound", capped=bool(state["capped"]) and not proven)
 
 
 def price_cpsat(
@@ -407,7 +436,8 @@ def price_cpsat(
     pi: np.ndarray,
     cand: np.ndarray,
     *,
-    time_limit: float,
+    time_limit: float | None = None,
+    deterministic_time: float | None = None,
     hint: np.ndarray | None = None,
     threads: int = 1,
     seed: int = 0,
@@ -415,6 +445,11 @@ def price_cpsat(
 ) -> Pricing:
     """Exact pricing with CP-SAT on the candidates: ``x_e`` in S, ``z_ij <= x_i, x_j`` per pair
     (``sum x = cap`` with ``full``: only full groups count, and the bound may be negative).
+
+    ``deterministic_time`` (CP-SAT's own work measure) bounds the search so that, with one
+    worker (``threads = 1``) and a fixed ``seed``, the answer is the same on any machine;
+    ``time_limit`` (seconds) is an outer cap (``Pricing.capped`` when it, not the work, stopped
+    the search).
 
     Coefficients are scaled to integers; the proved real bound adds the largest rounding
     error of a feasible group (``cap (cap - 1) / 2`` pairs and ``cap`` experts, half a unit
@@ -466,67 +501,95 @@ def price_cpsat(
         for p, (i, j) in enumerate(zip(pi_.tolist(), pj_.tolist(), strict=True)):
             m.add_hint(z[p], bool(inside[i] and inside[j]))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, time_limit)
+    if time_limit is not None:
+        solver.parameters.max_time_in_seconds = max(0.05, time_limit)
+    if deterministic_time is not None:
+        solver.parameters.max_deterministic_time = max(MIN_DTIME, deterministic_time)
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.random_seed = seed
     code = solver.solve(m)
     name = solver.status_name(code)
+    # stopped by the clock rather than by its deterministic time (or an optimum): machine-dependent
+    capped = (
+        name != "OPTIMAL"
+        and time_limit is not None
+        and (deterministic_time is None or solver.response_proto.deterministic_time < 0.999 * deterministic_time)
+    )
     rounding = 0.5 / scale * (cap * (cap - 1) / 2 + cap)
     floor = -math.inf if full else 0.0  # the empty group's value, when it counts
     if name not in ("OPTIMAL", "FEASIBLE"):
         # no answer: the trivial bound (every candidate's best partners, cap of them)
         gain = top_sum(Wc, cap - 1) - pc
         pos = gain if full else np.maximum(gain, 0.0)
-        return Pricing([], max(floor, float(top_sum(pos[None, :], cap)[0])), False, "cpsat")
+        return Pricing([], max(floor, float(top_sum(pos[None, :], cap)[0])), False, "cpsat", capped=capped)
     upper = max(floor, solver.best_objective_bound / scale + rounding)
     chosen = cand[[k for k in range(n) if solver.value(x[k])]]
     groups = [np.sort(chosen)] if len(chosen) else []
-    return Pricing(groups, upper, name == "OPTIMAL", "cpsat")
+    return Pricing(groups, upper, name == "OPTIMAL", "cpsat", capped=capped)
 
 
 def price_exact(
     problem: Grouping,
     pi: np.ndarray,
     *,
-    time_limit: float,
+    work: float = PRICING_WORK,
+    deadline: float | None = None,
+    time_limit: float | None = None,
     hint: np.ndarray | None = None,
     seed: int = 0,
     threshold: float = 0.0,
     tolerance: float = 0.0,
     full: bool = False,
 ) -> Pricing:
-    """Exact pricing: :func:`price_branch_and_bound`, then CP-SAT on what is left of ``time_limit``
-    when the search stops early and groups are larger than 4 (the least upper bound is kept).
-    With ``full``, over groups of exactly ``cap`` experts (every expert a candidate)."""
-    t0 = time.perf_counter()
+    """Exact pricing within ``work`` units: :func:`price_branch_and_bound` (all of it for groups of
+    at most 4 experts, else :data:`BRANCH_SHARE`), then, when that stops early, CP-SAT with one
+    worker in the deterministic time the rest buys (:data:`WORK_PER_DTIME`); the least upper bound
+    is kept. ``deadline`` (``time.perf_counter()``), or ``time_limit`` seconds from now, caps both
+    on the clock (``Pricing.capped`` when it stopped one). With ``full``, over groups of exactly
+    ``cap`` experts (every expert a candidate)."""
+    if time_limit is not None:
+        end = time.perf_counter() + time_limit
+        deadline = end if deadline is None else min(deadline, end)
     cand = np.arange(problem.experts) if full else pricing_candidates(problem, pi)
     if not len(cand):
         return Pricing([], 0.0, True, "pruned")
     partners = min(problem.cap, problem.experts) - 1
     potential = top_sum(problem.graph[np.ix_(cand, cand)], partners) - pi[cand]
     cand = cand[np.argsort(-potential, kind="stable")]  # promising experts first: good groups early
+    share = 1.0 if problem.cap <= 4 else BRANCH_SHARE
     out = price_branch_and_bound(
         problem,
         pi,
         cand,
         threshold=threshold,
         tolerance=tolerance,
-        deadline=t0 + (time_limit if problem.cap <= 4 else 0.75 * time_limit),
+        work=share * work,
+        deadline=deadline,
         full=full,
     )
-    left = time_limit - (time.perf_counter() - t0)
-    if out.proven or problem.cap <= 4 or left < 0.5:
+    dtime = (1.0 - share) * work / WORK_PER_DTIME
+    if out.proven or problem.cap <= 4 or out.capped or dtime < MIN_DTIME:
         return out
+    left = None if deadline is None else deadline - time.perf_counter()
+    if left is not None and left < MIN_DTIME:
+        return replace(out, capped=True)
     sat = price_cpsat(
         problem,
         pi,
         cand,
         time_limit=left,
+        deterministic_time=dtime,
         hint=hint if hint is not None else (out.groups[0] if out.groups else None),
         seed=seed,
         full=full,
     )
-    return Pricing(sat.groups + out.groups, min(out.upper, sat.upper), sat.proven, "branch-and-bound+cpsat")
+    return Pricing(
+        sat.groups + out.groups,
+        min(out.upper, sat.upper),
+        sat.proven,
+        "branch-and-bound+cpsat",
+        capped=sat.capped,
+    )
 
 
 def reduced_values(problem: Grouping, groups: list[np.ndarray], pi: np.ndarray) -> np.ndarray:
@@ -557,13 +620,15 @@ class Pricer(Protocol):
         self,
         pi: np.ndarray,
         *,
-        time_limit: float,
+        work: float,
+        deadline: float | None,
         hint: np.ndarray | None,
         seed: int,
         threshold: float,
         tolerance: float,
     ) -> Pricing:
-        """Columns and a proved upper bound on ``max_S v(S) - pi(S)`` (the empty column included)."""
+        """Columns and a proved upper bound on ``max_S v(S) - pi(S)`` (the empty column included),
+        within ``work`` units (:data:`PRICING_WORK`), ``deadline`` an outer wall-clock cap."""
         ...
 
     def admissible(self, group: np.ndarray) -> bool:
@@ -597,7 +662,8 @@ class GroupingPricer:
         self,
         pi: np.ndarray,
         *,
-        time_limit: float,
+        work: float,
+        deadline: float | None,
         hint: np.ndarray | None,
         seed: int,
         threshold: float,
@@ -606,7 +672,8 @@ class GroupingPricer:
         return price_exact(
             self.problem,
             pi,
-            time_limit=time_limit,
+            work=work,
+            deadline=deadline,
             hint=hint,
             seed=seed,
             threshold=threshold,

@@ -34,7 +34,8 @@ The planner:
 Every step is a descent on the calibration objective, so the result is never worse than its
 relabeled starts.
 
-**Certificate** (``bound_time`` seconds per layer, 0: none): a token's remote GPUs at a layer are
+**Certificate** (``bound_rounds`` of column generation per layer, capped at ``bound_time``
+seconds and by the time limit; ``bound_time: 0``: none): a token's remote GPUs at a layer are
 its distinct GPUs less at most one (its home), so every plan's objective is at least, per layer,
 the lower bound on distinct GPUs per token of :func:`moeopt.colgen.cover.distinct_lower_bound`
 (column generation over GPU contents, seeded with the plan; a pair LP where that is cut short)
@@ -394,11 +395,17 @@ class CrossLayerParams:
         (4 slots per GPU), skipped beyond.
     seed, preset
         Mt-KaHyPar seed offset and preset (starts ``hypergraph`` and ``forward``).
+    bound_rounds
+        Work budget of the certificate (a lower bound on every plan's objective, see the module
+        docstring), after the search: master LP solves of its column generation per layer (None: by
+        the layer's size, :func:`moeopt.colgen.cover.cover_rounds`; its LPs, the stay LP's
+        included, are bounded by iterations too), so that the bound, like the plan, is a function
+        of the input, the seed and the parameters.
     bound_time
-        Seconds per layer for the certificate (a lower bound on every plan's objective, see the
-        module docstring), after the search, and as many again at most for its stay LP (a looser
-        one when that is not solved in time); 0: none. Under a time limit the search leaves the
-        certificate a fifth of the budget, and it takes at most that.
+        Outer wall-clock cap on the certificate, seconds per layer, and as many again for its
+        stay LP (None: none but the time limit's share; 0: no certificate). Under a time limit
+        the search leaves the certificate a fifth of the budget, and it takes at most that; a cap
+        that stops it is reported (termination ``time_limit`` and a note).
     """
 
     eps_load: float | None = field(default=None, metadata={"inf": True})
@@ -412,11 +419,14 @@ class CrossLayerParams:
     chains: bool = True
     seed: int = 0
     preset: str = "default"
-    bound_time: float = 3.0
+    bound_rounds: int | None = None
+    bound_time: float | None = None
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.bound_time) and self.bound_time >= 0):
+        if self.bound_time is not None and not (math.isfinite(self.bound_time) and self.bound_time >= 0):
             raise ValueError(f"bound_time must be a finite number >= 0, got {self.bound_time}")
+        if self.bound_rounds is not None and self.bound_rounds < 1:
+            raise ValueError(f"bound_rounds must be >= 1, got {self.bound_rounds}")
         if self.eps_load is not None and not self.eps_load >= 0:
             raise ValueError(f"eps_load must be >= 0, got {self.eps_load}")
         names = [s.strip() for s in self.starts.split(",") if s.strip()]
@@ -478,7 +488,7 @@ class CrossLayer:
         best_kind, best, best_cost = None, None, np.inf
         report: dict[str, dict[str, Any]] = {}
         # under a time limit the certificate keeps a fifth of what is left (at most bound_time per layer)
-        search = ctx.budget.child(0.8) if ctx.budget.limited and params.bound_time > 0 else ctx.budget
+        search = ctx.budget.child(0.8) if ctx.budget.limited and params.bound_time != 0 else ctx.budget
         for i, (kind, homes) in enumerate(starts.items()):
             before = float(plan_remote(homes, topk, first, G).sum())
             rng = np.random.default_rng([ctx.seed + params.seed, len(report)])
@@ -505,10 +515,15 @@ class CrossLayer:
         status = Status.FEASIBLE
         if bound is not None and bound_closes(objective, bound):
             status = Status.OPTIMAL
+        cut = [f"the search from {k}" for k, r in report.items() if r.get("capped")]
+        if certificate.get("bound_capped_layers"):  # the clock, not the work budget, ended the bound
+            cut.append(f"the certificate in {certificate['bound_capped_layers']} layer(s)")
+        if cut:  # the plan (or the bound) depends on the machine's speed
+            certificate = {**certificate, "note": f"time limit cut {' and '.join(cut)} short"}
         return Result(
             method=self.name,
             status=status,
-            termination=Termination.TIME_LIMIT if any(r.get("capped") for r in report.values()) else None,
+            termination=Termination.TIME_LIMIT if cut else None,
             plan=plan,
             objective=objective,
             bound=bound,
@@ -528,14 +543,15 @@ class CrossLayer:
     @staticmethod
     def certificate(problem: Problem, plan: Any, params: CrossLayerParams, ctx: Context) -> tuple[float | None, dict]:
         """A lower bound on every plan's calibration objective (mean over layers of the remote
-        GPUs per token) and its per-layer figures; ``(None, {})`` when ``bound_time`` is 0."""
-        from moeopt.methods.joint import layer_certificates
+        GPUs per token) and its per-layer figures; ``(None, {})`` when ``bound_time`` is 0. Bounded by
+        ``bound_rounds`` (work), capped by ``bound_time`` and the layer's share of the budget left."""
+        from moeopt.methods.joint import certificate_cap, layer_certificates
 
-        if params.bound_time <= 0:
+        if params.bound_time == 0:
             return None, {}
         trace = problem.trace
         assert trace is not None
-        limit = ctx.budget.cap(min(params.bound_time, ctx.budget.remaining() / problem.layers), floor=0.05)
+        limit = certificate_cap(ctx.budget, problem.layers, params.bound_time, previous_layer=True)
         # layer 0: the trace's homes or uniform ones; later layers: the previous expert's GPU
         uniform = [l == 0 and trace.home is None for l in range(problem.layers)]
         # the plans searched: single copy, each layer within its load limit (a relaxed limit:
@@ -547,7 +563,16 @@ class CrossLayer:
             for lim, top in zip(limits, largest_loads(plan.home, loads, G), strict=True)
         ]
         lower, stats = layer_certificates(
-            problem, plan.slots, limit, uniform, ctx, "crosslayer", previous_layer=True, loads=loads, load_limits=limits
+            problem,
+            plan.slots,
+            limit,
+            uniform,
+            ctx,
+            "crosslayer",
+            previous_layer=True,
+            loads=loads,
+            load_limits=limits,
+            rounds=params.bound_rounds,
         )
         return float(np.mean(lower)), stats
 
@@ -762,8 +787,9 @@ def maxvio_budget_bound(
     slack: float,
     *,
     levels: int = 5,
-    bound_time: float = 8.0,
+    bound_time: float | None = None,
     ctx: Context | None = None,
+    bound_rounds: int | None = None,
 ) -> dict[str, Any]:
     """A lower bound on the remote GPUs per token (``previous-layer`` homes, mean over layers, on
     ``problem``'s trace) of every single-copy plan whose MaxVio, mean over layers, is at most
@@ -778,7 +804,8 @@ def maxvio_budget_bound(
     (the stay share depends on both; a larger limit only lowers a bound), and the result is the
     least total over the level tuples whose levels below fit the budget (a layer at level 0 may
     be anywhere down to its floor). Returns ``bound``, ``base`` (``plan``'s figure), the levels
-    and the bound at each.
+    and the bound at each. Each level's certificate is bounded by ``bound_rounds`` (work),
+    ``bound_time`` seconds per layer an outer cap (None: none).
     """
     from moeopt.evaluate import evaluate
     from moeopt.methods.joint import layer_certificates
@@ -809,6 +836,7 @@ def maxvio_budget_bound(
             previous_layer=True,
             loads=loads,
             load_limits=[(1.0 + grid[l][j]) / G for l in range(L)],
+            rounds=bound_rounds,
         )
         per_level.append(lower)
         limited = limited and all(cert["bound_load_limited_per_layer"])

@@ -137,10 +137,17 @@ class JointParams:
         with more evaluations; the calibration trace ranks the ends as the held-out one does
         (benchmark: deepseek-moe-16b, 1 replica slot, eps 0.06, seeds 0-3: 25.9, 22.5, 24.6,
         25.5 % fewer held-out remote GPUs, in the order of their calibration figures).
+    bound_rounds
+        Work budget of the certificate (:mod:`moeopt.colgen.cover`: a lower bound on the remote
+        GPUs per token of any plan, the result's ``bound``): master LP solves of its column
+        generation per layer (None: by the layer's size, :func:`moeopt.colgen.cover.cover_rounds`;
+        its LPs are bounded by iterations too), so that the bound, like the plan, is a function of
+        the input, the seed and the parameters.
     bound_time
-        Seconds per layer for the certificate (:mod:`moeopt.colgen.cover`: a lower bound on the
-        remote GPUs per token of any plan, the result's ``bound``); ``--time-limit`` caps it
-        further; 0: no certificate.
+        Outer wall-clock cap on the certificate, seconds per layer (None: none but
+        ``--time-limit``'s share of the run); a cap that stops it is reported (termination
+        ``time_limit`` and a note) and makes the bound depend on the machine's speed; 0: no
+        certificate.
     """
 
     eps: float = 0.05
@@ -161,7 +168,8 @@ class JointParams:
     lam: float | None = None
     decay: float = 0.99
     guard_batch_tokens: int | None = 32
-    bound_time: float = 3.0
+    bound_rounds: int | None = None
+    bound_time: float | None = None
     family_guard: bool = True
     restarts: int = field(default=2, metadata={"ge": 1, "le": MAX_RESTARTS})
 
@@ -205,8 +213,10 @@ class JointParams:
             raise ValueError(f"guard_batch_tokens must be >= 1, got {self.guard_batch_tokens}")
         if not 1 <= self.restarts <= MAX_RESTARTS:
             raise ValueError(f"restarts must lie in [1, {MAX_RESTARTS}], got {self.restarts}")
-        if not (math.isfinite(self.bound_time) and self.bound_time >= 0):
+        if self.bound_time is not None and not (math.isfinite(self.bound_time) and self.bound_time >= 0):
             raise ValueError(f"bound_time must be a finite number >= 0, got {self.bound_time}")
+        if self.bound_rounds is not None and self.bound_rounds < 1:
+            raise ValueError(f"bound_rounds must be >= 1, got {self.bound_rounds}")
 
     @property
     def start_list(self) -> list[str]:
@@ -346,6 +356,8 @@ class DispatchChoice:
     met: bool
     tried: list[dict]
     worst_family_maxvio: float | None = None  # on the calibration trace's families (family guard)
+    #: the budget, not the search's own end, stopped the choice (the λ then depends on the machine)
+    capped: bool = False
 
 
 def choose_dispatch(
@@ -356,18 +368,28 @@ def choose_dispatch(
 
     The guard's MaxVio falls and its communication rises with λ, so the smallest feasible λ
     of the grid is found by bisection, then refined by bisection on log λ; without a feasible
-    one, the most balanced of the largest λ and ``lp`` is kept. Once ``budget`` has expired
-    the bisection stops at the best λ found so far.
+    one, the most balanced of the largest λ and ``lp`` is kept. Once ``budget`` has too little
+    left for another scoring (as long as the last one took) the bisection stops at the best λ
+    found so far (``capped``).
     """
     budget = budget or Budget()
     cluster = problem.instance.cluster
     tried: list[dict] = []
     cache: dict[tuple, dict] = {}
+    pace = {"seconds": 0.0, "capped": False}  # the last scoring's wall time
+
+    def late() -> bool:
+        """No time left for another scoring: the choice stops here (and says so)."""
+        if budget.remaining() < pace["seconds"]:
+            pace["capped"] = True
+        return bool(pace["capped"])
 
     def score(d: Dispatch) -> dict:
         key = (d.kind, d.lam, d.dense_layers, d.tp_size)
         if key not in cache:
+            t0 = time.perf_counter()
             m = evaluate(plan.with_dispatch(d), trace, cluster)
+            pace["seconds"] = time.perf_counter() - t0
             cache[key] = {
                 "kind": d.kind,
                 "lam": d.lam if d.kind == "locality" else None,
@@ -387,7 +409,7 @@ def choose_dispatch(
         return DispatchChoice(r["dispatch"], r["comm_per_token"], r["maxvio"], r["maxvio"] <= params.eps + tol, tried)
     lo, hi = 0, len(LAM_GRID) - 1
     if score(params.guard(LAM_GRID[hi]))["maxvio"] <= params.eps + tol:
-        while lo < hi and not budget.expired():  # smallest feasible index
+        while lo < hi and not late():  # smallest feasible index
             mid = (lo + hi) // 2
             if score(params.guard(LAM_GRID[mid]))["maxvio"] <= params.eps + tol:
                 hi = mid
@@ -396,7 +418,7 @@ def choose_dispatch(
         if hi > 0:  # refine in log space between the last infeasible and the first feasible λ
             a, b = float(LAM_GRID[hi - 1]), float(LAM_GRID[hi])
             for _ in range(REFINE_STEPS):
-                if budget.expired():
+                if late():
                     break
                 geo = math.sqrt(a * b)
                 if score(params.guard(geo))["maxvio"] <= params.eps + tol:
@@ -409,16 +431,22 @@ def choose_dispatch(
     if feasible:
         best = min(feasible, key=lambda r: (r["comm_per_token"], r["maxvio"]))
         if params.family_guard and best["kind"] == "locality":
-            best = _family_guard(plan, best, trace, cluster, params, score, budget)
+            best = _family_guard(plan, best, trace, cluster, params, score, late)
     else:
         best = min(cache.values(), key=lambda r: (r["maxvio"], r["comm_per_token"]))
     return DispatchChoice(
-        best["dispatch"], best["comm_per_token"], best["maxvio"], bool(feasible), tried, best.get("worst_family_maxvio")
+        best["dispatch"],
+        best["comm_per_token"],
+        best["maxvio"],
+        bool(feasible),
+        tried,
+        best.get("worst_family_maxvio"),
+        bool(pace["capped"]),
     )
 
 
 def _family_guard(
-    plan: Plan, best: dict, trace: Trace, cluster: Any, params: JointParams, score: Any, budget: Budget
+    plan: Plan, best: dict, trace: Trace, cluster: Any, params: JointParams, score: Any, late: Any
 ) -> dict:
     """Raise the guard's λ (doubling) while a single family's calibration MaxVio stays more than
     ``FAMILY_SLACK`` (relative) above the most balanced guard's (the largest λ of the grid), as
@@ -428,7 +456,8 @@ def _family_guard(
     λ is chosen on the mixture; on one family's own tokens (the shift a deployment sees) the
     guard at that λ can leave a GPU far hotter than a larger λ would, for little communication
     (benchmark: qwen1.5-moe, 2 replica slots, eps 0.06: worst held-out family MaxVio 1.44 at
-    λ = 1, 1.03 at λ = 4, remote GPUs per token +0.3 %).
+    λ = 1, 1.03 at λ = 4, remote GPUs per token +0.3 %). ``late()``: whether the time left is too
+    short for another scoring (:func:`choose_dispatch`).
     """
     names = trace.family_names if len(trace.family_names) > 1 else []
     families = [f for f in (trace.only_family(n) for n in names) if f.tokens > 0]
@@ -446,7 +475,7 @@ def _family_guard(
     ref = worst(top)
     lam = float(best["lam"])
     comm_cap = (1.0 + FAMILY_COMM_SLACK) * best["comm_per_token"]
-    while worst(lam) > (1.0 + FAMILY_SLACK) * ref + 1e-9 and lam < top and not budget.expired():
+    while worst(lam) > (1.0 + FAMILY_SLACK) * ref + 1e-9 and lam < top and not late():
         lam = min(2.0 * lam, top)
         r = score(params.guard(lam))
         if r["maxvio"] > params.eps + 1e-9 or r["comm_per_token"] > comm_cap:
@@ -464,8 +493,11 @@ def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: C
     Under uniform token homes the evaluator counts ``distinct (1 - 1/G)`` remote GPUs per token
     (the expectation over the home); with known homes (``trace`` homes, ``previous-layer``) a
     home saves at most one GPU: ``distinct - 1``, and under ``previous-layer`` homes only for the
-    share of tokens :func:`moeopt.colgen.cover.stay_upper_bound` allows."""
-    if params.bound_time <= 0:
+    share of tokens :func:`moeopt.colgen.cover.stay_upper_bound` allows.
+
+    Bounded by work (``bound_rounds``, LP iterations); the cap is ``bound_time`` and the layer's
+    share of what is left of the run's budget (:func:`certificate_cap`)."""
+    if params.bound_time == 0:
         return None
     if params.engine_rule in ("static", "ascend"):
         # a copy on the token's own GPU costs nothing there: the distinct-GPU bound does not hold
@@ -473,28 +505,41 @@ def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: C
     trace = _need_trace(problem, "joint")
     c = problem.instance.cluster
     uniform = getattr(c, "token_home", "uniform") == "uniform" and trace.home is None
-    own = ctx.budget.child(0.5)  # at most half of what is left: the dispatch choice follows
-    limit = own.cap(min(params.bound_time, own.remaining() / problem.layers), floor=0.05)
     previous = getattr(c, "token_home", "uniform") == "previous-layer"
-    lower, stats = layer_certificates(problem, slots, limit, [uniform] * problem.layers, ctx, "joint", previous)
+    limit = certificate_cap(ctx.budget, problem.layers, params.bound_time, previous)
+    lower, stats = layer_certificates(
+        problem, slots, limit, [uniform] * problem.layers, ctx, "joint", previous, rounds=params.bound_rounds
+    )
     stats["bound_token_homes"] = "uniform" if uniform else "known"
     return float(np.mean(lower)), stats
+
+
+def certificate_cap(budget: Budget, layers: int, bound_time: float | None, previous_layer: bool) -> float | None:
+    """The certificate's outer wall-clock cap per layer: ``bound_time`` (None: none) and, under a
+    time limit, each layer's share of what is left of ``budget`` (halved with ``previous_layer``
+    homes: the stay LP gets as much again); None: no cap (the work budgets alone bound it)."""
+    if not budget.limited:
+        return bound_time
+    share = budget.remaining() / (layers * (2 if previous_layer else 1))
+    return max(share if bound_time is None else min(bound_time, share), 0.05)
 
 
 def layer_certificates(
     problem: Problem,
     slots: np.ndarray,
-    limit: float,
+    limit: float | None,
     uniform: list[bool],
     ctx: Context,
     name: str,
     previous_layer: bool = False,
     loads: list[np.ndarray] | None = None,
     load_limits: list[float | None] | None = None,
+    rounds: int | None = None,
 ) -> tuple[list[float], dict]:
     """Per layer, a lower bound on the calibration remote GPUs per token of every plan: the
-    bound on distinct GPUs per token of :func:`bound_layer` (``limit`` seconds, seeded with
-    ``slots[l]``; the stay LP gets as many again) times ``1 - 1/G`` where the layer's token
+    bound on distinct GPUs per token of :func:`bound_layer` (``rounds`` of column generation,
+    capped at ``limit`` seconds, seeded with ``slots[l]``; the stay LP gets as many again) times
+    ``1 - 1/G`` where the layer's token
     homes are ``uniform``, else less the share of tokens that can stay (1; with
     ``previous_layer`` homes, at layers >= 1, the bound of
     :func:`moeopt.colgen.cover.stay_upper_bound`; :func:`moeopt.colgen.cover.remote_lower_bound`).
@@ -517,6 +562,7 @@ def layer_certificates(
             ctx.seed,
             None if loads is None else loads[l],
             None if load_limits is None else load_limits[l],
+            rounds,
         )
         for l in range(problem.layers)
     ]
@@ -529,10 +575,18 @@ def layer_certificates(
         a, b = load_limits[l - 1], load_limits[l]
         return (None, None) if a is None or b is None else ((loads[l - 1], loads[l]), (a, b))
 
+    stay_reports: list[dict] = [{} for _ in range(problem.layers)]
     stays = [
         (
             stay_upper_bound(
-                trace.topk[:, l - 1, 0], trace.topk[:, l], problem.experts, c.gpus, c.width, *within(l), limit
+                trace.topk[:, l - 1, 0],
+                trace.topk[:, l],
+                problem.experts,
+                c.gpus,
+                c.width,
+                *within(l),
+                limit,
+                report=stay_reports[l],
             )
             if previous_layer and l > 0 and not uniform[l]
             else 1.0
@@ -540,7 +594,8 @@ def layer_certificates(
         for l in range(problem.layers)
     ]
     lower = [remote_lower_bound(d, c.gpus, uniform[l], stays[l]) for l, (d, *_) in enumerate(found)]
-    for l, (d, sec, ok, limited) in enumerate(found):
+    capped = [bool(f[4]) or bool(r.get("capped")) for f, r in zip(found, stay_reports, strict=True)]
+    for l, (d, sec, ok, limited, _) in enumerate(found):
         ctx.say(
             f"{name} layer {l}: communication lower bound {lower[l]:.4f} remote GPUs per token "
             f"(distinct GPUs >= {d:.4f}{' within the load limit' if limited else ''}, "
@@ -553,6 +608,8 @@ def layer_certificates(
         "bound_lp_solved_per_layer": [f[2] for f in found],
         "bound_load_limited_per_layer": [f[3] for f in found],
         "stay_upper_bound_per_layer": stays,
+        "bound_rounds": rounds,
+        "bound_capped_layers": sum(capped),
     }
 
 
@@ -561,21 +618,33 @@ def bound_layer(
     experts: int,
     gpus: int,
     width: int,
-    limit: float,
+    limit: float | None,
     start: np.ndarray,
     seed: int,
     load: np.ndarray | None = None,
     load_limit: float | None = None,
-) -> tuple[float, float, bool, bool]:
-    """One layer's certificate (:func:`moeopt.colgen.cover.distinct_lower_bound`): the bound on
-    its distinct GPUs per token, the seconds taken, whether the LP was solved and whether the
-    bound holds only within the load limit (single-copy plans)."""
+    rounds: int | None = None,
+) -> tuple[float, float, bool, bool, bool]:
+    """One layer's certificate (:func:`moeopt.colgen.cover.distinct_lower_bound`, ``rounds`` of
+    column generation, ``limit`` seconds an outer cap): the bound on its distinct GPUs per token,
+    the seconds taken, whether the LP was solved, whether the bound holds only within the load
+    limit (single-copy plans) and whether the cap stopped it."""
     from moeopt.colgen.cover import distinct_lower_bound
 
     b = distinct_lower_bound(
-        topk, experts, gpus, width, time_limit=limit, start_slots=start, seed=seed, load=load, load_limit=load_limit
+        topk,
+        experts,
+        gpus,
+        width,
+        time_limit=limit,
+        rounds=rounds,
+        start_slots=start,
+        seed=seed,
+        load=load,
+        load_limit=load_limit,
     )
-    return float(b.distinct), float(b.seconds), bool(b.proven), bool(b.info.get("load_limited", False))
+    info = b.info
+    return float(b.distinct), float(b.seconds), bool(b.proven), bool(info.get("load_limited")), bool(info.get("capped"))
 
 
 def _fits(problem: Problem) -> bool:
@@ -667,8 +736,10 @@ def search_layer(
     weight = {"grouping": 2.0, "balance": 1.0, "hint": 1.0}
     total = sum(weight[k] for k in starts)
     capped = 0
+    # the family-cap repair may follow (locality cost only): its time comes out of the layer's too
+    searching = per_layer / (1.0 + REPAIR_SHARE) if rule is None and layer.has_cap else per_layer
     for label, s in starts.items():
-        share = per_layer * weight[label] / total
+        share = searching * weight[label] / total
         try:
             state = jm.SlotState(_fill(s, load), experts)
         except ValueError:  # e.g. a hint with colocated copies: not a joint start
@@ -693,7 +764,7 @@ def search_layer(
     label, (value, best, st) = min(runs.items(), key=lambda kv: kv[1][0])
     repair = None
     if rule is None:  # the family cap is priced by the locality-first cost only
-        best, repair = repair_family_cap(layer, best, params, seed, l, per_layer)
+        best, repair = repair_family_cap(layer, best, params, seed, l, searching)
     stats = {
         "start": label,
         "value": value,
@@ -784,8 +855,12 @@ class Joint:
             )
         # the dispatch is chosen for all layers at once, on the mean MaxVio over layers
         target = replace(params, eps=float(limits.mean())) if relaxed else params
-        # the searches take 80 % of what is left (the dispatch choices and the certificate follow)
-        search = ctx.budget.child(0.8)
+        # under a time limit each phase has its share of the run's budget (L x --time-limit), so that
+        # together they keep it: the restarts (search, then dispatch choice) share 80 % of it (all of
+        # it without a certificate), each search 60 % of its restart's share; the certificate gets
+        # what is left. Without a limit, work alone bounds every phase.
+        certifying = params.bound_time != 0 and params.engine_rule not in ("static", "ascend")
+        planning = ctx.budget.child(0.8 if certifying else 1.0)
         L = problem.layers
         bar = console.bar(
             total=L * params.restarts,
@@ -798,12 +873,15 @@ class Joint:
         found: list[tuple[int, np.ndarray, int, list[dict], DispatchChoice]] = []
         try:
             for r in range(params.restarts):
-                if r > 0 and search.expired():
+                if r > 0 and planning.expired():
                     break
                 seed = restart_seed(ctx.seed, r)
-                per_layer = min(params.time_per_layer, search.remaining() / (L * (params.restarts - r)))
-                slots, capped, layer_stats = self._search(problem, params, ctx, seed, balanced, limits, per_layer, bar)
-                choice = choose_dispatch(Plan(slots=slots, experts=problem.experts), trace, problem, target, ctx.budget)
+                restart = planning.child(1.0 / (params.restarts - r))  # this restart's share of what is left
+                search = restart.child(0.6)
+                slots, capped, layer_stats = self._search(problem, params, ctx, seed, balanced, limits, search, bar)
+                plan = Plan(slots=slots, experts=problem.experts)
+                choice = choose_dispatch(plan, trace, problem, target, restart)
+                capped += int(choice.capped)
                 found.append((seed, slots, capped, layer_stats, choice))
                 if params.restarts > 1:
                     ctx.say(
@@ -825,7 +903,7 @@ class Joint:
                 {"seed": seed, "comm_per_token": c.comm, "maxvio": c.maxvio, "met": c.met} for seed, _, _, _, c in found
             ],
         }
-        capped = sum(f[2] for f in found)  # searches the clock cut short, in every restart
+        capped = sum(f[2] for f in found)  # searches (and dispatch choices) the clock cut short, in every restart
         if relaxed:
             stats["eps_per_layer"] = limits.tolist()
             stats["eps_relaxed_layers"] = relaxed
@@ -853,8 +931,11 @@ class Joint:
             result = result.replace(
                 stats={**result.stats, "communication_lower_bound": bound, "communication_gap": gap}
             )
-        if capped:  # the clock, not the evaluations, ended some searches: the plan depends on the machine
-            note = f"time limit cut {capped} search(es) short"
+        cut = [f"{capped} search(es)"] if capped else []  # the clock, not the evaluations, ended them
+        if result.stats.get("bound_capped_layers"):  # ... or ended the certificate: the bound depends on it
+            cut.append(f"the certificate in {result.stats['bound_capped_layers']} layer(s)")
+        if cut:  # the plan (or the bound) depends on the machine's speed
+            note = f"time limit cut {' and '.join(cut)} short"
             if "note" in result.stats:
                 note = f"{result.stats['note']}; {note}"
             result = result.replace(termination=Termination.TIME_LIMIT, stats={**result.stats, "note": note})
@@ -868,22 +949,24 @@ class Joint:
         seed: int,
         balanced: np.ndarray,
         limits: np.ndarray,
-        per_layer: float,
+        search: Budget,
         bar: Any,
     ) -> tuple[np.ndarray, int, list[dict]]:
-        """One whole search, seeded by ``seed``: every layer's search from the starts, on the
-        run's executor. Returns the slots ``[L, G, W]``, the searches the clock cut short and
-        the per-layer statistics."""
+        """One whole search, seeded by ``seed``, within ``search`` (a cap: the evaluations bound
+        it): every layer's search from the starts, on the run's executor. Returns the slots
+        ``[L, G, W]``, the searches the clock cut short and the per-layer statistics."""
         layers = layer_problems(problem, params, seed, limits)
         load = problem.stats.expert_load
         starts: dict[str, np.ndarray] = {}
         if "grouping" in params.start_list:
-            starts["grouping"] = grouping_starts(problem, replace(ctx, seed=seed), params.grouping_eps)
+            starts["grouping"] = grouping_starts(problem, replace(ctx, seed=seed, budget=search), params.grouping_eps)
         if "balance" in params.start_list:
             starts["balance"] = balanced
         if ctx.hint is not None:
             starts["hint"] = ctx.hint.padded(problem.instance.cluster.width).slots
         rules = rule_inputs(problem, params, layers, seed)
+        # each layer's share of what the starts left (serial: a pool only finishes sooner)
+        per_layer = min(params.time_per_layer, search.remaining() / problem.layers)
         # the layers' searches are independent: on a pool or Ray they run side by side
         items = [
             (

@@ -25,6 +25,7 @@ from typing import ClassVar
 import numpy as np
 
 from moeopt.bounds import grouping_bound
+from moeopt.colgen.driver import ROUNDS
 from moeopt.errors import InfeasibleError
 from moeopt.evaluate import grouping_affinity
 from moeopt.grouping import AUTO_LOAD_SLACK, Grouping
@@ -34,6 +35,7 @@ from moeopt.heuristics.spectral import grouping_heuristic
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, Termination, bound_closes, combine_status, combine_termination
 from moeopt.solvers import ExactSettings
+from moeopt.solvers.grouping_sdp import SCS_ITERATIONS
 from moeopt.trace import LIFT_EPS, Stats, log_lift
 
 #: epsilon of the log-lift preference score (SPEC 3.1)
@@ -149,7 +151,16 @@ class TacgParams:
         at its first unproved exact pricing), then, unless it proved its LP, the SDP in the
         rest, the smaller bound reported. Exact methods: the
         solver gets half of each layer's time, and the certificate the rest when the solver
-        leaves a gap.
+        leaves a gap. Every certificate is bounded by work (below), so the bound, like the
+        plan, is a function of the input, the seed and the parameters; a time limit only caps
+        it (the layer's share of ``--time-limit``), and a cap that stops one is reported
+        (termination ``time_limit`` and a note).
+    certificate_rounds
+        Column generation's work budget per layer: master LP solves, each followed by a pricing
+        (:func:`moeopt.colgen.column_generation`).
+    sdp_iterations
+        The SDP's work budget per layer: SCS iterations (:func:`moeopt.solvers.grouping_sdp.sdp_bound`;
+        at E = 256 about 35 ms each on a 2-core machine).
     """
 
     tau: float = 1.0
@@ -165,6 +176,8 @@ class TacgParams:
     eigen_iterations: int = 0
     nodes: str = "flat"
     certificate: str = "cheap"
+    certificate_rounds: int = field(default=ROUNDS, metadata={"ge": 1})
+    sdp_iterations: int = field(default=SCS_ITERATIONS, metadata={"ge": 1})
 
     def __post_init__(self) -> None:
         if not self.tau > 0:
@@ -322,37 +335,63 @@ def top_down_home(
     return home
 
 
-def certificate_seconds(ctx: Context, layers_left: int) -> float:
-    """This layer's share of what is left of the budget (the default limit when none is set)."""
-    most = None if ctx.budget.limited else DEFAULT_TIME_LIMIT
-    return max(ctx.budget.child(1.0 / layers_left, most=most).remaining(), 0.1)
+def certificate_seconds(ctx: Context, layers_left: int) -> float | None:
+    """This layer's share of what is left of the budget: the certificate's outer wall-clock cap
+    (None without a time limit: its work budgets alone bound it)."""
+    if not ctx.budget.limited:
+        return None
+    return max(ctx.budget.child(1.0 / layers_left).remaining(), 0.1)
 
 
 def strong_certificate(
-    g: Grouping, home: np.ndarray, ctx: Context, layers_left: int, kind: str
+    g: Grouping, home: np.ndarray, ctx: Context, layers_left: int, params: TacgParams
 ) -> tuple[np.ndarray, float, str, dict]:
     """The ``certificate`` bound (``colgen``, ``triangle``, ``sdp``, ``both`` or ``auto``) for one
-    layer, in its share of the time left: see :func:`certify`."""
-    return certify(g, home, certificate_seconds(ctx, layers_left), kind, seed=ctx.seed)
+    layer, within its work budgets and capped by its share of the time left: see :func:`certify`."""
+    return certify(
+        g,
+        home,
+        certificate_seconds(ctx, layers_left),
+        params.certificate,
+        seed=ctx.seed,
+        rounds=params.certificate_rounds,
+        sdp_iterations=params.sdp_iterations,
+    )
 
 
 def certify(
-    g: Grouping, home: np.ndarray, seconds: float, kind: str, *, seed: int = 0
+    g: Grouping,
+    home: np.ndarray,
+    seconds: float | None,
+    kind: str,
+    *,
+    seed: int = 0,
+    rounds: int | None = None,
+    sdp_iterations: int | None = None,
 ) -> tuple[np.ndarray, float, str, dict]:
     """The ``kind`` certificate of plan ``home`` (``colgen``, ``triangle``, ``sdp``, ``both`` or
-    ``auto``; see :class:`TacgParams`) within ``seconds``: returns the plan (column generation's
-    MILP may improve it), the bound, the name of the method that gave it and a record per method."""
+    ``auto``; see :class:`TacgParams`): returns the plan (column generation's MILP may improve it),
+    the bound, the name of the method that gave it and a record per method.
+
+    Each bound is bounded by work (column generation's ``rounds`` of pricing, the SDP's SCS
+    ``sdp_iterations``, the triangle LP's cutting rounds; None: each one's default), so the bound
+    is a function of the layer, the plan, ``seed`` and these parameters. ``seconds`` (None:
+    none) is only an outer cap, shared as the work is (``both``: half each; ``auto``: column
+    generation at most half, the SDP the rest); ``record[...]["capped"]`` says where it stopped
+    a bound (which then depends on the machine's speed)."""
     from moeopt.colgen import column_generation
     from moeopt.solvers.grouping_triangle import triangle_bound
 
     t0 = time.perf_counter()
-    share = seconds / 2 if kind in ("both", "auto") else seconds
+    share = None if seconds is None else (seconds / 2 if kind in ("both", "auto") else seconds)
     record: dict = {}
     bound, name = math.inf, kind
     if kind in ("colgen", "both", "auto"):
         # auto: column generation stops at its first unproved exact pricing (no MILP), so that
-        # the SDP gets the rest of the layer's time
-        cert = column_generation(g, share, start_home=home, seed=seed, give_up=kind == "auto")
+        # the SDP gets the rest of the layer's effort
+        cert = column_generation(
+            g, share, start_home=home, seed=seed, rounds=ROUNDS if rounds is None else rounds, give_up=kind == "auto"
+        )
         if cert.home is not None and cert.objective is not None and cert.objective > g.objective(home):
             home = cert.home
         record["colgen"] = {
@@ -360,8 +399,11 @@ def certify(
             "objective": cert.objective,
             "proven": cert.proven,
             "columns": cert.columns,
+            "iterations": cert.iterations,
+            "termination": cert.termination.value,
             "seconds": cert.history[-1][0],
             "gave_up": cert.info["gave_up"],
+            "capped": bool(cert.info["capped"]),
         }
         bound, name = cert.bound, "colgen"
     if kind in ("triangle", "both"):
@@ -372,12 +414,19 @@ def certify(
     if kind == "sdp" or (kind == "auto" and not record["colgen"]["proven"]):
         from moeopt.solvers.grouping_sdp import sdp_bound
 
-        # auto: what colgen left of the layer's time (it may give up, or end its MILP, early)
-        sdp = sdp_bound(g, seconds if kind == "sdp" else max(seconds - (time.perf_counter() - t0), 0.1))
+        # auto: what colgen left of the layer's cap (it may give up, or end its MILP, early)
+        cap = seconds if kind == "sdp" or seconds is None else max(seconds - (time.perf_counter() - t0), 0.1)
+        sdp = sdp_bound(g, cap, iterations=SCS_ITERATIONS if sdp_iterations is None else sdp_iterations)
         record["sdp"] = sdp.record()
         if sdp.bound < bound:
             bound, name = sdp.bound, "sdp"
     return home, bound, name, record
+
+
+def certificate_capped(records: list[dict]) -> int:
+    """Layers whose certificate (any of its bounds in ``records``, one per layer) the time limit
+    cut short."""
+    return sum(any(bool(r.get("capped")) for r in rec.values()) for rec in records)
 
 
 def _finish(home: np.ndarray, g: Grouping, gpn: int, rng: np.random.Generator) -> np.ndarray:
@@ -471,8 +520,8 @@ class Tacg(TacgBase):
                 except InfeasibleError:
                     pass  # this layer's node split misses the per-GPU load limit: keep the flat plan
             strong = None
-            if params.certificate != "cheap":  # a bound that closes (and maybe a better plan): the layer's rest
-                home, sb, sname, record = strong_certificate(g, home, ctx, problem.layers - l, params.certificate)
+            if params.certificate != "cheap":  # a bound that closes (and maybe a better plan)
+                home, sb, sname, record = strong_certificate(g, home, ctx, problem.layers - l, params)
                 strong = (sb, sname)
                 certs.append(record)
             modes.append(mode)
@@ -510,6 +559,10 @@ class Tacg(TacgBase):
             notes += [report["note"]] if "note" in report else []
         if capped:  # the clock, not the iterations, ended a search: the plan depends on the machine's speed
             notes.append(f"time limit cut the search short in {capped} layer(s)")
+            termination = Termination.TIME_LIMIT
+        cut = certificate_capped(certs)
+        if cut:  # the clock, not the work budget, ended a certificate: the bound depends on the machine's speed
+            notes.append(f"time limit cut the certificate short in {cut} layer(s)")
             termination = Termination.TIME_LIMIT
         if notes:
             stats["note"] = "; ".join(notes)
@@ -586,7 +639,7 @@ class TacgExact(TacgBase):
             best = max(feasible, key=g.objective, default=None)
             if strong and best is not None and not bound_closes(g.objective(best), bound):
                 # the solver left a gap: the certificate asked for (colgen's master may also improve the plan)
-                improved, sb, sname, record = strong_certificate(g, best, ctx, problem.layers - l, params.certificate)
+                improved, sb, sname, record = strong_certificate(g, best, ctx, problem.layers - l, params)
                 certs.append(record)
                 if g.objective(improved) > g.objective(best) + 1e-12:
                     better = improved  # kept below when better than the solver's plan
@@ -639,6 +692,10 @@ class TacgExact(TacgBase):
         if certs:
             stats["certificate"] = certs
         termination = combine_termination(terminations)
+        cut = certificate_capped(certs)
+        if cut:  # the clock, not the work budget, ended a certificate: the bound depends on the machine's speed
+            stats["note"] = f"time limit cut the certificate short in {cut} layer(s)"
+            termination = Termination.TIME_LIMIT
         if Status.NO_SOLUTION in statuses:
             return Result(
                 method=self.name,

@@ -51,6 +51,10 @@ PURGE_EVERY = 3
 STALL_GAIN = 1e-5
 STALL_ROUNDS = 10
 VIOLATION = 1e-6
+#: cutting rounds (LP solves) at most: the bound's work budget, so that it is the same on any machine
+TRIANGLE_ROUNDS = 60
+#: HiGHS simplex iterations of one round's LP at most (its work budget)
+TRIANGLE_LP_ITERATIONS = 1_000_000
 
 
 @dataclass
@@ -71,6 +75,9 @@ class TriangleResult:
         No violated cut was left (the relaxation is solved; more time would not help).
     seconds
         Wall time.
+    capped
+        Whether the time limit, not the work budget (rounds, LP iterations) or convergence,
+        stopped it: the bound is still valid but depends on the machine's speed.
     history
         ``(seconds, bound)`` after every round.
     """
@@ -82,6 +89,7 @@ class TriangleResult:
     converged: bool
     seconds: float
     history: list[tuple[float, float]] = field(default_factory=list)
+    capped: bool = False
 
     def record(self) -> dict:
         """The run's numbers as a JSON-ready dict (history left out)."""
@@ -92,6 +100,7 @@ class TriangleResult:
             "rounds": self.rounds,
             "cuts": self.cuts,
             "lp_value": self.lp_value,
+            "capped": self.capped,
         }
 
 
@@ -110,6 +119,7 @@ class _PairLP:
         self.cost = problem.graph[self.iu, self.ju].copy()
         self.inf = highspy.kHighsInf
         self.h = new_highs()
+        self.timed_out = False  # the last solve stopped at its time limit
         highs_threads(1)
         self.h.setOptionValue("threads", 1)
         self.h.changeObjectiveSense(highspy.ObjSense.kMaximize)
@@ -139,15 +149,20 @@ class _PairLP:
             vals.ravel().astype(np.float64),
         )
 
-    def solve(self, seconds: float) -> tuple[np.ndarray | None, float | None, float | None]:
-        """Solve; returns the pair values (None without a solution), the LP value when proved
-        optimal, and the Lagrangian bound from the row duals (None without duals)."""
+    def solve(
+        self, seconds: float | None, iterations: int = TRIANGLE_LP_ITERATIONS
+    ) -> tuple[np.ndarray | None, float | None, float | None]:
+        """Solve within ``iterations`` simplex iterations (and ``seconds``, None: no limit);
+        returns the pair values (None without a solution), the LP value when proved optimal, and
+        the Lagrangian bound from the row duals (None without duals)."""
         import highspy
 
-        # HiGHS's time limit counts the object's whole run time, every earlier solve included
-        self.h.setOptionValue("time_limit", self.h.getRunTime() + max(float(seconds), 0.01))
+        if seconds is not None:  # HiGHS's time limit counts the object's whole run time, every earlier solve included
+            self.h.setOptionValue("time_limit", self.h.getRunTime() + max(float(seconds), 0.01))
+        self.h.setOptionValue("simplex_iteration_limit", int(iterations))
         self.h.run()
         status = self.h.getModelStatus()
+        self.timed_out = status == highspy.HighsModelStatus.kTimeLimit
         optimal = status == highspy.HighsModelStatus.kOptimal
         sol = self.h.getSolution()
         y = np.asarray(sol.col_value) if sol.value_valid else None
@@ -250,8 +265,9 @@ def violated_stars(Y: np.ndarray, problem: Grouping, weights: tuple[float, ...],
 
 def triangle_bound(
     problem: Grouping,
-    seconds: float,
+    seconds: float | None = None,
     *,
+    rounds: int = TRIANGLE_ROUNDS,
     weights: tuple[float, ...] = STAR_WEIGHTS,
     say: Callable[[str], None] | None = None,
 ) -> TriangleResult:
@@ -262,7 +278,11 @@ def triangle_bound(
     problem
         The grouping problem (E experts, G groups of at most ``cap``, optional load limit).
     seconds
-        Wall-time budget; the best bound so far is returned when it runs out.
+        Outer wall-clock cap (None: none); the best bound so far is returned when it runs out
+        (``capped``).
+    rounds
+        Cutting rounds at most (each LP within :data:`TRIANGLE_LP_ITERATIONS`): the work budget,
+        so that the bound is the same on any machine.
     weights
         Star-cut weights (empty: triangles only).
     say
@@ -279,13 +299,16 @@ def triangle_bound(
     if problem.cap < 2 or E < 2:  # no two experts share a GPU: no affinity at all
         return TriangleResult(0.0, 0.0, 0, 0, True, time.perf_counter() - t0, [(0.0, 0.0)])
     lp = _PairLP(problem)
-    bound, value, rounds, cuts, converged = total, None, 0, 0, False
+    budget = rounds
+    bound, value, rounds, cuts, converged, capped = total, None, 0, 0, False, False
     history: list[tuple[float, float]] = []
-    while True:
-        left = seconds - (time.perf_counter() - t0)
-        if left <= 0:
+    while rounds < budget:
+        left = None if seconds is None else seconds - (time.perf_counter() - t0)
+        if left is not None and left <= 0:
+            capped = True
             break
         y, lp_value, dual_bound = lp.solve(left)
+        capped = lp.timed_out
         rounds += 1
         if dual_bound is not None:
             bound = min(bound, dual_bound)
@@ -293,7 +316,7 @@ def triangle_bound(
         history.append((time.perf_counter() - t0, bound))
         if say is not None:
             say(f"triangle round {rounds}: bound {bound:.6g}, {lp.h.getNumRow() - lp.base} cuts")
-        if y is None or lp_value is None:  # the clock stopped the LP: keep the bound so far
+        if y is None or lp_value is None:  # the LP's limits stopped it: keep the bound so far
             break
         if len(history) > STALL_ROUNDS and history[-STALL_ROUNDS - 1][1] - bound <= STALL_GAIN * abs(bound):
             break
@@ -315,4 +338,4 @@ def triangle_bound(
         if not len(tri) and not stars:
             converged = True
             break
-    return TriangleResult(bound, value, rounds, cuts, converged, time.perf_counter() - t0, history)
+    return TriangleResult(bound, value, rounds, cuts, converged, time.perf_counter() - t0, history, capped)
