@@ -129,6 +129,8 @@ def solve(
     if profile_note:  # e.g. "profile: one GPU broadcast to 8 identical GPUs"
         note(f"note: {profile_note}")
     result = execute.run(impl, problem, params_obj, ctx, executor, note=note)
+    for line in console.result_notes(result.stats):  # what the user should act on, not only in the report
+        note(line)
     wall = time.perf_counter() - t0
     if profile_note:
         result = result.replace(stats={**result.stats, "profile": profile_note})
