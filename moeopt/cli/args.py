@@ -111,7 +111,11 @@ def _harness_args(sp: argparse.ArgumentParser) -> None:
         help="of the timed runs (min is steadier on a shared CPU)",
     )
     sp.add_argument("--quiet", action="store_true", help="nothing on stderr but errors (no progress bar)")
-    sp.add_argument("--verbose", action="store_true", help="progress on stderr even when it is not a terminal")
+    sp.add_argument(
+        "--verbose",
+        action="store_true",
+        help="a progress line per run when stderr is not a terminal (default: one a minute)",
+    )
 
 
 def _engine_instance(args: argparse.Namespace) -> Any:

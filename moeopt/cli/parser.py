@@ -32,8 +32,8 @@ from moeopt.plan import DISPATCH_KINDS
 #: the help text's description (``moeopt --help``)
 DESCRIPTION = """moeopt: place the experts of a Mixture-of-Experts model on GPUs; solve, score, compare and plot plans.
 
-Results go to stdout; progress (per-layer lines, bars) to stderr on a terminal or with --verbose;
-notes to stderr unless --quiet (see moeopt.console)."""
+Results go to stdout; progress (per-layer lines; bars on a terminal, a line a minute elsewhere) and
+notes to stderr unless --quiet (see moeopt.console). Ctrl-C or SIGTERM: no output, exit 130 / 143."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def verbosity(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
-            "--verbose", action="store_true", help="progress lines on stderr even when it is not a terminal"
+            "--verbose",
+            action="store_true",
+            help="when stderr is not a terminal, a progress line per bar step (default: one a minute)",
         )
         sp.add_argument("--quiet", action="store_true", help="nothing on stderr but errors (no progress, no notes)")
 

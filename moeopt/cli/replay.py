@@ -124,7 +124,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     r.add_argument("--seed", type=_nonneg_int, default=None, help="seed of every plan (default: the policy's, 0)")
     r.add_argument("--workers", type=_positive_int, default=None, metavar="N", help="plan layers in N local processes")
     r.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS", help="plan layers as Ray tasks")
-    r.add_argument("--verbose", action="store_true", help="progress lines on stderr even when it is not a terminal")
+    r.add_argument(
+        "--verbose",
+        action="store_true",
+        help="when stderr is not a terminal, a progress line per bar step (default: one a minute)",
+    )
     r.add_argument("--quiet", action="store_true", help="nothing on stderr but errors")
     r.set_defaults(func=cmd_replay)
     return r
