@@ -416,15 +416,19 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _child(fn: Callable[..., Any], args: tuple[Any, ...], write_fd: int) -> None:
-    """Body of the forked child: run ``fn``, send back ``("ok", value)`` or ``("error", exc)``."""
+def _child(fn: Callable[..., Any], args: tuple[Any, ...], read_fd: int, write_fd: int, mask: set[int]) -> None:
+    """Body of the forked child: run ``fn``, send back ``("ok", value)`` or ``("error", exc)``.
+    Never returns (the child must not run on into the parent's code): it ends in :func:`os._exit`."""
     global _state
     status = 1
     try:
+        # signals are blocked since before the fork: the handlers become the child's own first
         _state = _State()  # the parent's watcher is not here, and its lock may have been held
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides, and kills this process
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        os.close(read_fd)
         try:
             reply: tuple[str, Any] = ("ok", fn(*args))
         except BaseException as exc:  # noqa: BLE001  (raised again in the parent)
@@ -459,14 +463,18 @@ def run_in_child(fn: Callable[..., T], *args: Any) -> T:
         When the child ended without an answer (killed from outside, out of memory).
     """
     read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover  (the child: coverage does not follow it)
-        os.close(read_fd)
-        _child(fn, args, write_fd)
-    os.close(write_fd)
+    # no signal handler may run in the child before it has its own (it would run on into this
+    # process's code): SIGINT and SIGTERM wait, blocked in this thread, until the fork is done
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pid, status, done = -1, 0, False
     chunks: list[bytes] = []
-    done = False
     try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover  (the child: coverage does not follow it)
+            _child(fn, args, read_fd, write_fd, mask)
+        os.close(write_fd)
+        write_fd = -1
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal that came meanwhile acts now
         with native(lambda: _kill(pid)):
             while True:
                 data = os.read(read_fd, 1 << 20)
@@ -475,10 +483,14 @@ def run_in_child(fn: Callable[..., T], *args: Any) -> T:
                 chunks.append(data)
         done = True
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if write_fd >= 0:
+            os.close(write_fd)
         os.close(read_fd)
-        if not done:  # interrupted (or failed) while the child runs: it goes now
-            _kill(pid)
-        _, status = os.waitpid(pid, 0)
+        if pid > 0:
+            if not done:  # interrupted (or failed) while the child runs: it goes now
+                _kill(pid)
+            _, status = os.waitpid(pid, 0)
     if not chunks:
         name = getattr(fn, "__name__", "a call")
         raise RuntimeError(f"the child process that ran {name} ended without an answer (wait status {status})")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from moeopt.budget import Budget, run_interruptible
+from moeopt.budget import Budget
 from moeopt.io import load_instance
 from moeopt.registry import get_method, method_names
 from moeopt.solve import load_workloads, solve
@@ -93,27 +93,6 @@ def test_budget_shares_one_clock():
     assert Budget(None).cap() is None and math.isinf(Budget().remaining())
     assert Budget(None).child(0.5, most=2.0).remaining() <= 2.0
     assert Budget(0.0).expired()
-
-
-def test_run_interruptible_raises_keyboard_interrupt_and_stops_the_solver():
-    """SIGINT during a native-style blocking call calls stop() and raises KeyboardInterrupt."""
-    stopped = threading.Event()
-
-    def blocking() -> str:
-        stopped.wait(10.0)
-        return "finished"
-
-    threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        t0 = time.perf_counter()
-        with pytest.raises(KeyboardInterrupt):
-            run_interruptible(blocking, stopped.set)
-        assert time.perf_counter() - t0 < 2.0
-        assert stopped.is_set()
-        assert run_interruptible(lambda: 3) == 3  # no signal: the value comes back
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 # ----------------------------------------------------------------------------- time limit
