@@ -50,6 +50,7 @@ placements of each layer) to check the planner and the certificate.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -448,6 +449,10 @@ class CrossLayerParams:
 
 
 START_KINDS = ("agnostic", "hypergraph", "forward")
+#: under a time limit: the starts' share of the budget, and the search's (the starts' and the sweeps')
+#: when a certificate follows (it gets the rest)
+START_SHARE = 0.4
+SEARCH_SHARE = 0.7
 
 
 @register
@@ -487,8 +492,8 @@ class CrossLayer:
             starts[kind] = relabeled.home
         best_kind, best, best_cost = None, None, np.inf
         report: dict[str, dict[str, Any]] = {}
-        # under a time limit the certificate keeps a fifth of what is left (at most bound_time per layer)
-        search = ctx.budget.child(0.8) if ctx.budget.limited and params.bound_time != 0 else ctx.budget
+        # under a time limit the certificate keeps 30 % of what is left (at most bound_time per layer)
+        search = ctx.budget.child(SEARCH_SHARE) if ctx.budget.limited and params.bound_time != 0 else ctx.budget
         for i, (kind, homes) in enumerate(starts.items()):
             before = float(plan_remote(homes, topk, first, G).sum())
             rng = np.random.default_rng([ctx.seed + params.seed, len(report)])
@@ -551,7 +556,8 @@ class CrossLayer:
             return None, {}
         trace = problem.trace
         assert trace is not None
-        limit = certificate_cap(ctx.budget, problem.layers, params.bound_time, previous_layer=True)
+        # most of what is left of the run's budget (the scoring of the plan follows)
+        limit = certificate_cap(ctx.budget.child(0.8), problem.layers, params.bound_time, previous_layer=True)
         # layer 0: the trace's homes or uniform ones; later layers: the previous expert's GPU
         uniform = [l == 0 and trace.home is None for l in range(problem.layers)]
         # the plans searched: single copy, each layer within its load limit (a relaxed limit:
@@ -589,10 +595,13 @@ class CrossLayer:
                 given["relax_eps_load"] = True
             if kind == "hypergraph":
                 given["preset"] = params.preset
-            # the starts share 60 % of the budget (L x --time-limit); the sweeps get the rest
-            share = None if ctx.time_limit is None else 0.6 * ctx.time_limit / max(len(params.start_names), 1)
+            # the starts share 40 % of the budget (L x --time-limit); the sweeps and the certificate the rest
+            share = None if ctx.time_limit is None else START_SHARE * ctx.time_limit / max(len(params.start_names), 1)
             sub = Context(time_limit=share, seed=ctx.seed + params.seed, quiet=True)
-            res = execute.run(impl, problem, parse_params(impl, given), sub)
+            own = parse_params(impl, given)
+            if kind == "agnostic":  # only the plan is used: no subgradient bound for it (-1: skipped)
+                own = dataclasses.replace(own, bound_iterations=-1, eigen_iterations=-1)
+            res = execute.run(impl, problem, own, sub)
             if res.plan is None:
                 raise InfeasibleError(
                     f"crosslayer: start {kind!r} found no plan ({res.stats.get('reason', res.status)})"
@@ -643,10 +652,20 @@ class CrossLayer:
         limits = list(limits)
         chained = 0.0
         capped = False
+        took = 0.0  # the longest re-planning of a layer so far: the next one starts only if it fits
         for p in range(params.sweeps):
             order = range(L) if p % 2 == 0 else range(L - 1, -1, -1)
             for l in order:
+                if deadline is not None and deadline - time.perf_counter() < took:
+                    capped = True  # the time limit, not the sweeps' convergence, ends the search
+                    break
+                began = time.perf_counter()
                 improve_layer(homes, l, topk, first, G, S, loads, limits, relax, classes)
+                took = max(took, time.perf_counter() - began)
+            if capped:
+                passes += 1
+                total = float(plan_remote(homes, topk, first, G).sum())
+                break
             if params.chains:
                 gain, cut = chain_pass(homes, topk, first, G, loads, limits, deadline=deadline)
                 chained += gain

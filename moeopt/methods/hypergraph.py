@@ -28,6 +28,14 @@ unset, the automatic limit (:func:`moeopt.grouping.auto_eps_load`); explicit,
 names the eps_load that would do. ``relax_eps_load: true`` relaxes a limit repair cannot meet
 step by step (the eps_load met is in ``stats['eps_load']``, the steps in
 ``stats['eps_load_relaxed']`` and a note); ``.inf``: no limit.
+
+Time limit: Mt-KaHyPar's call cannot be stopped, and takes seconds on a layer of 128 experts
+and 8192 tokens. Under ``--time-limit`` it runs in a forked child process killed when
+:data:`PARTITION_SHARE` of the layer's time is spent (:func:`partition_within`); a layer whose
+partition did not finish starts the repair and refinement from a balanced packing instead, and
+the result says so (termination ``time_limit``, ``stats['partition_stopped_layers']`` and a
+note).
+Without a time limit it runs here, to its end.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ import numpy as np
 
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.evaluate import evaluate, grouping_affinity
-from moeopt.heuristics.hyperedges import ConnectivityGain, token_hyperedges
+from moeopt.heuristics.hyperedges import ConnectivityGain, Hyperedges, token_hyperedges
 from moeopt.heuristics.local_search import (
     AffinityGain,
     LimitNotMet,
@@ -50,21 +58,58 @@ from moeopt.heuristics.local_search import (
     resolve_eps_load,
 )
 from moeopt.instance import Cluster
+from moeopt.packing import balanced_homes
 from moeopt.plan import Plan
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, Termination
-from moeopt.solvers.partitioners import metis_partition, mtkahypar_partition
+from moeopt.solvers.forked import call_before, can_fork
+from moeopt.solvers.partitioners import initialized, metis_partition, mtkahypar_partition
 from moeopt.trace import Trace
+
+#: share of a layer's time (under a time limit) Mt-KaHyPar may take; the repair and the
+#: refinement get the rest
+PARTITION_SHARE = 0.6
 
 
 @dataclass
 class LayerOutcome:
-    """One layer's hypergraph plan: homes, Mt-KaHyPar's km1, the search log, eps_load used."""
+    """One layer's hypergraph plan: homes, Mt-KaHyPar's km1 (None: no partition finished in
+    time), the search log, eps_load used, and whether the time limit stopped a partition."""
 
     home: np.ndarray
-    km1: int
+    km1: int | None
     log: SearchLog
     eps_load: float | None = None
+    stopped: bool = False
+
+
+def partition_within(
+    edges: Hyperedges,
+    gpus: int,
+    slots: int,
+    deadline: float | None,
+    *,
+    seed: int = 0,
+    preset: str = "default",
+    threads: int = 1,
+) -> tuple[np.ndarray, int] | None:
+    """:func:`moeopt.solvers.partitioners.mtkahypar_partition`, stopped at ``deadline``
+    (``time.perf_counter()``): in a forked child killed then (:func:`moeopt.solvers.forked.call_before`),
+    None when it did not finish. Without a deadline, or where a child cannot run it (no
+    ``fork``; Mt-KaHyPar already started in this process), it runs here to its end."""
+    if deadline is None or not can_fork() or initialized():
+        return mtkahypar_partition(edges, gpus, slots, seed=seed, preset=preset, threads=threads)
+    value, done = call_before(
+        deadline, mtkahypar_partition, edges, gpus, slots, seed=seed, preset=preset, threads=threads
+    )
+    return value if done else None
+
+
+def balanced_start(load: np.ndarray, gpus: int, slots: int) -> np.ndarray:
+    """The start when no partition finished in time: the LPT packing of the loads
+    (:func:`moeopt.packing.balanced_homes`), within the load limit almost always, so that the
+    repair has little to do and the refinement gets the time left."""
+    return balanced_homes(load, gpus, slots)
 
 
 def hypergraph_layer(
@@ -87,7 +132,9 @@ def hypergraph_layer(
 
     ``runs`` Mt-KaHyPar seeds (``seed``, ``seed + 1``, ...) are tried and the plan with the
     fewest distinct GPUs per token kept; see :func:`hypergraph_homes` for the parameters.
-    After ``deadline`` (``time.perf_counter()``) no further run starts and refinement stops.
+    With a ``deadline`` (``time.perf_counter()``) the partitions get :data:`PARTITION_SHARE` of
+    the time left and are stopped then (:func:`partition_within`), no further run starts after
+    it, and refinement stops at the deadline.
     """
     edges = token_hyperedges(topk_layer, num_experts)
     if load is None:
@@ -95,14 +142,21 @@ def hypergraph_layer(
     load = load / load.sum() if load.sum() > 0 else np.full(num_experts, 1.0 / num_experts)
     eps = resolve_eps_load(eps_load, load, gpus, slots)
     starts, km1s = [], []
-    skipped = False
+    skipped = stopped = False
+    now = time.perf_counter()
+    cut = None if deadline is None else now + PARTITION_SHARE * max(deadline - now, 0.0)
     for r in range(max(1, runs)):
-        if r and deadline is not None and time.perf_counter() > deadline:
+        if r and cut is not None and time.perf_counter() > cut:
             skipped = True
             break
-        h, km1 = mtkahypar_partition(edges, gpus, slots, seed=seed + r, preset=preset, threads=threads)
-        starts.append(h)
-        km1s.append(km1)
+        out = partition_within(edges, gpus, slots, cut, seed=seed + r, preset=preset, threads=threads)
+        if out is None:  # the time limit stopped it: no run can finish in time
+            stopped = True
+            break
+        starts.append(out[0])
+        km1s.append(out[1])
+    if not starts:  # no partition in time: the repair and refinement start from a balanced packing
+        starts.append(balanced_start(load, gpus, slots))
     home, log, used = limited_search(
         starts,
         ConnectivityGain(edges),
@@ -116,8 +170,8 @@ def hypergraph_layer(
         balanced=refine or eps is not None,
         deadline=deadline,
     )
-    log.capped = log.capped or skipped
-    return LayerOutcome(home=home, km1=min(km1s), log=log, eps_load=used)
+    log.capped = log.capped or skipped or stopped
+    return LayerOutcome(home=home, km1=min(km1s) if km1s else None, log=log, eps_load=used, stopped=stopped)
 
 
 def hypergraph_homes(
@@ -242,6 +296,7 @@ class Hypergraph:
         c = problem.instance.cluster
         ubar = problem.stats.global_usage
         homes, km1, log, eps_used, relaxed = [], 0, SearchLog(), [], []
+        stopped: list[int] = []  # layers whose partition the time limit stopped
         for l in ctx.layers(problem.layers, "hypergraph"):
             try:
                 out = hypergraph_layer(
@@ -264,14 +319,28 @@ class Hypergraph:
             relaxed.append(out.log.relaxed)
             homes.append(out.home)
             eps_used.append(out.eps_load)
-            km1 += out.km1
+            km1 += 0 if out.km1 is None else out.km1
+            if out.stopped:
+                stopped.append(l)
             log.add(out.log)
             ctx.say(
-                f"hypergraph layer {l}: feasible plan, km1 {out.km1}, "
+                f"hypergraph layer {l}: feasible plan, km1 {'-' if out.km1 is None else out.km1}"
+                f"{' (partition stopped by the time limit)' if out.stopped else ''}, "
                 f"repair {out.log.repair_moves}+{out.log.repair_swaps}, "
                 f"refine {out.log.refine_moves}+{out.log.refine_swaps}"
             )
         plan = problem.plan(np.stack(homes))
+        stats = {
+            # Mt-KaHyPar's own (lambda - 1) before repair, as distinct GPUs per token
+            "solver_objective": 1.0 + km1 / (trace.tokens * trace.layers),
+            "solver_km1": km1,
+            **{k: v for k, v in vars(log).items()},
+            **eps_load_report(eps_used, relaxed),
+        }
+        if stopped:  # those layers' plans start from a packing, not from Mt-KaHyPar's partition
+            stats["partition_stopped_layers"] = len(stopped)
+            note = "time limit stopped Mt-KaHyPar before it finished: those layers started from a balanced packing"
+            stats["note"] = f"{stats['note']}; {note}" if "note" in stats else note
         return Result(
             method=self.name,
             status=Status.FEASIBLE,
@@ -282,13 +351,7 @@ class Hypergraph:
             sense="min",
             wall_time=time.perf_counter() - t0,
             params=vars(params),
-            stats={
-                # Mt-KaHyPar's own (lambda - 1) before repair, as distinct GPUs per token
-                "solver_objective": 1.0 + km1 / (trace.tokens * trace.layers),
-                "solver_km1": km1,
-                **{k: v for k, v in vars(log).items()},
-                **eps_load_report(eps_used, relaxed),
-            },
+            stats=stats,
         )
 
 

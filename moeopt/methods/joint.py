@@ -506,7 +506,8 @@ def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: C
     c = problem.instance.cluster
     uniform = getattr(c, "token_home", "uniform") == "uniform" and trace.home is None
     previous = getattr(c, "token_home", "uniform") == "previous-layer"
-    limit = certificate_cap(ctx.budget, problem.layers, params.bound_time, previous)
+    # most of what is left of the run's budget (the scoring of the plan follows)
+    limit = certificate_cap(ctx.budget.child(0.8), problem.layers, params.bound_time, previous)
     lower, stats = layer_certificates(
         problem, slots, limit, [uniform] * problem.layers, ctx, "joint", previous, rounds=params.bound_rounds
     )
@@ -566,7 +567,23 @@ def layer_certificates(
         )
         for l in range(problem.layers)
     ]
-    found = execute.map_items(bound_layer, items, ctx.executor)
+    stays_too = previous_layer and not all(uniform[1:])
+    # under a time limit, serially: the certificate's whole time, and the longest layer so far (a
+    # layer's LPs take some time to set up whatever their cap): a layer that would not fit gets the
+    # trivial bound (every token uses at least one GPU), so that the limit is kept (and it says so)
+    end = None if limit is None else time.perf_counter() + limit * problem.layers * (2 if stays_too else 1)
+    serial = ctx.executor is None or getattr(ctx.executor, "kind", "serial") == "serial"
+    if end is None or not serial:
+        found = execute.map_items(bound_layer, items, ctx.executor)
+    else:
+        found, took = [], 0.0
+        for item in items:
+            began = time.perf_counter()
+            if found and end - began < took * (2 if stays_too else 1):
+                found.append((1.0, 0.0, False, False, True))  # no time for it: the trivial bound
+                continue
+            found.append(bound_layer(*item))
+            took = max(took, time.perf_counter() - began)
 
     def within(l: int) -> tuple[tuple[np.ndarray, np.ndarray] | None, tuple[float, float] | None]:
         """Layers l - 1 and l's loads and limits when both bounds held within them (single copy)."""
@@ -576,8 +593,18 @@ def layer_certificates(
         return (None, None) if a is None or b is None else ((loads[l - 1], loads[l]), (a, b))
 
     stay_reports: list[dict] = [{} for _ in range(problem.layers)]
-    stays = [
-        (
+    stays: list[float] = []
+    took = 0.0
+    for l in range(problem.layers):
+        if not (previous_layer and l > 0 and not uniform[l]):
+            stays.append(1.0)
+            continue
+        began = time.perf_counter()
+        if end is not None and took > 0 and end - began < took:  # no time for it: every token may stay
+            stays.append(1.0)
+            stay_reports[l]["capped"] = True
+            continue
+        stays.append(
             stay_upper_bound(
                 trace.topk[:, l - 1, 0],
                 trace.topk[:, l],
@@ -588,11 +615,8 @@ def layer_certificates(
                 limit,
                 report=stay_reports[l],
             )
-            if previous_layer and l > 0 and not uniform[l]
-            else 1.0
         )
-        for l in range(problem.layers)
-    ]
+        took = max(took, time.perf_counter() - began)
     lower = [remote_lower_bound(d, c.gpus, uniform[l], stays[l]) for l, (d, *_) in enumerate(found)]
     capped = [bool(f[4]) or bool(r.get("capped")) for f, r in zip(found, stay_reports, strict=True)]
     for l, (d, sec, ok, limited, _) in enumerate(found):
@@ -738,8 +762,11 @@ def search_layer(
     capped = 0
     # the family-cap repair may follow (locality cost only): its time comes out of the layer's too
     searching = per_layer / (1.0 + REPAIR_SHARE) if rule is None and layer.has_cap else per_layer
+    begun, given = time.perf_counter(), 0.0
     for label, s in starts.items():
-        share = searching * weight[label] / total
+        # each start's share of the layer's time, counted from the layer's start: a start that ran
+        # over (a search does at least one round) leaves the next one less, not the run more
+        given += searching * weight[label] / total
         try:
             state = jm.SlotState(_fill(s, load), experts)
         except ValueError:  # e.g. a hint with colocated copies: not a joint start
@@ -756,7 +783,7 @@ def search_layer(
             rng,
             candidates=params.candidates,
             kicks=params.kicks,
-            deadline=time.perf_counter() + share,
+            deadline=begun + given,
             evaluations=max(1, round(params.evaluations * weight[label] / total)),
         )
         capped += int(st.capped)
@@ -856,11 +883,12 @@ class Joint:
         # the dispatch is chosen for all layers at once, on the mean MaxVio over layers
         target = replace(params, eps=float(limits.mean())) if relaxed else params
         # under a time limit each phase has its share of the run's budget (L x --time-limit), so that
-        # together they keep it: the restarts (search, then dispatch choice) share 80 % of it (all of
-        # it without a certificate), each search 60 % of its restart's share; the certificate gets
-        # what is left. Without a limit, work alone bounds every phase.
+        # together they keep it: the restarts (search, then dispatch choice) share 75 % of it (90 %
+        # without a certificate), each search half of its restart's share; the certificate gets what
+        # is left, and the rest is slack for the scoring and the steps no clock can cut (a search's
+        # first round). Without a limit, work alone bounds every phase.
         certifying = params.bound_time != 0 and params.engine_rule not in ("static", "ascend")
-        planning = ctx.budget.child(0.8 if certifying else 1.0)
+        planning = ctx.budget.child(0.75 if certifying else 0.9)
         L = problem.layers
         bar = console.bar(
             total=L * params.restarts,
@@ -871,17 +899,22 @@ class Joint:
             leave=False,
         )
         found: list[tuple[int, np.ndarray, int, list[dict], DispatchChoice]] = []
+        skipped = 0  # restarts the time limit left out
         try:
+            took = 0.0  # the longest restart so far: another starts only if as long a one fits
             for r in range(params.restarts):
-                if r > 0 and planning.expired():
+                if r > 0 and planning.remaining() < took:
+                    skipped = params.restarts - r  # the time limit, not the restarts asked for, ended it
                     break
+                began = time.perf_counter()
                 seed = restart_seed(ctx.seed, r)
                 restart = planning.child(1.0 / (params.restarts - r))  # this restart's share of what is left
-                search = restart.child(0.6)
+                search = restart.child(0.5)
                 slots, capped, layer_stats = self._search(problem, params, ctx, seed, balanced, limits, search, bar)
                 plan = Plan(slots=slots, experts=problem.experts)
                 choice = choose_dispatch(plan, trace, problem, target, restart)
                 capped += int(choice.capped)
+                took = max(took, time.perf_counter() - began)
                 found.append((seed, slots, capped, layer_stats, choice))
                 if params.restarts > 1:
                     ctx.say(
@@ -899,6 +932,7 @@ class Joint:
             "search": layer_stats,
             "search_objective": float(np.mean([s["value"] for s in layer_stats])),
             "restart": best,
+            "restarts_skipped": skipped,
             "restarts": [
                 {"seed": seed, "comm_per_token": c.comm, "maxvio": c.maxvio, "met": c.met} for seed, _, _, _, c in found
             ],
@@ -932,6 +966,8 @@ class Joint:
                 stats={**result.stats, "communication_lower_bound": bound, "communication_gap": gap}
             )
         cut = [f"{capped} search(es)"] if capped else []  # the clock, not the evaluations, ended them
+        if skipped:
+            cut.append(f"{skipped} restart(s)")
         if result.stats.get("bound_capped_layers"):  # ... or ended the certificate: the bound depends on it
             cut.append(f"the certificate in {result.stats['bound_capped_layers']} layer(s)")
         if cut:  # the plan (or the bound) depends on the machine's speed

@@ -44,6 +44,8 @@ from moeopt.trace import LIFT_EPS, Stats, log_lift
 DEFAULT_TIME_LIMIT = 10.0
 #: the bounds a heuristic plan can be certified with (TacgParams.certificate)
 CERTIFICATES = ("cheap", "colgen", "triangle", "sdp", "both", "auto")
+#: the note of a run whose certificate the time limit cut short (``certificate_capped_layers``: how many)
+CERTIFICATE_CAPPED = "time limit cut the certificate short: the bound depends on the machine's speed"
 
 
 # ----------------------------------------------------------------------------- graph
@@ -562,7 +564,8 @@ class Tacg(TacgBase):
             termination = Termination.TIME_LIMIT
         cut = certificate_capped(certs)
         if cut:  # the clock, not the work budget, ended a certificate: the bound depends on the machine's speed
-            notes.append(f"time limit cut the certificate short in {cut} layer(s)")
+            stats["certificate_capped_layers"] = cut
+            notes.append(CERTIFICATE_CAPPED)
             termination = Termination.TIME_LIMIT
         if notes:
             stats["note"] = "; ".join(notes)
@@ -694,7 +697,8 @@ class TacgExact(TacgBase):
         termination = combine_termination(terminations)
         cut = certificate_capped(certs)
         if cut:  # the clock, not the work budget, ended a certificate: the bound depends on the machine's speed
-            stats["note"] = f"time limit cut the certificate short in {cut} layer(s)"
+            stats["certificate_capped_layers"] = cut
+            stats["note"] = CERTIFICATE_CAPPED
             termination = Termination.TIME_LIMIT
         if Status.NO_SOLUTION in statuses:
             return Result(

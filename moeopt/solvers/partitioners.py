@@ -37,6 +37,12 @@ def _mtkahypar(threads: int) -> tuple[Any, Any]:
     return mtkahypar, next(iter(_INIT.values()))
 
 
+def initialized() -> bool:
+    """Whether Mt-KaHyPar (and its thread pool) was initialized in this process: a process forked
+    from this one could then not run it (:mod:`moeopt.solvers.forked`)."""
+    return bool(_INIT)
+
+
 def mtkahypar_partition(
     edges: Hyperedges, gpus: int, slots: int, *, seed: int = 0, preset: str = "default", threads: int = 1
 ) -> tuple[np.ndarray, int]:
