@@ -409,6 +409,22 @@ def call(fn: Callable[[], T], stop: Callable[[], object] | None = None) -> T:
         return fn()
 
 
+def _after_fork_in_child() -> None:
+    """Every forked child (:func:`run_in_child`, a ``fork`` multiprocessing process) starts
+    without moeopt's handling: the handlers it replaced are back, the wakeup pipe is the
+    parent's no longer, and nothing is registered; its parent stops it (kills it) on a signal."""
+    global _state
+    if _state.installed:
+        for s, previous in _state.previous.items():
+            signal.signal(s, previous)
+        signal.set_wakeup_fd(-1)
+    _state = _State()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -419,12 +435,10 @@ def _kill(pid: int) -> None:
 def _child(fn: Callable[..., Any], args: tuple[Any, ...], read_fd: int, write_fd: int, mask: set[int]) -> None:
     """Body of the forked child: run ``fn``, send back ``("ok", value)`` or ``("error", exc)``.
     Never returns (the child must not run on into the parent's code): it ends in :func:`os._exit`."""
-    global _state
     status = 1
     try:
         # signals are blocked since before the fork: the handlers become the child's own first
-        _state = _State()  # the parent's watcher is not here, and its lock may have been held
-        signal.set_wakeup_fd(-1)
+        # (moeopt's handling is already gone: _after_fork_in_child)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides, and kills this process
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)

@@ -124,10 +124,11 @@ def test_time_limit_bounds_the_whole_run(name, limit_case):
 # ----------------------------------------------------------------------------- Ctrl-C, SIGTERM
 #: The CLI's main() in a child process, instrumented for the test only: marks on the file
 #: descriptor MOEOPT_TEST_MARKS say when it is ready, when a native solver call starts and ends
-#: (moeopt.interrupt.native: CP-SAT, HiGHS, the child process of Mt-KaHyPar or SciPy's MILP)
-#: and when a layer is done, so that the signal is sent while the native solver runs, never in
-#: Python warm-up code. SIGINT is set to Python's default handler first, as in a terminal (a
-#: runner that started the tests in the background may ignore it).
+#: (moeopt.interrupt.native: CP-SAT, HiGHS, the child process of Mt-KaHyPar or SciPy's MILP),
+#: when it forks a child process for a native call, and when a layer is done, so that the signal
+#: is sent while the native solver runs, never in Python warm-up code. SIGINT is set to Python's
+#: default handler first, as in a terminal (a runner that started the tests in the background
+#: may ignore it).
 _LAUNCH = """\
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -143,6 +144,7 @@ def marked_exit(self, *exc):
     marks.write("native end\\n")
     return leave(self, *exc)
 native.__enter__, native.__exit__ = marked_enter, marked_exit
+os.register_at_fork(before=lambda: marks.write("fork\\n"))  # a child process for a native call
 point = moeopt.execute._history_point
 def marked_point(*args):
     marks.write("layer done\\n")
@@ -155,6 +157,12 @@ raise SystemExit(moeopt.cli.main(sys.argv[1:]))
 #: The executors' instance: four layers, so that layers are still running in the workers when
 #: the first one is done (the signal's cue).
 EXECUTOR_INSTANCE = SIGINT_INSTANCE.replace("layers: 2", "layers: 4")
+#: Mt-KaHyPar's instance: a partition takes seconds on it (on the Ctrl-C instance, well under one).
+PARTITION_INSTANCE = (
+    SIGINT_INSTANCE.replace("experts: 64, top_k: 4", "experts: 128, top_k: 8")
+    .replace("gpus: 8", "gpus: 16")
+    .replace("tokens: 8192", "tokens: 16384")
+)
 
 #: Seconds from the cue to the signal (the solver is well into its search), the longest wait for
 #: a cue (start-up of the interpreter, Ray), and for the run to end after the signal.
@@ -170,8 +178,8 @@ SAID_WITHIN_EXECUTOR = 20.0
 @dataclass(frozen=True)
 class Case:
     """One interrupted run: the method, its parameters, the signal, extra options, and the cue
-    ('native': a native solver call has started; 'layer': a layer is done; a number: seconds
-    after start-up, for a method that runs no native solver)."""
+    ('native': a native solver call, or a child process for one, has started; 'layer': a layer
+    is done; a number: seconds after start-up, for a method that runs no native solver)."""
 
     method: str
     signum: int = signal.SIGINT
@@ -196,8 +204,8 @@ CASES: dict[str, Case] = {
     "tacg-highs": Case("tacg-highs"),
     "tacg-milp": Case("tacg-milp"),
     "joint-exact": Case("joint-exact", params=tuple(SIGINT_PARAMS["joint-exact"].items())),
-    "hypergraph": Case("hypergraph"),
-    "crosslayer": Case("crosslayer"),
+    "hypergraph": Case("hypergraph", instance=PARTITION_INSTANCE),
+    "crosslayer": Case("crosslayer", instance=PARTITION_INSTANCE),
     "joint": Case("joint", cue=1.5, params=(("evaluations", 10**7),)),
     "tacg-cpsat --workers 2": Case("tacg-cpsat", extra=_POOL, cue="layer", instance=EXECUTOR_INSTANCE),
     "tacg-cpsat --ray": Case("tacg-cpsat", extra=_RAY, cue="layer", instance=EXECUTOR_INSTANCE),
@@ -243,6 +251,13 @@ def _descendants(pid: int) -> list[int]:
         return []
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _running(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie is not)."""
     try:
@@ -274,10 +289,10 @@ def _interrupt(name: str, case: Case, root: Path) -> dict:
     reader.start()
     seen: list[tuple[float, str]] = []
 
-    def wait_for(cue: str) -> bool:
+    def wait_for(*cues: str) -> bool:
         for line in marks:
             seen.append((time.perf_counter(), line.strip()))
-            if line.strip() == cue:
+            if line.strip() in cues:
                 return True
         return False  # the run ended first
 
@@ -285,12 +300,14 @@ def _interrupt(name: str, case: Case, root: Path) -> dict:
     if cued and isinstance(case.cue, float):
         time.sleep(case.cue)
     elif cued:
-        cued = wait_for("native start" if case.cue == "native" else "layer done")
+        cued = wait_for("native start", "fork") if case.cue == "native" else wait_for("layer done")
     sent = None
     children: list[int] = []
+    forks = 0  # the run's own forked copies alive at the signal: a native call's child process
     if cued and proc.poll() is None:
         time.sleep(SIGNAL_AFTER)
         children = _descendants(proc.pid)
+        forks = sum(_cmdline(pid) == _cmdline(proc.pid) for pid in children)
         sent = time.perf_counter()
         proc.send_signal(case.signum)
     for line in marks:  # until every holder of the pipe (the run and its children) has ended
@@ -313,8 +330,8 @@ def _interrupt(name: str, case: Case, root: Path) -> dict:
         "sent": sent is not None,
         "said": None if sent is None or said is None else said - sent,
         "ended": None if sent is None else ended - sent,
-        # the native call the signal interrupted ended after the signal: the signal landed in it
-        "in_native": sent is not None and any(t > sent and ln == "native end" for t, ln in seen),
+        # the native call ended after the signal, or its child process was running: the signal landed in it
+        "in_native": sent is not None and (forks > 0 or any(t > sent and ln == "native end" for t, ln in seen)),
         "stderr": "".join(ln for _, ln in errors),
         "files": sorted(p.name for p in out.iterdir()),  # outputs, temporary files, a core dump
         "children": len(children),
