@@ -677,6 +677,11 @@ def render_harness(d: dict) -> str:
     return "\n".join(out)
 
 
+# --------------------------------------------------------------------------- replay
+def render_replay(d: dict) -> str:
+    return str(_benchmark_script("replay").body(d))  # the tables the benchmark writes to replay.md
+
+
 BENCHMARKS = (
     Benchmark(
         "balance",
@@ -709,6 +714,7 @@ BENCHMARKS = (
     Benchmark("gesr", "GESR", "python benchmarks/gesr.py", render_gesr, (), "gesr"),
     Benchmark("gem", "GEM", "python benchmarks/gem.py", render_gem, (), "gem"),
     Benchmark("joint", "Joint planner", "python benchmarks/joint.py", render_joint, ("joint.png",), "joint"),
+    Benchmark("replay", "Re-planning online", "python benchmarks/replay.py", render_replay, ("replay.png",)),
     Benchmark(
         "crosslayer",
         "Cross-layer placement",

@@ -13,7 +13,7 @@ from tests.conftest import ROOT
 
 papermill = pytest.importorskip("papermill")
 
-#: notebook -> the small parameters of its test run (about 90 s for all of them on 2 cores)
+#: notebook -> the small parameters of its test run (about 100 s for all of them on 2 cores)
 SMALL = {
     "grouping-exact-vs-heuristic.ipynb": {
         "FULL": False,
@@ -41,6 +41,14 @@ SMALL = {
         "JOINT_EPS": [],
         "TIME_LIMIT": 0.5,
         "EPLB_POLICIES": ["global"],
+    },
+    "replanning.ipynb": {
+        "FULL": False,
+        "INSTANCE": "instances/replay/mixtral-domains-stream.yaml",
+        "MODEL_SIZES": {"d_model": 4096, "d_ff": 14336},
+        "FRONTIER_INTERVALS": [4, 8],
+        "FRONTIER_BUDGETS": [2, 4],
+        "MOVE_BUDGET_GB": 5.0,
     },
 }
 
