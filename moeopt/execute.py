@@ -666,6 +666,7 @@ def run(
     ``note`` then gets a one-line remark when a parallel executor was asked for.
     """
     executor = executor or Executor()
+    began = time.perf_counter()
     if not is_layerwise(method, problem, params, ctx):
         if executor.kind != "serial" and note is not None and not getattr(method, "spreads_layers", False):
             note(f"note: method {method.name!r} solves all layers together; running it serially here")
@@ -676,7 +677,8 @@ def run(
         where = "serial (whole model)"
         if executor.kind != "serial" and getattr(method, "spreads_layers", False):
             where = f"whole model, its per-layer searches and bounds on {executor.describe()}"
-        return result.replace(stats={**result.stats, "executor": where})
+        result = result.replace(stats={**result.stats, "executor": where})
+        return limit_kept(result, ctx.time_limit, problem.layers, time.perf_counter() - began)
     tasks = layer_tasks(method, problem, params, ctx)
     outcomes: list[LayerOutcome | None] = [None] * len(tasks)
     say = ctx.log or console.progress_line
@@ -710,4 +712,13 @@ def run(
         "layer_cpu_times": [round(o.cpu_time, 4) for o in finished],
         "history": history,
     }
-    return result.replace(stats={**result.stats, **timing})
+    result = result.replace(stats={**result.stats, **timing})
+    return limit_kept(result, ctx.time_limit, problem.layers, time.perf_counter() - began)
+
+
+def limit_kept(result: Result, time_limit: float | None, layers: int, seconds: float) -> Result:
+    """``result`` with ``stats["time_limit_exceeded_s"]``, the seconds by which the run took
+    longer than ``layers x time_limit``, when it did (nothing without a time limit)."""
+    if time_limit is None or seconds <= time_limit * layers:
+        return result
+    return result.replace(stats={**result.stats, "time_limit_exceeded_s": round(seconds - time_limit * layers, 3)})

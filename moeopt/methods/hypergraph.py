@@ -67,8 +67,8 @@ from moeopt.solvers.partitioners import initialized, metis_partition, mtkahypar_
 from moeopt.trace import Trace
 
 #: share of a layer's time (under a time limit) Mt-KaHyPar may take; the repair and the
-#: refinement get the rest
-PARTITION_SHARE = 0.6
+#: refinement get the rest (from a balanced packing when it did not finish, the repair is short)
+PARTITION_SHARE = 0.75
 
 
 @dataclass
