@@ -91,12 +91,13 @@ def note(line: str) -> None:
         tqdm.write(line, file=sys.stderr)
 
 
-def result_notes(stats: Mapping[str, Any]) -> list[str]:
-    """The lines (``note: ...``) of a result's ``stats['note']`` that no :func:`note` has shown.
+def result_notes(stats: Mapping[str, Any], method: str | None = None) -> list[str]:
+    """The lines (``note: METHOD: ...``) of a result's ``stats['note']`` that no :func:`note` has shown.
 
     Methods store what a user should act on (an unreachable target and what would reach it, a
     fallback, a time limit that cut a search short) in ``stats['note']``, a string (parts joined
-    by ``; ``) or one per layer; the parts a method already printed are left out.
+    by ``; ``) or one per layer; the parts a method already printed are left out. A note that
+    does not start with the ``method``'s name is prefixed with it (``compare`` runs several).
     """
     value = stats.get("note")
     items = value if isinstance(value, list) else [value]
@@ -110,7 +111,8 @@ def result_notes(stats: Mapping[str, Any]) -> list[str]:
         text = text.strip(" ;")
         while "; ; " in text:
             text = text.replace("; ; ", "; ")
-        line = f"note: {text}"
+        named = method is None or text.startswith(method)
+        line = f"note: {text}" if named else f"note: {method}: {text}"
         if text and line not in lines:
             lines.append(line)
     return lines

@@ -129,7 +129,7 @@ def solve(
     if profile_note:  # e.g. "profile: one GPU broadcast to 8 identical GPUs"
         note(f"note: {profile_note}")
     result = execute.run(impl, problem, params_obj, ctx, executor, note=note)
-    for line in console.result_notes(result.stats):  # what the user should act on, not only in the report
+    for line in console.result_notes(result.stats, result.method):  # what to act on, not only in the report
         note(line)
     wall = time.perf_counter() - t0
     if profile_note:

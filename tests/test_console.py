@@ -92,6 +92,7 @@ def test_result_notes_leave_out_what_was_shown(capsys):
     console.note("note: auto: planned with balance")
     stats = {"note": "eps 0 is below the least reachable MaxVio; auto: planned with balance"}
     assert console.result_notes(stats) == ["note: eps 0 is below the least reachable MaxVio"]
+    assert console.result_notes(stats, "joint") == ["note: joint: eps 0 is below the least reachable MaxVio"]
     assert console.result_notes({"note": "auto: planned with balance"}) == []
     per_layer = {"note": ["time limit cut 1 search(es) short", "time limit cut 1 search(es) short"]}
     assert console.result_notes(per_layer) == ["note: time limit cut 1 search(es) short"]
