@@ -384,11 +384,16 @@ class Routing:
     comm
         optional ``(distinct, remote, weighted)`` float ``[tokens, L]`` already averaged over
         homes (``static`` without token homes); None when computed from ``gpu``.
+    nodes
+        optional float ``[tokens, L]``: remote nodes per token (:func:`remote_nodes_of`), given
+        where ``comm`` is (an expectation, or homes that change with the layer); None when
+        computed from ``gpu``.
     """
 
     step_loads: np.ndarray
     gpu: np.ndarray | None
     comm: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    nodes: np.ndarray | None = None
 
 
 def _step_counts(ids: np.ndarray, step: np.ndarray, T: int, E: int) -> np.ndarray:
@@ -462,12 +467,13 @@ def route_trace(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
         distinct = np.zeros((N, L))
         remote = np.zeros((N, L))
         weighted = np.zeros((N, L))
+        nodes = np.zeros((N, L))
         for l in range(L):
             ids = trace.topk[:, l, :].astype(np.int64)
             step_loads[l] = _step_counts(ids, step, T, E) @ share[l]
-            d, r, w = _expected_comm_static(ids, dest[:, l, :], cluster)
-            distinct[:, l], remote[:, l], weighted[:, l] = d, r, w
-        return Routing(step_loads, None, (distinct, remote, weighted))
+            d, r, w, n = _expected_comm_static(ids, dest[:, l, :], cluster)
+            distinct[:, l], remote[:, l], weighted[:, l], nodes[:, l] = d, r, w, n
+        return Routing(step_loads, None, (distinct, remote, weighted), nodes)
     if plan.dispatch.kind == "locality":  # every layer's guard in one pass over the batches
         G = plan.gpus
         gpu = guard_layers(trace.topk.astype(np.int64), step, all_copies(plan), G, plan.dispatch, trace.home)
@@ -476,14 +482,14 @@ def route_trace(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
         return Routing(step_loads, gpu)
     gpu = np.empty((N, L, trace.top_k), dtype=np.int64)
     if plan.dispatch.kind == "lp":  # the GPUs of a rounding; communication: the draws' expectation
-        comm = [np.zeros((N, L)) for _ in range(3)]
+        comm = [np.zeros((N, L)) for _ in range(4)]
         for l in range(L):
             ids = trace.topk[:, l, :].astype(np.int64)
             gpu[:, l, :], step_loads[l], prob = _lp_layer(plan, l, ids, step, T)
             parts = _expected_comm_draws(ids, step, prob, trace.home, cluster)
             for out, one in zip(comm, parts, strict=True):
                 out[:, l] = one
-        return Routing(step_loads, gpu, (comm[0], comm[1], comm[2]))
+        return Routing(step_loads, gpu, (comm[0], comm[1], comm[2]), comm[3])
     row = batch_rows(trace, plan.dispatch.kind)
     for l in range(L):
         gpu[:, l, :], step_loads[l] = _route_layer(plan, l, trace, cluster, step, row, T, trace.home)
@@ -565,29 +571,35 @@ def _expected_comm_draws(
     home: np.ndarray | None,
     cluster: Cluster,
     chunk: int = 4096,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per token, the expected (distinct GPUs, remote GPUs, weighted remote cost) when each of
-    its pairs draws its GPU independently by ``prob [T, E, G]`` (SGLang's ``lp`` dispatch draws
-    every token's copy by the batch's probabilities): GPU g is used with probability
-    ``1 - prod_e (1 - p[e, g])``; remote and weighted as :func:`communication_of` counts them."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per token, the expected (distinct GPUs, remote GPUs, weighted remote cost, remote nodes)
+    when each of its pairs draws its GPU independently by ``prob [T, E, G]`` (SGLang's ``lp``
+    dispatch draws every token's copy by the batch's probabilities): GPU g is used with
+    probability ``1 - prod_e (1 - p[e, g])``, node n with ``1 - prod_e (1 - sum_{g in n} p[e, g])``;
+    remote, weighted and nodes as :func:`communication_of` and :func:`remote_nodes_of` count them."""
     G = cluster.gpus
+    gpn = node_size(cluster)
     cost = hop_costs(cluster)
     N = len(ids)
-    out = [np.zeros(N) for _ in range(3)]
+    out = [np.zeros(N) for _ in range(4)]
     for s in range(0, N, chunk):
         p = prob[step[s : s + chunk, None], ids[s : s + chunk]]  # [n, k, G]
         used = 1.0 - np.prod(1.0 - p, axis=1)  # [n, G]
+        q = p.reshape(p.shape[0], p.shape[1], G // gpn, gpn).sum(axis=3)  # [n, k, nodes]
+        used_node = 1.0 - np.prod(1.0 - np.minimum(q, 1.0), axis=1)  # [n, nodes]
         distinct = used.sum(axis=1)
         if home is None:
             remote = distinct * (1.0 - 1.0 / G)
             weighted = distinct * hop_cost_sum(cluster) / G
+            nodes = used_node.sum(axis=1) * (1.0 - gpn / G)
         else:
             h = home[s : s + chunk]
             remote = distinct - used[np.arange(len(h)), h]
             weighted = (cost[h] * used).sum(axis=1)
-        for o, v in zip(out, (distinct, remote, weighted), strict=True):
+            nodes = used_node.sum(axis=1) - used_node[np.arange(len(h)), h // gpn]
+        for o, v in zip(out, (distinct, remote, weighted, nodes), strict=True):
             o[s : s + chunk] = v
-    return out[0], out[1], out[2]
+    return out[0], out[1], out[2], out[3]
 
 
 def _route_previous_layer(plan: Plan, trace: Trace, cluster: Cluster) -> Routing:
@@ -602,7 +614,7 @@ def _route_previous_layer(plan: Plan, trace: Trace, cluster: Cluster) -> Routing
         home = np.random.default_rng(HOME_SEED).integers(0, G, size=N)
     gpu = np.empty((N, L, k), dtype=np.int64)
     step_loads = np.zeros((L, T, G))
-    comm = [np.zeros((N, L)) for _ in range(3)]
+    comm = [np.zeros((N, L)) for _ in range(4)]
     for l in range(L):
         if plan.dispatch.kind == "lp":  # each pair drawn by the split: the expectation
             ids = trace.topk[:, l, :].astype(np.int64)
@@ -612,11 +624,12 @@ def _route_previous_layer(plan: Plan, trace: Trace, cluster: Cluster) -> Routing
                 out[:, l] = one
         else:
             gpu[:, l, :], step_loads[l] = _route_layer(plan, l, trace, cluster, step, row, T, home)
-            many = communication_of(gpu[:, l : l + 1, :], cluster, home)
+            one = gpu[:, l : l + 1, :]
+            many = (*communication_of(one, cluster, home), remote_nodes_of(one, cluster, home))
             for out, part in zip(comm, many, strict=True):
                 out[:, l] = part[:, 0]
         home = gpu[:, l, 0]  # the token now lives where its top-1 expert ran
-    return Routing(step_loads, gpu, (comm[0], comm[1], comm[2]))
+    return Routing(step_loads, gpu, (comm[0], comm[1], comm[2]), comm[3])
 
 
 def communication_of(
@@ -644,15 +657,57 @@ def communication_of(
     return distinct, remote.astype(np.float64), weighted.astype(np.float64)
 
 
+def node_size(cluster: Cluster) -> int:
+    """GPUs per node (``cluster.gpus_per_node``, at most G): the node of GPU g is ``g // node_size``."""
+    return max(1, min(int(cluster.gpus_per_node), int(cluster.gpus)))
+
+
+def remote_nodes_of(gpu: np.ndarray, cluster: Cluster, token_home: np.ndarray | None = None) -> np.ndarray:
+    """Remote nodes per token and layer: the distinct nodes of the GPUs its experts run on
+    (``gpu [tokens, L, k]``), minus its home node when one of them is.
+
+    A node is ``cluster.gpus_per_node`` consecutive GPUs (:func:`node_size`). With unknown token
+    homes (drawn uniformly over the GPUs, so the home node uniformly over the ``G / gpn``
+    nodes) the value is the expectation ``|nodes(topk)| (1 - gpn / G)``, as
+    :func:`communication_of` takes it for GPUs.
+
+    Parameters
+    ----------
+    gpu
+        int ``[tokens, L, k]``: the GPU serving each (token, layer, expert).
+    cluster
+        The cluster (its ``gpus`` and ``gpus_per_node``).
+    token_home
+        optional int ``[tokens]``: the GPU each token lives on.
+
+    Returns
+    -------
+    numpy.ndarray
+        float ``[tokens, L]``.
+    """
+    G = cluster.gpus
+    gpn = node_size(cluster)
+    node = np.sort(np.asarray(gpu) // gpn, axis=-1)
+    first = np.ones(node.shape, dtype=bool)
+    first[..., 1:] = node[..., 1:] != node[..., :-1]
+    distinct = first.sum(axis=-1)
+    if token_home is None:
+        return np.asarray(distinct * (1.0 - gpn / G), dtype=np.float64)
+    at_home = first & (node == (np.asarray(token_home) // gpn)[:, None, None])
+    return np.asarray(distinct - at_home.sum(axis=-1), dtype=np.float64)
+
+
 def _expected_comm_static(
     ids: np.ndarray, dest: np.ndarray, cluster: Cluster, chunk: int = 4096
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per token, the expectation over a uniform home h of (distinct GPUs, remote GPUs,
-    weighted remote cost) when source GPU h sends expert e to ``dest[h, e]``."""
+    weighted remote cost, remote nodes) when source GPU h sends expert e to ``dest[h, e]``."""
     G, cost_of = cluster.gpus, hop_costs(cluster)
+    gpn = node_size(cluster)
     N = len(ids)
-    out = [np.zeros(N) for _ in range(3)]
+    out = [np.zeros(N) for _ in range(4)]
     h = np.arange(G)[:, None, None]
+    chunk = max(1, min(chunk, (1 << 23) // max(G * ids.shape[1], 1)))  # [G, chunk, k] temporaries
     for s in range(0, N, chunk):
         d = np.sort(dest[:, ids[s : s + chunk]], axis=-1)  # [G, n, k]
         first = np.ones(d.shape, dtype=bool)
@@ -661,9 +716,13 @@ def _expected_comm_static(
         on_home = d == h
         remote = distinct - (first & on_home).sum(axis=-1)
         weighted = (cost_of[h, d] * first).sum(axis=-1)
-        for o, v in zip(out, (distinct, remote, weighted), strict=True):
+        node = d // gpn  # sorted too: nodes hold consecutive GPUs
+        first_node = np.ones(d.shape, dtype=bool)
+        first_node[..., 1:] = node[..., 1:] != node[..., :-1]
+        nodes = first_node.sum(axis=-1) - (first_node & (node == h // gpn)).sum(axis=-1)
+        for o, v in zip(out, (distinct, remote, weighted, nodes), strict=True):
             o[s : s + chunk] = v.mean(axis=0)
-    return out[0], out[1], out[2]
+    return out[0], out[1], out[2], out[3]
 
 
 # ----------------------------------------------------------------------------- locality (guard)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moeopt.dispatch import communication_of, count_loads, route_trace
+from moeopt.dispatch import communication_of, count_loads, remote_nodes_of, route_trace
 from moeopt.instance import Cluster
 from moeopt.plan import Dispatch, Plan
 from moeopt.profile import Profile
@@ -82,9 +82,11 @@ def evaluate(
     Tokens are split over copies by ``dispatch`` (default: the plan's own rule).
 
     Returns a dict with ``comm_per_token`` (remote GPUs per token per layer),
-    ``comm_weighted_per_token``, ``gpus_per_token``, ``jain``, ``maxvio`` (whole workload,
-    mean over layers), ``jain_per_step``, ``maxvio_per_step`` (mean over layers and steps),
-    ``maxvio_per_step_max``, per-layer lists, ``loads`` ``[L][G]``, and
+    ``comm_nodes_per_token`` (remote nodes per token per layer,
+    :func:`~moeopt.dispatch.remote_nodes_of`), ``comm_weighted_per_token``,
+    ``gpus_per_token``, ``jain``, ``maxvio`` (whole workload, mean over layers),
+    ``jain_per_step``, ``maxvio_per_step`` (mean over layers and steps), ``maxvio_per_step_max``,
+    per-layer lists, ``loads`` ``[L][G]``, and
     ``straggler_latency`` / ``straggler_p90`` when a profile is given and steps are known.
     Communication is None for count-only input.
     """
@@ -103,9 +105,18 @@ def evaluate(
         m["comm_per_token"] = float(remote.mean())
         m["comm_weighted_per_token"] = float(weighted.mean())
         m["comm_per_layer"] = remote.mean(axis=0).tolist()
+        if routing.nodes is not None:
+            nodes = routing.nodes
+        elif routing.gpu is not None:
+            nodes = remote_nodes_of(routing.gpu, cluster, workload.home)
+        else:  # Routing's contract: expectations come with their node figures
+            raise ValueError("route_trace returned neither GPUs nor remote nodes")
+        m["comm_nodes_per_token"] = float(nodes.mean())
+        m["comm_nodes_per_layer"] = nodes.mean(axis=0).tolist()
         step_loads = routing.step_loads
     else:
         m["gpus_per_token"] = m["comm_per_token"] = m["comm_weighted_per_token"] = None
+        m["comm_nodes_per_token"] = None
         step_loads = None
         if workload.step_counts is not None:
             step_loads = count_loads(plan, workload.step_counts, cluster)

@@ -92,6 +92,7 @@ def add_relative_metrics(metrics: dict, base: dict) -> None:
         return float(100.0 * (b - a) / b)
 
     metrics["comm_reduction_vs_linear"] = pct("comm_per_token")
+    metrics["comm_nodes_reduction_vs_linear"] = pct("comm_nodes_per_token")
     metrics["comm_weighted_reduction_vs_linear"] = pct("comm_weighted_per_token")
     if "straggler_latency" in metrics:
         metrics["straggler_improvement_vs_linear"] = pct("straggler_latency")

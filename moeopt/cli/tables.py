@@ -14,6 +14,7 @@ from moeopt.trace import Trace
 #: Rows of the metric tables: (report key, label, lower is better)
 METRIC_ROWS = [
     ("comm_per_token", "remote GPUs / token / layer", True),
+    ("comm_nodes_per_token", "remote nodes / token / layer", True),
     ("comm_weighted_per_token", "topology-weighted comm", True),
     ("gpus_per_token", "GPUs / token / layer", True),
     ("jain", "Jain fairness", False),
@@ -61,6 +62,8 @@ def metrics_table(columns: dict[str, dict], extra: Sequence[tuple[str, list[str]
     for key, label, _ in METRIC_ROWS:
         vals = [columns[n].get(key) for n in names]
         if all(v is None for v in vals):
+            continue
+        if key == "comm_nodes_per_token" and not any(vals):  # one node: nothing crosses nodes
             continue
         rows.append([label] + [_fmt(v) for v in vals])
     rows += [[label, *cells] for label, cells in extra]

@@ -1,0 +1,63 @@
+"""Production scale: remote nodes per token, group-limited synthetic routing, ``joint`` past 64 GPUs
+(engine rules, hierarchical mode) and ``auto`` on large clusters."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moeopt.dispatch import remote_nodes_of
+from moeopt.evaluate import evaluate
+from moeopt.instance import Cluster
+from moeopt.plan import Dispatch, Plan
+from moeopt.trace import Trace
+from tests.strategies import examples, small_case
+
+
+# ----------------------------------------------------------------------------- remote nodes
+def test_remote_nodes_by_hand():
+    """4 GPUs in 2 nodes: a token on GPUs {0, 1} from GPU 0 crosses no node, {0, 2} one, {1, 3} from 0 one."""
+    c = Cluster(gpus=4, gpus_per_node=2, slots_per_gpu=1)
+    gpu = np.array([[[0, 1]], [[0, 2]], [[1, 3]], [[2, 3]]])
+    assert remote_nodes_of(gpu, c, np.array([0, 0, 0, 0]))[:, 0].tolist() == [0.0, 1.0, 1.0, 1.0]
+    assert remote_nodes_of(gpu, c, np.array([2, 2, 2, 2]))[:, 0].tolist() == [1.0, 1.0, 1.0, 0.0]
+    # uniform homes: every distinct node is the home node with probability gpn / G = 1/2
+    assert remote_nodes_of(gpu, c)[:, 0].tolist() == [0.5, 1.0, 1.0, 0.5]
+
+
+def test_remote_nodes_in_evaluate_by_hand():
+    """E = 4 on 4 GPUs in 2 nodes, one expert each: tokens {0, 1} and {0, 3} from GPU 0 cross 0 and 1 nodes."""
+    c = Cluster(gpus=4, gpus_per_node=2, slots_per_gpu=1)
+    plan = Plan.from_homes(np.array([[0, 1, 2, 3]]), gpus=4)
+    topk = np.array([[[0, 1]], [[0, 3]]], dtype=np.int16)
+    trace = Trace(topk, np.zeros(2, np.int32), np.zeros(2, np.int32), ("a",), 4, home=np.array([0, 0]))
+    m = evaluate(plan, trace, c)
+    assert m["comm_nodes_per_token"] == pytest.approx(0.5)
+    assert m["comm_per_token"] == pytest.approx(1.0)
+    # one node per GPU: remote nodes are remote GPUs
+    one = evaluate(plan, trace, replace(c, gpus_per_node=1))
+    assert one["comm_nodes_per_token"] == pytest.approx(one["comm_per_token"])
+
+
+@settings(max_examples=examples(40))
+@given(small_case(max_experts=8, max_gpus=6, replicas=True, dispatch=None), st.data())
+def test_remote_nodes_expectation_is_the_mean_over_homes(case, data):
+    """Under every rule, the remote nodes with homes unknown equal the mean over the G explicit homes."""
+    cluster, trace, plan = case
+    if plan.dispatch.kind == "locality":  # the guard's choice depends on the home itself: no expectation form
+        plan = plan.with_dispatch(Dispatch(kind="even"))
+    expected = evaluate(plan, trace, cluster)["comm_nodes_per_layer"]
+    per_home = []
+    for h in range(cluster.gpus):
+        t = replace(trace, home=np.full(trace.tokens, h))
+        per_home.append(evaluate(plan, t, cluster)["comm_nodes_per_layer"])
+    assert np.allclose(np.mean(per_home, axis=0), expected, atol=1e-9)
+    # never more than the remote GPUs, and zero on a one-node cluster
+    m = evaluate(plan, trace, cluster)
+    assert m["comm_nodes_per_token"] <= m["comm_per_token"] + 1e-9
+    if cluster.gpus_per_node == cluster.gpus:
+        assert m["comm_nodes_per_token"] == 0.0
