@@ -400,6 +400,27 @@ def check_instance_sizes(schema: InstanceSchema, source: str | None) -> None:
 
 
 # ----------------------------------------------------------------------------- synthetic specs
+def group_routing_problem(experts: int, top_k: int, groups: int | None, topk_group: int | None) -> str | None:
+    """What is wrong with a group-limited routing spec (``field: expected ..., found ...``), None if nothing.
+
+    ``expert_groups`` must divide the experts, ``topk_group`` needs ``expert_groups`` and lies in
+    ``[1, expert_groups]``, and the chosen groups must hold ``top_k`` experts."""
+    if groups is None:
+        return None if topk_group is None else "topk_group: only used with expert_groups"
+    if experts % groups:
+        return f"expert_groups: expected a divisor of experts={experts}, found {groups}"
+    if topk_group is None:
+        return None
+    if topk_group > groups:
+        return f"topk_group: expected at most expert_groups={groups}, found {topk_group}"
+    if topk_group * (experts // groups) < top_k:
+        return (
+            f"topk_group: expected {topk_group} groups of {experts // groups} experts to hold top_k={top_k}, "
+            f"found {topk_group * (experts // groups)} experts"
+        )
+    return None
+
+
 class SynthSchema(Strict):
     """Parameters of a synthetic workload (``workload.synthetic`` or ``trace synth``)."""
 
@@ -435,11 +456,16 @@ class SynthSchema(Strict):
     drift_rate: PosFloat | None = None
     switch_step: PosInt | None = None
     switch_seed: NonNegInt | None = None
+    expert_groups: PosInt | None = None
+    topk_group: PosInt | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> SynthSchema:
         if self.top_k > self.experts:
             raise ValueError(f"top_k: expected at most experts={self.experts}, found {self.top_k}")
+        problem = group_routing_problem(self.experts, self.top_k, self.expert_groups, self.topk_group)
+        if problem is not None:
+            raise ValueError(problem)
         if len(set(self.families)) != len(self.families):
             raise ValueError(f"families: expected distinct names, found {self.families}")
         if self.only_family is not None and self.only_family not in self.families:

@@ -21,6 +21,12 @@ and evaluation splits share the structure and differ in ``seed``; a single-famil
   preferences change at once.
 
 ``drift: none`` (the default) draws exactly the traces of earlier releases.
+
+``expert_groups`` with ``topk_group`` routes *group-limited*, as DeepSeek-V3 / R1's router does
+(``n_group = 8``, ``topk_group = 4``): the experts are ``expert_groups`` contiguous groups, each
+token scores every group by the sum of its two best expert scores, keeps the ``topk_group``
+best groups and picks its k experts inside them (:func:`group_limited_topk`), so a token's
+experts lie in at most ``topk_group`` groups. :func:`trace_from_counts` takes the same option.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from moeopt.schema import check_synthetic
+from moeopt.schema import check_synthetic, group_routing_problem
 from moeopt.trace import Stats, Trace
 
 DEFAULT_FAMILIES = ("code", "query", "math", "reasoning")
@@ -73,6 +79,8 @@ class SynthSpec:
     drift_rate: float | None = None  # popularity: log-scale step of the random walk (default 0.1)
     switch_step: int | None = None  # switch: first step of the new structure (default steps // 2)
     switch_seed: int | None = None  # switch: the new structure's seed (default structure_seed + 1)
+    expert_groups: int | None = None  # the router's groups of E / expert_groups contiguous experts
+    topk_group: int | None = None  # with expert_groups: each token's experts lie in its best topk_group groups
 
     @classmethod
     def from_mapping(
@@ -292,10 +300,7 @@ def synthesize(spec: SynthSpec) -> Trace:
             np.put_along_axis(extra, succ, np.log(spec.community_boost), axis=1)
             logw = logw + np.where(follow[:, None], extra, 0.0)
         scores = logw + rng.gumbel(size=(N, E))
-        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        # ordered by router score, as engines record them: position 0 is the top-1 expert
-        order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
-        topk[:, l, :] = np.take_along_axis(part, order, axis=1)
+        topk[:, l, :] = group_limited_topk(scores, k, spec.expert_groups, spec.topk_group)
     return Trace(
         topk=topk,
         family=family,
@@ -305,6 +310,45 @@ def synthesize(spec: SynthSpec) -> Trace:
     )
 
 
+def group_limited_topk(
+    scores: np.ndarray, k: int, groups: int | None = None, topk_group: int | None = None
+) -> np.ndarray:
+    """Each row's k best experts by ``scores [N, E]``, best first; group-limited as DeepSeek-V3's
+    router when ``groups`` and ``topk_group`` are given.
+
+    Group-limited routing (DeepSeek-V3 ``n_group``, ``topk_group``): the experts form ``groups``
+    contiguous groups of ``E / groups``; a group's score is the sum of its two best expert
+    scores (its best one in groups of one expert); the ``topk_group`` best groups are kept and
+    the k experts picked among theirs, so a row's experts lie in at most ``topk_group`` groups.
+
+    Parameters
+    ----------
+    scores
+        float ``[N, E]``: the router's scores (here log weights plus Gumbel noise).
+    k
+        Experts per row.
+    groups, topk_group
+        The router's groups and the groups a row may use (None: no limit).
+
+    Returns
+    -------
+    numpy.ndarray
+        int ``[N, k]``: expert ids in descending score (position 0 is the top-1 expert).
+    """
+    N, E = scores.shape
+    if groups is not None and topk_group is not None and topk_group < groups:
+        per = scores.reshape(N, groups, E // groups)
+        best = -np.sort(-per, axis=2)[:, :, : min(2, E // groups)].sum(axis=2)  # [N, groups]
+        keep = np.argpartition(-best, topk_group - 1, axis=1)[:, :topk_group]
+        allowed = np.zeros((N, groups), dtype=bool)
+        np.put_along_axis(allowed, keep, True, axis=1)
+        scores = np.where(np.repeat(allowed, E // groups, axis=1), scores, -np.inf)
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    # ordered by router score, as engines record them: position 0 is the top-1 expert
+    order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
+    return np.asarray(np.take_along_axis(part, order, axis=1))
+
+
 def trace_from_counts(
     stats: Stats,
     *,
@@ -312,6 +356,8 @@ def trace_from_counts(
     steps: int = 16,
     family_mix: float | None = None,
     seed: int = 0,
+    expert_groups: int | None = None,
+    topk_group: int | None = None,
 ) -> Trace:
     """A token trace whose per-family expert usage follows count statistics (real data).
 
@@ -322,7 +368,16 @@ def trace_from_counts(
 
     ``family_mix``: None keeps the families' shares in every step; a positive number draws
     each step's family mix from a Dirichlet with that concentration (bursty temporal load).
+
+    ``expert_groups`` and ``topk_group``: route group-limited, as DeepSeek-V3's router does
+    (:func:`group_limited_topk`: the token's best ``topk_group`` groups by their two best
+    perturbed scores, then its k experts inside them); coactivation then carries the groups.
+    The marginals stay close to the counts' but not equal to them (a group's experts are
+    picked more often together). Without them, the draws of earlier releases.
     """
+    problem = group_routing_problem(stats.experts, stats.top_k, expert_groups, topk_group)
+    if problem is not None:
+        raise ValueError(problem)
     rng = np.random.default_rng(seed)
     F, L, E, k = stats.families, stats.layers, stats.experts, stats.top_k
     step = np.sort(rng.integers(0, steps, size=tokens)).astype(np.int32)
@@ -336,5 +391,8 @@ def trace_from_counts(
     topk = np.empty((tokens, L, k), dtype=np.int16 if E < 2**15 else np.int32)
     for l in range(L):
         scores = logu[family, l] + rng.gumbel(size=(tokens, E))
-        topk[:, l, :] = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        if expert_groups is None or topk_group is None:
+            topk[:, l, :] = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        else:
+            topk[:, l, :] = group_limited_topk(scores, k, expert_groups, topk_group)
     return Trace(topk=topk, family=family, step=step, family_names=stats.family_names, num_experts=E)

@@ -61,3 +61,44 @@ def test_remote_nodes_expectation_is_the_mean_over_homes(case, data):
     assert m["comm_nodes_per_token"] <= m["comm_per_token"] + 1e-9
     if cluster.gpus_per_node == cluster.gpus:
         assert m["comm_nodes_per_token"] == 0.0
+
+
+# ----------------------------------------------------------------------------- group-limited routing
+@settings(max_examples=examples(30))
+@given(
+    groups=st.sampled_from([2, 4, 8]),
+    per=st.integers(1, 6),
+    data=st.data(),
+)
+def test_group_limited_synth_never_leaves_its_groups(groups, per, data):
+    """Synthetic group-limited routing: every token's k distinct experts lie in at most topk_group groups."""
+    from moeopt.synth import SynthSpec, synthesize
+
+    E = groups * per
+    topk_group = data.draw(st.integers(1, groups))
+    k = data.draw(st.integers(1, min(E, topk_group * per, 8)))
+    spec = SynthSpec(layers=2, experts=E, top_k=k, tokens=300, steps=3, expert_groups=groups, topk_group=topk_group)
+    topk = synthesize(spec).topk.astype(np.int64)
+    g = np.sort(topk // per, axis=-1)
+    used = 1 + (g[..., 1:] != g[..., :-1]).sum(axis=-1)
+    assert used.max() <= topk_group
+    s = np.sort(topk, axis=-1)
+    assert (s[..., 1:] != s[..., :-1]).all()  # distinct experts
+
+
+def test_group_limited_count_sampling_and_bad_specs():
+    """trace_from_counts routes group-limited too; a group count that does not divide E or holds too few
+    experts is refused in one line."""
+    from moeopt.errors import InputError
+    from moeopt.synth import SynthSpec, trace_from_counts
+    from moeopt.trace import stats_from_counts
+
+    rng = np.random.default_rng(0)
+    stats = stats_from_counts(rng.random((1, 2, 32)) + 0.1, top_k=6)
+    t = trace_from_counts(stats, tokens=500, seed=1, expert_groups=8, topk_group=2)
+    g = np.sort(t.topk.astype(np.int64) // 4, axis=-1)
+    assert (1 + (g[..., 1:] != g[..., :-1]).sum(axis=-1)).max() <= 2
+    with pytest.raises(ValueError, match="expert_groups: expected a divisor"):
+        trace_from_counts(stats, expert_groups=5, topk_group=2)
+    with pytest.raises(InputError, match="topk_group"):
+        SynthSpec.from_mapping({"experts": 16, "top_k": 6, "expert_groups": 8, "topk_group": 2})
