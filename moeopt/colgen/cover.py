@@ -134,6 +134,9 @@ class HypergraphPricer:
         self.incidence.data[:] = 1.0  # a repeated expert counts once
         self._tables: tuple | None = None
         self._combos: dict[int, np.ndarray] = {}  # every set of each size, once enumerated
+        #: a ``time.perf_counter()`` value after which the heuristic's swap rounds stop (an outer
+        #: cap of :func:`distinct_lower_bound`; None: its rounds alone bound it)
+        self.deadline: float | None = None
 
     # ----------------------------------------------------------------- values
     def value(self, groups: list[np.ndarray]) -> np.ndarray:
@@ -196,6 +199,8 @@ class HypergraphPricer:
             member[rows, best] = True
         value = self._member_values(member, pi)
         for _ in range(rounds):
+            if self.deadline is not None and time.perf_counter() > self.deadline:
+                break
             improved = False
             for j in range(Wd):
                 drop = np.sort(np.flatnonzero(member.ravel()).reshape(n, -1) % E, axis=1)[:, j]
@@ -758,6 +763,7 @@ def distinct_lower_bound(
     if not limited:  # no limit, or a start plan over it: the bound for every plan
         load = load_limit = None
     pricer = HypergraphPricer(pats, w, experts, width, load, load_limit)
+    pricer.deadline = None if time_limit is None else t0 + time_limit
     trivial = need - total  # every token uses at least one GPU
     if min(width, experts) <= 1 or trivial <= 0:
         return JointBound(max(need / total, 1.0), 0.0, 0.0, True, time.perf_counter() - t0, 0, 0)

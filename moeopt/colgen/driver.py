@@ -396,6 +396,9 @@ def generate(
         info["lp_time"] += time.perf_counter() - ts
         iterations += 1
         since_exact += 1
+        if deadline is not None and time.perf_counter() >= deadline:
+            capped = True
+            break
         if lp_value >= bound - 1e-9 * max(abs(bound), 1.0):
             break  # the master meets a valid bound: LP (and bound) optimal
         # Wentges smoothing; after each misprice the pricing duals move towards the master's
@@ -434,6 +437,9 @@ def generate(
             due = since_exact >= exact_every  # a bound (and a center) now and then
             heuristic_only = bool(good) and stalled < STALL_ITERATIONS and iterations > 1 and not due
         converged = pricer.full and not good
+        if deadline is not None and time.perf_counter() >= deadline:
+            capped = True  # no time left for what follows (columns found now could not be priced)
+            break
         if heuristic_only:
             if good:
                 hint = good[0]

@@ -39,6 +39,9 @@ from moeopt.utilization import (
 )
 
 OBJECTIVE = "straggler_latency"
+#: the exact GEM solvers' share of each layer's time (the rest: building the model and reading
+#: the answer, which the solver's clock does not count)
+SOLVER_SHARE = 0.8
 
 
 def problem_utilization(problem: Problem, steps: int | None) -> Utilization:
@@ -272,7 +275,9 @@ class _GemExact:
         statuses, bounds, layer_stats = [], [], []
         terminations: list[Termination] = []
         for l in ctx.layers(problem.layers, self.name):
-            limit = budget.cap(budget.remaining() / (problem.layers - l), floor=0.05)
+            # the solver's own limit leaves a share of the layer's time for building its model
+            # and reading the answer back, which its clock does not count
+            limit = budget.cap(SOLVER_SHARE * budget.remaining() / (problem.layers - l), floor=0.05)
             hint = None if hints is None else hints[l]
             out = self.run_layer(models[l], limit, hint, params, ctx, util)
             terminations.append(out.termination)

@@ -461,7 +461,7 @@ def _family_guard(
     """
     names = trace.family_names if len(trace.family_names) > 1 else []
     families = [f for f in (trace.only_family(n) for n in names) if f.tokens > 0]
-    if not families:
+    if not families or late():  # nothing to guard, or no time left to score the families
         return best
     worst_of: dict[float, float] = {}
 

@@ -505,13 +505,23 @@ class Tacg(TacgBase):
             g = groupings[l]
             rng = np.random.default_rng([ctx.seed, l])
             hint = None if ctx.hint is None else ctx.hint.home[l]
-            # the search is bounded by its iterations; the clock (the layer's share) only caps it
+            # the cheap bound does not depend on the plan: first, so that the search's cap leaves time for it
+            cheap = grouping_bound(
+                g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
+            )
+            # the search is bounded by its iterations; the clock (the layer's share, half of it when a
+            # strong certificate follows under a time limit) only caps it
             most = None if ctx.budget.limited else DEFAULT_TIME_LIMIT
-            deadline = ctx.budget.child(1.0 / (problem.layers - l), most=most).deadline
+            layer = ctx.budget.child(1.0 / (problem.layers - l), most=most)
+            deadline = (layer.child(0.5) if params.certificate != "cheap" and ctx.budget.limited else layer).deadline
             if params.relax_eps_load:
                 g, eps[l], steps, (home, info) = relaxed_heuristic(g, eps[l], params, rng, hint, deadline)
                 groupings[l] = g
                 relaxed.append(steps)
+                if steps:  # the limit was relaxed: the bound of the problem solved
+                    cheap = grouping_bound(
+                        g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
+                    )
             else:
                 home, info = heuristic_home(g, params, rng, hint=hint, deadline=deadline)
             mode = "flat"
@@ -528,9 +538,7 @@ class Tacg(TacgBase):
                 certs.append(record)
             modes.append(mode)
             homes.append(_finish(home, g, gpn, rng) if mode == "flat" else home)
-            b, kind = grouping_bound(
-                g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
-            )
+            b, kind = cheap
             if strong is not None and strong[0] < b:
                 b, kind = strong
             bounds.append(b)
