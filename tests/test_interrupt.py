@@ -33,6 +33,7 @@ def test_signal_stops_the_native_call_and_raises(signum):
     """Under handling(), a signal calls the stop hook of the running call (from the watcher: the
     main thread is blocked) and raises Interrupted with the signal's exit code."""
     stopped = threading.Event()
+    before = signal.getsignal(signal.SIGTERM)
     with interrupt.handling():
         _signal_soon(signum)
         t0 = time.perf_counter()
@@ -41,7 +42,7 @@ def test_signal_stops_the_native_call_and_raises(signum):
                 stopped.wait(10.0)  # a solver that returns once asked to stop
         assert time.perf_counter() - t0 < 2.0 and stopped.is_set()
         assert info.value.signum == signum and interrupt.exit_code() == 128 + signum
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+    assert signal.getsignal(signal.SIGTERM) is before  # put back
 
 
 def test_run_interruptible_raises_keyboard_interrupt_and_stops_the_solver():
