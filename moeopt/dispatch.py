@@ -147,13 +147,25 @@ def _static_rows(rows: np.ndarray, G: int, W: int, E: int, gpus_per_node: int | 
             left = np.nonzero(chosen < 0)[0]
             if len(left):
                 drawn.append((l, e, cand.tolist(), left))
-    for r in range(G):
+    if not drawn:
+        return out
+    # A rank's stream is consumed only by the items it draws for (it skips those it has a near
+    # copy of), and the deal of an item is the same for every rank that draws it: ranks that
+    # skip the same items (mostly the ranks of one node) draw the same picks. So each class of
+    # such ranks replays its stream once (as every rank of it would), and each rank takes its
+    # place in the deal: the same table as one stream per rank, a node's ranks at once.
+    item_l = np.array([d[0] for d in drawn])
+    item_e = np.array([d[1] for d in drawn])
+    skips = out[:, item_l, item_e] >= 0  # [G, items]: this rank's table holds only its near copy
+    classes, which = np.unique(skips, axis=0, return_inverse=True)
+    for c, skip in enumerate(classes):
+        members = np.nonzero(which.reshape(-1) == c)[0]
         rng = random.Random(seed)
-        for l, e, slots_of_e, left in drawn:
-            if out[r, l, e] >= 0:
-                continue  # this rank's table holds only its near copy: no draw
-            picks = _fair_choices(slots_of_e, len(left), rng)
-            out[r, l, e] = picks[int(np.searchsorted(left, r))]
+        for i, (l, e, slots_of_e, left) in enumerate(drawn):
+            if skip[i]:
+                continue
+            picks = np.asarray(_fair_choices(slots_of_e, len(left), rng))
+            out[members, l, e] = picks[np.searchsorted(left, members)]
     return out
 
 
@@ -698,31 +710,92 @@ def remote_nodes_of(gpu: np.ndarray, cluster: Cluster, token_home: np.ndarray | 
 
 
 def _expected_comm_static(
-    ids: np.ndarray, dest: np.ndarray, cluster: Cluster, chunk: int = 4096
+    ids: np.ndarray, dest: np.ndarray, cluster: Cluster, chunk: int = 1 << 15
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per token, the expectation over a uniform home h of (distinct GPUs, remote GPUs,
-    weighted remote cost, remote nodes) when source GPU h sends expert e to ``dest[h, e]``."""
-    G, cost_of = cluster.gpus, hop_costs(cluster)
+    weighted remote cost, remote nodes) when source GPU h sends expert e to ``dest[h, e]``.
+
+    By linearity over GPUs: GPU g is used from the homes ``H(t, g) = U_e {h : dest[h, e] = g}``
+    (e over the token's experts), so the expected distinct GPUs are ``sum_g |H(t, g)| / G``, the
+    home GPU's share ``sum_g [g in H(t, g)] / G``, the weighted cost ``sum_g sum_{h in H(t, g)}
+    cost[h, g] / G``, and the same with nodes for the remote nodes. The sets are bit masks over
+    the homes, one per (expert, destination) pair, OR-ed per (token, GPU): the work grows with
+    the tokens' copies, not with G times the tokens (at 256 GPUs, about 100x less than
+    routing every token from every home)."""
+    G = cluster.gpus
     gpn = node_size(cluster)
-    N = len(ids)
+    E = dest.shape[1]
+    nw = (G + 63) // 64
+    # the homes sending each expert to each of its destinations: one mask per (e, g) pair
+    key = (np.arange(E)[None, :] * G + dest).ravel()
+    h_of = np.repeat(np.arange(G), E)
+    pair, inv = np.unique(key, return_inverse=True)
+    masks = np.zeros((len(pair), nw), dtype=np.uint64)
+    np.bitwise_or.at(masks, (inv, h_of // 64), np.left_shift(np.uint64(1), (h_of % 64).astype(np.uint64)))
+    pair_g = pair % G
+    start = np.searchsorted(pair // G, np.arange(E + 1))
+    # per GPU g: the homes at each hop-cost level from it, and the homes in its node
+    cost_of = hop_costs(cluster)
+    weights = [float(w) for w in np.unique(cost_of) if w > 0]
+    level_masks = np.stack([_home_masks(cost_of == w) for w in weights]) if weights else np.zeros((0, G, nw), np.uint64)
+    node_masks = _home_masks(np.equal.outer(np.arange(G) // gpn, np.arange(G) // gpn))  # [G, nw]
+    N, k = ids.shape
     out = [np.zeros(N) for _ in range(4)]
-    h = np.arange(G)[:, None, None]
-    chunk = max(1, min(chunk, (1 << 23) // max(G * ids.shape[1], 1)))  # [G, chunk, k] temporaries
     for s in range(0, N, chunk):
-        d = np.sort(dest[:, ids[s : s + chunk]], axis=-1)  # [G, n, k]
-        first = np.ones(d.shape, dtype=bool)
-        first[..., 1:] = d[..., 1:] != d[..., :-1]
-        distinct = first.sum(axis=-1)
-        on_home = d == h
-        remote = distinct - (first & on_home).sum(axis=-1)
-        weighted = (cost_of[h, d] * first).sum(axis=-1)
-        node = d // gpn  # sorted too: nodes hold consecutive GPUs
-        first_node = np.ones(d.shape, dtype=bool)
-        first_node[..., 1:] = node[..., 1:] != node[..., :-1]
-        nodes = first_node.sum(axis=-1) - (first_node & (node == h // gpn)).sum(axis=-1)
-        for o, v in zip(out, (distinct, remote, weighted, nodes), strict=True):
-            o[s : s + chunk] = v.mean(axis=0)
+        part = ids[s : s + chunk]
+        n = len(part)
+        count = (start[part + 1] - start[part]).ravel()  # pairs of each (token, expert)
+        tok = np.repeat(np.repeat(np.arange(n), k), count)
+        first = np.repeat(start[part].ravel(), count)
+        p = first + np.arange(len(first)) - np.repeat(np.cumsum(count) - count, count)
+        g = pair_g[p]
+        used, t_used, g_used = _or_groups(tok * G + g, masks[p])  # [U, nw] per (token, GPU)
+        t_used, g_used = t_used // G, g_used % G
+        pop = _popcount64(used).sum(axis=1)
+        at_home = (used[np.arange(len(used)), g_used // 64] >> (g_used % 64).astype(np.uint64)) & np.uint64(1)
+        cost = np.zeros(len(used))
+        for w, lm in zip(weights, level_masks, strict=True):
+            cost += w * _popcount64(used & lm[g_used]).sum(axis=1)
+        nodes, t_node, n_node = _or_groups(t_used * G + (g_used // gpn) * gpn, used)
+        t_node, n_node = t_node // G, n_node % G
+        node_pop = _popcount64(nodes).sum(axis=1) - _popcount64(nodes & node_masks[n_node]).sum(axis=1)
+        values = (pop, pop - at_home.astype(np.float64), cost, node_pop)
+        for o, t_of, v in zip(out, (t_used, t_used, t_used, t_node), values, strict=True):
+            o[s : s + n] = np.bincount(t_of, weights=v, minlength=n) / G
     return out[0], out[1], out[2], out[3]
+
+
+def _home_masks(member: np.ndarray) -> np.ndarray:
+    """uint64 ``[G, ceil(G / 64)]``: row g's bit h set where ``member[h, g]``."""
+    G = member.shape[0]
+    nw = (G + 63) // 64
+    bits = np.zeros((G, nw * 64), dtype=np.uint8)
+    bits[:, :G] = np.asarray(member, dtype=bool).T
+    packed = np.packbits(bits.reshape(G, nw, 8, 8)[:, :, :, ::-1], axis=-1)  # little-endian bytes
+    return np.ascontiguousarray(packed.reshape(G, nw, 8)).view(np.uint64).reshape(G, nw)
+
+
+def _or_groups(key: np.ndarray, masks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The OR of ``masks`` rows per distinct ``key``: ``(or [U, nw], key, key)`` (keys ascending)."""
+    order = np.argsort(key, kind="stable")
+    k = key[order]
+    head = np.ones(len(k), dtype=bool)
+    head[1:] = k[1:] != k[:-1]
+    at = np.nonzero(head)[0]
+    if not len(at):
+        return np.zeros((0, masks.shape[1]), dtype=np.uint64), k[at], k[at]
+    return np.bitwise_or.reduceat(masks[order], at, axis=0), k[at], k[at]
+
+
+_BYTE_POP = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+
+
+def _popcount64(x: np.ndarray) -> np.ndarray:
+    """Set bits of each uint64 (int64)."""
+    if hasattr(np, "bitwise_count"):
+        return np.asarray(np.bitwise_count(x), dtype=np.int64)
+    b = np.ascontiguousarray(x).view(np.uint8).reshape(x.shape + (8,))  # pragma: no cover - numpy < 2
+    return np.asarray(_BYTE_POP[b].sum(axis=-1, dtype=np.int64))  # pragma: no cover
 
 
 # ----------------------------------------------------------------------------- locality (guard)

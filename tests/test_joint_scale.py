@@ -46,21 +46,43 @@ def test_remote_nodes_in_evaluate_by_hand():
 @settings(max_examples=examples(40))
 @given(small_case(max_experts=8, max_gpus=6, replicas=True, dispatch=None), st.data())
 def test_remote_nodes_expectation_is_the_mean_over_homes(case, data):
-    """Under every rule, the remote nodes with homes unknown equal the mean over the G explicit homes."""
+    """Every rule: remote nodes, GPUs and weighted cost with homes unknown are the mean over the G explicit homes."""
     cluster, trace, plan = case
     if plan.dispatch.kind == "locality":  # the guard's choice depends on the home itself: no expectation form
         plan = plan.with_dispatch(Dispatch(kind="even"))
-    expected = evaluate(plan, trace, cluster)["comm_nodes_per_layer"]
+    m = evaluate(plan, trace, cluster)
     per_home = []
     for h in range(cluster.gpus):
         t = replace(trace, home=np.full(trace.tokens, h))
-        per_home.append(evaluate(plan, t, cluster)["comm_nodes_per_layer"])
-    assert np.allclose(np.mean(per_home, axis=0), expected, atol=1e-9)
+        e = evaluate(plan, t, cluster)
+        per_home.append([e["comm_nodes_per_token"], e["comm_per_token"], e["comm_weighted_per_token"]])
+    mean = np.mean(per_home, axis=0)
+    assert np.allclose(mean, [m["comm_nodes_per_token"], m["comm_per_token"], m["comm_weighted_per_token"]])
     # never more than the remote GPUs, and zero on a one-node cluster
-    m = evaluate(plan, trace, cluster)
     assert m["comm_nodes_per_token"] <= m["comm_per_token"] + 1e-9
     if cluster.gpus_per_node == cluster.gpus:
         assert m["comm_nodes_per_token"] == 0.0
+
+
+def test_static_expectation_past_64_gpus():
+    """SGLang static on 72 GPUs in 9 nodes (homes as bit masks of two words): the expectation over homes
+    equals the mean over the 72 explicit homes."""
+    rng = np.random.default_rng(3)
+    G, E, W = 72, 40, 2
+    slots = np.full((1, G, W), -1)
+    flat = slots[0].reshape(-1)
+    flat[rng.permutation(G * W)[: 2 * E]] = np.concatenate([np.arange(E), rng.permutation(E)])
+    for g in range(G):  # no expert twice on one GPU
+        if slots[0, g, 0] == slots[0, g, 1]:
+            slots[0, g, 1] = -1
+    plan = Plan(slots=slots, experts=E, dispatch=Dispatch(kind="static"))
+    c = Cluster(gpus=G, gpus_per_node=8, slots_per_gpu=1, replica_slots_per_gpu=1)
+    topk = np.stack([rng.permutation(E)[:4] for _ in range(30)])[:, None, :].astype(np.int16)
+    trace = Trace(topk, np.zeros(30, np.int32), np.zeros(30, np.int32), ("a",), E)
+    m = evaluate(plan, trace, c)
+    keys = ("comm_nodes_per_token", "comm_per_token", "comm_weighted_per_token")
+    per = [[evaluate(plan, replace(trace, home=np.full(30, h)), c)[k] for k in keys] for h in range(G)]
+    assert np.allclose(np.mean(per, axis=0), [m[k] for k in keys])
 
 
 # ----------------------------------------------------------------------------- group-limited routing
