@@ -326,18 +326,27 @@ _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def mp_context() -> Any:
-    """The fork server (moeopt preloaded, one BLAS thread) on POSIX; ``spawn`` elsewhere."""
+    """The fork server (moeopt preloaded, one BLAS thread) on POSIX; ``spawn`` elsewhere.
+
+    The server starts with SIGINT blocked (its workers inherit that; they ignore it anyway): a
+    terminal's Ctrl-C reaches the whole process group, and a server still importing moeopt would
+    die of it with a traceback. This process handles the signal and stops the pool. (CPython's
+    resource tracker starts first: it blocks and then unblocks SIGINT around its own start.)
+    """
     if sys.platform != "win32" and "forkserver" in multiprocessing.get_all_start_methods():
-        from multiprocessing import forkserver
+        from multiprocessing import forkserver, resource_tracker
 
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["moeopt.execute", "moeopt.methods"])
         saved = {k: os.environ.get(k) for k in _THREAD_VARS}
+        resource_tracker.ensure_running()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:  # the server inherits the environment when it starts (once per process)
             for k in _THREAD_VARS:
                 os.environ.setdefault(k, "1")
             forkserver.ensure_running()
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)

@@ -411,13 +411,14 @@ def call(fn: Callable[[], T], stop: Callable[[], object] | None = None) -> T:
 
 def _after_fork_in_child() -> None:
     """Every forked child (:func:`run_in_child`, a ``fork`` multiprocessing process) starts
-    without moeopt's handling: the handlers it replaced are back, the wakeup pipe is the
-    parent's no longer, and nothing is registered; its parent stops it (kills it) on a signal."""
+    without moeopt's handling: the wakeup pipe is the parent's no longer, nothing is registered,
+    SIGINT is ignored (a terminal's Ctrl-C reaches the whole process group; the parent handles
+    it and kills the child) and SIGTERM ends it (the parent's ``terminate``)."""
     global _state
     if _state.installed:
-        for s, previous in _state.previous.items():
-            signal.signal(s, previous)
         signal.set_wakeup_fd(-1)
+        for s in _state.signals:
+            signal.signal(s, signal.SIG_IGN if s == signal.SIGINT else signal.SIG_DFL)
     _state = _State()
 
 
@@ -439,6 +440,7 @@ def _child(fn: Callable[..., Any], args: tuple[Any, ...], read_fd: int, write_fd
     try:
         # signals are blocked since before the fork: the handlers become the child's own first
         # (moeopt's handling is already gone: _after_fork_in_child)
+        signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides, and kills this process
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)

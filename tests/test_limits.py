@@ -315,8 +315,17 @@ def _interrupt(name: str, case: Case, root: Path) -> dict:
     read_marks, write_marks = os.pipe()
     path = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     env = {**os.environ, "MOEOPT_TEST_METHOD": case.method, "MOEOPT_TEST_MARKS": str(write_marks), "PYTHONPATH": path}
+    # a session of its own: Ctrl-C in a terminal signals the run's whole process group (its
+    # workers, fork server and child processes too); SIGTERM, as `kill PID`, the run alone
     proc = subprocess.Popen(
-        cmd, cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(write_marks,)
+        cmd,
+        cwd=out,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        pass_fds=(write_marks,),
+        start_new_session=True,
     )
     os.close(write_marks)
     marks = os.fdopen(read_marks)
@@ -345,7 +354,10 @@ def _interrupt(name: str, case: Case, root: Path) -> dict:
         children = _descendants(proc.pid)
         forks = sum(_cmdline(pid) == _cmdline(proc.pid) for pid in children)
         sent = time.perf_counter()
-        proc.send_signal(case.signum)
+        if case.signum == signal.SIGINT:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(case.signum)
     for line in marks:  # until every holder of the pipe (the run and its children) has ended
         seen.append((time.perf_counter(), line.strip()))
     marks.close()
