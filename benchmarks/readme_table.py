@@ -294,6 +294,44 @@ def _scale_rows(results: Path) -> list[tuple[str, str, str, str]]:
     ]
 
 
+def _limits_rows(results: Path) -> list[tuple[str, str, str, str]]:
+    d = _load(results, "limits")
+    info, rows = d["info"], d["rows"]
+    T = info["time_limit"]
+    met = sum(r["met"] for r in rows)
+    methods = sorted({r["method"] for r in rows})
+    worst = max(rows, key=lambda r: r["wall"] - r["allowed"])
+    over = worst["wall"] - worst["allowed"]
+    shapes = " and ".join(sorted({r["instance"] for r in rows}))
+    result = f"wall ≤ 1.1 × T × layers + start-up in {met} of {len(rows)} runs ({len(methods)} methods); " + (
+        f"closest: `{worst['method']}` on {worst['instance']}, {-over:.2f} s to spare"
+        if over <= 0
+        else f"worst: `{worst['method']}` on {worst['instance']}, {over:.2f} s over"
+    )
+    out = [
+        (
+            "Time limits",
+            f"every method at `--time-limit {T:g}` (s per layer), {shapes} experts, 16 GPUs, "
+            f"{info['machine']['cpus']} cores",
+            result,
+            "limits",
+        )
+    ]
+    repro = d.get("reproducible") or []
+    if repro:
+        same = sum(r["identical"] for r in repro)
+        names = ", ".join(f"`{r['method']}`" for r in repro)
+        out.append(
+            (
+                "Reproducible certificates",
+                f"{names}, no time limit, the second run beside two busy loops",
+                f"identical reports apart from wall times (plan, bound, gap, certificates) in {same} of {len(repro)}",
+                "limits",
+            )
+        )
+    return out
+
+
 SECTIONS: tuple[Callable[[Path], list[tuple[str, str, str, str]]], ...] = (
     _balance_rows,
     _joint_rows,
@@ -303,6 +341,7 @@ SECTIONS: tuple[Callable[[Path], list[tuple[str, str, str, str]]], ...] = (
     _certificate_rows,
     _crosslayer_rows,
     _scale_rows,
+    _limits_rows,
 )
 
 

@@ -682,6 +682,12 @@ def render_replay(d: dict) -> str:
     return str(_benchmark_script("replay").body(d))  # the tables the benchmark writes to replay.md
 
 
+# --------------------------------------------------------------------------- limits
+def render_limits(d: dict) -> str:
+    body = str(_benchmark_script("limits").body(d))  # the tables the benchmark writes to limits.md
+    return body.split("\n", 1)[1].lstrip("\n")  # the page has its own title
+
+
 BENCHMARKS = (
     Benchmark(
         "balance",
@@ -724,6 +730,7 @@ BENCHMARKS = (
         "crosslayer",
     ),
     Benchmark("scale", "Scaling out", "python benchmarks/scale.py", render_scale, ("scale.png",)),
+    Benchmark("limits", "Time limits and reproducible certificates", "python benchmarks/limits.py", render_limits),
     Benchmark("harness-cpu", "GPU validation harness, CPU run", "bash benchmarks/harness_gpu.sh cpu", render_harness),
     Benchmark("harness-gpu", "GPU validation harness, GPU run", "bash benchmarks/harness_gpu.sh", render_harness),
 )

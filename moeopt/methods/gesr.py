@@ -399,9 +399,10 @@ class _Replication:
 
     def solve(self, problem: Problem, params: Any, ctx: Context) -> Result:
         t0 = time.perf_counter()
-        # the base plan takes half of the budget; a quarter goes to each replication certificate
-        # (on calibration loads here, on evaluation loads when the plan is scored)
-        base = base_result(problem, params.base, params.base_params, replace(ctx, budget=ctx.budget.child(0.5)))
+        # the base plan takes 40 % of the budget; a quarter goes to each replication certificate
+        # (on calibration loads here, on evaluation loads when the plan is scored), the rest to the
+        # replicas and what no clock cuts (scoring, building the certificates' models)
+        base = base_result(problem, params.base, params.base_params, replace(ctx, budget=ctx.budget.child(0.4)))
         return self.replicate(problem, params, base, ctx, t0=t0)
 
     def replicate(

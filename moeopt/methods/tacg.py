@@ -42,6 +42,10 @@ from moeopt.trace import LIFT_EPS, Stats, log_lift
 #: automatic load limit: this factor above the least largest-group load any plan can reach
 #: seconds per layer when the caller gives no time limit
 DEFAULT_TIME_LIMIT = 10.0
+#: the exact solvers' share of what is left of a layer's time after the warm start (the rest:
+#: building the model and reading the answer, which the solver's clock does not count; Pyomo
+#: builds far slower than the others)
+SOLVER_SHARE = {"cpsat": 0.8, "highs": 0.8, "milp": 0.6}
 #: the bounds a heuristic plan can be certified with (TacgParams.certificate)
 CERTIFICATES = ("cheap", "colgen", "triangle", "sdp", "both", "auto")
 #: the note of a run whose certificate the time limit cut short (``certificate_capped_layers``: how many)
@@ -622,21 +626,23 @@ class TacgExact(TacgBase):
             rng = np.random.default_rng([ctx.seed, l])
             start = None
             layer = ctx.budget.child(1.0 / (problem.layers - l), most=None if ctx.budget.limited else limit)
+            # the cheap bound does not depend on the plan: first, so that the solver's limit leaves time for it
+            cheap, kind = grouping_bound(
+                g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
+            )
             if params.warm_start:  # the warm start's search may use a quarter of the layer's limit
                 try:
                     hint = None if ctx.hint is None else ctx.hint.home[l]
                     start, _ = heuristic_home(g, params, rng, hint=hint, deadline=layer.child(0.25).deadline)
                 except InfeasibleError:
                     start = None  # the repair missed a packing: let the exact model look for one
-            # the rest of the layer's share (sizes were checked against the full limit above); with a
-            # strong certificate the solver gets half of it and the certificate the rest
+            # the rest of the layer's share (sizes were checked against the full limit above), less what
+            # building the model and reading the answer take (the solver's clock does not count them);
+            # with a strong certificate the solver gets half of it and the certificate the rest
             strong = params.certificate != "cheap"
-            left = (layer.child(0.5) if strong else layer).cap(limit, floor=0.05)
+            left = layer.child(0.5 if strong else SOLVER_SHARE[self.backend]).cap(limit, floor=0.05)
             out = mod.solve(
                 g, ExactSettings(time_limit=left, hint=start, threads=params.threads, seed=ctx.seed, refuse=False)
-            )
-            cheap, kind = grouping_bound(
-                g, lagrangian_iterations=params.bound_iterations, eigen_iterations=params.eigen_iterations
             )
             feasible = [h for h in (start, out.home) if h is not None and g.feasible(h)]
             known = max((g.objective(h) for h in feasible), default=0.0)
