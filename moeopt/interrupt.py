@@ -2,9 +2,11 @@
 
 The one place that decides what a signal does. The command line runs every command inside
 :func:`handling`; every call into a native solver runs inside :func:`native` with the
-solver's own stop (CP-SAT's ``stop_search``, HiGHS's ``cancelSolve`` through its interrupt
-callback, Pyomo's HiGHS model), or in a child process that is killed (:func:`run_in_child`,
-for calls that have no stop: Mt-KaHyPar, SciPy's HiGHS).
+solver's own stop (CP-SAT's ``stop_search``; HiGHS's ``cancelSolve`` through its interrupt
+callback, directly or behind Pyomo), or in a child process that is killed
+(:func:`run_in_child`): calls that have no stop (Mt-KaHyPar, SciPy's HiGHS), and, under the
+command line, HiGHS's MILPs, which do not look at their interrupt callback while they solve
+the root LP (:func:`moeopt.solvers.highs_common.run_highs`).
 
 Why not Python's own handler: a native solver runs with the interpreter's lock released, and
 Python runs a signal handler only in the main thread, between two bytecodes. While CP-SAT
