@@ -138,3 +138,22 @@ def test_joint_plans_for_an_engine_rule(small_instance, rule):
     r2 = solve(inst, params={"eps": 0.3, "time_per_layer": 1.0, "restarts": 1})
     assert r2.plan is not None and r2.plan.dispatch.kind == rule
     assert "engine_rule" not in r2.stats  # planned for the engine's rule: nothing re-scored
+
+
+@settings(max_examples=examples(60))
+@given(case=cases(rules=("static",)))
+def test_static_loads_bound_the_fair_draw(case):
+    """Under static (no node preference) the cost's GPU loads are at least the scorer's, whatever
+    SGLang's seeded draw gives each copy, and equal to them when every copy count divides G."""
+    slots, topk, step, home, _, _ = case
+    cost, _, E = _cost(slots, topk, step, home, "static", None)
+    cost.reset(SlotState(slots, E))
+    G, W = slots.shape
+    cluster = Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=W)
+    plan = Plan(slots=slots[None], experts=E, dispatch=Dispatch(kind="static"))
+    load = np.bincount(topk.ravel(), minlength=E)[None].astype(float)
+    real = count_loads(plan, load, cluster)[0]
+    assert (cost.loads()[0] >= real - 1e-9).all()
+    c = plan.copy_counts[0]
+    if (G % c == 0).all():
+        np.testing.assert_allclose(cost.loads()[0], real, atol=1e-9)

@@ -21,10 +21,11 @@ token sample: every sampled token is routed by the rule (rows from its step, hom
 trace or drawn uniformly, the fair draw and ``lp``'s draw by a fixed uniform number per pair,
 ``lp``'s split taken even), and counts its
 remote GPUs as the scorer does (``distinct * (1 - 1/G)`` without homes; ``distinct - [home
-used]`` with them). GPU loads are the rule's exact shares of the weighted expert loads: ``1 /
-c`` per copy (``even``, ``vllm``; ``lp`` and ``static`` use it too, an upper bound for ``lp``'s
-optimal split and the expectation of ``static``'s draw without node preference), vLLM-Ascend's
-rank-modulo shares (:mod:`moeopt.balance.ranks`). The objective is the joint planner's: the
+used]`` with them). GPU loads are the rule's shares of the weighted expert loads: ``1 / c`` per
+copy (``even``, ``vllm``; ``lp`` too, an upper bound for its optimal split), vLLM-Ascend's
+rank-modulo shares (:mod:`moeopt.balance.ranks`), and for ``static`` the largest share its fair
+draw may give a copy (``(1 + ceil((G - c) / c)) / G``: exact when ``c`` divides ``G``; with node
+preference, ``1 / c``). The objective is the joint planner's: the
 mean remote GPUs per token of the calibration workload and (weight ``robust``) of each family's,
 plus ``penalty`` per pair over each workload's load limit.
 """
@@ -126,6 +127,13 @@ class RuleCost:
     def _shares(self, holds: np.ndarray, experts: np.ndarray) -> np.ndarray:
         """float ``[m, G]``: the share of each expert's load each GPU serves under the rule."""
         c = np.maximum(holds.sum(axis=1), 1)
+        if self.rule == "static" and self.node is None:
+            # SGLang's fair draw deals the G - c ranks without a copy over the c copies: floor or
+            # ceil of (G - c) / c each, which ones by its seeded stream (not known per layer).
+            # Priced at the ceil: copy counts that divide G are exact, the others carry the
+            # share the draw may give them, so a plan within the limit here stays within it
+            G = holds.shape[1]
+            return holds * ((1.0 + np.ceil((G - c) / c)) / G)[:, None]
         if self.table is None:
             return holds / c[:, None]
         rank = np.clip(np.cumsum(holds, axis=1) - 1, 0, holds.shape[1] - 1)
