@@ -40,6 +40,7 @@ from moeopt.balance.ranks import share_table
 from moeopt.joint.data import JointLayer
 from moeopt.joint.search import screened_moves
 from moeopt.joint.state import Move, SlotState
+from moeopt.packing import round_robin_lpt
 
 #: the rules :class:`RuleCost` prices (``locality`` is :class:`~moeopt.joint.costs.SampleCost`'s)
 RULE_KINDS = ("even", "vllm", "static", "ascend", "lp")
@@ -73,6 +74,18 @@ class RuleCost:
         then ``distinct - [home used]`` under every rule, as the scorer counts them; otherwise
         only the per-rank rules (``static``, ``ascend``) use ``home``, a uniform draw standing for
         the expectation over homes, and the others count ``distinct (1 - 1/G)``.
+    bin_size
+        GPUs per bin of the layer (1: the layer's "GPUs" are GPUs). The hierarchical planner's
+        node level plans nodes as bins of ``gpus_per_node`` GPUs (:mod:`moeopt.joint.hierarchy`):
+        ``home`` stays a GPU rank (``ascend``'s modulo runs over the ``G * bin_size`` ranks), the
+        token's home bin is ``home // bin_size``, ``static`` uses the copy in the home bin (its
+        own GPU or node), and the objective counts remote bins: remote nodes per token.
+    slot_width
+        With ``bin_size > 1``: the slots of each GPU in a bin (W). The calibration load over the
+        GPU limit, ``(1 + eps)`` times the mean GPU load, is then priced too (``penalty`` per pair),
+        each bin's copies packed onto its ``bin_size`` GPUs of ``slot_width`` slots as the GPU level
+        will start (:func:`moeopt.packing.round_robin_lpt`): a node within its own limit can still
+        hold copies no packing of its GPUs balances (one copy hotter than a GPU may be).
     """
 
     def __init__(
@@ -86,6 +99,8 @@ class RuleCost:
         gpus_per_node: int | None = None,
         tp_size: int | None = None,
         homes_known: bool = False,
+        bin_size: int = 1,
+        slot_width: int | None = None,
     ) -> None:
         if rule not in RULE_KINDS:
             raise ValueError(f"rule must be one of {', '.join(RULE_KINDS)}, got {rule!r}")
@@ -96,8 +111,10 @@ class RuleCost:
         self.hashed = (self.row * _HASH) & 0xFFFFFFFF
         self.home = np.asarray(home, dtype=np.int64)
         self.draw = np.asarray(draw, dtype=np.float64)
-        self.node = None if gpus_per_node is None or gpus_per_node >= G else int(gpus_per_node)
-        self.table = share_table(G, E, tp_size) if rule == "ascend" else None
+        self.bin = max(1, int(bin_size))
+        self.home_bin = self.home // self.bin
+        self.node = None if gpus_per_node is None or gpus_per_node >= G or self.bin > 1 else int(gpus_per_node)
+        self.table = share_table(G * self.bin, E, tp_size)[:, : G + 1] if rule == "ascend" else None
         self.tp_size = tp_size
         self.by_home = rule in _HOMED or homes_known
         order = np.argsort(layer.topk.ravel(), kind="stable")
@@ -107,6 +124,9 @@ class RuleCost:
         key = layer.family[:, None] * E + layer.topk
         fam = np.bincount(key.ravel(), weights=layer.weights.ravel(), minlength=F * E).reshape(F, E)
         self.expert_loads = np.concatenate([fam.sum(axis=0, keepdims=True), fam])  # [1 + F, E]
+        self.slot_width = slot_width if self.bin > 1 else None
+        #: the GPU limit in calibration pairs: (1 + eps) times the mean over the bins' GPUs
+        self._gpu_limit = (1.0 + float(layer.eps)) * float(self.expert_loads[0].sum()) / (G * self.bin)
         self._eps = layer.limits
         self._wts = layer.workload_weights
         ntok = layer.family_tokens
@@ -158,7 +178,7 @@ class RuleCost:
             j = np.minimum((self.draw[tokens] * ce).astype(np.int64), ce - 1)
         gpu = copies[ids, j]
         if self.rule == "static":
-            h = self.home[tokens][:, None]
+            h = self.home_bin[tokens][:, None]
             if self.node is not None:
                 nd = self.node
                 node_of = np.where(copies >= 0, copies // nd, -1)  # [E, G]
@@ -170,16 +190,32 @@ class RuleCost:
         s = np.sort(gpu, axis=1)
         distinct = 1 + (s[:, 1:] != s[:, :-1]).sum(axis=1)
         if self.by_home:
-            used = (gpu == self.home[tokens][:, None]).any(axis=1)
+            used = (gpu == self.home_bin[tokens][:, None]).any(axis=1)
             return np.asarray(distinct - used, dtype=np.float64)
         return np.asarray(distinct * (1.0 - 1.0 / G), dtype=np.float64)
 
-    def _value(self, remote_sum: np.ndarray, loads: np.ndarray) -> float:
-        """The objective from per-workload remote sums ``[1 + F]`` and loads ``[1 + F, G]``."""
+    def _value(self, remote_sum: np.ndarray, loads: np.ndarray, hot: float = 0.0) -> float:
+        """The objective from per-workload remote sums ``[1 + F]``, loads ``[1 + F, G]`` and the
+        calibration load over the GPU limit inside bins (``hot``)."""
         mean = loads.mean(axis=1, keepdims=True)
         over = np.maximum(loads - (1.0 + self._eps[:, None]) * mean, 0.0).sum(axis=1)
+        over[0] += hot
         per = (remote_sum + self.layer.penalty * over) / self._ntok
         return float((self._wts * per).sum())
+
+    def _gpu_over(self, holds: np.ndarray, share: np.ndarray, bins: np.ndarray) -> np.ndarray:
+        """float ``[len(bins)]``: per bin, the calibration load over the GPU limit when its copies
+        (``holds [E, G]``, shares ``[E, G]``) are packed onto its GPUs (:func:`round_robin_lpt`)."""
+        out = np.zeros(len(bins))
+        if self.slot_width is None:
+            return out
+        for i, b in enumerate(bins):
+            items = np.flatnonzero(holds[:, b])
+            q = self.expert_loads[0, items] * share[items, b]
+            home = round_robin_lpt(q, self.bin, self.slot_width)
+            gpu = np.bincount(home, weights=q, minlength=self.bin)
+            out[i] = float(np.maximum(gpu - self._gpu_limit, 0.0).sum())
+        return out
 
     def _remote_by_workload(self, remote: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
         F = self.layer.families
@@ -197,7 +233,8 @@ class RuleCost:
         self._loads = self.expert_loads @ self._share
         self._remote = self._route(np.arange(self.layer.tokens), copies, c, holds)
         self._remote_sum = self._remote_by_workload(self._remote)
-        self.value = self._value(self._remote_sum, self._loads)
+        self._gpu = self._gpu_over(holds, self._share, np.arange(holds.shape[1]))
+        self.value = self._value(self._remote_sum, self._loads, float(self._gpu.sum()))
         return self.value
 
     def delta(self, state: SlotState, move: Move) -> float:
@@ -219,13 +256,19 @@ class RuleCost:
         copies[changed], c[changed] = self._copies(holds[changed])
         share = self._shares(holds[changed], changed)
         loads = self._loads + self.expert_loads[:, changed] @ (share - self._share[changed])
+        hot = float(self._gpu.sum())
+        if self.slot_width is not None:  # the bins the move touches are packed again
+            bins = np.array(sorted({move.a, move.b} - {-1}), dtype=np.int64)
+            new_share = self._share.copy()
+            new_share[changed] = share
+            hot += float((self._gpu_over(holds, new_share, bins) - self._gpu[bins]).sum())
         parts = [self._tok[self._start[e] : self._start[e + 1]] for e in changed]
         tokens = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
         remote_sum = self._remote_sum.copy()
         if tokens.size:
             new = self._route(tokens, copies, c, holds)
             remote_sum += self._remote_by_workload(new - self._remote[tokens], tokens)
-        return self._value(remote_sum, loads) - self.value
+        return self._value(remote_sum, loads, hot) - self.value
 
     def delta_many(self, state: SlotState, moves: list[Move]) -> list[float]:
         return [self.delta(state, m) for m in moves]
