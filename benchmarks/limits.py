@@ -22,7 +22,7 @@ machine; the median of three runs at the start is shown too). A method that refu
 judged the same way.
 
 **Reproducibility.** ``joint``, ``crosslayer`` and ``tacg`` with ``certificate: auto`` run twice
-without a time limit on 2 layers x 64 experts (top-8; 16 GPUs for ``joint`` and ``crosslayer``,
+without a time limit on 2 layers x 64 experts (top-8, 4096 tokens; 16 GPUs for ``joint`` and ``crosslayer``,
 the latter with ``token_home: previous-layer``; 8 GPUs for ``tacg``), the second time beside two
 busy loops (one per core); their
 reports (plan, bound, gap, the certificates' records, every statistic) must be identical apart
@@ -103,7 +103,7 @@ name: limits-reproducible
 model: {{layers: 2, experts: 64, top_k: 8}}
 cluster: {{gpus: {gpus}{homes}}}
 workload:
-  synthetic: {{tokens: 8192, steps: 16, structure_seed: 7, seed: 0, layer_dependency: 0.5}}
+  synthetic: {{tokens: 4096, steps: 16, structure_seed: 7, seed: 0, layer_dependency: 0.5}}
 method: {method}
 """
 REPRODUCED = {
@@ -348,8 +348,8 @@ def body(data: dict) -> str:
         out += [
             "## The same certificate on a busy machine",
             "",
-            "Each certified method twice on 2 layers x 64 experts (top-8; 16 GPUs for `joint` and `crosslayer`, "
-            "the latter with `token_home: previous-layer`; 8 GPUs for `tacg`), no time limit, the second run "
+            "Each certified method twice on 2 layers x 64 experts (top-8, 4096 tokens; 16 GPUs for `joint` and "
+            "`crosslayer`, the latter with `token_home: previous-layer`; 8 GPUs for `tacg`), no time limit, the second run "
             "beside two busy loops (one per core); identical = the two reports are byte for byte the same once "
             "the fields holding wall times are left out.",
             "",

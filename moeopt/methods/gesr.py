@@ -399,7 +399,7 @@ class _Replication:
 
     def solve(self, problem: Problem, params: Any, ctx: Context) -> Result:
         t0 = time.perf_counter()
-        # the base plan takes 40 % of the budget; a quarter goes to each replication certificate
+        # the base plan takes 40 % of the budget; a fifth goes to each replication certificate
         # (on calibration loads here, on evaluation loads when the plan is scored), the rest to the
         # replicas and what no clock cuts (scoring, building the certificates' models)
         base = base_result(problem, params.base, params.base_params, replace(ctx, budget=ctx.budget.child(0.4)))
@@ -442,8 +442,8 @@ class _Replication:
             limit = params.certificate_time_limit
             if limit is None:
                 limit = certificate_time(ctx.model_layers or problem.layers)  # the whole model's layers
-            if ctx.time_limit is not None:  # --time-limit is per layer: a quarter of it per certificate
-                limit = min(limit, 0.25 * ctx.time_limit)
+            if ctx.time_limit is not None:  # --time-limit is per layer: a fifth of it per certificate
+                limit = min(limit, 0.2 * ctx.time_limit)
                 reported["certificate_time_limit"] = limit  # what the scoring's certificate_hook uses
             limit = min(limit, ctx.budget.remaining() / problem.layers)
             bounds = replication_certificate(

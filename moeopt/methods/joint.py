@@ -750,9 +750,12 @@ def search_layer(
     l: int,
     per_layer: float,
     rule: dict | None = None,
+    strict: bool = False,
 ) -> dict:
     """Layer ``l``'s search from each start (a share of ``per_layer`` seconds and of the
-    evaluations each, by start weight); the best plan and the run's statistics. Seeded by
+    evaluations each, by start weight; with ``strict``, under a run's time limit, the starts and
+    the family-cap repair share ``per_layer`` counted from the layer's start, so that a start that
+    ran over leaves the next less rather than the run more); the best plan and the run's statistics. Seeded by
     ``(seed, l)`` alone: the same plan in this process, a worker or a Ray task. ``rule``: the
     engine rule's inputs of :class:`moeopt.joint.RuleCost` (its ``rule``, the sample's ``row``,
     ``home`` and ``draw``, ``gpus_per_node``, ``tp_size``); None: the locality-first cost."""
@@ -760,13 +763,15 @@ def search_layer(
     weight = {"grouping": 2.0, "balance": 1.0, "hint": 1.0}
     total = sum(weight[k] for k in starts)
     capped = 0
-    # the family-cap repair may follow (locality cost only): its time comes out of the layer's too
-    searching = per_layer / (1.0 + REPAIR_SHARE) if rule is None and layer.has_cap else per_layer
+    # strict: the family-cap repair may follow (locality cost only) and its time comes out of the
+    # layer's too, and the starts' shares count from the layer's start
+    searching = per_layer / (1.0 + REPAIR_SHARE) if strict and rule is None and layer.has_cap else per_layer
     begun, given = time.perf_counter(), 0.0
     for label, s in starts.items():
-        # each start's share of the layer's time, counted from the layer's start: a start that ran
-        # over (a search does at least one round) leaves the next one less, not the run more
-        given += searching * weight[label] / total
+        share = searching * weight[label] / total
+        given += share
+        if not strict:  # no time limit: each start's cap (time_per_layer's share) from its own start
+            begun, given = time.perf_counter(), share
         try:
             state = jm.SlotState(_fill(s, load), experts)
         except ValueError:  # e.g. a hint with colocated copies: not a joint start
@@ -1015,6 +1020,7 @@ class Joint:
                 l,
                 per_layer,
                 rules[l],
+                ctx.budget.limited,
             )
             for l in range(problem.layers)
         ]
