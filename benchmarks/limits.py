@@ -349,9 +349,9 @@ def body(data: dict) -> str:
             "## The same certificate on a busy machine",
             "",
             "Each certified method twice on 2 layers x 64 experts (top-8, 4096 tokens; 16 GPUs for `joint` and "
-            "`crosslayer`, the latter with `token_home: previous-layer`; 8 GPUs for `tacg`), no time limit, the second run "
-            "beside two busy loops (one per core); identical = the two reports are byte for byte the same once "
-            "the fields holding wall times are left out.",
+            "`crosslayer`, the latter with `token_home: previous-layer`; 8 GPUs for `tacg`), no time limit, the "
+            "second run beside two busy loops (one per core); identical = the two reports are byte for byte the "
+            "same once the fields holding wall times are left out.",
             "",
             tabulate(
                 rrows,
