@@ -17,17 +17,24 @@ On each stream, at each interval ``K`` (window = ``K``, calibration prefix = ``K
 * ``periodic balance``, ``threshold`` (``balance``, level 0.15), ``incremental`` (``balance``
   from the plan in service, a fifth of the slots per re-plan);
 * ``auto``: moeopt's default policy, every parameter at its default;
-* ``oracle``: every block of ``K`` steps planned on itself (hindsight, not a policy);
-* ``every step, no move limit``: ``balance`` after every step on the last ``K`` steps, the
-  best a causal policy reaches here on the time average whatever it moves (not on the
-  DeepSeek-V3 streams: an hour of planning).
+* ``oracle``: every block of ``K`` steps planned on itself (hindsight, not a policy: its plan
+  has seen each step's own noise); ``oracle, pooled``: the same on the block's pooled counts
+  (``robust: none``), a plan that knew the next window's traffic in advance;
+* ``noise floor``: every scored step served by ``balance`` on the pooled counts of the *other*
+  steps of its block (:func:`moeopt.replay.noise_floor`): a plan that knows the window's
+  traffic but not the step's own noise (its token batch, its bursts). A target below the floor
+  is out of reach of every plan that does not know each step's noise, and the tables say so;
+* ``every step, no move limit``: ``balance`` after every step on the last ``K`` steps, a
+  causal reference for the time average whatever it moves (not on the DeepSeek-V3 streams:
+  an hour of planning).
 
 Every step is scored by the one scorer under the plan's rule (``even``). Per row: the
 time-averaged MaxVio, the worst window (mean MaxVio of the worst block of ``K`` scored steps),
 re-plans, slots moved per layer per re-plan, bytes moved (expert sizes below), planning time.
 Per stream and interval, the issue's three targets for ``auto`` against ``periodic eplb``
 (time average <= 0.8x, worst window <= 0.6x, moved slots <= 25 %), met or not, with the
-oracle beside them and the policies (if any) that meet all three.
+noise floor, the pooled oracle, the oracle and the best causal policy beside them, and the
+policies (if any) that meet all three.
 
 Also: the frontier (bytes moved against time-averaged MaxVio over intervals 2, 4, 8 and
 budgets 4 to 32 slots per layer) of ``periodic eplb``, ``incremental`` and ``auto`` on the
@@ -38,7 +45,7 @@ Expert sizes: DeepSeek-V3 from its instances (``3 x 7168 x 2048`` FP8, 44 MB); O
 ``3 x 2048 x 1024`` BF16 (12.6 MB); Mixtral-8x7B ``3 x 4096 x 14336`` BF16 (352 MB); the
 synthetic streams the model default (``3 x 1024 x 512`` BF16, 3.1 MB).
 
-Run: ``python benchmarks/replay.py`` (about 25 minutes on 2 shared cores: the small streams at
+Run: ``python benchmarks/replay.py`` (about 45 minutes on 2 shared cores: the small streams at
 ``K`` = 4 and 8, the DeepSeek-V3 streams at ``K`` = 8 only, since each of their re-plans with
 ``balance`` takes seconds); ``--quick``: the OLMoE and synthetic-switch streams at ``K`` = 4,
 no frontier and no alternatives. EPLB needs ``sglang`` and ``torch`` (``pip install -e
@@ -63,7 +70,7 @@ from tabulate import tabulate
 from moeopt import console
 from moeopt.io import load_instance, write_json, write_text
 from moeopt.registry import get_method
-from moeopt.replay import load_stream, make_policy, replay, replay_frontier
+from moeopt.replay import load_stream, make_policy, noise_floor, replay, replay_frontier
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
@@ -106,7 +113,12 @@ POLICIES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("incremental", "incremental", {}),
     ("auto", "auto", {}),
     ("oracle", "oracle", {}),
+    ("oracle, pooled", "oracle", {"planner_params": {"robust": "none"}}),
 )
+#: the noise floor (moeopt.replay.noise_floor): each step served by a plan on the other steps of its block
+FLOOR = "noise floor"
+#: rows that are references, not policies an engine can run (hindsight, or knowing the window)
+REFERENCES = ("oracle", "oracle, pooled", FLOOR)
 #: what re-planning at every step on the last K steps reaches with no move limit (a causal reference for
 #: the time average; left out on the DeepSeek-V3 streams, where it would take an hour)
 EVERY_STEP = ("every step, no move limit", "periodic", {"interval": 1})
@@ -120,28 +132,35 @@ FRONTIER_INTERVALS = (2, 4, 8)
 FRONTIER_BUDGETS = (4, 8, 16, 32)
 
 #: alternatives tried for auto's defaults (label, auto parameters), on the small streams
+WINDOWS = {"cadence": None, "forecast": "none"}  # the previous auto: decisions every interval, on the windows
 ALTERNATIVES: tuple[tuple[str, dict[str, Any]], ...] = (
     (
-        "robust over every window so far, from the plan in service, 20 % per re-plan (the issue's first try)",
-        {"history": None, "surge": None, "carry": None, "budget_share": 0.2},
+        "the previous default: decisions every interval, robust over the last 2 windows, whole-slot budget, "
+        "surge margin 0.1",
+        {**WINDOWS, "round_down": True, "surge_margin": 0.1},
     ),
+    ("the previous default, surge margin 0.02", {**WINDOWS, "round_down": True}),
+    ("... and the budget unrounded (15 % of the slots per interval)", WINDOWS),
+    ("decisions every interval, for the forecast", {"cadence": None}),
+    ("decisions every 2 steps", {"cadence": 2}),
+    ("no forecast: robust over the last 2 windows, decisions every step", {"forecast": "none"}),
+    ("forecast with each expert's trend (shrunk by its standard error)", {"forecast": "trend"}),
+    ("robust over the forecast and the last 2 windows", {"forecast_recent": True}),
+    ("half-life fixed at 1 step", {"halflife": 1.0}),
+    ("half-life fixed at 4 steps", {"halflife": 4.0}),
+    ("accept a re-plan only if its per-step gain on the planned-on steps exceeds 1 SE", {"accept": "paired"}),
+    ("accept a re-plan only if a trial without the last window beats the plan on it by 1 SE", {"accept": "held-out"}),
+    ("layer budgets pooled (moves to the layers where they lower MaxVio most per slot)", {"allocate": True}),
+    ("the reserve spent too for 2 intervals after a surge", {"settle": 2.0}),
+    ("carry 2 intervals", {"carry": 2.0}),
+    ("budget 20 % of the slots per interval", {"budget_share": 0.2}),
+    ("surge at 1.5x the median, margin 0.05", {"surge": 1.5, "surge_margin": 0.05}),
+    ("no surge watch", {"surge": None}),
     (
-        "robust over the last 6 windows, 20 % per re-plan (the first auto)",
-        {"history": 6, "surge": None, "carry": None, "budget_share": 0.2},
+        "auto (the default: after every step, for the forecast level, bucket of 15 % per interval, carry 3, "
+        "surge watch at 2x, margin 0.02)",
+        {},
     ),
-    (
-        "robust over the last 3 windows afresh, relabeled (no budget)",
-        {"history": 3, "surge": None, "from_current": False},
-    ),
-    ("surge watch, 20 % per re-plan", {"carry": None, "budget_share": 0.2}),
-    (
-        "surge watch, 20 % per surge, 5 % per decision point",
-        {"carry": None, "budget_share": 0.05, "surge_budget_share": 0.2},
-    ),
-    ("surge watch, bucket of 20 % per interval, carry 4", {"budget_share": 0.2, "carry": 4.0}),
-    ("auto, robust over 6 windows", {"history": 6}),
-    ("auto, keep unless the re-plan gains 10 %", {"min_gain": 0.1}),
-    ("auto (the default: surge watch, bucket of 15 % per interval, carry 3, 2 windows)", {}),
 )
 ALTERNATIVE_INTERVALS = (4, 8)
 
@@ -162,7 +181,19 @@ def run_row(label: str, name: str, params: dict, K: int, inst, stream) -> dict:
         given.update(calibration=K, window=K)
     t0 = time.perf_counter()
     r = replay(inst, stream, make_policy(name, **given), timings=True, worst_window=K)
-    wall = time.perf_counter() - t0
+    return row_of(label, r, time.perf_counter() - t0)
+
+
+def run_floor(K: int, inst, stream) -> dict:
+    """The noise floor at interval ``K``: every scored step served by ``balance`` on the pooled counts
+    of the other steps of its block of ``K`` (:func:`moeopt.replay.noise_floor`)."""
+    t0 = time.perf_counter()
+    r = noise_floor(inst, stream, K, calibration=K, worst_window=K)
+    return row_of(FLOOR, r, time.perf_counter() - t0)
+
+
+def row_of(label: str, r, wall: float) -> dict:
+    """A result row: totals, series and re-plans of the replay ``r``."""
     m = r.metrics
     return {
         "label": label,
@@ -184,8 +215,10 @@ def run_row(label: str, name: str, params: dict, K: int, inst, stream) -> dict:
 
 
 def done_when(rows: list[dict]) -> dict | None:
-    """``auto`` against ``periodic eplb``: the three ratios, met or not, the oracle, and every
-    policy that meets all three (None without EPLB)."""
+    """``auto`` against ``periodic eplb``: the three ratios, met or not, the references (the noise
+    floor, the pooled oracle, the oracle, the best causal policy) and every policy that meets all
+    three (None without EPLB). A missed target that the noise floor misses too is ``beyond_floor``:
+    no plan that does not know each step's own noise reaches it."""
     by = {r["label"]: r for r in rows}
     base = by.get(BASELINE)
     if base is None:
@@ -208,20 +241,34 @@ def done_when(rows: list[dict]) -> dict | None:
     auto["met"] = auto["mean_met"] and auto["worst_met"] and auto["moved_met"]
     meets = []
     for r in rows:
-        if r["label"] in (BASELINE, "oracle"):
+        if r["label"] == BASELINE or r["label"] in REFERENCES:
             continue
         x = ratios(r)
         if x["mean_met"] and x["worst_met"] and x["moved_met"]:
             meets.append(r["label"])
-    oracle = by.get("oracle")
     out = {**auto, "met_by": meets}
     every = by.get(EVERY_STEP[0])
     if every is not None:
         out["every_step_mean_ratio"] = every["maxvio_mean"] / base["maxvio_mean"]
         out["every_step_moved_ratio"] = every["moved_slots"] / base["moved_slots"] if base["moved_slots"] else math.inf
-    if oracle is not None:
-        out["oracle_mean_ratio"] = oracle["maxvio_mean"] / base["maxvio_mean"]
-        out["oracle_worst_ratio"] = oracle["maxvio_worst"] / base["maxvio_worst"]
+    for label, key in (("oracle", "oracle"), ("oracle, pooled", "pooled"), (FLOOR, "floor")):
+        ref = by.get(label)
+        if ref is not None:
+            out[f"{key}_mean_ratio"] = ref["maxvio_mean"] / base["maxvio_mean"]
+            out[f"{key}_worst_ratio"] = ref["maxvio_worst"] / base["maxvio_worst"]
+    causal = [r for r in rows if r["label"] not in REFERENCES and r["label"] not in (BASELINE, "auto")]
+    if causal:
+        best = min(causal, key=lambda r: r["maxvio_mean"])
+        out["best_causal"] = {"label": best["label"], **ratios(best)}
+    if "floor_mean_ratio" in out:
+        out["beyond_floor"] = [
+            name
+            for name, flag, key, target in (
+                ("time average", "mean_met", "floor_mean_ratio", TARGET_MEAN),
+                ("worst window", "worst_met", "floor_worst_ratio", TARGET_WORST),
+            )
+            if not out[flag] and out[key] > target
+        ]
     glob = by.get(EPLB_GLOBAL[0])
     if glob is not None:
         out["vs_eplb_global"] = {
@@ -260,8 +307,8 @@ def run_streams(selected: dict[str, tuple[int, ...]], eplb: bool, log) -> list[d
         }
         for K in selected[stem]:
             rows = []
-            for plabel, name, params in policies:
-                row = run_row(plabel, name, params, K, inst, stream)
+            for plabel, name, params in [*policies, (FLOOR, "", {})]:
+                row = run_floor(K, inst, stream) if plabel == FLOOR else run_row(plabel, name, params, K, inst, stream)
                 rows.append(row)
                 log(
                     f"{stem} K={K} {plabel}: MaxVio {row['maxvio_mean']:.4f} (worst {row['maxvio_worst']:.4f}), "
@@ -356,8 +403,23 @@ def _gm(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
+def _pair(dw: dict, key: str) -> str:
+    """``mean / worst`` ratios of a reference, or ``-`` when it was not run."""
+    if f"{key}_mean_ratio" not in dw:
+        return "-"
+    return f"{dw[f'{key}_mean_ratio']:.2f}x / {dw[f'{key}_worst_ratio']:.2f}x"
+
+
+def verdict(dw: dict) -> str:
+    """``**met**``, ``not met``, or ``beyond the noise floor`` when a missed target lies below the floor."""
+    if dw["met"]:
+        return "**met**"
+    beyond = dw.get("beyond_floor") or []
+    return f"not met; {' and '.join(beyond)} beyond the noise floor" if beyond else "not met"
+
+
 def summary_rows(data: dict) -> list[list[str]]:
-    """One row per stream and interval: auto against periodic EPLB, the targets, the oracle."""
+    """One row per stream and interval: auto against periodic EPLB, the targets, the references."""
     rows = []
     for s in data["streams"]:
         for iv in s["intervals"]:
@@ -368,6 +430,7 @@ def summary_rows(data: dict) -> list[list[str]]:
             def mark(ratio: float, met: bool) -> str:
                 return f"{ratio:.2f}x {'met' if met else 'not met'}"
 
+            best = dw.get("best_causal")
             rows.append(
                 [
                     s["label"],
@@ -375,10 +438,12 @@ def summary_rows(data: dict) -> list[list[str]]:
                     mark(dw["mean_ratio"], dw["mean_met"]),
                     mark(dw["worst_ratio"], dw["worst_met"]),
                     f"{100 * dw['moved_ratio']:.0f} % {'met' if dw['moved_met'] else 'not met'}",
-                    "**met**" if dw["met"] else "not met",
-                    f"{dw.get('oracle_mean_ratio', math.nan):.2f}x / {dw.get('oracle_worst_ratio', math.nan):.2f}x",
-                    f"{dw['every_step_mean_ratio']:.2f}x ({dw['every_step_moved_ratio']:.1f}x the slots)"
-                    if "every_step_mean_ratio" in dw
+                    verdict(dw),
+                    _pair(dw, "floor"),
+                    _pair(dw, "pooled"),
+                    _pair(dw, "oracle"),
+                    f"{best['mean_ratio']:.2f}x ({best['label']}, {best['moved_ratio']:.1f}x the slots)"
+                    if best
                     else "-",
                     ", ".join(dw["met_by"]) or "no policy",
                 ]
@@ -393,8 +458,10 @@ SUMMARY_HEADERS = [
     "worst window (<= 0.6x)",
     "moved slots (<= 25 %)",
     "all three",
-    "oracle / EPLB (mean / worst)",
-    "every step, no move limit / EPLB (time avg)",
+    "noise floor / EPLB (mean / worst)",
+    "oracle, pooled / EPLB",
+    "oracle / EPLB",
+    "best causal policy / EPLB (time avg)",
     "policies meeting all three",
 ]
 
@@ -533,7 +600,7 @@ def body(data: dict) -> str:
 
 def unmet_lines(data: dict) -> list[str]:
     """One bullet per stream and interval where auto misses a target: which, by how much, and what
-    the references reach (the oracle in hindsight; re-planning every step with no move limit)."""
+    the references reach (the noise floor, the pooled oracle, the oracle, the best causal policy)."""
     out = []
     for s in data["streams"]:
         for iv in s["intervals"]:
@@ -550,21 +617,31 @@ def unmet_lines(data: dict) -> list[str]:
                 if not dw[flag]
             ]
             line = f"- {s['label']}, K = {iv['interval']}: misses {', '.join(missed)}."
-            every = dw.get("every_step_mean_ratio")
-            if every is not None and not dw["mean_met"]:
-                if every > TARGET_MEAN:
+            if "floor_mean_ratio" in dw:
+                line += (
+                    f" The noise floor (every step planned on the other steps of its window) reaches "
+                    f"{dw['floor_mean_ratio']:.2f}x / {dw['floor_worst_ratio']:.2f}x (time average / worst window)"
+                )
+                beyond = dw.get("beyond_floor") or []
+                if beyond:
                     line += (
-                        f" Re-planning after every step on the last K steps, with no move limit, reaches "
-                        f"{every:.2f}x on the time average (moving {dw['every_step_moved_ratio']:.1f}x EPLB's "
-                        "slots): no causal policy here meets it; the oracle (hindsight) reaches "
-                        f"{dw['oracle_mean_ratio']:.2f}x."
+                        f": the {' and the '.join(beyond)} target{'s lie' if len(beyond) > 1 else ' lies'} below it, "
+                        "out of reach of any plan that does not know each step's own noise."
                     )
                 else:
-                    line += (
-                        f" Re-planning after every step with no move limit reaches {every:.2f}x, but moves "
-                        f"{dw['every_step_moved_ratio']:.1f}x EPLB's slots; the oracle reaches "
-                        f"{dw['oracle_mean_ratio']:.2f}x."
-                    )
+                    line += "."
+            if "pooled_mean_ratio" in dw:
+                line += (
+                    f" The oracle planned on the next window's pooled counts: {dw['pooled_mean_ratio']:.2f}x / "
+                    f"{dw['pooled_worst_ratio']:.2f}x; the oracle: {dw['oracle_mean_ratio']:.2f}x / "
+                    f"{dw['oracle_worst_ratio']:.2f}x (hindsight, each step's noise in its plan)."
+                )
+            best = dw.get("best_causal")
+            if best:
+                line += (
+                    f" The best causal policy on the time average, {best['label']}: {best['mean_ratio']:.2f}x, "
+                    f"worst window {best['worst_ratio']:.2f}x, moving {best['moved_ratio']:.1f}x EPLB's slots."
+                )
             met_by = [x for x in dw["met_by"] if x != "auto"]
             line += f" Policies meeting all three: {', '.join(met_by) if met_by else 'none'}."
             out.append(line)
@@ -685,6 +762,8 @@ COLORS = {
     "incremental": "C4",
     "auto": "C2",
     "oracle": "k",
+    "oracle, pooled": "0.45",
+    "noise floor": "C6",
     "every step, no move limit": "C9",
 }
 

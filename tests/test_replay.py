@@ -19,13 +19,18 @@ from moeopt.io import load_instance
 from moeopt.replay import (
     Observation,
     Stream,
+    forecast_loads,
     load_stream,
     make_policy,
+    noise_floor,
     replay,
     replay_frontier,
 )
+from moeopt.replay.forecast import ewma_weights, shrunk_slopes, step_shares
+from moeopt.replay.policies import Forecasting
+from moeopt.replay.run import allocate_moves, planning_counts
 from moeopt.trace import stats_from_counts
-from tests.strategies import examples, float_arrays
+from tests.strategies import examples, float_arrays, int_arrays
 
 #: the hot expert of both layers switches at step 4: [8, 2, 1, 1] (layer 1 reversed), then [1, 1, 2, 8]
 PHASE_1, PHASE_2 = [8.0, 2.0, 1.0, 1.0], [1.0, 1.0, 2.0, 8.0]
@@ -111,7 +116,7 @@ def test_incremental_keeps_its_budget(switch: Stream) -> None:
 
 def test_auto_plans_from_the_plan_in_service(switch: Stream) -> None:
     """auto over one window with 2 slots per layer re-plans at 6 to the balanced plan, moving 2 per layer."""
-    policy = make_policy("auto", interval=2, history=1, budget=2, surge=None, carry=None)
+    policy = make_policy("auto", interval=2, history=1, budget=2, surge=None, carry=None, cadence=None, forecast="none")
     r = replay(tiny_instance(), switch, policy)
     assert series(r) == [0, 0, HALF, HALF, 0, 0]
     assert moves(r) == [(4, 4, (0, 0)), (6, 6, (2, 2))]
@@ -128,7 +133,8 @@ def test_oracle_plans_each_block_on_itself(switch: Stream) -> None:
 def test_auto_schedule_windows_and_snapshots() -> None:
     """auto plans on its last history windows, one robust snapshot per window, from the plan in service."""
     inst = tiny_instance()
-    policy = make_policy("auto", interval=3, window=2, history=3, budget=1, carry=None).resolve(40, None, inst)
+    policy = make_policy("auto", interval=3, window=2, history=3, budget=1, carry=None, cadence=None, forecast="none")
+    policy = policy.resolve(40, None, inst)
     sched = policy.schedule(inst)
     obs = Observation(step=11, steps=40, calibration=2, maxvio=np.zeros(9), planned_until=8, pending=False)
     req = sched.decide(obs)
@@ -138,7 +144,7 @@ def test_auto_schedule_windows_and_snapshots() -> None:
     assert sched.decide(Observation(10, 40, 2, np.zeros(8), 8, False)) is None  # not a decision step
     assert sched.decide(Observation(11, 40, 2, np.zeros(9), 8, True)) is None  # a plan is pending
     assert sched.initial(40).params == {"robust": "none", "robust_steps": 1}  # one snapshot: pooled
-    everything = make_policy("auto", interval=3, history=None).resolve(40, None, inst).schedule(inst)
+    everything = make_policy("auto", interval=3, history=None, forecast="none").resolve(40, None, inst).schedule(inst)
     whole = everything.decide(Observation(9, 40, 3, np.zeros(6), 6, False))
     assert whole is not None and (whole.start, whole.end) == (0, 9) and whole.params["robust_steps"] == 3
     fresh = make_policy("auto", interval=3, from_current=False).resolve(40, None, inst)
@@ -151,14 +157,17 @@ def test_auto_schedule_windows_and_snapshots() -> None:
 
 def test_auto_surge_replans_at_once(switch: Stream) -> None:
     """The surge watch re-plans after the first step of the switch (step 4), on that step alone."""
-    policy = make_policy("auto", interval=3, calibration=2, history=1, budget=2, carry=None, surge=2.0)
+    windows = {"cadence": None, "forecast": "none"}
+    policy = make_policy("auto", interval=3, calibration=2, history=1, budget=2, carry=None, surge=2.0, **windows)
     r = replay(tiny_instance(), switch, policy)
     assert series(r) == [0, 0, HALF, 0, 0, 0]
     assert moves(r) == [(5, 5, (2, 2))] and (r.replans[0].start, r.replans[0].end) == (4, 5)
     calm = replay(
         tiny_instance(),
         switch,
-        make_policy("auto", interval=3, calibration=2, history=1, budget=2, carry=None, surge=2.0, surge_margin=0.6),
+        make_policy(
+            "auto", interval=3, calibration=2, history=1, budget=2, carry=None, surge=2.0, surge_margin=0.6, **windows
+        ),
     )
     assert series(calm)[:3] == [0, 0, HALF] and [x.decided for x in calm.replans] == [5]  # the decision point
     assert (calm.replans[0].start, calm.replans[0].end) == (2, 5)
@@ -167,7 +176,7 @@ def test_auto_surge_replans_at_once(switch: Stream) -> None:
 def test_surge_onset_needs_every_step_above() -> None:
     """A surge starts at the earliest step from which every step exceeds surge x the median before it."""
     inst = tiny_instance()
-    sched = make_policy("auto", interval=4, window=3, budget=1).resolve(40, None, inst).schedule(inst)
+    sched = make_policy("auto", interval=4, window=3, budget=1, surge_margin=0.1).resolve(40, None, inst).schedule(inst)
     mv = np.array([0.1, 0.12, 0.1, 0.5, 0.6])  # steps 3..7
     obs = Observation(8, 40, 3, mv, 3, False, service_start=3)
     assert sched.surge_onset(obs) == 6
@@ -182,7 +191,8 @@ def test_transfer_bucket() -> None:
     """The bucket fills at budget per interval from one interval's worth, caps at carry intervals, and
     a decision point spends only what lies above the reserve of carry - 1 intervals."""
     inst = tiny_instance()
-    sched = make_policy("auto", interval=2, calibration=2, budget=4, carry=3.0).resolve(40, None, inst).schedule(inst)
+    policy = make_policy("auto", interval=2, calibration=2, budget=4, carry=3.0, cadence=None)
+    sched = policy.resolve(40, None, inst).schedule(inst)
     zero = np.zeros(38)
 
     def obs(step: int, spent: tuple = ()) -> Observation:
@@ -197,9 +207,132 @@ def test_transfer_bucket() -> None:
 
 def test_min_gain_keeps_the_plan(switch: Stream) -> None:
     """min_gain 1: no re-plan can lower MaxVio by all of it, so the first plan serves throughout."""
-    policy = make_policy("auto", interval=2, history=1, budget=2, carry=None, surge=None, min_gain=1.0)
+    policy = make_policy("auto", interval=2, history=1, budget=2, carry=None, surge=None, min_gain=1.0, cadence=None)
     r = replay(tiny_instance(), switch, policy)
     assert r.replans == [] and set(r.plan_of_step.tolist()) == {0}
+
+
+def test_forecast_level_and_trend() -> None:
+    """A straight-line drift of the shares: the level alone lags it, the trend (no residual, so not
+    shrunk) extrapolates it to the horizon; a constant stream forecasts itself."""
+    shares = np.array([[0.4, 0.6], [0.45, 0.55], [0.5, 0.5], [0.55, 0.45]])
+    counts = (shares * 10.0)[None]  # [1, 4, 2], 10 per step
+    flat = forecast_loads(counts, 1.0, halflife=float("inf"), trend=False)
+    np.testing.assert_allclose(flat.loads, [[4.75, 5.25]])  # the mean of the four steps
+    line = forecast_loads(counts, 1.0, halflife=float("inf"), trend=True)
+    np.testing.assert_allclose(line.trend, [[0.05, -0.05]])
+    np.testing.assert_allclose(line.loads, [[6.0, 4.0]])  # 0.475 + 0.05 x (1.5 steps of lag + 1 ahead)
+    last = forecast_loads(counts, 1.0, halflife=0.5, trend=False)  # weights 1/85, 4/85, 16/85, 64/85
+    np.testing.assert_allclose(last.loads[0, 0], 10 * (0.4 + 4 * 0.45 + 16 * 0.5 + 64 * 0.55) / 85)
+    still = forecast_loads(np.full((2, 5, 3), 2.0), 3.0)
+    np.testing.assert_allclose(still.loads, 2.0) and np.testing.assert_allclose(still.trend, 0.0)
+    np.testing.assert_allclose(ewma_weights(3, 1.0), [0.25 / 1.75, 0.5 / 1.75, 1 / 1.75])
+
+
+def test_forecast_halflife_follows_the_stream() -> None:
+    """The chosen half-life is long for noise around a still load and short for a load that moves and
+    stays; a slope within its noise is shrunk to nothing."""
+    noise = np.array([[6.0, 4.0], [4.0, 6.0]] * 4)[None]  # alternating around 5 / 5
+    assert forecast_loads(noise, 1.0).halflife[0] == np.inf
+    np.testing.assert_allclose(shrunk_slopes(step_shares(noise))[0], 0.0)
+    walk = np.array([[5.0, 5.0], [7.0, 3.0], [7.0, 3.0], [9.0, 1.0], [9.0, 1.0], [3.0, 7.0], [3.0, 7.0]])[None]
+    assert forecast_loads(walk, 1.0).halflife[0] <= 1.0
+
+
+def test_planning_counts_forecast_then_windows() -> None:
+    """With recent windows the snapshots are the forecast, then each window's mean, oldest first."""
+    window = np.arange(10.0).reshape(1, 5, 2) + 1.0
+    fc = Forecasting(horizon=1.0, halflife=float("inf"), recent=True, snapshot=2)
+    snaps = planning_counts(window, fc)
+    assert snaps.shape == (1, 4, 2)
+    np.testing.assert_allclose(snaps[0, 1:], [window[0, 0], window[0, 1:3].mean(0), window[0, 3:5].mean(0)])
+    np.testing.assert_allclose(snaps[0, 0].sum(), window[0].sum(1).mean())
+    alone = planning_counts(window, Forecasting(horizon=1.0))
+    assert alone.shape == (1, 1, 2)
+
+
+def test_auto_cadence_spends_the_rate() -> None:
+    """Decisions after every step spend what the bucket (1.5 slots per interval of 3, unrounded) holds
+    above the reserve, whole slots only; each plans for the forecast alone."""
+    inst = tiny_instance()  # 2 GPUs x (2 + 1) slots: budget_share 0.25 is 1.5 slots per interval
+    policy = make_policy("auto", interval=3, calibration=3, budget_share=0.25, carry=2.0).resolve(40, None, inst)
+    assert (policy.rate, policy.budget) == (1.5, 2)
+    sched = policy.schedule(inst)
+
+    def obs(step: int, spent: tuple = ()) -> Observation:
+        return Observation(step, 40, 3, np.zeros(step - 3), 3, False, spent=spent)
+
+    assert [sched.bucket(obs(t)) for t in (3, 4, 5, 6, 9)] == [1, 2, 2, 3, 3]
+    req = sched.decide(obs(4))  # 2.0 in the bucket, the reserve 1
+    assert req is not None and req.budget == 1 and req.forecast is not None and req.forecast.horizon == 1.0
+    assert req.params["robust"] == "none" and (req.start, req.end) == (0, 4)
+    assert sched.decide(obs(5, ((4, 1),))) is None  # 1.5 left: nothing above the reserve
+    six = sched.decide(obs(6))
+    assert six is not None and six.budget == 2
+    whole = make_policy("auto", interval=3, budget_share=0.25, round_down=True).resolve(40, None, inst)
+    assert (whole.rate, whole.budget) == (1.0, 1)
+
+
+def test_accept_keeps_the_plan_unless_it_pays(switch: Stream) -> None:
+    """held-out: the trial re-plan (made without the last window) never beats the plan in service on
+    the switch, so nothing is re-planned (taken always: one slot per layer at 6, robust over both
+    phases); paired: only the re-plan at 6 lowers the steps' MaxVio."""
+    given = {"interval": 2, "history": 2, "budget": 2, "carry": None, "surge": None, "cadence": None}
+    always = replay(tiny_instance(), switch, make_policy("auto", forecast="none", **given))
+    assert moves(always) == [(4, 4, (0, 0)), (6, 6, (1, 1))]
+    held = replay(tiny_instance(), switch, make_policy("auto", forecast="none", accept="held-out", **given))
+    assert held.replans == [] and series(held) == [0, 0, HALF, HALF, HALF, HALF]
+    one = {**given, "history": 1}
+    paired = replay(tiny_instance(), switch, make_policy("auto", forecast="none", accept="paired", **one))
+    assert moves(paired) == [(6, 6, (2, 2))] and series(paired) == [0, 0, HALF, HALF, 0, 0]
+
+
+def test_allocate_moves_by_gain_per_slot() -> None:
+    """The pool goes first to the best drop per moved slot, never past the pool."""
+    values = np.array([[1.0, 1.0], [0.6, 0.9], [0.5, 0.24]])  # candidates x layers; 0: the plan in service
+    moves_ = np.array([[0, 0], [2, 2], [4, 4]])
+    assert allocate_moves(values, moves_, 6).tolist() == [1, 2]  # 0.2 per slot, then 0.19
+    assert allocate_moves(values, moves_, 3).tolist() == [1, 0]
+    assert allocate_moves(values, moves_, 0).tolist() == [0, 0]
+
+
+@settings(max_examples=examples(20))
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 12), st.data())
+def test_allocate_moves_stays_in_the_pool(C: int, L: int, pool: int, data: st.DataObject) -> None:
+    """Whatever the candidates, the picks move at most the pool and are never worse than keeping."""
+    values = data.draw(float_arrays((C + 1, L), 0.0, 2.0))
+    moves_ = np.vstack([np.zeros((1, L), dtype=np.int64), data.draw(int_arrays((C, L), 0, 6))])
+    pick = allocate_moves(values, moves_, pool)
+    assert moves_[pick, np.arange(L)].sum() <= pool
+    assert values[pick, np.arange(L)].sum() <= values[0].sum() + 1e-12
+
+
+def test_allocate_pools_the_layers_budgets() -> None:
+    """Only layer 1 switches: with the layers' budgets pooled it takes both slots and is balanced;
+    with one slot per layer it reaches 1/12."""
+    layer0 = [PHASE_1] * 8
+    layer1 = [PHASE_1[::-1]] * 4 + [PHASE_2[::-1]] * 4
+    stream = Stream(np.array([layer0, layer1]), 1, name="one layer")
+    given = {"interval": 2, "history": 1, "budget": 1, "carry": None, "surge": None, "cadence": None}
+    alone = replay(tiny_instance(), stream, make_policy("auto", forecast="none", **given))
+    pooled = replay(tiny_instance(), stream, make_policy("auto", forecast="none", allocate=True, **given))
+    assert series(alone)[-2:] == [round(ONE_MOVE / 2, 6)] * 2
+    assert series(pooled)[-2:] == [0, 0] and moves(pooled)[-1][2] == (0, 2)
+
+
+def test_noise_floor_plans_each_step_without_it(switch: Stream) -> None:
+    """Every step is served by a plan made on the other steps of its block: blocks of one phase are
+    balanced; a step's own counts never reach its plan; blocks of one step are refused."""
+    floor = noise_floor(tiny_instance(), switch, 2)
+    assert series(floor) == [0] * 6 and floor.replans == [] and len(floor.plans) == 6
+    assert floor.policy.to_json()["name"] == "noise floor" and floor.metrics["maxvio_worst"] == 0
+    counts = switch_counts()
+    counts[:, 3] = counts[:, 3][:, ::-1] * 7  # step 3 alone is very different
+    odd = noise_floor(tiny_instance(), Stream(counts, 1), 2)
+    np.testing.assert_array_equal(odd.plans[1].slots, floor.plans[1].slots)  # step 3's plan: from step 2 alone
+    assert odd.maxvio[1] > 0
+    with pytest.raises(InputError, match="interval"):
+        noise_floor(tiny_instance(), switch, 1)
 
 
 # ----------------------------------------------------------------------------- the one scorer

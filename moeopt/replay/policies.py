@@ -6,18 +6,21 @@ and one instance, to a :class:`Schedule`: the one composition the replay loop
 (:func:`moeopt.replay.replay`) runs. A schedule says
 
 * **when**: after every ``interval`` scored steps (steps ``calibration + k * interval``,
-  ``k >= 1``), optionally only when the plan in service's mean per-step MaxVio over the last
-  ``trigger_window`` steps exceeds ``level`` (:meth:`Schedule.decide` gets an
+  ``k >= 1``; every ``cadence`` steps when it is given), optionally only when the plan in
+  service's mean per-step MaxVio over the last ``trigger_window`` steps exceeds ``level``
+  (:meth:`Schedule.decide` gets an
   :class:`Observation`: the steps seen, their MaxVio, whether a plan is pending); with a
   ``surge`` watch also after any step whose MaxVio jumps (:meth:`Schedule.surge_onset`);
-* **on what**: the last ``span`` steps before the decision (``None``: every step so far), or,
-  for the oracle, the coming ``interval`` steps themselves;
+* **on what**: the last ``span`` steps before the decision (``None``: every step so far), or
+  a ``forecast`` of the coming steps made from them, or, for the oracle, the coming
+  ``interval`` steps themselves;
 * **how**: a registered planner (``planner`` + ``planner_params``), from scratch or from the
   plan in service with at most ``budget`` moved slots per layer (``balance``'s migration mode:
   :func:`moeopt.balance.replan_from`; with ``carry`` the budget is a rate per interval,
   :meth:`Schedule.bucket`), robust over snapshots of ``snapshot`` steps each, and with the new
   plan's GPUs relabeled onto the plan in service (``relabel``); with ``min_gain`` the plan in
-  service is kept unless the re-plan gains that share on the planned-on steps.
+  service is kept unless the re-plan gains that share on the planned-on steps, with ``accept``
+  unless its per-step gain passes a paired test.
 
 A plan decided after step ``d - 1`` (planned on steps ending there) serves from step
 ``d + lag``; the plan in service serves until then. While a plan is pending no other re-plan is
@@ -43,13 +46,15 @@ The named policies:
     per layer (or ``budget_bytes`` per layer, in expert weights of ``model.expert_size``
     bytes): vLLM-Ascend's SwiftBalancer with its swap cap.
 ``auto``
-    moeopt's default: every ``interval`` steps (or, with ``level``, when the last window's
-    MaxVio exceeds it), plan robustly over the last ``history`` windows of ``window`` steps,
-    each window one snapshot (``balance`` with ``robust``), from the plan in service within a
-    transfer budget per interval (a bucket with a reserve for surges); and a surge watch that
+    moeopt's default: after every step (``cadence``), re-plan from the plan in service for a
+    forecast of the coming steps made from the last ``history`` windows of ``window`` steps (an
+    exponentially weighted mean whose half-life follows how fast the stream moves,
+    :mod:`moeopt.replay.forecast`), within a transfer budget per interval (a bucket that fills
+    at a share of the slots per interval, with a reserve for surges); and a surge watch that
     re-plans at once, on the new steps alone, when a step's MaxVio jumps. Every knob is a
-    parameter; the defaults are the ones chosen on the bundled streams (see the re-planning
-    guide).
+    parameter (acceptance tests, pooled layer budgets, the windows as robust snapshots instead
+    of the forecast, ...); the defaults are the ones chosen on the bundled streams (see the
+    re-planning guide).
 ``oracle``
     Hindsight, not a policy an engine can run: every block of ``interval`` scored steps is
     served by a plan made on that block itself (no lag). It bounds what any re-planning with
@@ -116,6 +121,16 @@ class Request:
     min_gain
         Keep the plan in service unless the new plan lowers the mean per-step MaxVio of the
         planned-on steps by at least this share of it (None: always take the new plan).
+    forecast
+        Plan for a forecast of the coming steps made from the planned-on steps (None: plan on
+        the steps themselves).
+    accept, confidence
+        When the new plan is taken (``always``, ``paired``, ``held-out``: :class:`Auto`), and
+        the standard errors of the per-step gain the last two need.
+    holdout
+        With ``accept: held-out``: the last steps the trial re-plan does not see.
+    allocate
+        Pool the layers' budgets (:func:`moeopt.replay.run.allocate_moves`).
     """
 
     decided: int
@@ -129,6 +144,44 @@ class Request:
     budget: int | None = None
     surge: bool = False
     min_gain: float | None = None
+    forecast: Forecasting | None = None
+    accept: str = "always"
+    confidence: float = 1.0
+    holdout: int = 0
+    allocate: bool = False
+
+
+#: The forecasts ``auto`` plans for (``none``: the recent windows as they are).
+FORECASTS = ("level", "trend", "none")
+#: When ``auto`` takes a decision point's re-plan.
+ACCEPTS = ("always", "paired", "held-out")
+
+
+@dataclass(frozen=True)
+class Forecasting:
+    """How a re-plan turns its recent steps into the loads it plans for
+    (:func:`moeopt.replay.forecast.forecast_loads`).
+
+    Attributes
+    ----------
+    horizon
+        Steps from the last recent step to the middle of the steps the new plan will serve.
+    halflife
+        The level's half-life in steps (None: chosen per layer from the recent steps).
+    trend
+        Add each expert's shrunk linear trend.
+    recent
+        Also plan for the recent steps, each window of ``snapshot`` steps one snapshot, beside
+        the forecast (robust over them all); False: for the forecast alone.
+    snapshot
+        Steps per recent snapshot.
+    """
+
+    horizon: float
+    halflife: float | None = None
+    trend: bool = False
+    recent: bool = False
+    snapshot: int = 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,6 +288,21 @@ class Schedule:
     min_gain
         Keep the plan in service unless the re-plan lowers the planned-on steps' mean per-step
         MaxVio by at least this share (None: always take it).
+    cadence
+        Steps between decision points (None: ``interval``); the bucket still fills per interval.
+    rate
+        Moved slots per layer the bucket gains per interval (None: ``budget``); may be
+        fractional, a re-plan moves whole slots.
+    settle
+        Intervals after a surge during which decision points may spend the reserve too (None:
+        never).
+    forecast
+        Plan for a forecast of the coming steps (None: on the windows as they are).
+    accept, confidence
+        When a decision point's re-plan is taken (:data:`ACCEPTS`) and the standard errors of
+        the per-step gain it needs.
+    allocate
+        Pool the layers' budgets (:func:`moeopt.replay.run.allocate_moves`).
     """
 
     interval: int
@@ -257,6 +325,23 @@ class Schedule:
     surge_budget: int | None = None
     carry: float | None = None
     min_gain: float | None = None
+    cadence: int | None = None
+    rate: float | None = None
+    settle: float | None = None
+    forecast: Forecasting | None = None
+    accept: str = "always"
+    confidence: float = 1.0
+    allocate: bool = False
+
+    @property
+    def per_interval(self) -> float:
+        """Moved slots per layer the bucket gains per interval: ``rate``, else ``budget``."""
+        return float(self.rate if self.rate is not None else (self.budget or 0))
+
+    @property
+    def every(self) -> int:
+        """Steps between decision points: ``cadence``, else ``interval``."""
+        return self.cadence or self.interval
 
     def initial(self, steps: int) -> Request:
         """The first plan: on the calibration prefix (the oracle: on the first scored block)."""
@@ -271,8 +356,8 @@ class Schedule:
             return None
         if self.surge is not None and step >= self.calibration:
             return step + 1  # the surge watch looks after every step
-        k = max(1, (step - self.calibration) // self.interval + 1)
-        return self.calibration + k * self.interval
+        k = max(1, (step - self.calibration) // self.every + 1)
+        return self.calibration + k * self.every
 
     def bucket(self, obs: Observation) -> int | None:
         """Moved slots per layer the next re-plan may spend: the bucket filled at ``budget`` per
@@ -282,8 +367,9 @@ class Schedule:
             return None
         if self.carry is None:
             return self.budget
-        rate, cap = self.budget / self.interval, self.carry * self.budget
-        level, t = float(self.budget), self.calibration
+        per = self.per_interval
+        rate, cap = per / self.interval, self.carry * per
+        level, t = per, self.calibration
         for step, moved in obs.spent:
             level = min(cap, level + rate * (step - t)) - moved
             t = step
@@ -325,7 +411,7 @@ class Schedule:
             if onset is not None:
                 budget = self.bucket(obs) if self.carry is not None or self.surge_budget is None else self.surge_budget
                 return self._request(d, onset, d, d + self.lag, budget=budget, surge=True)
-        if (d - self.calibration) % self.interval:
+        if (d - self.calibration) % (self.interval if self.lookahead else self.every):
             return None
         if self.level is not None:
             recent = obs.maxvio[-self.trigger_window :]
@@ -336,7 +422,9 @@ class Schedule:
         start = 0 if self.span is None else max(0, d - self.span)
         budget = self.bucket(obs)
         if budget is not None and self.budget is not None:
-            reserve = 0 if self.carry is None else math.floor((self.carry - 1.0) * self.budget + 1e-9)
+            reserve = 0 if self.carry is None else math.floor((self.carry - 1.0) * self.per_interval + 1e-9)
+            if self.settle is not None and obs.regime_start > 0 and d - obs.regime_start <= self.settle * self.interval:
+                reserve = 0  # a surge was just met: converge on the new regime before saving again
             budget = min(self.budget, budget - reserve)
             if budget <= 0 and self.carry is not None:
                 return None  # nothing above the surge reserve to spend: keep the plan in service
@@ -353,7 +441,13 @@ class Schedule:
         surge: bool = False,
     ) -> Request:
         params = dict(self.planner_params)
-        if self.snapshot is not None:
+        forecast = None if first else self.forecast
+        if forecast is not None:
+            if forecast.recent:
+                params["robust_steps"] = 0  # the replay makes the snapshots: the forecast, then the windows
+            else:
+                params["robust"] = "none"
+        elif self.snapshot is not None:
             snapshots = min(self.max_snapshots, max(1, math.ceil((end - start) / self.snapshot)))
             params["robust_steps"] = snapshots
             if snapshots < 2 and params.get("robust") in ("mean", "worst"):
@@ -377,6 +471,11 @@ class Schedule:
             budget,
             surge,
             None if first else self.min_gain,
+            forecast,
+            "always" if first or surge else self.accept,
+            self.confidence,
+            self.snapshot or 1 if self.accept == "held-out" else 0,
+            self.allocate and not first,
         )
 
 
@@ -633,35 +732,51 @@ class Incremental(_Budgeted):
 
 @dataclass(frozen=True)
 class Auto(_Budgeted):
-    """moeopt's default: re-plan from the plan in service, robust over the last ``history``
-    windows, within a transfer budget per interval, and at once when the load surges.
+    """moeopt's default: after every step, re-plan from the plan in service for a forecast of
+    the coming steps, within a transfer budget per interval, and at once when the load surges.
 
-    * **Decision points** (every ``interval`` steps; with ``level``, only when the last
-      window's mean per-step MaxVio exceeds it): ``balance`` from the plan in service, robust
-      over the last ``history`` windows of ``window`` steps, each window one snapshot
-      (``robust``: ``mean`` plans for the mean per-snapshot MaxVio, ``worst`` for the worst;
-      ``history: null``: every window so far, at most ``max_snapshots`` snapshots).
+    * **Decision points** (every ``cadence`` steps, default 1: after every step; null: every
+      ``interval`` steps; with ``level``, only when the last window's mean per-step MaxVio
+      exceeds it): ``balance`` from the plan in service, planned for a **forecast** of the
+      coming steps made from the last ``history`` windows of ``window`` steps
+      (:func:`moeopt.replay.forecast.forecast_loads`): ``forecast: level`` an exponentially
+      weighted mean of the recent steps whose half-life (``halflife``; null: chosen per layer
+      from the recent steps by its one-step-ahead error) follows how fast the stream moves,
+      ``trend`` that plus each expert's linear trend shrunk by its standard error, ``none``
+      robust over the windows as they are (each window one snapshot; ``robust``: ``mean`` plans
+      for the mean per-snapshot MaxVio, ``worst`` for the worst; ``history: null``: every window
+      so far, at most ``max_snapshots``). ``forecast_recent`` plans robustly for the forecast and
+      the recent windows together; ``horizon`` is the steps ahead the forecast is for (null:
+      the middle of the next ``cadence`` steps).
     * **Surge watch** (``surge``; null: off): after every step, when the last steps' MaxVio
       each exceed ``surge`` times the median of the window before them (and that median by
       ``surge_margin``), re-plan at once on those steps alone; later windows start there
       (:meth:`Schedule.surge_onset`). A plan chasing a shift that has already happened serves
       the whole interval otherwise.
     * **Transfer budget**: ``budget`` (or ``budget_bytes``, else ``budget_share`` of a layer's
-      slots) moved slots per layer per interval, saved in a bucket of ``carry`` intervals'
-      worth: a decision point spends at most one interval's worth, and only what lies above a
-      reserve of ``carry - 1`` intervals' worth; a surge spends the whole bucket
+      slots, unrounded: ``round_down`` floors it to whole slots) moved slots per layer per
+      interval, saved in a bucket of ``carry`` intervals' worth: a decision point spends at most
+      one interval's worth, and only what lies above a reserve of ``carry - 1`` intervals' worth
+      (for ``settle`` intervals after a surge, the reserve too); a surge spends the whole bucket
       (:meth:`Schedule.bucket`). ``carry: null`` makes the budget per re-plan (a surge then
-      spends ``surge_budget_share`` of the slots, or the budget).
-    * ``min_gain``: keep the plan in service unless the re-plan lowers the planned-on steps'
-      mean per-step MaxVio by that share. ``from_current: false`` plans afresh (no budget) and,
-      with ``relabel``, renumbers the new plan's GPUs onto the plan in service.
-      ``planner_params`` go to ``balance``.
+      spends ``surge_budget_share`` of the slots, or the budget). ``allocate`` pools the layers'
+      budgets: each layer's re-plan is made at several budgets and the moves go to the layers
+      where they lower the planned-for MaxVio most per moved slot (:func:`allocate_moves`).
+    * **Acceptance**: ``accept: paired`` keeps the plan in service unless the re-plan lowers the
+      planned-on steps' per-step MaxVio by ``confidence`` standard errors of the paired
+      per-step differences; ``held-out`` re-plans first without the last window and keeps the
+      plan in service unless that re-plan beats it so on the window it did not see (surge
+      re-plans are always taken). ``min_gain``: keep the plan in service unless the re-plan
+      lowers the planned-on steps' mean per-step MaxVio by that share. ``from_current: false``
+      plans afresh (no budget) and, with ``relabel``, renumbers the new plan's GPUs onto the
+      plan in service. ``planner_params`` go to ``balance``.
 
     The defaults were chosen on the bundled streams as a whole (the re-planning guide,
     "Choosing a policy: measured", and ``benchmarks/replay.py``).
     """
 
     budget_share: float = 0.15  # without budget and budget_bytes: this share of a layer's slots per interval
+    round_down: bool = False  # floor budget_share's slots to whole slots (else the bucket fills at the share)
     history: int | None = 2  # windows planned on (None: every window so far)
     level: float | None = None  # re-plan at a decision point only above this MaxVio (None: always)
     robust: str = "mean"  # balance's robust objective over the windows
@@ -669,15 +784,26 @@ class Auto(_Budgeted):
     from_current: bool = True  # re-plan from the plan in service within the budget (False: afresh)
     relabel: bool = True  # with from_current false: renumber the fresh plan's GPUs onto the plan in service
     surge: float | None = 2.0  # watch every step: re-plan at once when MaxVio jumps this many times (None: off)
-    surge_margin: float = 0.1  # ... and by at least this much MaxVio
+    surge_margin: float = 0.02  # ... and by at least this much MaxVio
     carry: float | None = 3.0  # the budget is per interval, saved up to this many intervals (None: per re-plan)
     surge_budget_share: float | None = None  # with carry null: a surge re-plan's budget, a share of the slots
+    settle: float | None = None  # intervals after a surge in which decision points spend the reserve too
+    cadence: int | None = 1  # steps between decision points (None: interval); the bucket fills per interval
+    forecast: str = "level"  # plan for a forecast of the coming steps: level | trend | none (the windows)
+    halflife: float | None = None  # the forecast's half-life in steps (None: chosen per layer from the steps)
+    horizon: float | None = None  # steps ahead the forecast is for (None: the middle of the next cadence)
+    forecast_recent: bool = False  # plan robustly for the forecast and the recent windows (False: the forecast)
+    accept: str = "always"  # always | paired | held-out: when a decision point's re-plan is taken
+    confidence: float = 1.0  # accept paired / held-out: standard errors the per-step gain must exceed
+    allocate: bool = False  # pool the layers' budgets: moves go to the layers where they pay most
     min_gain: float | None = None  # keep the plan in service unless a re-plan gains this share (None: always)
+    rate: float | None = None  # resolved: moved slots per layer the bucket gains per interval
     planner_params: dict[str, Any] = field(default_factory=dict)
 
     name: ClassVar[str] = "auto"
     summary: ClassVar[str] = (
-        "moeopt's default: robust over recent windows from the plan in service, a transfer budget, a surge watch"
+        "moeopt's default: after every step, from the plan in service for a forecast of the load, "
+        "a transfer budget, a surge watch"
     )
 
     def __post_init__(self) -> None:
@@ -689,10 +815,20 @@ class Auto(_Budgeted):
         _check_number("surge_margin", self.surge_margin)
         _check_number("carry", self.carry, low=1.0)
         _check_number("surge_budget_share", self.surge_budget_share, high=1.0, open_low=True)
+        _check_number("settle", self.settle)
+        _check_int("cadence", self.cadence, 1)
+        _check_number("halflife", self.halflife, open_low=True)
+        _check_number("horizon", self.horizon)
+        _check_number("confidence", self.confidence, low=-math.inf)
         _check_number("min_gain", self.min_gain, high=1.0)
+        _check_number("rate", self.rate)
         if self.robust not in ("mean", "worst", "auto", "none"):
             raise _bad("robust", f"expected mean, worst, auto or none, got {self.robust!r}")
-        for key in ("from_current", "relabel"):
+        if self.forecast not in FORECASTS:
+            raise _bad("forecast", f"expected {', '.join(FORECASTS)}, got {self.forecast!r}")
+        if self.accept not in ACCEPTS:
+            raise _bad("accept", f"expected {', '.join(ACCEPTS)}, got {self.accept!r}")
+        for key in ("from_current", "relabel", "round_down", "forecast_recent", "allocate"):
             if not isinstance(getattr(self, key), bool):
                 raise _bad(key, f"expected true or false, got {getattr(self, key)!r}")
         if not self.from_current and (self.budget is not None or self.budget_bytes is not None):
@@ -702,11 +838,19 @@ class Auto(_Budgeted):
         _check_planner("planner_params", "balance", self.planner_params, migration=True)
         if "robust" in self.planner_params or "robust_steps" in self.planner_params:
             raise _bad("planner_params", "robust mode and its snapshots are the policy's robust and history")
-        budget = self._budget(instance) if self.from_current else None
-        return dataclasses.replace(self, **self._timing(steps, window_steps), budget=budget)
+        timing = self._timing(steps, window_steps)
+        if not self.from_current:
+            return dataclasses.replace(self, **timing, budget=None, rate=None)
+        rate = self.rate
+        if rate is None:
+            shared = self.budget is None and self.budget_bytes is None and not self.round_down
+            rate = self.budget_share * _slots(instance) if shared else float(self._budget(instance))
+        # a decision point moves whole slots: at most the rate's ceiling
+        return dataclasses.replace(self, **timing, budget=max(1, math.ceil(rate - 1e-9)), rate=float(rate))
 
     def schedule(self, instance: Instance) -> Schedule:
         assert self.interval is not None and self.calibration is not None and self.window is not None
+        cadence = self.cadence or self.interval
         return Schedule(
             self.interval,
             self.calibration,
@@ -728,6 +872,21 @@ class Auto(_Budgeted):
             else max(1, math.floor(self.surge_budget_share * _slots(instance))),
             carry=None if self.carry is None else float(self.carry),
             min_gain=None if self.min_gain is None else float(self.min_gain),
+            cadence=cadence,
+            rate=self.rate,
+            settle=None if self.settle is None else float(self.settle),
+            forecast=None
+            if self.forecast == "none"
+            else Forecasting(
+                float(self.horizon) if self.horizon is not None else (cadence + 1) / 2.0,
+                None if self.halflife is None else float(self.halflife),
+                self.forecast == "trend",
+                self.forecast_recent,
+                self.window,
+            ),
+            accept=self.accept,
+            confidence=float(self.confidence),
+            allocate=self.allocate,
         )
 
 

@@ -22,6 +22,7 @@ ignored: :func:`moeopt.balance.migration.count_moves`), moved bytes (moved slots
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ import numpy as np
 
 from moeopt import console
 from moeopt.balance.migration import count_moves, relabel
+from moeopt.balance.robust import robust_objective
 from moeopt.dispatch import count_loads, route_trace
 from moeopt.errors import MoeoptError
 from moeopt.evaluate import communication, maxvio
@@ -40,15 +42,31 @@ from moeopt.instance import Instance
 from moeopt.io import resolve_profile
 from moeopt.plan import Plan
 from moeopt.registry import get_method
-from moeopt.replay.policies import Observation, Policy, Request, Schedule, make_policy
+from moeopt.replay.forecast import forecast_loads
+from moeopt.replay.policies import Forecasting, Observation, Policy, Request, Schedule, make_policy
 from moeopt.replay.stream import Stream
 from moeopt.scoring import Workloads
 from moeopt.solve import solve
+from moeopt.trace import stats_from_counts
 
-__all__ = ["REPORT", "Replan", "ReplayResult", "replay", "runs_report", "worst_window_of"]
+__all__ = [
+    "ALLOCATE_LEVELS",
+    "REPORT",
+    "Replan",
+    "ReplayResult",
+    "allocate_moves",
+    "planning_counts",
+    "replay",
+    "runs_report",
+    "score_steps",
+    "worst_window_of",
+]
 
 #: The ``report`` key of a replay report (``moeopt plot`` recognises it).
 REPORT = "replay"
+
+#: With pooled layer budgets: the per-layer budgets (times the budget) each layer's re-plan is made at
+ALLOCATE_LEVELS = (0.5, 1.0, 2.0, 3.0)
 
 
 @dataclass(frozen=True)
@@ -264,9 +282,15 @@ class _Planner:
     profile: Any = None
     cache: dict[str, Any] = field(default_factory=dict)
 
-    def workloads(self, planner: str, start: int, end: int) -> Workloads:
+    def workloads(self, planner: str, start: int, end: int, forecast: Forecasting | None = None) -> Workloads:
         """The window as the planner's calibration (and evaluation) workload: its tokens when the
-        stream has them (full statistics only for planners that read coactivation), else its counts."""
+        stream has them (full statistics only for planners that read coactivation), else its counts;
+        with ``forecast``, count statistics of the forecast (:func:`planning_counts`)."""
+        if forecast is not None:
+            window = self.stream.counts(start, end)
+            snaps = planning_counts(window, forecast)
+            stats = stats_from_counts(snaps[:, 0], top_k=int(self.stream.top_k), step_counts=snaps)
+            return Workloads(stats, stats, stats, self.profile)
         counts_only = self.stream.stats(start, end)
         if self.stream.trace is None:
             return Workloads(counts_only, counts_only, counts_only, self.profile)
@@ -276,7 +300,30 @@ class _Planner:
         return Workloads(sub, sub, stats, self.profile)
 
     def plan(self, req: Request, current: Plan | None) -> Plan:
-        wl = self.workloads(req.planner, req.start, req.end)
+        wl = self.workloads(req.planner, req.start, req.end, req.forecast)
+        if req.allocate and current is not None and req.budget is not None and req.from_current:
+            return self._allocated(req, current, wl)
+        return self._solve(req, current, wl)
+
+    def _allocated(self, req: Request, current: Plan, wl: Workloads) -> Plan:
+        """Re-plans at several per-layer budgets (:data:`ALLOCATE_LEVELS` times ``req.budget``), then per
+        layer the one :func:`allocate_moves` picks so that all layers together move at most
+        ``layers x budget`` slots: moves go where they lower the planned-for MaxVio most per slot."""
+        budget = int(req.budget or 0)
+        levels = sorted({max(1, round(f * budget)) for f in ALLOCATE_LEVELS})
+        plans = [current] + [
+            self._solve(dataclasses.replace(req, params={**req.params, "max_moves": b}), current, wl) for b in levels
+        ]
+        st = wl.calibration_stats
+        snaps = st.step_counts if st.step_counts is not None else st.counts.sum(axis=0)[:, None, :]
+        L = current.layers
+        values = np.array([[robust_objective(p.slots[l], snaps[l]) for l in range(L)] for p in plans])
+        moves = np.array([list(_moves(current, p)) for p in plans])
+        pick = allocate_moves(values, moves, budget * L)
+        slots = np.stack([plans[pick[l]].slots[l] for l in range(L)])
+        return Plan(slots=slots, experts=current.experts, dispatch=plans[-1].dispatch)
+
+    def _solve(self, req: Request, current: Plan | None, wl: Workloads) -> Plan:
         with _notes_once(current is None):
             result = solve(
                 self.instance,
@@ -299,7 +346,57 @@ class _Planner:
         return plan
 
 
-def _score(instance: Instance, stream: Stream, plan: Plan, start: int, end: int) -> tuple[np.ndarray, Any]:
+def allocate_moves(values: np.ndarray, moves: np.ndarray, pool: int) -> np.ndarray:
+    """int ``[L]``: per layer, the candidate to serve, so that the layers' moves sum to at most
+    ``pool`` and the summed value drops the most (greedy on the best drop per moved slot).
+
+    Parameters
+    ----------
+    values
+        float ``[C, L]``: each candidate's value per layer (lower is better); candidate 0 is the
+        plan in service (``moves[0] == 0``).
+    moves
+        int ``[C, L]``: each candidate's moved slots per layer.
+    pool
+        Moved slots all layers may spend together.
+    """
+    C, L = values.shape
+    pick = np.zeros(L, dtype=np.int64)
+    left = int(pool)
+    while True:
+        best, best_rate = None, 0.0
+        for l in range(L):
+            c0 = pick[l]
+            for c in range(C):
+                extra = int(moves[c, l] - moves[c0, l])
+                drop = float(values[c0, l] - values[c, l])
+                if drop <= 0 or extra > left:
+                    continue
+                rate = drop / max(extra, 1e-9) if extra > 0 else math.inf
+                if rate > best_rate:
+                    best, best_rate = (l, c, extra), rate
+        if best is None:
+            return pick
+        l, c, extra = best
+        pick[l] = c
+        left -= max(0, extra)
+
+
+def planning_counts(window: np.ndarray, forecast: Forecasting) -> np.ndarray:
+    """float ``[L, n, E]``: the load snapshots a forecasting re-plan plans for: the forecast of
+    the coming steps from ``window [L, m, E]`` (:func:`moeopt.replay.forecast.forecast_loads`),
+    then (with ``forecast.recent``) the mean of each window of ``forecast.snapshot`` recent
+    steps, the newest last (a partial oldest window kept)."""
+    f = forecast_loads(window, forecast.horizon, halflife=forecast.halflife, trend=forecast.trend).loads
+    snaps = [f[:, None, :]]
+    if forecast.recent:
+        m, w = window.shape[1], max(1, forecast.snapshot)
+        for end in range(m - (m - 1) // w * w, m + 1, w):  # windows ending at the newest step
+            snaps.append(window[:, max(0, end - w) : end].mean(axis=1, keepdims=True))
+    return np.concatenate(snaps, axis=1)
+
+
+def score_steps(instance: Instance, stream: Stream, plan: Plan, start: int, end: int) -> tuple[np.ndarray, Any]:
     """Per-step MaxVio of steps ``start .. end - 1`` under ``plan`` (one call for the segment)
     and, with tokens, ``(remote GPUs summed over each step's tokens, tokens per step)``."""
     cluster = instance.cluster
@@ -343,9 +440,31 @@ def _gains(instance: Instance, stream: Stream, current: Plan, new: Plan, req: Re
     """Whether ``new`` lowers the mean per-step MaxVio of the planned-on steps by at least
     ``req.min_gain`` of the plan in service's."""
     assert req.min_gain is not None
-    before = float(_score(instance, stream, current, req.start, req.end)[0].mean())
-    after = float(_score(instance, stream, new, req.start, req.end)[0].mean())
+    before = float(score_steps(instance, stream, current, req.start, req.end)[0].mean())
+    after = float(score_steps(instance, stream, new, req.start, req.end)[0].mean())
     return after < before * (1.0 - req.min_gain)
+
+
+def _paired_gain(instance: Instance, stream: Stream, current: Plan, new: Plan, start: int, end: int) -> float:
+    """How many standard errors ``new`` lowers the per-step MaxVio of steps ``start .. end - 1``
+    below ``current``'s (a paired comparison; one step, or no spread: +-inf by the sign)."""
+    diff = score_steps(instance, stream, current, start, end)[0] - score_steps(instance, stream, new, start, end)[0]
+    mean = float(diff.mean())
+    if len(diff) < 2:
+        return math.inf if mean > 0 else -math.inf
+    se = float(diff.std(ddof=1)) / math.sqrt(len(diff))
+    if se <= 0:
+        return math.inf if mean > 0 else -math.inf
+    return mean / se
+
+
+def _withdrawn(r: Replan, pooled: bool) -> int:
+    """What a re-plan took from the move bucket: the most slots one layer moved, or, with the
+    layers' budgets pooled, the slots moved per layer on average (rounded up)."""
+    per = r.moved_slots_per_layer
+    if not per:
+        return 0
+    return math.ceil(sum(per) / len(per)) if pooled else max(per)
 
 
 def _moves(current: Plan, new: Plan) -> tuple[int, ...]:
@@ -435,7 +554,7 @@ def replay(
     pos = C
     decision = sched.next_decision(C)
     # the first plan's in-sample MaxVio per calibration step: the surge watch's first reference
-    calib_mv = _score(instance, stream, plans[0], 0, C)[0] if sched.surge is not None else None
+    calib_mv = score_steps(instance, stream, plans[0], 0, C)[0] if sched.surge is not None else None
 
     def serve(until: int) -> None:
         """Score steps ``pos .. until - 1``, switching to the pending plan at its step."""
@@ -444,7 +563,7 @@ def replay(
             if pending is not None and pending[0] <= pos:
                 in_service, pending, service_start = pending[1], None, pos
             end = until if pending is None else min(until, pending[0])
-            vals, comm = _score(instance, stream, plans[in_service], pos, end)
+            vals, comm = score_steps(instance, stream, plans[in_service], pos, end)
             mv[pos - C : end - C] = vals
             served[pos - C : end - C] = in_service
             if comm is not None:
@@ -468,16 +587,29 @@ def replay(
             service_start,
             regime_start,
             calib_mv,
-            tuple((r.decided, max(r.moved_slots_per_layer, default=0)) for r in replans),
+            tuple((r.decided, _withdrawn(r, sched.allocate)) for r in replans),
         )
         req = sched.decide(obs)
         if req is not None and req.effective < T:
             current = plans[pending[1] if pending is not None else in_service]
             t1 = time.perf_counter()
-            new = planner.plan(req, current)
-            elapsed = time.perf_counter() - t1
             if req.surge:
                 regime_start = req.start
+            if req.accept == "held-out" and req.end - req.start > req.holdout:
+                trial = dataclasses.replace(req, end=req.end - req.holdout)
+                gain = _paired_gain(instance, stream, current, planner.plan(trial, current), trial.end, req.end)
+                if gain <= req.confidence:
+                    say(f"replay {name}: step {req.decided}: a re-plan does not pay on held-out steps; plan kept")
+                    decision = sched.next_decision(decision)
+                    continue
+            new = planner.plan(req, current)
+            elapsed = time.perf_counter() - t1
+            if req.accept == "paired" and _paired_gain(instance, stream, current, new, req.start, req.end) <= (
+                req.confidence
+            ):
+                say(f"replay {name}: step {req.decided}: the re-plan's gain is within the steps' noise; plan kept")
+                decision = sched.next_decision(decision)
+                continue
             if req.min_gain is not None and not _gains(instance, stream, current, new, req):
                 say(f"replay {name}: step {req.decided}: the re-plan gains less than {req.min_gain:g}; plan kept")
                 decision = sched.next_decision(decision)
