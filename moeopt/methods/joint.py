@@ -38,9 +38,10 @@ from moeopt.registry import Context, Problem, get_method, parse_params, register
 from moeopt.result import Result, Status, Termination, combine_status
 from moeopt.trace import Trace
 
-#: wall cap (seconds of search per layer) when the caller gives no time limit; the work bound is
-#: DEFAULT_EVALUATIONS moves priced per layer
-DEFAULT_TIME_PER_LAYER = 30.0
+#: wall cap (seconds of search per layer) when the caller gives no time limit: a safety net only,
+#: far above what the work bound (DEFAULT_EVALUATIONS moves priced per layer) takes on a busy
+#: machine, so that it does not decide the plan (at 30 s it did, beside a CPU hog, on 64 experts)
+DEFAULT_TIME_PER_LAYER = 300.0
 DEFAULT_EVALUATIONS = 2400
 #: λ values of the guard tried when ``lam`` is not fixed (ascending). Not below 1: at λ < 1
 #: the guard hardly reacts to load, and a shift to one task family stays unbalanced
