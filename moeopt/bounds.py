@@ -3,15 +3,15 @@
 The LP relaxation of the exact models is weak past E = 64, so every TACG result (exact or
 heuristic) reports the tightest of these bounds, computed in milliseconds per layer:
 
-* :func:`star_bound`: an expert has at most ``cap - 1`` partners in its group, whose loads
+* `star_bound`: an expert has at most ``cap - 1`` partners in its group, whose loads
   fit in ``load_limit - w[e]``; each pair is counted from both ends, so halve the sum.
   The load-knapsack is relaxed with a Lagrange multiplier per expert.
-* :func:`lagrangian_bound`: split each pair's weight between its ends,
+* `lagrangian_bound`: split each pair's weight between its ends,
   ``a[e, e'] + a[e', e] = W[e, e']``; for every split, the sum over experts of their best
   ``cap - 1`` partners under ``a[e, :]`` (with the load multiplier) bounds the optimum. The
   star bound is the split ``a = W / 2``; subgradient steps on the symmetry of the partner
   choice tighten it (to the fractional b-matching value when they converge).
-* :func:`eigenvalue_bound`: the Donath-Hoffman bound ``1/2 min_d [sum_i m_i lambda_i(W +
+* `eigenvalue_bound`: the Donath-Hoffman bound ``1/2 min_d [sum_i m_i lambda_i(W +
   diag d) - sum d]`` with group sizes ``m`` filled greedily (``cap`` each), improved over
   the diagonal ``d`` by a few subgradient steps.
 """
@@ -25,7 +25,7 @@ from moeopt.grouping import Grouping
 
 
 def top_sum(values: np.ndarray, count: int) -> np.ndarray:
-    """Sum of the ``count`` largest entries along the last axis (also used by :mod:`moeopt.colgen`)."""
+    """Sum of the ``count`` largest entries along the last axis (also used by `moeopt.colgen`)."""
     n = values.shape[-1]
     if count <= 0:
         return np.zeros(values.shape[:-1])
@@ -107,7 +107,7 @@ def _partner_values(split: np.ndarray, problem: Grouping, mu: np.ndarray) -> tup
 
 
 def lagrangian_bound(problem: Grouping, iterations: int = 100, multipliers: int = 12) -> float:
-    """Lagrangian bound on the symmetry of partner choices (tightens :func:`star_bound`).
+    """Lagrangian bound on the symmetry of partner choices (tightens `star_bound`).
 
     For any split ``a`` with ``a + a^T = W``, a plan's objective equals
     ``sum_e sum_{e' in g(e), e' != e} a[e, e']``, and e's term is at most its best choice of
@@ -202,9 +202,9 @@ def grouping_bound(
     problem
         The grouping problem.
     lagrangian_iterations
-        Subgradient steps of :func:`lagrangian_bound` (-1: skip it).
+        Subgradient steps of `lagrangian_bound` (-1: skip it).
     eigen_iterations
-        Subgradient steps of :func:`eigenvalue_bound` (-1: skip it).
+        Subgradient steps of `eigenvalue_bound` (-1: skip it).
 
     Returns
     -------

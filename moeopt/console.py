@@ -9,13 +9,13 @@ Everything else goes to stderr, in three kinds:
 * progress: unless ``--quiet``, on any stderr. Per-layer lines (incumbent, bound, time) are
   written as they come. A progress bar redraws itself with ``\\r`` on a terminal; on a file or
   a pipe (a log, a batch job) it becomes a line instead, at most one a minute
-  (:data:`LINE_EVERY`; every step with ``--verbose``), so that a long run is never silent:
+  (`LINE_EVERY`; every step with ``--verbose``), so that a long run is never silent:
   ``joint: 12/58 layers, 6m 02s, about 23m 10s left``.
 
-The command line sets the mode once (:func:`configure`); library code asks
-:func:`progress`, writes with :func:`note` / :func:`progress_line` and makes its bars with
-:func:`bar`. Used as a library (no :func:`configure`), the mode is ``auto``, and
-:func:`moeopt.solve.solve` is quiet unless asked (``quiet=False``).
+The command line sets the mode once (`configure`); library code asks
+`progress`, writes with `note` / `progress_line` and makes its bars with
+`bar`. Used as a library (no `configure`), the mode is ``auto``, and
+[`moeopt.solve.solve`][] is quiet unless asked (``quiet=False``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ _mode = "auto"
 #: Seconds between two lines of a progress bar on a stderr that is not a terminal.
 LINE_EVERY = 60.0
 
-#: Notes shown since :func:`configure` (without their ``note:`` prefix): each is shown once.
+#: Notes shown since `configure` (without their ``note:`` prefix): each is shown once.
 _shown: set[str] = set()
 
 
@@ -80,7 +80,7 @@ def progress() -> bool:
 
 
 def progress_line(line: str) -> None:
-    """Write one progress line to stderr (callers check :func:`progress`, or a ``quiet`` flag)."""
+    """Write one progress line to stderr (callers check `progress`, or a ``quiet`` flag)."""
     tqdm.write(line, file=sys.stderr)
 
 
@@ -92,7 +92,7 @@ def note(line: str) -> None:
 
 
 def result_notes(stats: Mapping[str, Any], method: str | None = None) -> list[str]:
-    """The lines (``note: METHOD: ...``) of a result's ``stats['note']`` that no :func:`note` has shown.
+    """The lines (``note: METHOD: ...``) of a result's ``stats['note']`` that no `note` has shown.
 
     Methods store what a user should act on (an unreachable target and what would reach it, a
     fallback, a time limit that cut a search short) in ``stats['note']``, a string (parts joined
@@ -121,8 +121,8 @@ def result_notes(stats: Mapping[str, Any], method: str | None = None) -> list[st
 class LineBar:
     """A progress bar for a stderr that is not a terminal: a line now and then, never ``\\r``.
 
-    Takes tqdm's arguments and offers what moeopt uses of it (iteration, :meth:`update`,
-    :meth:`close`, a context manager). A line is written when a step ends and ``every`` seconds
+    Takes tqdm's arguments and offers what moeopt uses of it (iteration, `update`,
+    `close`, a context manager). A line is written when a step ends and ``every`` seconds
     have passed since the last one, and by a timer while one step runs longer than that.
 
     Parameters
@@ -218,7 +218,7 @@ class LineBar:
 
 
 def _tick(ref: weakref.ReferenceType[LineBar], closed: threading.Event) -> None:
-    """A :class:`LineBar`'s timer: a line while a step runs longer than its ``every`` seconds;
+    """A `LineBar`'s timer: a line while a step runs longer than its ``every`` seconds;
     ends when the bar is closed or gone."""
     while True:
         line_bar = ref()
@@ -246,7 +246,7 @@ def _duration(seconds: float) -> str:
 
 
 def bar(iterable: Iterable | None = None, *, quiet: bool = False, **kwargs: Any) -> tqdm | LineBar:
-    """A progress bar on stderr: tqdm's on a terminal; elsewhere a :class:`LineBar` (a line a
+    """A progress bar on stderr: tqdm's on a terminal; elsewhere a `LineBar` (a line a
     minute, a line per step with ``--verbose``); disabled (a tqdm that draws nothing) with
     ``quiet``, ``--quiet`` or ``disable=True``."""
     off = bool(kwargs.pop("disable", False)) or quiet or _mode == "quiet"

@@ -1,12 +1,12 @@
 """Dispatch policies (SPEC section 11): how tokens choose among the copies of an expert.
 
-A plan's :class:`~moeopt.plan.Dispatch` is part of the plan; this module turns a plan and a
+A plan's [`Dispatch`][moeopt.plan.Dispatch] is part of the plan; this module turns a plan and a
 workload into what that rule executes:
 
 * on count data (per-expert counts, per step or pooled), the GPU loads ``[L, ..., G]``
-  (:func:`count_loads`);
+  ([`count_loads`][moeopt.dispatch.count_loads]);
 * on a token trace, the per-step GPU loads and the GPU serving every token-expert
-  assignment (:func:`route_trace`), from which communication is counted.
+  assignment ([`route_trace`][moeopt.dispatch.route_trace]), from which communication is counted.
 
 Policies
 --------
@@ -26,14 +26,14 @@ Policies
 ``vllm``
     vLLM's EPLB routing (``eplb_map_and_record`` in vLLM 0.34): the token in row ``i`` of its
     rank's batch uses copy ``((i * 2654435769) mod 2**32) mod c`` (Knuth's multiplicative hash;
-    copies in physical-slot order, :func:`physical_copies`). On a trace ``i`` is the token's row
-    in its step (and home, when the trace records homes); on counts the split is even in
+    copies in physical-slot order, [`physical_copies`][moeopt.dispatch.physical_copies]). On a trace ``i`` is the
+    token's row in its step (and home, when the trace records homes); on counts the split is even in
     expectation and is scored as ``even``.
 ``ascend``
     vLLM-Ascend (``generate_log2phy_map``): source rank ``r`` sends every token for expert
     ``e`` to copy ``r mod c`` of ``e``, its ``c`` distinct devices in rank order (with tensor
     parallelism ``tp``: copy ``(r mod tp + r div tp + e) mod c``). A per-rank table like
-    ``static`` (:func:`ascend_map`); without token homes, loads and communication are the exact
+    ``static`` ([`ascend_map`][moeopt.dispatch.ascend_map]); without token homes, loads and communication are the exact
     expectation over the G homes. When ``c`` does not divide G the copies get unequal shares
     (``ceil`` or ``floor`` of ``G / c`` ranks each).
 ``lp``
@@ -41,18 +41,18 @@ Policies
     holding it to minimize the batch's largest GPU load: one LP per layer (all steps at
     once, block-separable, solved by HiGHS through scipy). Loads are the LP's fractional
     optimum. SGLang then draws each token's copy by the split's probabilities, independently
-    per (token, expert): communication is that draw's expectation (:func:`_expected_comm_draws`:
+    per (token, expert): communication is that draw's expectation (`_expected_comm_draws`:
     GPU g used with probability ``1 - prod_e (1 - p[e, g])``); the per-token GPUs a caller
     needs (the harness) are a largest-remainder rounding of the split, tokens in order.
 ``locality``
-    The online guard of SPEC 4.3 (:func:`guard_layer`), simulated batch by batch; every
-    layer's guard in one pass over the batches (:func:`guard_layers`: with the guard's small
+    The online guard of SPEC 4.3 ([`guard_layer`][moeopt.dispatch.guard_layer]), simulated batch by batch; every
+    layer's guard in one pass over the batches ([`guard_layers`][moeopt.dispatch.guard_layers]: with the guard's small
     batches, 32 tokens for ``joint``, the Python loop over batches is what costs). It needs
     tokens; on count data it reduces to ``even`` (no token has a preference, and the load
     term spreads each expert evenly in expectation). A research rule: no serving engine runs
     it today.
 
-``static`` and ``ascend`` are *per-rank tables* (:func:`rank_map`): each source GPU maps each
+``static`` and ``ascend`` are *per-rank tables* ([`rank_map`][moeopt.dispatch.rank_map]): each source GPU maps each
 expert to one physical slot, so what a token costs depends on where it lives (its home).
 """
 
@@ -94,7 +94,7 @@ def static_map(
     layer-then-expert order, exactly as each engine rank does.
 
     The engine's map has a row for every hidden layer: ``dense_layers`` rows of the trivial
-    layout ``p mod E`` (what :func:`moeopt.interop.to_sglang` writes for a model's dense
+    layout ``p mod E`` (what [`moeopt.interop.to_sglang`][] writes for a model's dense
     layers) come first and consume draws of each rank's stream before the MoE layers do
     (DeepSeek-V3: 3 rows; at 64 GPUs x 5 slots, 64 experts of each have two copies). Their
     picks are dropped from the result.
@@ -112,7 +112,7 @@ def static_map(
 
 
 def _static_rows(rows: np.ndarray, G: int, W: int, E: int, gpus_per_node: int | None, seed: int) -> np.ndarray:
-    """:func:`static_map` of a physical-to-logical map ``rows [layers, G * W]``."""
+    """[`static_map`][moeopt.dispatch.static_map] of a physical-to-logical map ``rows [layers, G * W]``."""
     L = rows.shape[0]
     out = np.full((G, L, E), -1, dtype=np.int64)
     node_slots = None if gpus_per_node is None or gpus_per_node >= G else gpus_per_node * W
@@ -186,7 +186,7 @@ def ascend_map(plan: Plan, tp_size: int | None = None) -> np.ndarray:
     device: a colocated second copy is never used), ``c`` of them; rank ``r`` uses copy
     ``r mod c``, or with ``tp_size > 1`` copy ``(r mod tp + r div tp + e) mod c``. The slot is
     that device's first slot holding ``e`` (the engine numbers a device's distinct experts in
-    the order the map lists them; :func:`moeopt.interop.to_vllm_ascend` writes them in slot
+    the order the map lists them; [`moeopt.interop.to_vllm_ascend`][] writes them in slot
     order, so on a plan without colocated copies or empty slots the engine's physical id and
     moeopt's slot ``g * W + w`` are the same number).
     """
@@ -218,7 +218,8 @@ RANK_TABLE_KINDS = ("static", "ascend")
 
 def rank_map(plan: Plan, cluster: Cluster) -> np.ndarray:
     """int ``[G, L, E]``: the physical slot each source GPU sends each expert to, under the
-    plan's ``static`` (:func:`static_map`) or ``ascend`` (:func:`ascend_map`) rule."""
+    plan's ``static`` ([`static_map`][moeopt.dispatch.static_map]) or ``ascend``
+    ([`ascend_map`][moeopt.dispatch.ascend_map]) rule."""
     d = plan.dispatch
     if d.kind == "static":
         return static_map(plan, cluster.gpus_per_node, STATIC_SEED, d.dense_layers)
@@ -234,7 +235,7 @@ def rank_share(plan: Plan, cluster: Cluster) -> np.ndarray:
 
 
 def static_share(plan: Plan, gpus_per_node: int | None = None) -> np.ndarray:
-    """float ``[L, E, G]``: :func:`rank_share` of SGLang's static rule, whatever the plan's own
+    """float ``[L, E, G]``: [`rank_share`][moeopt.dispatch.rank_share] of SGLang's static rule, whatever the plan's own
     rule (its ``dense_layers`` when it is ``static``)."""
     dense = plan.dispatch.dense_layers if plan.dispatch.kind == "static" else 0
     return _uniform_home_share(static_map(plan, gpus_per_node, STATIC_SEED, dense) // plan.width, plan.experts)
@@ -397,8 +398,8 @@ class Routing:
         optional ``(distinct, remote, weighted)`` float ``[tokens, L]`` already averaged over
         homes (``static`` without token homes); None when computed from ``gpu``.
     nodes
-        optional float ``[tokens, L]``: remote nodes per token (:func:`remote_nodes_of`), given
-        where ``comm`` is (an expectation, or homes that change with the layer); None when
+        optional float ``[tokens, L]``: remote nodes per token ([`remote_nodes_of`][moeopt.dispatch.remote_nodes_of]),
+        given where ``comm`` is (an expectation, or homes that change with the layer); None when
         computed from ``gpu``.
     """
 
@@ -519,7 +520,7 @@ def batch_rows(trace: Trace, kind: str) -> np.ndarray:
 
 
 def all_copies(plan: Plan) -> np.ndarray:
-    """int ``[L, E, C]``: :meth:`Plan.copies` of every layer, -1 padded to the most copies."""
+    """int ``[L, E, C]``: [`Plan.copies`][moeopt.plan.Plan.copies] of every layer, -1 padded to the most copies."""
     per = [plan.copies(l) for l in range(plan.layers)]
     C = max(c.shape[1] for c in per)
     out = np.full((plan.layers, plan.experts, C), -1, dtype=np.int64)
@@ -588,7 +589,8 @@ def _expected_comm_draws(
     when each of its pairs draws its GPU independently by ``prob [T, E, G]`` (SGLang's ``lp``
     dispatch draws every token's copy by the batch's probabilities): GPU g is used with
     probability ``1 - prod_e (1 - p[e, g])``, node n with ``1 - prod_e (1 - sum_{g in n} p[e, g])``;
-    remote, weighted and nodes as :func:`communication_of` and :func:`remote_nodes_of` count them."""
+    remote, weighted and nodes as [`communication_of`][moeopt.dispatch.communication_of] and
+    [`remote_nodes_of`][moeopt.dispatch.remote_nodes_of] count them."""
     G = cluster.gpus
     gpn = node_size(cluster)
     cost = hop_costs(cluster)
@@ -651,7 +653,7 @@ def communication_of(
 
     With unknown token homes (drawn uniformly) the remote values are expectations:
     ``|GPUs(topk)| (1 - 1/G)`` and, per distinct GPU, the mean hop cost to it (two-level
-    default: ``((gpn - 1) + (G - gpn) w) / G``); hop costs come from :mod:`moeopt.topology`.
+    default: ``((gpn - 1) + (G - gpn) w) / G``); hop costs come from `moeopt.topology`.
     """
     G = cluster.gpus
     s = np.sort(gpu, axis=-1)
@@ -678,10 +680,10 @@ def remote_nodes_of(gpu: np.ndarray, cluster: Cluster, token_home: np.ndarray | 
     """Remote nodes per token and layer: the distinct nodes of the GPUs its experts run on
     (``gpu [tokens, L, k]``), minus its home node when one of them is.
 
-    A node is ``cluster.gpus_per_node`` consecutive GPUs (:func:`node_size`). With unknown token
+    A node is ``cluster.gpus_per_node`` consecutive GPUs ([`node_size`][moeopt.dispatch.node_size]). With unknown token
     homes (drawn uniformly over the GPUs, so the home node uniformly over the ``G / gpn``
     nodes) the value is the expectation ``|nodes(topk)| (1 - gpn / G)``, as
-    :func:`communication_of` takes it for GPUs.
+    [`communication_of`][moeopt.dispatch.communication_of] takes it for GPUs.
 
     Parameters
     ----------
@@ -832,7 +834,7 @@ def guard_layer(
         G.
     guard
         λ (``lam``), δ (``decay``) and the batch size (``batch_tokens``): a
-        :class:`~moeopt.plan.Dispatch`.
+        [`Dispatch`][moeopt.plan.Dispatch].
     token_home
         optional int ``[tokens]`` GPU each token lives on.
 
@@ -852,7 +854,7 @@ def guard_layers(
     guard: Dispatch,
     token_home: np.ndarray | None = None,
 ) -> np.ndarray:
-    """:func:`guard_layer` for several layers at once: the same decisions, layer by layer.
+    """[`guard_layer`][moeopt.dispatch.guard_layer] for several layers at once: the same decisions, layer by layer.
 
     The layers' guards are independent (each has its own ``Lhat``) but share the batches (the
     tokens' steps), so one pass over the batches decides every layer's token-slots of a batch
@@ -868,7 +870,7 @@ def guard_layers(
     copies
         int ``[L, E, C]`` GPUs holding each expert per layer, first copy first, -1 padded.
     gpus, guard, token_home
-        As in :func:`guard_layer` (``token_home`` is the same for every layer).
+        As in [`guard_layer`][moeopt.dispatch.guard_layer] (``token_home`` is the same for every layer).
 
     Returns
     -------

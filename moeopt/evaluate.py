@@ -1,8 +1,8 @@
 """The metrics of SPEC section 2 for one plan on one workload.
 
 Nothing here trusts a solver: a plan and a workload go in, metrics come out. Tokens are
-dispatched over an expert's copies by the plan's own rule (:mod:`moeopt.dispatch`), so the
-dispatch a plan will run under is the one it is scored with. :func:`moeopt.scoring.score`
+dispatched over an expert's copies by the plan's own rule ([`moeopt.dispatch`][]), so the
+dispatch a plan will run under is the one it is scored with. [`moeopt.scoring.score`][]
 adds the comparison with the linear baseline and the method's own metrics (bounds, gaps) on
 top, and is what every command calls.
 """
@@ -83,7 +83,7 @@ def evaluate(
 
     Returns a dict with ``comm_per_token`` (remote GPUs per token per layer),
     ``comm_nodes_per_token`` (remote nodes per token per layer,
-    :func:`~moeopt.dispatch.remote_nodes_of`), ``comm_weighted_per_token``,
+    [`remote_nodes_of`][moeopt.dispatch.remote_nodes_of]), ``comm_weighted_per_token``,
     ``gpus_per_token``, ``jain``, ``maxvio`` (whole workload, mean over layers),
     ``jain_per_step``, ``maxvio_per_step`` (mean over layers and steps), ``maxvio_per_step_max``,
     per-layer lists, ``loads`` ``[L][G]``, and

@@ -1,7 +1,7 @@
 """The communication-vs-balance frontier of several methods on one instance (SPEC 11).
 
 For each method and each load limit ``eps`` of a sweep, one plan is solved on the calibration
-workload and scored by the one scorer (:func:`moeopt.scoring.score`) on the held-out
+workload and scored by the one scorer ([`moeopt.scoring.score`][]) on the held-out
 evaluation workload and on each family's own part of it (the single-family shift). The
 ``eps`` knob of each kind of method:
 
@@ -16,7 +16,7 @@ A point is on the Pareto set when no other point has both fewer remote GPUs per 
 lower held-out MaxVio (ties: both lower or equal, one strictly).
 
 The points are independent: with ``workers=N`` they are solved in a local process pool (the
-fork server of :mod:`moeopt.execute`, each point's layers serial in its worker), with the same
+fork server of [`moeopt.execute`][], each point's layers serial in its worker), with the same
 seed per point as the serial sweep, hence the same plans and metrics (wall times aside).
 With ``ray`` the points are Ray tasks (each point's layers serial in its task), again with the
 serial sweep's seeds, plans and metrics.
@@ -288,7 +288,7 @@ def frontier(
     ----------
     log
         Gets one line per finished point (in the order they finish); given, a progress bar
-        over the points is also drawn (on a terminal only, :func:`moeopt.console.bar`).
+        over the points is also drawn (on a terminal only, `moeopt.console.bar`).
     workers
         Solve the points in this many local processes (each point's layers serially in its
         worker); the points, plans and metrics are those of the serial sweep, in the same

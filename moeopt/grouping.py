@@ -3,7 +3,7 @@
 Partition E experts into G groups (GPUs) of at most ``cap`` experts, each group's load
 ``sum_{e in g} w[e]`` at most ``load_limit``, maximizing the intra-group affinity
 ``sum_g sum_{e < e' in g} W[e, e']``. Every heuristic, exact model and bound of TACG works on a
-:class:`Grouping`; the objective here is the one :func:`moeopt.evaluate.grouping_affinity`
+`Grouping`; the objective here is the one [`moeopt.evaluate.grouping_affinity`][]
 recomputes on the final plan.
 """
 
@@ -133,11 +133,11 @@ class Grouping:
         return not self.violations(home)
 
     def min_max_load(self) -> float:
-        """A lower bound on the largest group load of any slot-feasible plan (:func:`min_max_load`)."""
+        """A lower bound on the largest group load of any slot-feasible plan (`min_max_load`)."""
         return min_max_load(self.load, self.groups, self.cap)
 
     def check_load_limit(self, eps_load: float | None = None) -> None:
-        """Raise :class:`InfeasibleError` when no plan can meet the load limit."""
+        """Raise `InfeasibleError` when no plan can meet the load limit."""
         need = self.min_max_load()
         if need > self.load_limit + LOAD_TOL:
             eps_min = need * self.groups - 1.0

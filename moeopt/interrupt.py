@@ -1,12 +1,12 @@
 """Ctrl-C and SIGTERM: stop the native solver through its own API, then leave cleanly.
 
 The one place that decides what a signal does. The command line runs every command inside
-:func:`handling`; every call into a native solver runs inside :func:`native` with the
+`handling`; every call into a native solver runs inside `native` with the
 solver's own stop (CP-SAT's ``stop_search``; HiGHS's ``cancelSolve`` through its interrupt
 callback, directly or behind Pyomo), or in a child process that is killed
-(:func:`run_in_child`): calls that have no stop (Mt-KaHyPar, SciPy's HiGHS), and, under the
+(`run_in_child`): calls that have no stop (Mt-KaHyPar, SciPy's HiGHS), and, under the
 command line, HiGHS's MILPs, which do not look at their interrupt callback while they solve
-the root LP (:func:`moeopt.solvers.highs_common.run_highs`).
+the root LP (`moeopt.solvers.highs_common.run_highs`).
 
 Why not Python's own handler: a native solver runs with the interpreter's lock released, and
 Python runs a signal handler only in the main thread, between two bytecodes. While CP-SAT
@@ -16,24 +16,24 @@ C++ aborts the process (``terminate called without an active exception``, exit 1
 
 How it works here:
 
-1. :func:`handling` installs a handler for SIGINT and SIGTERM and points
-   :func:`signal.set_wakeup_fd` at a pipe. The C-level handler writes the signal's number
+1. `handling` installs a handler for SIGINT and SIGTERM and points
+   `signal.set_wakeup_fd` at a pipe. The C-level handler writes the signal's number
    into the pipe at once, whatever the main thread is doing.
 2. A watcher thread reads the pipe and calls every registered stop hook (again every
-   :data:`POLL` seconds while the interrupt is pending, so a solver that was about to start
+   `POLL` seconds while the interrupt is pending, so a solver that was about to start
    when the signal came is stopped too). The solver returns in the main thread; its own
    threads end with it.
-3. The Python-level handler then raises :class:`Interrupted` (a :class:`KeyboardInterrupt`,
+3. The Python-level handler then raises `Interrupted` (a `KeyboardInterrupt`,
    carrying the signal) in the main thread, except where raising is unsafe: inside a callback
    that a native library (HiGHS) called, where the exception would be swallowed by C++, or
-   inside a :func:`deferred` block (starting worker processes). There the interrupt is
-   delivered again a moment later (:func:`_thread.interrupt_main`), or when the block ends.
+   inside a `deferred` block (starting worker processes). There the interrupt is
+   delivered again a moment later (`_thread.interrupt_main`), or when the block ends.
 4. The command line catches it, writes no output, prints ``interrupted`` and exits with
    128 + the signal's number (130 for SIGINT, 143 for SIGTERM).
 
-Only the first signal counts: once :class:`Interrupted` is raised, later signals are
+Only the first signal counts: once `Interrupted` is raised, later signals are
 recorded and ignored, so that the clean-up (stopping worker processes, a local Ray) runs to
-its end. Without :func:`handling` (moeopt used as a library), :func:`native` blocks in the
+its end. Without `handling` (moeopt used as a library), `native` blocks in the
 main thread install it for SIGINT alone while they run, so Ctrl-C still stops a solver.
 """
 
@@ -76,7 +76,7 @@ POLL = 0.05
 #: calls its interrupt callback (how ``cancelSolve`` reaches it) through ``highspy.highs``.
 CALLBACK_MODULES = ("highspy",)
 
-#: Signals :func:`handling` takes over by default.
+#: Signals `handling` takes over by default.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _QUIT = b"\x00"  # written into the pipe to end the watcher
@@ -103,7 +103,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class _State:
-    """What :func:`handling` installed, and the interrupt it has seen (one per process)."""
+    """What `handling` installed, and the interrupt it has seen (one per process)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -132,7 +132,7 @@ def _main_thread() -> bool:
 
 
 def active() -> bool:
-    """Whether the command line's handling is installed in this process (:func:`handling`
+    """Whether the command line's handling is installed in this process (`handling`
     with ``process_wide``): only then do calls without a stop run in a child process."""
     return _state.installed and _state.process_wide
 
@@ -144,14 +144,14 @@ def pending() -> int | None:
 
 def exit_code() -> int:
     """The exit code of a run ended by a signal: 128 + its number (130 when none was seen:
-    a :class:`KeyboardInterrupt` raised by other means). A library may raise its own
-    :class:`KeyboardInterrupt` for the signal (Ray does), so the number is taken from here."""
+    a `KeyboardInterrupt` raised by other means). A library may raise its own
+    `KeyboardInterrupt` for the signal (Ray does), so the number is taken from here."""
     return 128 + (_state.pending if _state.pending is not None else signal.SIGINT)
 
 
 def check() -> None:
-    """Raise :class:`Interrupted` if a signal came (e.g. after a library swallowed the
-    :class:`KeyboardInterrupt` raised in its code, as an import can)."""
+    """Raise `Interrupted` if a signal came (e.g. after a library swallowed the
+    `KeyboardInterrupt` raised in its code, as an import can)."""
     if _state.pending is not None:
         raise Interrupted(_state.pending)
 
@@ -257,7 +257,7 @@ def _install(signals: tuple[int, ...], process_wide: bool) -> bool:
 
 
 def _uninstall() -> None:
-    """Put back what :func:`_install` replaced and end the watcher."""
+    """Put back what `_install` replaced and end the watcher."""
     _state.raised = True  # a signal from here on is ignored: the run has ended
     for s, previous in _state.previous.items():
         signal.signal(s, previous)
@@ -281,7 +281,7 @@ def _uninstall() -> None:
 def handling(signals: tuple[int, ...] = SIGNALS, *, process_wide: bool = True) -> Iterator[None]:
     """Run the block with moeopt's handling of ``signals`` (SIGINT and SIGTERM by default).
 
-    A signal raises :class:`Interrupted` in the main thread once the native solver it finds
+    A signal raises `Interrupted` in the main thread once the native solver it finds
     running is stopped. Nothing is installed outside the main thread, when handling is
     already installed, or for a signal the process ignores (a run started in the background
     with SIGINT ignored keeps ignoring it). Everything is put back when the block ends.
@@ -292,7 +292,7 @@ def handling(signals: tuple[int, ...] = SIGNALS, *, process_wide: bool = True) -
         The signals to handle.
     process_wide
         The handling of the whole run (the command line): calls that have no stop then run
-        in a child process (:func:`call`).
+        in a child process (`call`).
     """
     installed = _install(tuple(signals), process_wide)
     try:
@@ -315,9 +315,9 @@ class native:
     """A block that calls a native solver: ``stop()`` ends it early on a signal.
 
     On entry the stop hook is registered (and called at once if a signal already came); on
-    exit it is removed, and if a signal came meanwhile :class:`Interrupted` is raised, so that
+    exit it is removed, and if a signal came meanwhile `Interrupted` is raised, so that
     a search cut short by Ctrl-C never passes for one cut by its time limit. In the main thread
-    of a process without :func:`handling` (moeopt as a library), SIGINT handling is installed
+    of a process without `handling` (moeopt as a library), SIGINT handling is installed
     for the block's duration.
 
     Parameters
@@ -367,9 +367,9 @@ class native:
 @contextmanager
 def deferred() -> Iterator[None]:
     """Hold a signal back while the block runs (e.g. starting worker processes, which a signal
-    must not leave half started), then raise :class:`Interrupted` if one came.
+    must not leave half started), then raise `Interrupted` if one came.
 
-    Outside the main thread, or without :func:`handling`, Python's SIGINT handler is held back
+    Outside the main thread, or without `handling`, Python's SIGINT handler is held back
     the same way when it is the default one; otherwise the block simply runs.
     """
     if not _main_thread():
@@ -399,11 +399,11 @@ def deferred() -> Iterator[None]:
 
 
 def call(fn: Callable[[], T], stop: Callable[[], object] | None = None) -> T:
-    """``fn()``, a native solver's call, such that a signal stops it and raises :class:`Interrupted`.
+    """``fn()``, a native solver's call, such that a signal stops it and raises `Interrupted`.
 
-    With ``stop`` the call runs here inside :func:`native` (``stop`` ends it through the
+    With ``stop`` the call runs here inside `native` (``stop`` ends it through the
     solver's own API). Without one, it runs in a child process that is killed on a signal when
-    the command line's handling is active (:func:`run_in_child`), and here otherwise.
+    the command line's handling is active (`run_in_child`), and here otherwise.
     """
     if stop is None and active() and _main_thread():
         return run_in_child(fn)
@@ -412,7 +412,7 @@ def call(fn: Callable[[], T], stop: Callable[[], object] | None = None) -> T:
 
 
 def _after_fork_in_child() -> None:
-    """Every forked child (:func:`run_in_child`, a ``fork`` multiprocessing process) starts
+    """Every forked child (`run_in_child`, a ``fork`` multiprocessing process) starts
     without moeopt's handling: the wakeup pipe is the parent's no longer, nothing is registered,
     SIGINT is ignored (a terminal's Ctrl-C reaches the whole process group; the parent handles
     it and kills the child) and SIGTERM ends it (the parent's ``terminate``)."""
@@ -437,7 +437,7 @@ def _kill(pid: int) -> None:
 
 def _child(fn: Callable[..., Any], args: tuple[Any, ...], read_fd: int, write_fd: int, mask: set[int]) -> None:
     """Body of the forked child: run ``fn``, send back ``("ok", value)`` or ``("error", exc)``.
-    Never returns (the child must not run on into the parent's code): it ends in :func:`os._exit`."""
+    Never returns (the child must not run on into the parent's code): it ends in `os._exit`."""
     status = 1
     try:
         # signals are blocked since before the fork: the handlers become the child's own first
@@ -470,7 +470,7 @@ def run_in_child(fn: Callable[..., T], *args: Any) -> T:
 
     The child gets everything by inheritance (nothing is pickled on the way in), runs the call
     with no thread of this process, sends the value (or the exception) back pickled and leaves
-    with :func:`os._exit`. On a signal the child is killed and reaped and :class:`Interrupted`
+    with `os._exit`. On a signal the child is killed and reaped and `Interrupted`
     is raised here; it leaves no process and no file behind.
 
     Raises

@@ -1,8 +1,8 @@
 """What one exact solve of one layer returns, for every backend (grouping and GEM alike).
 
-A backend reports *why* it stopped (:class:`~moeopt.result.Termination`, mapped from its own
-codes by one dict per backend in :mod:`moeopt.result`) and *what it holds* (a plan or not);
-:func:`exact_status` turns the two into the :class:`~moeopt.result.Status` of the layer, so
+A backend reports *why* it stopped ([`Termination`][moeopt.result.Termination], mapped from its own
+codes by one dict per backend in [`moeopt.result`][]) and *what it holds* (a plan or not);
+`exact_status` turns the two into the [`Status`][moeopt.result.Status] of the layer, so
 that every backend states it the same way.
 """
 
@@ -48,12 +48,12 @@ class ExactOutcome:
     ----------
     status
         What it holds: OPTIMAL, TIME_LIMIT (a plan, stopped early), NO_SOLUTION, INFEASIBLE
-        or ERROR (see :func:`exact_status`).
+        or ERROR (see `exact_status`).
     home
         int ``[E]`` the plan (the GPU or group of each expert), None without one.
     incumbent
         The backend's own objective of ``home`` (None without a plan): a report, never the
-        result's objective, which :mod:`moeopt.evaluate` recomputes.
+        result's objective, which [`moeopt.evaluate`][] recomputes.
     bound
         The backend's proved bound on the optimum (upper for ``sense="max"``, lower for
         ``"min"``), None without one.
@@ -104,7 +104,7 @@ class ExactOutcome:
     ) -> ExactOutcome:
         """The outcome of a backend that stopped for ``termination`` holding ``home`` (or None).
 
-        The status follows from the two (:func:`exact_status`); a proof of infeasibility
+        The status follows from the two (`exact_status`); a proof of infeasibility
         carries no plan and no bound. ``rest`` are the other fields.
         """
         status = exact_status(termination, home is not None)

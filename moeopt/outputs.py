@@ -1,12 +1,12 @@
 """Output files: checked before any work, written through temporary files, all or none.
 
-Every writer in :mod:`moeopt.io` writes through :func:`atomic_path`: a temporary file in the
+Every writer in [`moeopt.io`][] writes through `atomic_path`: a temporary file in the
 target's directory (the target of a symlink), renamed onto the target only when complete.
-Inside :func:`all_or_none` (the CLI runs every command in one) the renames wait until the
+Inside `all_or_none` (the CLI runs every command in one) the renames wait until the
 command succeeds, so a failure leaves no output at all. Targets that are not regular files
 (directories, FIFOs, devices, sockets) are refused, never replaced, and so is a target that is
-one of the command's inputs: inside :func:`all_or_none` every file a reader of :mod:`moeopt.io`
-opens is recorded (:func:`note_input`), and :func:`check_target` compares the target with them
+one of the command's inputs: inside `all_or_none` every file a reader of [`moeopt.io`][]
+opens is recorded (`note_input`), and `check_target` compares the target with them
 as files (resolved paths, and device and inode: symlinks, ``./x`` and ``x``, hard links).
 """
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from moeopt.errors import InputError
 
-#: (temporary, target) renames waiting for the end of :func:`all_or_none`; None: rename at once
+#: (temporary, target) renames waiting for the end of `all_or_none`; None: rename at once
 _pending: list[tuple[str, Path]] | None = None
-#: the files the command reads (inside :func:`all_or_none`): file key -> what the file is
+#: the files the command reads (inside `all_or_none`): file key -> what the file is
 _inputs: dict[object, str] | None = None
 
 
@@ -46,7 +46,7 @@ def file_keys(path: str | Path) -> list[object]:
 
 
 def note_input(path: str | Path, what: str | None = None) -> None:
-    """Record ``path`` as an input of the running command (inside :func:`all_or_none`; a no-op
+    """Record ``path`` as an input of the running command (inside `all_or_none`; a no-op
     outside one): no output of the command may be written onto it. ``what`` names it for
     the message (default: the path itself)."""
     if _inputs is None:
@@ -57,7 +57,7 @@ def note_input(path: str | Path, what: str | None = None) -> None:
 
 def input_named(path: str | Path, inputs: dict[object, str] | None = None) -> str | None:
     """What the input at ``path`` is, when ``path`` is one of ``inputs`` (default: the files the
-    running command has read, :func:`note_input`); None otherwise."""
+    running command has read, `note_input`); None otherwise."""
     known = _inputs if inputs is None else inputs
     if not known:
         return None
@@ -78,7 +78,7 @@ def refuse_input(path: str | Path, what: str, option: str | None) -> InputError:
 
 
 def check_target(path: str | Path, option: str | None = None) -> Path:
-    """Raise :class:`InputError` unless ``path`` can be written as a regular file.
+    """Raise `InputError` unless ``path`` can be written as a regular file.
 
     Parameters
     ----------
@@ -131,7 +131,7 @@ def check_target(path: str | Path, option: str | None = None) -> Path:
 
 
 def check_directory(path: str | Path, option: str) -> None:
-    """Raise :class:`InputError` unless ``path`` is (or can be made) a writable directory."""
+    """Raise `InputError` unless ``path`` is (or can be made) a writable directory."""
     target = resolve(path)
     if target.exists():
         if not target.is_dir():
@@ -145,7 +145,7 @@ def check_directory(path: str | Path, option: str) -> None:
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``'s target; rename it onto the target on success
-    (at the end of :func:`all_or_none` when inside one). Raises :class:`InputError` for a
+    (at the end of `all_or_none` when inside one). Raises `InputError` for a
     target that is not a regular file or a directory that cannot be written."""
     target = check_target(path)
     try:
@@ -182,9 +182,9 @@ def _rename(tmp: str, target: Path, shown: str | Path) -> None:
 
 @contextmanager
 def all_or_none() -> Iterator[None]:
-    """Hold every :func:`atomic_path` rename until the block succeeds; on an error remove the
+    """Hold every `atomic_path` rename until the block succeeds; on an error remove the
     temporary files, so either every output is written or none (nested blocks join the outer).
-    Inside the block the files read are recorded (:func:`note_input`) and never written."""
+    Inside the block the files read are recorded (`note_input`) and never written."""
     global _pending, _inputs
     if _pending is not None:
         yield

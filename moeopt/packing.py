@@ -2,26 +2,26 @@
 
 Homes (one expert per slot, at most ``slots`` per GPU):
 
-* :func:`balanced_homes`: LPT, heaviest expert first onto the least-loaded (or, with speeds,
+* `balanced_homes`: LPT, heaviest expert first onto the least-loaded (or, with speeds,
   earliest-finishing) GPU with a free slot (the greedy baseline's, GEM's and load repair's start);
-* :func:`round_robin_lpt`: LPT in rounds of G (every GPU gets one expert per round), the
-  start of the engine's balanced start (:func:`moeopt.heuristics.local_search.balanced_start`);
-* :func:`first_fit`: capacity-aware first fit that keeps each expert in a preferred GPU
+* `round_robin_lpt`: LPT in rounds of G (every GPU gets one expert per round), the
+  start of the engine's balanced start (`moeopt.heuristics.local_search.balanced_start`);
+* `first_fit`: capacity-aware first fit that keeps each expert in a preferred GPU
   when that GPU has a slot and room under a load limit (the ``repair=false`` ablation of TACG).
 
 These return homes ``[E]`` with at most ``slots`` experts per GPU.
 
 Slot tables (exactly ``W`` items per bin, the balance planner's copies):
 
-* :func:`lpt_pack`: LPT of items (expert copies) into ``G`` bins of exactly ``W`` slots, no two
+* `lpt_pack`: LPT of items (expert copies) into ``G`` bins of exactly ``W`` slots, no two
   copies of one expert in a bin (the balance planner's start, and the reference of
-  :func:`moeopt.balance.batch.lpt_pack_batch`); it picks the lightest admissible bin from a
-  heap of bin sums (the per-item ``argmin`` of :func:`_heaviest_first` is 9x slower there, on
+  `moeopt.balance.batch.lpt_pack_batch`); it picks the lightest admissible bin from a
+  heap of bin sums (the per-item ``argmin`` of `_heaviest_first` is 9x slower there, on
   the 320 items of a DeepSeek-V3 layer at 64 x 5), and a colocation left over is removed by
-  :meth:`moeopt.moves.slots.WeightedSlots.repair` (or the items are dealt round-robin);
-* :func:`lpt_pack_batch`: the same LPT for every layer at once (one ``argmin`` over the GPUs
+  `moeopt.moves.slots.WeightedSlots.repair` (or the items are dealt round-robin);
+* `lpt_pack_batch`: the same LPT for every layer at once (one ``argmin`` over the GPUs
   per item rank, vectorized over layers: the balance planner's fast path), layers it cannot
-  pack re-packed by :func:`lpt_pack`.
+  pack re-packed by `lpt_pack`.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def round_robin_lpt(load: np.ndarray, gpus: int, slots: int) -> np.ndarray:
 
     Within a round the heaviest expert goes to the least-loaded GPU with a free slot, so heavy
     experts are paired with light ones, which plain LPT under slot limits misses (the start of
-    :func:`moeopt.heuristics.local_search.balanced_start`).
+    `moeopt.heuristics.local_search.balanced_start`).
 
     Parameters
     ----------
@@ -173,7 +173,7 @@ def _round_robin(w: np.ndarray, e: IntArray, G: int, W: int) -> IntArray:
 
 def repair_colocation(out: IntArray, w: np.ndarray, e: IntArray, E: int) -> IntArray:
     """Items per bin ``out [G, W]`` without two items of one expert in a bin: unchanged when it
-    has none, else repaired by swaps (:meth:`~moeopt.moves.slots.WeightedSlots.repair`) or,
+    has none, else repaired by swaps (`repair`) or,
     when those get stuck, the items dealt round-robin."""
     if not np.any(presence(e[out], E) > 1):
         return out
@@ -189,7 +189,7 @@ def lpt_pack(
 
     Heaviest item first (copies of one expert adjacent) onto the lightest bin that has a free slot
     and does not hold that expert. If no such bin is left, the lightest bin with a free slot takes
-    it and colocations are then removed by swaps (:func:`repair_colocation`).
+    it and colocations are then removed by swaps (`repair_colocation`).
 
     Parameters
     ----------
@@ -281,7 +281,7 @@ def _fill_batch(
     """Items ``es``/``ws [L, P]`` in their order, each onto the lightest admissible GPU of its layer
     (a free slot, not its expert's GPU, and, for an item with ``multi``, fewer than ``cap`` such
     items there); returns expert ids ``[L, G, W]`` and the layers where some item found no
-    admissible GPU, which are re-packed by the per-layer LPT (:func:`lpt_pack`, which repairs)."""
+    admissible GPU, which are re-packed by the per-layer LPT (`lpt_pack`, which repairs)."""
     nL, E = Ld.shape
     P = G * W
     # sk: bin sums, inf once a bin is full; has2[(l, x), g]: GPU g of layer l holds expert x
@@ -337,7 +337,7 @@ def spread_pack_batch(
     GPU when the loads shift (``lp`` dispatch) or that is split with other GPUs (``even``).
 
     Returns expert ids ``[L, G, W]`` and a flag per layer: False where some item found no
-    admissible GPU; that layer is plain LPT (:func:`lpt_pack`) instead.
+    admissible GPU; that layer is plain LPT (`lpt_pack`) instead.
     """
     Ld, c = _check_batch(loads, counts, G, W)
     es, ws = _items_batch(Ld, c, G * W)
@@ -349,7 +349,7 @@ def spread_pack_batch(
 def lpt_and_spread_pack_batch(
     loads: ArrayLike, counts: ArrayLike, G: int, W: int, allow_colocated: bool = False
 ) -> tuple[IntArray, IntArray, NDArray[np.bool_]]:
-    """:func:`lpt_pack_batch` and :func:`spread_pack_batch` of the same copies, packed in one pass
+    """`lpt_pack_batch` and `spread_pack_batch` of the same copies, packed in one pass
     (the two packings are rows of one batch, so the per-item loop runs once)."""
     Ld, c = _check_batch(loads, counts, G, W)
     nL = Ld.shape[0]

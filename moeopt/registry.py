@@ -72,11 +72,11 @@ class Context:
     #: layers of the whole model when this problem is one layer of it (``moeopt.execute``);
     #: None: the problem is the whole model
     model_layers: int | None = None
-    #: the clock every phase takes its share from (:mod:`moeopt.budget`); default: a budget of
+    #: the clock every phase takes its share from (`moeopt.budget`); default: a budget of
     #: ``time_limit`` started when the context is made
     budget: Budget = _NO_BUDGET
     #: where a method solved whole (``layerwise = False``) may spread its per-layer phases
-    #: (:func:`moeopt.execute.map_items`); None: serially
+    #: (`moeopt.execute.map_items`); None: serially
     executor: Any = None
 
     def __post_init__(self) -> None:
@@ -102,14 +102,14 @@ class Method(Protocol):
     #: What the calibration workload must provide: "coactivation", "steps", "profile".
     requires: ClassVar[frozenset[str]]
     #: Metrics the method adds to every score of its plans (bounds, certificates), each called
-    #: as ``hook(plan, instance, workloads, metrics, params)``; see :func:`moeopt.scoring.score`.
+    #: as ``hook(plan, instance, workloads, metrics, params)``; see `moeopt.scoring.score`.
     metric_hooks: ClassVar[tuple]
     #: How per-layer objectives and bounds add up to the model's: "sum" or "mean". A method
-    #: that declares it is solved one layer at a time by :mod:`moeopt.execute` (serially, in
+    #: that declares it is solved one layer at a time by `moeopt.execute` (serially, in
     #: a process pool or on Ray), unless it sets ``layerwise = False``. Optional companions:
     #: ``uses_trace`` / ``uses_coactivation`` (ship each layer's trace slice / coactivation;
     #: default true), ``stats_rules`` (how a
-    #: statistic combines, see :func:`moeopt.execute.combine_stats`) or a ``combine_stats``
+    #: statistic combines, see `moeopt.execute.combine_stats`) or a ``combine_stats``
     #: method.
     combine: ClassVar[str]
 
@@ -135,7 +135,7 @@ def method_names() -> list[str]:
     """Names of the registered methods, the built-in ones included.
 
     The registry sits in the methods layer (tests/test_layering.py): importing the package
-    :mod:`moeopt.methods`, whose ``__init__`` imports each method module, is what registers
+    `moeopt.methods`, whose ``__init__`` imports each method module, is what registers
     the built-in methods; nothing registers into a lower layer's globals.
     """
     import moeopt.methods  # noqa: F401  (registers the built-in methods)
@@ -151,7 +151,7 @@ def metric_hooks(name: str) -> tuple:
 
 
 def get_method(name: str, *, source: str | None = None) -> Method:
-    """The registered method ``name``, or an :class:`InputError` listing the known ones."""
+    """The registered method ``name``, or an `InputError` listing the known ones."""
     names = method_names()
     if name not in _REGISTRY:
         raise InputError(source, "method.name", f"unknown method {name!r}; registered: {', '.join(names)}")
@@ -195,7 +195,7 @@ def parse_params(
 
 def _coerce(value: Any, hint: Any, source: str | None, field: str, spec: dataclasses.Field | None = None) -> Any:
     """Check a YAML value against a parameter's annotation (bool/int/float/str/optional) and,
-    for numbers, its range (:func:`moeopt.schema.param_constraints`: ``>= 0`` and finite unless
+    for numbers, its range (`moeopt.schema.param_constraints`: ``>= 0`` and finite unless
     the field's metadata says otherwise)."""
     args = typing.get_args(hint)
     optional = type(None) in args

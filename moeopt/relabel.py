@@ -7,7 +7,7 @@ GPU pi(h)) changes no per-layer load, group or balance metric, only which GPU id
 consecutive layers share. Layer by layer, from the first, the permutation maximizing the
 tokens that stay (a token stays when its home serves one of its layer-l experts) is a linear
 assignment on the counts ``M[g, h]`` = tokens living on g whose layer-l experts run on h
-(:func:`scipy.optimize.linear_sum_assignment`).
+(`scipy.optimize.linear_sum_assignment`).
 
 Heterogeneous GPUs (a latency profile whose rows differ) may only trade ids within a class of
 identical rows: moving a group to a slower GPU would change its latency, so pairs across

@@ -2,10 +2,10 @@
 traces and method parameters.
 
 Pydantic v2 models in strict mode (no ``"3"`` -> 3 or ``3.9`` -> 3 coercion, finite floats
-only, unknown fields refused) check the structure; :func:`input_error` turns the first
-:class:`pydantic.ValidationError` into one :class:`InputError` line ``file: field: expected
+only, unknown fields refused) check the structure; `input_error` turns the first
+`pydantic.ValidationError` into one `InputError` line ``file: field: expected
 ..., found ...``. Sizes (``G x W`` slots, ``L x E x E`` coactivation, tokens x experts) are
-checked against :data:`MEMORY_BUDGET` before anything is allocated.
+checked against `MEMORY_BUDGET` before anything is allocated.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ MEMORY_BUDGET = 8 * 2**30
 
 
 def memory_budget() -> int:
-    """:data:`MEMORY_BUDGET`, or the positive integer number of bytes ``MOEOPT_MEMORY_BUDGET`` gives."""
+    """`MEMORY_BUDGET`, or the positive integer number of bytes ``MOEOPT_MEMORY_BUDGET`` gives."""
     text = os.environ.get("MOEOPT_MEMORY_BUDGET")
     if text is None:
         return MEMORY_BUDGET
@@ -63,7 +63,7 @@ MAX_NESTING = 32
 
 def nesting(data: Any) -> int:
     """Depth of nested lists, tuples and dicts in ``data`` (iterative: no recursion limit);
-    stops counting past :data:`MAX_NESTING`."""
+    stops counting past `MAX_NESTING`."""
     depth, level = 0, [data]
     while level and depth <= MAX_NESTING:
         nxt: list = []
@@ -88,7 +88,7 @@ def _human_bytes(n: float) -> str:
 
 
 def check_size(what: str, elements: int, source: str | None, field: str | None, itemsize: int = 8) -> None:
-    """Raise :class:`InputError` when an array of ``elements`` items would exceed the budget."""
+    """Raise `InputError` when an array of ``elements`` items would exceed the budget."""
     nbytes = int(elements) * itemsize
     budget = memory_budget()
     if nbytes > budget:
@@ -172,7 +172,7 @@ def _is_branch_tag(part: Any) -> bool:
 def input_error(
     exc: ValidationError, source: str | None, prefix: str = "", model: Any = None, option: bool = False
 ) -> InputError:
-    """The first error of ``exc`` as one :class:`InputError`: ``field: expected ..., found ...``.
+    """The first error of ``exc`` as one `InputError`: ``field: expected ..., found ...``.
 
     ``prefix`` is prepended to the dotted field; ``option`` renders a top-level field as a
     command-line option (``tokens`` -> ``--tokens``).
@@ -218,7 +218,7 @@ def input_error(
 
 
 def validate(model: type[BaseModel], data: Any, source: str | None, prefix: str = "") -> Any:
-    """``model.model_validate(data)`` with errors as one :class:`InputError`."""
+    """``model.model_validate(data)`` with errors as one `InputError`."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -257,7 +257,7 @@ class TopologyLevelSchema(Strict):
 
 
 class TopologySchema(Strict):
-    """A switch tree, levels from the GPUs up (see :mod:`moeopt.topology`)."""
+    """A switch tree, levels from the GPUs up (see `moeopt.topology`)."""
 
     levels: Annotated[list[TopologyLevelSchema], Field(min_length=2)]
 
@@ -357,7 +357,7 @@ class ExecutorSchema(Strict):
 
 
 class MethodSchema(BaseModel):
-    """``method:``: a name and the method's parameters (checked by :func:`parse_params`)."""
+    """``method:``: a name and the method's parameters (checked by `parse_params`)."""
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
     name: str = "auto"

@@ -1,8 +1,8 @@
 """The one scorer: every command scores a plan here, with the plan's own dispatch.
 
 ``solve``, ``evaluate``, ``compare``, ``validate``, the benchmarks and the notebooks all call
-:func:`score`, so the same plan on the same workload gets the same numbers everywhere: the
-metrics of :func:`moeopt.evaluate.evaluate`, the reductions against the linear baseline, and
+[`score`][moeopt.scoring.score], so the same plan on the same workload gets the same numbers everywhere: the
+metrics of [`moeopt.evaluate.evaluate`][], the reductions against the linear baseline, and
 the metrics the plan's method declares (``metric_hooks``: lower bounds, gaps, certificates).
 """
 
@@ -55,14 +55,14 @@ def score(
     workload
         Score on this workload instead of ``workloads.evaluation`` (e.g. ``evaluate --trace``).
     hooks
-        The plan's method's metric hooks (:func:`moeopt.registry.metric_hooks`).
+        The plan's method's metric hooks ([`moeopt.registry.metric_hooks`][]).
     params
         The method's parameters as it reported them (``Result.params``), passed to the hooks.
 
     Returns
     -------
     dict
-        :func:`~moeopt.evaluate.evaluate`'s metrics plus ``*_reduction_vs_linear`` (percent,
+        [`evaluate`][moeopt.evaluate.evaluate]'s metrics plus ``*_reduction_vs_linear`` (percent,
         positive = better than linear), ``linear`` (the baseline's scalar metrics), the hooks'
         metrics, and ``notes`` (remarks such as colocated copies).
     """

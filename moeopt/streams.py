@@ -10,19 +10,19 @@ distribution. The distribution is real; the per-step noise is that of a batch of
 k independent slots, slightly more variance than k distinct experts); how the distribution
 moves from step to step is the builder's:
 
-* :func:`domain_sequence`: domains visited in sequence (the OLMoE and Mixtral per-domain
+* [`domain_sequence`][moeopt.streams.domain_sequence]: domains visited in sequence (the OLMoE and Mixtral per-domain
   counts of ``instances/real/olmoe_mixtral_domain_expert_counts.npz``: allenai/OLMoE,
   ``scripts/routing_output``), optionally blending into the next domain;
-* :func:`phase_shift`: one distribution, then another from a switch step on (DeepSeek-V3
+* [`phase_shift`][moeopt.streams.phase_shift]: one distribution, then another from a switch step on (DeepSeek-V3
   prefill then decode loads, recorded by SGLang's expert distribution recorder: sgl-project/
   sglang issue 6017), optionally with a linear ramp;
-* :func:`count_sampled`: one distribution, stationary or drifting by a multiplicative random
+* [`count_sampled`][moeopt.streams.count_sampled]: one distribution, stationary or drifting by a multiplicative random
   walk (e.g. on the DeepSeek-V3 loads).
 
 No step gives an expert more than ``tokens_per_step`` token-slots (a token picks an expert at
 most once): shares above ``1 / top_k`` are capped and the excess spread over the others in
-proportion (:func:`cap_shares`), and a draw above ``tokens_per_step`` is cut to it, its excess
-drawn again over the other experts (:func:`sample_counts`). Every
+proportion ([`cap_shares`][moeopt.streams.cap_shares]), and a draw above ``tokens_per_step`` is cut to it, its excess
+drawn again over the other experts ([`sample_counts`][moeopt.streams.sample_counts]). Every
 builder is seeded and deterministic, and returns float counts that sum to
 ``tokens_per_step * top_k`` at every step and layer.
 """
@@ -147,7 +147,7 @@ def domain_sequence(
     ``instances/real/olmoe_mixtral_domain_expert_counts.npz`` (allenai/OLMoE, Apache-2.0,
     ``scripts/routing_output/<model>/expert_counts/<domain>``: about 205k real tokens per
     domain, layers 0, 7 and 15), read with ``format: olmoe-domains``. Each domain's
-    distribution is real; the steps are count-sampled from it (:func:`sample_counts`).
+    distribution is real; the steps are count-sampled from it ([`sample_counts`][moeopt.streams.sample_counts]).
 
     Parameters
     ----------

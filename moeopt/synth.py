@@ -13,7 +13,7 @@ and evaluation splits share the structure and differ in ``seed``; a single-famil
 * ``mix``: the family shares move from the start mix (``family_share``, default uniform) to
   ``drift_share`` at the last step, or, without it, through mixes concentrated on each family
   in turn (``drift_focus`` of the tokens on the focused family); each token's family is drawn
-  from its own step's shares (:func:`family_shares`).
+  from its own step's shares ([`family_shares`][moeopt.synth.family_shares]).
 * ``popularity``: each layer's expert popularity performs a multiplicative random walk over the
   steps (log-scale step ``drift_rate``, drawn from ``structure_seed``).
 * ``switch``: from ``switch_step`` on, tokens follow the hidden structure of another structure
@@ -25,8 +25,9 @@ and evaluation splits share the structure and differ in ``seed``; a single-famil
 ``expert_groups`` with ``topk_group`` routes *group-limited*, as DeepSeek-V3 / R1's router does
 (``n_group = 8``, ``topk_group = 4``): the experts are ``expert_groups`` contiguous groups, each
 token scores every group by the sum of its two best expert scores, keeps the ``topk_group``
-best groups and picks its k experts inside them (:func:`group_limited_topk`), so a token's
-experts lie in at most ``topk_group`` groups. :func:`trace_from_counts` takes the same option.
+best groups and picks its k experts inside them ([`group_limited_topk`][moeopt.synth.group_limited_topk]), so a token's
+experts lie in at most ``topk_group`` groups. [`trace_from_counts`][moeopt.synth.trace_from_counts] takes the same
+option.
 """
 
 from __future__ import annotations
@@ -370,7 +371,7 @@ def trace_from_counts(
     each step's family mix from a Dirichlet with that concentration (bursty temporal load).
 
     ``expert_groups`` and ``topk_group``: route group-limited, as DeepSeek-V3's router does
-    (:func:`group_limited_topk`: the token's best ``topk_group`` groups by their two best
+    ([`group_limited_topk`][moeopt.synth.group_limited_topk]: the token's best ``topk_group`` groups by their two best
     perturbed scores, then its k experts inside them); coactivation then carries the groups.
     The marginals stay close to the counts' but not equal to them (a group's experts are
     picked more often together). Without them, the draws of earlier releases.

@@ -55,7 +55,7 @@ def cluster_graph(cluster: Cluster) -> nx.Graph:
     Parameters
     ----------
     cluster
-        The cluster; its :func:`levels` give the tree.
+        The cluster; its `levels` give the tree.
 
     Returns
     -------

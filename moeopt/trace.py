@@ -1,7 +1,7 @@
 """Routing traces and the statistics every method reads (SPEC section 1).
 
-A :class:`Trace` holds, per token, its family, its timestep and its top-k experts at every
-layer. :class:`Stats` holds what methods consume: per-family usage ``u[f, l, e]``, family
+A [`Trace`][moeopt.trace.Trace] holds, per token, its family, its timestep and its top-k experts at every
+layer. [`Stats`][moeopt.trace.Stats] holds what methods consume: per-family usage ``u[f, l, e]``, family
 shares ``pi[f]``, coactivation ``C[f, l, e, e']`` and per-timestep counts ``n[l, t, e]``.
 Stats can also come from count-only sources (serving-engine recorders), in which case
 coactivation is absent and only count-based methods apply.
@@ -76,14 +76,14 @@ class Trace:
     @cached_property
     def step_counts(self) -> np.ndarray:
         """n[l, t, e]: tokens routed to expert e at layer l in timestep t, ``[L, T, E]`` (one
-        bincount; the same attribute as :attr:`Stats.step_counts`)."""
+        bincount; the same attribute as `Stats.step_counts`)."""
         L, T, E = self.layers, self.steps, self.num_experts
         key = (np.arange(L)[None, :, None] * T + self.step[:, None, None]) * E + self.topk.astype(np.int64)
         return np.asarray(np.bincount(key.ravel(), minlength=L * T * E).reshape(L, T, E), dtype=np.float64)
 
     @property
     def expert_load(self) -> np.ndarray:
-        """Token-slots routed to each expert, ``[L, E]`` (as :attr:`Stats.expert_load`)."""
+        """Token-slots routed to each expert, ``[L, E]`` (as [`Stats.expert_load`][moeopt.trace.Stats.expert_load])."""
         return np.asarray(self.step_counts.sum(axis=1))
 
     def subset(self, mask: np.ndarray) -> Trace:

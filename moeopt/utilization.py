@@ -6,7 +6,7 @@ groups of (nearly) equal size, each group holding the **mean** per-step counts o
 The mean, not the sum, keeps a group's token counts on the scale of one step, which is what
 the latency profile's tile boundaries are measured against.
 
-The lower bound of :func:`step_lower_bound` holds for every plan (with or without
+The lower bound of `step_lower_bound` holds for every plan (with or without
 replicas) and is computed in microseconds; its validity argument is in
 ``formulations/gem.md``.
 """

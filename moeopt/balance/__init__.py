@@ -11,9 +11,9 @@ slot; every expert gets ``c_e >= 1`` copies. Under ``even`` dispatch every copy 
 largest GPU load, reported as ``MaxVio = max / mean - 1``. By default two copies of one expert never
 share a GPU (``allow_colocated=False``).
 
-Algorithm (:func:`plan_layer`)
+Algorithm (`plan_layer`)
 ------------------------------
-1. **Copy counts** (:func:`copy_counts`). Water-filling: repeatedly give one more copy to the expert
+1. **Copy counts** (`copy_counts`). Water-filling: repeatedly give one more copy to the expert
    with the largest per-copy load ``load_e / c_e``. Implemented without a heap: the ``R = P - E``
    extra copies are exactly the ``R`` largest values of the multiset ``{load_e / k : 1 <= k < cap_e}``
    (the value ``load_e / k`` is what the ``(k+1)``-th copy of ``e`` removes), selected with one
@@ -22,7 +22,7 @@ Algorithm (:func:`plan_layer`)
    multiset value and every selected value is ``>= V``, so at least ``R + 1`` values are ``>= V``; a
    vector with maximum ``< V`` needs ``c'_f >= k + 1`` for every value ``load_f / k >= V``, i.e. one
    extra copy per such value, ``R + 1`` in all: infeasible.
-2. **Packing** (:func:`pack`): the ``P`` copies (items) are partitioned into ``G`` bins of exactly ``W``
+2. **Packing** (`pack`): the ``P`` copies (items) are partitioned into ``G`` bins of exactly ``W``
    items, no two copies of one expert in a bin. Two starts: LPT (heaviest item first onto the
    lightest bin that has a free slot and does not hold that expert; a heap, a Python loop over the
    ``P`` items only) and balanced largest differencing (Karmarkar--Karp for cardinality-constrained
@@ -50,29 +50,29 @@ Algorithm (:func:`plan_layer`)
    and keeps the best if the maximum dropped: this finds plans whose counts differ from the
    water-filled ones (on brute-forced tiny layers it raises the share of optimal plans from 89 % to
    94 %).
-4. **Lower bound** (:func:`lower_bound`): valid over every count vector and every placement; see its
+4. **Lower bound** (`lower_bound`): valid over every count vector and every placement; see its
    docstring for the pigeonhole argument.
 
-The search of steps 2-3 runs on the package's one engine (:mod:`moeopt.moves`): the layouts are
-:class:`~moeopt.moves.slots.SlotTable` subclasses, each neighbourhood (max-bin swaps, smoothing,
+The search of steps 2-3 runs on the package's one engine (`moeopt.moves`): the layouts are
+`SlotTable` subclasses, each neighbourhood (max-bin swaps, smoothing,
 replacements; the robust and variance-aware swaps of the extensions) is a vectorized ``best``
-kernel run by :func:`~moeopt.moves.driver.descend`, and the perturbation rounds are
-:func:`~moeopt.moves.driver.iterate`. LPT is :func:`moeopt.packing.lpt_pack`, the one packing
-module's. The all-layers fast path (:mod:`moeopt.balance.batch`) keeps its own batched kernel over
+kernel run by `descend`, and the perturbation rounds are
+`iterate`. LPT is `moeopt.packing.lpt_pack`, the one packing
+module's. The all-layers fast path (`moeopt.balance.batch`) keeps its own batched kernel over
 ``[L, G, W]`` arrays (per-layer state objects would bring back the Python loop over layers).
 
 Extensions
 ----------
-* :func:`plan_layer_robust`: per-step counts ``[T, E]``; minimizes the mean (or worst) over steps of
+* `plan_layer_robust`: per-step counts ``[T, E]``; minimizes the mean (or worst) over steps of
   the per-step largest GPU load (normalized by the step's mean by default), starting from the pooled
   plan and accepting only improving swap/replace moves evaluated on all steps at once.
 * Hierarchical mode (``hierarchical=True, gpus_per_node=n``): each expert's copies stay inside one
   node. Experts are first packed over nodes (cardinality-constrained, minimizing the largest node
   load), then each node is planned on its own ``n x W`` slots.
-* :func:`replan_from` / :func:`migration_frontier`: from a current plan, greedy best-gain-per-moved
+* `replan_from` / `migration_frontier`: from a current plan, greedy best-gain-per-moved
   slot replace/swap moves under a budget or until a MaxVio target; with enough budget the
   unconstrained plan, relabeled to the current GPUs (``linear_sum_assignment`` on overlap) and slot
-  positions, is used when it is better, so an unlimited budget reaches :func:`plan_layer`'s MaxVio.
+  positions, is used when it is better, so an unlimited budget reaches `plan_layer`'s MaxVio.
 """
 
 from __future__ import annotations

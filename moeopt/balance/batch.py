@@ -1,24 +1,24 @@
 """Whole-model load-balance planner: every layer at once, vectorized over layers with numpy.
 
-Same problem and plan format as :mod:`moeopt.balance` (one MoE layer: ``E`` experts with loads, ``G``
+Same problem and plan format as `moeopt.balance` (one MoE layer: ``E`` experts with loads, ``G``
 GPUs of exactly ``W`` slots, ``even`` dispatch, objective the largest GPU load), solved for ``L``
 layers together: arrays are shaped ``[L, ...]`` and the Python loops run over item ranks and search
 rounds, never over layers, experts or GPUs.
 
-Algorithm (:func:`plan_layers_fast`)
+Algorithm (`plan_layers_fast`)
 -----------------------------------
-1. **Copy counts** (:func:`copy_counts_batch`): per layer exactly :func:`moeopt.balance.copy_counts`
+1. **Copy counts** (`copy_counts_batch`): per layer exactly `moeopt.balance.copy_counts`
    (the ``R = G*W - E`` extra copies are the ``R`` largest values of ``{load_e / k}``, ties: smaller
    ``k``, then smaller ``e``). Only ``k <= K`` is materialized, ``K`` from the bound
    ``load_e / k >= total / P`` that every selected value meets when no cap binds; a layer whose
    largest left-out value could still be selected is recomputed by the per-layer function, so the
    result is always identical to it.
-2. **LPT packing** (:func:`moeopt.packing.lpt_pack_batch`, in the one packing module): heaviest item
+2. **LPT packing** (`moeopt.packing.lpt_pack_batch`, in the one packing module): heaviest item
    first (copies of one expert adjacent), onto the lightest GPU with a free slot that does not hold
    the expert; one step per item rank, vectorized over layers. Identical to
-   :func:`moeopt.packing.lpt_pack` (same order and tie-breaks); a layer where some item finds no
+   `moeopt.packing.lpt_pack` (same order and tie-breaks); a layer where some item finds no
    admissible GPU is re-packed by that function (which repairs).
-3. **Swap descent** (:func:`swap_descent_batch`): every round, for every active layer its heaviest GPU
+3. **Swap descent** (`swap_descent_batch`): every round, for every active layer its heaviest GPU
    ``b``: every exchange of one of ``b``'s ``W`` items with an item on one of the ``partners``
    lightest GPUs is scored at once, for all active layers together, as an ``[A, W, partners * W]``
    array of new pair maxima (colocation masks included); layers where none improves score the
@@ -29,27 +29,27 @@ Algorithm (:func:`plan_layers_fast`)
    of the time of scoring all ``P`` partners every round and ends at an equally good local optimum
    on the bundled DeepSeek-V3 loads.
    With ``spread`` (the ``balance`` method's default) the start is
-   :func:`moeopt.packing.spread_pack_batch` instead (every GPU gets ``floor`` or ``ceil`` of
+   `moeopt.packing.spread_pack_batch` instead (every GPU gets ``floor`` or ``ceil`` of
    ``M / G`` of the ``M`` copies of replicated experts) and exchanges stay within a class
    (replicated copies with replicated copies, single with single), so that spread holds to the
    end; a layer that ends above plain LPT's largest GPU load gets the plain descent from LPT.
    Why: formulations/balance.md ("Spreading the replicated copies"). It costs about 1.5x the
    plain path's time.
 4. Optional **connect** (``connect``, the ``balance`` method's default under ``lp`` dispatch):
-   :func:`connect_copies_batch` exchanges copies of replicated experts, closest per-copy loads
+   `connect_copies_batch` exchanges copies of replicated experts, closest per-copy loads
    first, until every layer's copy graph (GPUs joined by shared experts) is connected, then a swap
    descent over single copies only repairs the loads (the replicated copies, and so the graph,
    stay). Under ``lp`` a GPU hands load only along that graph. On the bundled DeepSeek-V3 files
    (plan on one, score on the other) held-out ``lp`` MaxVio drops 4-16 %, for about 15-20 ms more;
    a layer that ends above plain LPT's largest GPU load keeps its plan without it.
    Or optional **group spread** (``groups``, the ``balance`` method's default when the model has
-   expert groups and the plan is not connected): :func:`moeopt.balance.groups.group_spread_batch`
+   expert groups and the plan is not connected): `moeopt.balance.groups.group_spread_batch`
    exchanges copies of about equal load so every GPU holds its share of every router group's load
    (group-limited routers shift load by group), every GPU at or below the larger of the layer's
    largest load and ``mean * (1 + group_slack * LPT's MaxVio)``; with it, the spread descent stops at
    that level (the exchanges may fill each layer up to it anyway).
 5. Optional **polish** (``polish_above``): layers whose MaxVio is still above it are re-planned by
-   :func:`moeopt.balance.plan_layer` (better of LPT/differencing starts, replace moves, iterated local
+   `moeopt.balance.plan_layer` (better of LPT/differencing starts, replace moves, iterated local
    search); its plan is kept only where it is better. It costs about 25 ms per layer: on the bundled
    DeepSeek-V3 loads at 64 x 5 it lowers the mean MaxVio from about 0.00075 to 0.0004 for 30x the
    time, so it is off by default.
@@ -60,8 +60,8 @@ core at 64 x 5 and 32 x 9, with mean MaxVio about 0.0007 / 0.0002 (with ``spread
 0.06-0.14 s of CPU in the same process.
 
 This path keeps its own batched kernels rather than the per-layer slot state and driver of
-:mod:`moeopt.moves` (objects per layer would bring back the Python loop over layers) for its swap
-descent; its LPT is the one packing module's (:mod:`moeopt.packing`).
+`moeopt.moves` (objects per layer would bring back the Python loop over layers) for its swap
+descent; its LPT is the one packing module's (`moeopt.packing`).
 
 Every layer's plan is never worse than LPT on the water-filled copy counts (the descent starts from
 exactly that plan and only applies strictly improving exchanges).
@@ -150,7 +150,7 @@ def maxvio_batch(slots: ArrayLike, loads: ArrayLike) -> FloatArray:
 
 
 def copy_counts_batch(loads: ArrayLike, copies_total: int, max_copies: int | None = None) -> IntArray:
-    """:func:`moeopt.balance.copy_counts` for every row of ``loads[L, E]``; int ``[L, E]``.
+    """`moeopt.balance.copy_counts` for every row of ``loads[L, E]``; int ``[L, E]``.
 
     ``max_copies`` is one bound for every expert (default ``copies_total - E + 1``). The result equals
     the per-layer function's row by row, ties included.
@@ -242,7 +242,7 @@ def swap_descent_batch(
         stopping rule.
     classes : array_like of int, shape (L, E), optional
         A class per expert; only items of one class are exchanged, so every GPU keeps its number
-        of items of each class (the spread of multi-copy experts, :func:`spread_pack_batch`).
+        of items of each class (the spread of multi-copy experts, `spread_pack_batch`).
 
     Returns
     -------
@@ -434,7 +434,7 @@ def connect_copies_batch(slots: ArrayLike, loads: ArrayLike) -> tuple[IntArray, 
     ``R >= G - 1`` (a spanning tree uses ``G - 1``), but packing for balance alone leaves about
     seven components per DeepSeek-V3 layer at ``R = G``.
 
-    On the bipartite GPU-expert graph of :func:`copy_graph_batch` with a spanning forest F: the
+    On the bipartite GPU-expert graph of `copy_graph_batch` with a spanning forest F: the
     exchange of a copy ``p`` = (GPU a, expert x) off F (component A) with a copy ``q`` = (GPU b,
     expert y) of component B != A (no colocation) merges A and B: A stays spanned by F without
     ``p``; (b, x) joins B's part holding b to A and (a, y) joins A to B's part holding y. F minus
@@ -443,7 +443,7 @@ def connect_copies_batch(slots: ArrayLike, loads: ArrayLike) -> tuple[IntArray, 
     without recomputing it. Every step applies, per layer, the exchange with the closest per-copy
     loads; a layer stops when connected or when no such exchange exists. Single copies never
     move, so the loads change only by the exchanged copies' differences (a single-copy descent
-    repairs them, :func:`plan_layers_fast`).
+    repairs them, `plan_layers_fast`).
 
     Returns the slots ``[L, G, W]`` and the exchanges per layer ``[L]`` (each merged two
     components).
@@ -560,14 +560,14 @@ def plan_layers_fast(
     partners : int, optional
         Lightest GPUs the swap descent searches first (``None``: all GPUs every round).
     polish_above : float, optional
-        Layers whose MaxVio is still above this are re-planned by :func:`moeopt.balance.plan_layer`
+        Layers whose MaxVio is still above this are re-planned by `moeopt.balance.plan_layer`
         (``iterations=polish_iterations``, seed = layer index) and the better plan is kept.
         Default: no polish.
     polish_iterations : int
         Perturbation rounds of the per-layer planner used by the polish.
     spread : bool
         Spread the copies of replicated experts evenly over the GPUs (every GPU
-        ``floor(M / G)`` or ``ceil(M / G)`` of the ``M``): :func:`moeopt.packing.spread_pack_batch`
+        ``floor(M / G)`` or ``ceil(M / G)`` of the ``M``): `moeopt.packing.spread_pack_batch`
         start, then the swap descent exchanges only copies of replicated experts among themselves
         and single copies among themselves. Every GPU keeps load it can share when the loads shift
         (see the module notes); a layer where this ends above plain LPT's largest GPU load is
@@ -577,17 +577,17 @@ def plan_layers_fast(
         (about EPLB's) where the plain descent can keep it there: the layers where they cost the
         most in sample are planned without them until it does.
     connect : bool
-        Connect every layer's copy graph (:func:`connect_copies_batch`), then repair the loads by
+        Connect every layer's copy graph (`connect_copies_batch`), then repair the loads by
         a swap descent over single copies only (the replicated copies, and so the graph, stay),
         for ``lp`` dispatch: a connected plan can move load between any two GPUs. A layer that
         ends above plain LPT's largest GPU load keeps its plan without it.
     counts : array_like of int, shape (L, E), optional
-        The water-filled copy counts (:func:`copy_counts_batch` of ``loads`` with ``G * W`` copies
+        The water-filled copy counts (`copy_counts_batch` of ``loads`` with ``G * W`` copies
         and the colocation cap), when the caller has computed them already.
     groups : array_like of int, shape (E,), optional
-        The router's expert groups (:func:`moeopt.balance.groups.expert_groups`): after the
+        The router's expert groups (`moeopt.balance.groups.expert_groups`): after the
         search, copies of about equal load are exchanged so every GPU holds its share of every
-        group's load (:func:`moeopt.balance.groups.group_spread_batch`), every GPU staying at or
+        group's load (`moeopt.balance.groups.group_spread_batch`), every GPU staying at or
         below the larger of its layer's largest load and ``mean * (1 + group_slack * LPT's
         MaxVio)``. Not with ``connect``.
     group_slack : float
@@ -693,7 +693,7 @@ def plan_layers_fast(
 def _polish(
     out: IntArray, Ld: FloatArray, G: int, W: int, allow_colocated: bool, above: float, iterations: int
 ) -> IntArray:
-    """Layers of ``out`` with MaxVio above ``above`` re-planned by :func:`moeopt.balance.plan_layer`
+    """Layers of ``out`` with MaxVio above ``above`` re-planned by `moeopt.balance.plan_layer`
     (seed = layer index), the better plan kept."""
     mv = maxvio_batch(out, Ld)
     for l in np.flatnonzero(mv > above):
@@ -713,12 +713,12 @@ def plan_layers_hierarchical_fast(
     spread: bool = False,
     connect: bool = False,
 ) -> IntArray:
-    """:func:`plan_layers_fast` under EPLB's hierarchical constraint (every expert's copies in one
+    """`plan_layers_fast` under EPLB's hierarchical constraint (every expert's copies in one
     node of ``gpus_per_node`` GPUs); returns ``slots[L, G, W]``.
 
     The experts are split over the ``N`` nodes, ``floor`` or ``ceil`` of ``E / N`` per node, by LPT and
     the swap descent on the expert loads (every layer at once), then every (layer, node)
-    sub-problem is planned by :func:`plan_layers_fast` at once (two batches when the nodes hold
+    sub-problem is planned by `plan_layers_fast` at once (two batches when the nodes hold
     two expert counts).
     """
     Ld = _as_loads(loads)

@@ -22,7 +22,7 @@ def _ceil_down(x: FloatArray) -> FloatArray:
 
 
 def _pigeonhole_feasible(L: FloatArray, T: float, G: int, W: int, cap: int) -> bool:
-    """Necessary conditions for a plan with largest GPU load ``<= T`` (see :func:`lower_bound`)."""
+    """Necessary conditions for a plan with largest GPU load ``<= T`` (see `lower_bound`)."""
     P = G * W
     r = L / T
     m = np.maximum(1.0, _ceil_down(r))  # copies needed for per-copy load <= T
@@ -146,7 +146,7 @@ def lower_bound(
 
 
 def _pigeonhole_feasible_batch(L: FloatArray, T: FloatArray, G: int, W: int, cap: int) -> NDArray[np.bool_]:
-    """:func:`_pigeonhole_feasible` for every row of ``L[n, E]`` at its own ``T[n] > 0``, at once."""
+    """`_pigeonhole_feasible` for every row of ``L[n, E]`` at its own ``T[n] > 0``, at once."""
     P = G * W
     r = L / T[:, None]
     m = np.maximum(1.0, _ceil_down(r))
@@ -187,14 +187,14 @@ def _pigeonhole_feasible_batch(L: FloatArray, T: FloatArray, G: int, W: int, cap
 def lower_bound_batch(
     loads: ArrayLike, G: int, W: int, allow_colocated: bool = False, counts: ArrayLike | None = None
 ) -> FloatArray:
-    """:func:`lower_bound` of every row of ``loads[L, E]``; float ``[L]``.
+    """`lower_bound` of every row of ``loads[L, E]``; float ``[L]``.
 
     ``counts`` (optional): the water-filled copy counts of ``loads``
-    (:func:`moeopt.balance.batch.copy_counts_batch` with ``G * W`` copies), when the caller has them.
+    (`moeopt.balance.batch.copy_counts_batch` with ``G * W`` copies), when the caller has them.
 
     The average and per-copy terms and the pigeonhole test at their maximum run for all layers
     at once (on real loads the test passes there on most layers, and that maximum is the bound);
-    a layer where it fails gets the per-layer function's bisection. Equal to :func:`lower_bound`
+    a layer where it fails gets the per-layer function's bisection. Equal to `lower_bound`
     row by row (tested).
     """
     from moeopt.balance.batch import copy_counts_batch  # batch imports the planner, which is heavier

@@ -29,7 +29,7 @@ SCALE_UNITS = 10**6
 
 @dataclass
 class Polished:
-    """What :func:`polish_layer` returns."""
+    """What `polish_layer` returns."""
 
     slots: IntArray  # the better of the start and CP-SAT's plan
     bound: float  # lower bound on the largest GPU load of every plan (the exact loads)

@@ -9,7 +9,7 @@ packed for the calibration loads alone gives some GPUs much more of one group's 
 (the largest per-GPU deviation from the GPU's fair share of every group is about half the mean GPU
 load), so a group that grows on the other workload overloads them.
 
-:func:`group_spread_batch` keeps each layer's balance on the calibration loads (every GPU's load stays
+`group_spread_batch` keeps each layer's balance on the calibration loads (every GPU's load stays
 at or below ``cap``: the larger of the plan's own largest GPU load and ``mean * (1 + slack)``) and
 lowers ``Q = sum_g sum_k (S[g, k] - S_k / G) ** 2``, where ``S[g, k]`` is GPU ``g``'s load from group
 ``k`` and ``S_k`` the group's total, by exchanging two items (copies) of about equal load between two
@@ -91,7 +91,7 @@ def group_spread_batch(
     loads : array_like of float, shape (L, E)
         Calibration loads (``even`` dispatch: a copy carries ``load / copies``).
     groups : array_like of int, shape (E,)
-        Group of every expert (:func:`expert_groups`).
+        Group of every expert (`expert_groups`).
     slack : float or array_like of float, shape (L,)
         Every GPU's load stays ``<= max(its layer's largest GPU load, mean * (1 + slack))``.
     classes : array_like of int, shape (L, E), optional

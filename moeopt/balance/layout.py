@@ -1,4 +1,4 @@
-"""The balance planner's layout (a :class:`~moeopt.moves.slots.WeightedSlots`: slot table with
+"""The balance planner's layout (a `WeightedSlots`: slot table with
 per-slot weights and per-GPU sums) and the vectorized swap / replace / smoothing kernels of its local search."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from moeopt.moves.slots import WeightedSlots
 
 
 class _Layout(WeightedSlots):
-    """Slots of one layer with per-slot weights and per-GPU sums (a :class:`WeightedSlots`).
+    """Slots of one layer with per-slot weights and per-GPU sums (a `WeightedSlots`).
 
     In *item* mode (``load is None``) every slot holds an item with a fixed weight (``item`` tracks
     item ids). In *count* mode the weight of a slot is ``load[e] / c[e]`` and replace moves change
@@ -77,7 +77,7 @@ class _Layout(WeightedSlots):
         return None
 
     def best_max_swap(self) -> tuple[int, int, int, int] | None:
-        """The :meth:`best_swap` of the heaviest GPU as a step ``(g1, i1, g2, i2)``, or None."""
+        """The `best_swap` of the heaviest GPU as a step ``(g1, i1, g2, i2)``, or None."""
         b = int(np.argmax(self.s))
         mv = self.best_swap(b)
         if mv is None:
@@ -123,7 +123,7 @@ class _Layout(WeightedSlots):
         return int(gi[r]), int(r % W), q // W, q % W
 
     def smooth(self, max_moves: int) -> int:
-        """Sum-of-squares smoothing swaps (:meth:`best_smooth`); returns the number applied."""
+        """Sum-of-squares smoothing swaps (`best_smooth`); returns the number applied."""
         return descend(self, SMOOTHING, max_moves)
 
     def replace_candidates(self, b: int) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray]:
@@ -226,7 +226,7 @@ class _Layout(WeightedSlots):
         return best
 
     def best_max_replace(self) -> tuple[int, int, int] | None:
-        """The :meth:`best_replace` of the heaviest GPU as a step ``(g, i, x)``, or None."""
+        """The `best_replace` of the heaviest GPU as a step ``(g, i, x)``, or None."""
         mv = self.best_replace(int(np.argmax(self.s)))
         return None if mv is None else mv[1:]
 
@@ -280,7 +280,7 @@ def _replace(lay: _Layout, step: tuple[int, int, int]) -> None:
     lay.replace(*step)
 
 
-#: the neighbourhoods of the layout (:func:`moeopt.moves.driver.descend` runs them)
+#: the neighbourhoods of the layout (`moeopt.moves.driver.descend` runs them)
 SWAPS: Moves[_Layout, tuple[int, int, int, int]] = Moves(_Layout.best_max_swap, _swap)
 SMOOTHING: Moves[_Layout, tuple[int, int, int, int]] = Moves(_Layout.best_smooth, _swap)
 REPLACES: Moves[_Layout, tuple[int, int, int]] = Moves(_Layout.best_max_replace, _replace)

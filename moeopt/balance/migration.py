@@ -1,7 +1,7 @@
 """Migration-aware re-planning: few moved slots from a current plan, and the moves-vs-MaxVio frontier.
 
 With per-step loads (``steps``, robust mode) every candidate plan is scored by the mean (or
-worst) per-step MaxVio of :func:`moeopt.balance.robust.robust_objective` instead of the pooled
+worst) per-step MaxVio of `moeopt.balance.robust.robust_objective` instead of the pooled
 MaxVio: the moves are found on the pooled loads, the choice among them (and a target) is made on
 the objective robust planning optimizes, and the unconstrained plan is then the robust one.
 """
@@ -65,7 +65,7 @@ def relabel(new: ArrayLike, current: ArrayLike) -> IntArray:
     Returns
     -------
     ndarray of int, shape (G, W)
-        Same per-GPU multisets as ``new`` (GPU order permuted) with minimal :func:`count_moves`
+        Same per-GPU multisets as ``new`` (GPU order permuted) with minimal `count_moves`
         over GPU permutations.
     """
     nw = np.asarray(new, dtype=np.int64)
@@ -92,7 +92,7 @@ def relabel(new: ArrayLike, current: ArrayLike) -> IntArray:
 
 
 class _MigrationWalk:
-    """Best-gain-per-moved-slot replace/swap moves from ``current`` (:meth:`run` returns the
+    """Best-gain-per-moved-slot replace/swap moves from ``current`` (`run` returns the
     trajectory), as a neighbourhood of the one driver: its state is itself (the layout and
     the trajectory so far). A step is the layout after the move with the best
     reduction of the largest GPU load per moved slot (then of the heaviest GPU's load) that
@@ -118,7 +118,7 @@ class _MigrationWalk:
         self.traj = [(0, self.vio(), self.lay.e.copy())]
 
     def run(self) -> list[tuple[int, float, IntArray]]:
-        """The walk to its end (:func:`moeopt.moves.driver.descend`): ``(moves, MaxVio, plan)``."""
+        """The walk to its end (`moeopt.moves.driver.descend`): ``(moves, MaxVio, plan)``."""
         descend(self, self, max_steps=2**62)
         return self.traj
 
@@ -201,19 +201,19 @@ def replan_from(
     load : array_like of float, shape (E,)
         New loads.
     max_moves : int, optional
-        Budget of changed slots (:func:`count_moves`); ``None`` = unlimited; ``0`` returns ``current``.
+        Budget of changed slots (`count_moves`); ``None`` = unlimited; ``0`` returns ``current``.
     target_maxvio : float, optional
         Stop as soon as MaxVio <= target (fewest moves found that reach it).
     allow_colocated : bool
         Whether the moves may create colocated copies.
     seed, iterations : int
-        For the unconstrained plan (:func:`plan_layer`).
+        For the unconstrained plan (`plan_layer`).
     unconstrained : array_like of int, shape (G, W), optional
-        A precomputed unconstrained plan for ``load`` (skips the :func:`plan_layer` call); with
-        ``steps``, pass the robust plan (:func:`moeopt.balance.plan_layer_robust`).
+        A precomputed unconstrained plan for ``load`` (skips the `plan_layer` call); with
+        ``steps``, pass the robust plan (`moeopt.balance.plan_layer_robust`).
     steps : array_like of float, shape (T, E), optional
         Per-step loads: candidates are scored, and ``target_maxvio`` is read, as the ``objective``
-        (mean or worst) per-step MaxVio (:func:`moeopt.balance.robust_objective` minus 1).
+        (mean or worst) per-step MaxVio (`moeopt.balance.robust_objective` minus 1).
     objective : {"mean", "worst"}
         With ``steps``.
 
@@ -228,12 +228,12 @@ def replan_from(
     * greedy path: from the heaviest GPU, the best swap (2 moved slots) or replacement (1 moved
       slot) by reduction of the largest load per moved slot; at a local optimum a few
       sum-of-squares smoothing swaps (never raising the maximum) reshape the plateau;
-    * the unconstrained plan (:func:`plan_layer`) relabeled onto ``current`` (:func:`relabel`), and
+    * the unconstrained plan (`plan_layer`) relabeled onto ``current`` (`relabel`), and
       the plans met while reverting its slots to ``current`` one swap/replacement at a time.
 
     The best candidate is returned (with a target: the one with the fewest moves among those that
     reach it, else the best). With no budget and no target this is at least as good as
-    :func:`plan_layer`. Colocated copies already in ``current`` may stay; moves never create new
+    `plan_layer`. Colocated copies already in ``current`` may stay; moves never create new
     ones unless ``allow_colocated``.
     """
     L = _as_load(load)
@@ -264,7 +264,7 @@ def _revert_path(cur: IntArray, full: IntArray, L: FloatArray, allow: bool) -> l
     Each step reverts the slot whose reversal raises the largest GPU load the least (the expert it
     drops must keep a copy; no new colocation unless allowed). Returns ``(moves, MaxVio, plan)``
     with strictly decreasing moves: plans in between the current and the unconstrained one (a
-    descent of the one driver, :func:`moeopt.moves.driver.descend`, over :class:`_RevertWalk`).
+    descent of the one driver, `moeopt.moves.driver.descend`, over `_RevertWalk`).
     """
     G = cur.shape[0]
     if float(L.sum()) / G <= 0:
@@ -275,7 +275,7 @@ def _revert_path(cur: IntArray, full: IntArray, L: FloatArray, allow: bool) -> l
 
 
 class _RevertWalk:
-    """The reversal path of :func:`_revert_path` as a neighbourhood of the one driver (its
+    """The reversal path of `_revert_path` as a neighbourhood of the one driver (its
     state is itself): a step reverts one differing slot (a swap between two differing slots,
     or a single slot taking back its expert); the walk ends when no slot differs, no reversal
     is valid, or a reversal does not lower the moves."""
@@ -367,7 +367,7 @@ class _RevertWalk:
 def _unconstrained(
     L: FloatArray, G: int, W: int, cur: IntArray, allow: bool, seed: int, iterations: int, given: ArrayLike | None
 ) -> IntArray:
-    """The unconstrained plan (given or :func:`plan_layer`), relabeled onto ``cur``."""
+    """The unconstrained plan (given or `plan_layer`), relabeled onto ``cur``."""
     if given is None:
         plan = plan_layer(L, G, W, allow_colocated=allow, seed=seed, iterations=iterations)
     else:
@@ -428,7 +428,7 @@ def migration_frontier(
     budgets : sequence of int
         Budgets of moved slots (``0`` gives the current plan's MaxVio).
     allow_colocated, seed, iterations, unconstrained, steps, objective
-        As in :func:`replan_from` (with ``steps`` the MaxVio is the per-step objective's).
+        As in `replan_from` (with ``steps`` the MaxVio is the per-step objective's).
 
     Returns
     -------
@@ -436,7 +436,7 @@ def migration_frontier(
         ``(moves used, MaxVio)`` per budget, in the order given: the best plan with at most that
         many moves among one greedy trajectory run to the largest budget, the revert path of the
         unconstrained plan and that plan itself (so MaxVio never increases with the budget). One
-        greedy run serves all budgets; :func:`replan_from` with ``max_moves=b`` runs its own greedy,
+        greedy run serves all budgets; `replan_from` with ``max_moves=b`` runs its own greedy,
         which may differ near the budget (it can still fit a 1-slot move where a swap does not).
     """
     L = _as_load(load)

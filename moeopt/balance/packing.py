@@ -58,7 +58,7 @@ def _ils(
     lookahead_rounds: int = 2,
 ) -> _Layout:
     """Descent, then iterated local search keeping the best layout (by largest bin):
-    :func:`moeopt.moves.driver.iterate` over :class:`_Perturbed`.
+    `moeopt.moves.driver.iterate` over `_Perturbed`.
 
     Perturbation rounds use swaps only (replace moves every ``replace_every`` rounds, 0 = never);
     the best layout gets a final joint (swap + replace) descent, then up to ``lookahead_rounds``
@@ -80,7 +80,7 @@ def _ils(
 
 
 class _Perturbed:
-    """The layout as a :class:`~moeopt.moves.driver.Landscape`: joint descent (replace moves at
+    """The layout as a `Landscape`: joint descent (replace moves at
     the start and every ``replace_every`` rounds), random swaps among the heaviest GPU and a
     few others as the kick (more GPUs and swaps in later rounds), the largest GPU load."""
 
@@ -139,7 +139,7 @@ def pack(
     Returns
     -------
     ndarray of int, shape (G, W)
-        Item indices per bin. Never worse (largest bin) than :func:`lpt_pack`.
+        Item indices per bin. Never worse (largest bin) than `lpt_pack`.
     """
     w, e, E = check_items(items_weight, items_expert, G, W)
     if not allow_colocated and E and np.bincount(e).max() > G:

@@ -111,7 +111,7 @@ def plan_layer(
 
 
 def plan_layers(loads: ArrayLike, G: int, W: int, **kwargs: Any) -> IntArray:
-    """:func:`plan_layer` for every layer of ``loads[L, E]``; returns ``slots[L, G, W]``.
+    """`plan_layer` for every layer of ``loads[L, E]``; returns ``slots[L, G, W]``.
 
     Layer ``l`` uses seed ``seed + l`` so layers are independent but the whole result is
     deterministic.

@@ -2,7 +2,7 @@
 
 vLLM-Ascend sends rank ``r``'s tokens for expert ``e`` to copy ``j(r, e)`` of ``e``, the copies
 being ``e``'s ``c`` devices in rank order: ``j = r mod c`` (with tensor parallelism ``tp``:
-``(r mod tp + r div tp + e) mod c``; :func:`moeopt.dispatch.ascend_map`). With the tokens spread
+``(r mod tp + r div tp + e) mod c``; [`moeopt.dispatch.ascend_map`][]). With the tokens spread
 evenly over the source ranks, copy ``j`` serves ``n_j / G`` of ``e``'s load, ``n_j`` the ranks
 that pick it: ``floor(G / c)`` or ``ceil(G / c)`` without TP. When ``c`` does not divide ``G``
 the copies on the lowest-numbered devices get the larger shares, so a plan packed for the even
@@ -10,7 +10,7 @@ split (every copy ``1 / c``) loses its balance: on the real DeepSeek-V3 prefill 
 64 GPUs x (4 + 1) slots, ``balance``'s even plan is at MaxVio 0.0014 under ``even`` and 0.0144
 under this rule.
 
-:func:`polish_rank_modulo` repairs a plan for the rule: a descent on the rule's true GPU loads
+`polish_rank_modulo` repairs a plan for the rule: a descent on the rule's true GPU loads
 whose move swaps two slots of different GPUs (two experts trade places, which re-orders both
 experts' devices and so re-deals their shares), always from the most loaded GPU, taking the
 swap that lowers ``(largest load, sum of squared loads)`` the most. Every candidate swap of a
@@ -51,7 +51,7 @@ def _contribution(held: np.ndarray, experts: IntArray, load: FloatArray, table: 
 
 
 def rank_modulo_loads(slots: IntArray, load: FloatArray, table: FloatArray) -> FloatArray:
-    """float ``[G]``: one layer's GPU loads under the rank-modulo rule (``table`` of :func:`share_table`)."""
+    """float ``[G]``: one layer's GPU loads under the rank-modulo rule (``table`` of `share_table`)."""
     G = slots.shape[0]
     E = load.size
     held = np.zeros((E, G), dtype=bool)
@@ -165,5 +165,5 @@ def rank_modulo_bound(load: FloatArray, G: int, W: int, table: FloatArray) -> fl
 
 
 def even_counts(load: FloatArray, G: int, W: int) -> IntArray:
-    """The water-filled copy counts of the even split (:func:`moeopt.balance.copies.copy_counts`)."""
+    """The water-filled copy counts of the even split (`moeopt.balance.copies.copy_counts`)."""
     return np.asarray(copy_counts(load, G * W, G))

@@ -64,7 +64,7 @@ def robust_objective(
 
 
 class _RobustLayout(SlotTable):
-    """Slots evaluated on every step at once (a :class:`~moeopt.moves.slots.SlotTable`):
+    """Slots evaluated on every step at once (a `SlotTable`):
     ``Lg[t, g]`` = scaled load of GPU ``g`` in step ``t``."""
 
     __slots__ = ("S", "T", "cap", "allow", "worst", "share", "Lg", "tol")
@@ -214,7 +214,7 @@ class _RobustLayout(SlotTable):
         return a
 
     def best_step(self, n_try: int) -> tuple[str, int, int, int, int] | None:
-        """The best swap or replacement at the first of the ``n_try`` :meth:`critical` GPUs that
+        """The best swap or replacement at the first of the ``n_try`` `critical` GPUs that
         has an improving one: ``("swap", g1, i1, g2, i2)`` or ``("replace", g, i, x, 0)``."""
         cur = self.value()
         for b in self.critical(n_try):
@@ -236,7 +236,7 @@ class _RobustLayout(SlotTable):
             self.replace(a, i, b)
 
     def search(self, max_moves: int, n_try: int) -> None:
-        """Descent (:func:`moeopt.moves.driver.descend`) over :meth:`best_step`."""
+        """Descent (`moeopt.moves.driver.descend`) over `best_step`."""
         descend(self, Moves(lambda lay: lay.best_step(n_try), _RobustLayout.apply), max_moves)
 
 
@@ -268,7 +268,7 @@ def plan_layer_robust(
         dominate; ``False`` uses raw loads.
     allow_colocated : bool
     seed, iterations : int
-        Passed to :func:`plan_layer` for the pooled start.
+        Passed to `plan_layer` for the pooled start.
     max_moves : int, optional
         Cap on accepted moves (default ``2 * G * W``).
     n_try : int
@@ -281,7 +281,7 @@ def plan_layer_robust(
     -------
     ndarray of int, shape (G, W)
         Never worse than the pooled plan (``start``, default ``plan_layer(step_loads.sum(0))``) on
-        :func:`robust_objective`: only strictly improving moves are accepted.
+        `robust_objective`: only strictly improving moves are accepted.
     """
     S = _as_load(step_loads, ndim=2)
     E = S.shape[1]
@@ -323,7 +323,7 @@ def robust_pays(
 
     The snapshots (in time order) are cut in two halves: a robust plan and a pooled plan are
     made on the first, and both are scored on the second by the mean per-step objective
-    (:func:`robust_objective`). Robust planning pays when the snapshots differ in a way that
+    (`robust_objective`). Robust planning pays when the snapshots differ in a way that
     repeats (e.g. bursts of task families); on noise alone it fits the noise and loses.
 
     Parameters

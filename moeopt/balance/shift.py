@@ -1,27 +1,27 @@
 """Out-of-sample balance planning: plans whose MaxVio holds up on loads other than the calibration ones.
 
-A plan from :func:`moeopt.balance.plan_layer` is near perfect on the calibration loads (MaxVio ~ 1e-3)
+A plan from `moeopt.balance.plan_layer` is near perfect on the calibration loads (MaxVio ~ 1e-3)
 but, evaluated on another workload, its MaxVio is set by how the loads *shift*. On the two bundled
 DeepSeek-V3 recordings (prefill / decode) the per-layer log loads correlate only ~0.66, and the shift is
 not pure noise: it regresses to the mean (the hottest quarter of experts in one file is ~22 % cooler in
 the other, the coldest quarter ~20-35 % hotter; the per-layer regression slope of log loads is 0.65-0.8).
 
-Method (:func:`plan_layer_oos`)
+Method (`plan_layer_oos`)
 -------------------------------
 1. **Shrink** the calibration loads toward the layer mean in log space,
    ``hat_e = mean * (load_e / mean) ** alpha`` (``alpha = 1``: no shrinkage). This is the best predictor
    of the other workload's loads under the log-linear regression model ``log D' = a + alpha log D +
    noise``; ``alpha`` is the regression slope. Counts and packing are planned on ``hat``.
-2. Plan ``hat`` with :func:`moeopt.balance.plan_layer` (water-filled copy counts, packing, joint
+2. Plan ``hat`` with `moeopt.balance.plan_layer` (water-filled copy counts, packing, joint
    swap/replace search).
 3. Optionally (``kappa > 0``) a **variance-aware** swap descent with counts fixed: minimize
    ``max_g s_g + kappa * sqrt(q_g)`` where ``s_g`` is GPU ``g``'s predicted load and ``q_g`` the sum of
    the squares of its per-copy loads (its variance under independent multiplicative noise, up to the
    noise level). ``kappa = 0`` (default) skips it: on held-out data it did not help.
 
-``alpha`` cannot be estimated from one file (the shift is between workloads). :func:`choose_alpha` picks
+``alpha`` cannot be estimated from one file (the shift is between workloads). `choose_alpha` picks
 it by leave-one-snapshot-out cross-validation when a user has several calibration snapshots (e.g. SGLang
-per-interval dumps or several workloads). Without snapshots :data:`DEFAULT_ALPHA` is used: ``even``
+per-interval dumps or several workloads). Without snapshots `DEFAULT_ALPHA` is used: ``even``
 1.0 (no shrinkage: no setting helped held-out even-dispatch MaxVio); ``lp`` 0.65, a prior in the range
 of the observed regression slopes (DeepSeek prefill/decode 0.65-0.8, OLMoE domains 0.55). Caveat: 0.65
 was fixed after a sweep that looked at the DeepSeek pair and OLMoE cross-validation alone does not
@@ -71,7 +71,7 @@ def shrink_loads(load: ArrayLike, alpha: float) -> FloatArray:
 
 def _variance_descent(slots: IntArray, w_of: FloatArray, kappa: float, max_moves: int) -> IntArray:
     """Swap descent on ``max_g s_g + kappa sqrt(q_g)`` with copy counts fixed (no colocated copies):
-    :func:`moeopt.moves.driver.descend` over :class:`_VarianceSwaps`."""
+    `moeopt.moves.driver.descend` over `_VarianceSwaps`."""
     lay = _Layout(slots, w_of[slots], w_of.size, allow=False)
     descend(lay, _VarianceSwaps(lay, kappa), max_moves)
     return lay.e
@@ -138,12 +138,12 @@ def plan_layer_oos(
     dispatch : {"even", "lp"}
         Dispatch the plan will run under; selects the default ``alpha``.
     alpha : float, optional
-        Log-space shrinkage exponent in ``[0, 1]`` (see :func:`shrink_loads`); default
-        ``DEFAULT_ALPHA[dispatch]``. Use :func:`choose_alpha` when several snapshots exist.
+        Log-space shrinkage exponent in ``[0, 1]`` (see `shrink_loads`); default
+        ``DEFAULT_ALPHA[dispatch]``. Use `choose_alpha` when several snapshots exist.
     kappa : float
         Weight of the per-GPU standard deviation in the variance-aware descent (0: off).
     seed, iterations : int
-        Passed to :func:`moeopt.balance.plan_layer`; same inputs give the same plan.
+        Passed to `moeopt.balance.plan_layer`; same inputs give the same plan.
     max_moves : int, optional
         Cap on variance-aware swaps (default ``2 * G * W``).
 
@@ -168,7 +168,7 @@ def plan_layer_oos(
 
 
 def plan_layers_oos(loads: ArrayLike, G: int, W: int, *, seed: int = 0, **kwargs: Any) -> IntArray:
-    """:func:`plan_layer_oos` for every layer of ``loads[L, E]`` (layer ``l`` uses seed ``seed + l``)."""
+    """`plan_layer_oos` for every layer of ``loads[L, E]`` (layer ``l`` uses seed ``seed + l``)."""
     arr = np.asarray(loads, dtype=np.float64)
     if arr.ndim != 2:
         raise ValueError(f"loads must be [L, E], got shape {arr.shape}")

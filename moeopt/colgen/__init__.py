@@ -7,7 +7,7 @@ has one column per feasible group ``S`` (at most ``cap`` experts, load at most
     max sum_S v(S) x_S   s.t.   sum_{S ni e} x_S = 1 (each expert e),   sum_S x_S <= G,   x >= 0.
 
 Its LP value bounds the optimum from above and is much tighter than the cheap bounds of
-:mod:`moeopt.bounds`. Column generation solves it over a growing set of columns (the
+`moeopt.bounds`. Column generation solves it over a growing set of columns (the
 restricted master, HiGHS); pricing looks for a group of positive reduced cost
 ``v(S) - pi(S) - mu`` (a small quadratic knapsack): a vectorized greedy + swap heuristic
 first, then exactly (branch and bound over the groups in lexicographic order; CP-SAT
@@ -30,11 +30,11 @@ then a function of the problem, the seed and these budgets, the same on a busy m
 idle one; a time limit is only an outer cap, and a result it stopped says so (termination
 ``time_limit``, ``info["capped"]``).
 
-The package: :mod:`.pricing` (the quadratic-knapsack pricing, and the :class:`Pricer` protocol a
-column value implements), :mod:`.master` (the restricted master LP and MILP in highspy, over a
-:class:`ColumnSpace`), :mod:`.driver` (:func:`generate`, the loop and its bounds for any column
-space, and :func:`column_generation` on a grouping). The joint planner's certificate
-(:mod:`moeopt.colgen.cover`) is the same loop over hypergraph columns with rows ``>= 1``.
+The package: `pricing` (the quadratic-knapsack pricing, and the `Pricer` protocol a
+column value implements), `master` (the restricted master LP and MILP in highspy, over a
+`ColumnSpace`), `driver` (`generate`, the loop and its bounds for any column
+space, and `column_generation` on a grouping). The joint planner's certificate
+(`moeopt.colgen.cover`) is the same loop over hypergraph columns with rows ``>= 1``.
 """
 
 from moeopt.colgen.driver import (

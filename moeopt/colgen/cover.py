@@ -15,7 +15,7 @@ the penalty dropped: a relaxation)
 
 over columns ``S`` of at most ``W`` distinct experts (copies of one expert on one GPU add
 nothing). It is solved by the package's column generation loop
-(:func:`moeopt.colgen.generate`) with :class:`HypergraphPricer`; the Lagrangian (Farley) bound
+(`moeopt.colgen.generate`) with `HypergraphPricer`; the Lagrangian (Farley) bound
 ``sum_e pi_e + G max(0, max_S v(S) - pi(S))`` with ``pi <= 0`` holds at every exact pricing, so
 a cap on its work (or on the clock) leaves a valid bound. Exact pricing enumerates every
 ``W``-set by inclusion-exclusion
@@ -23,7 +23,7 @@ a cap on its work (or on the clock) leaves a valid bound. Exact pricing enumerat
 it bounds ``v`` by the pair value (``(c - 1)^+ <= C(c, 2)``) and prices that quadratic knapsack
 exactly with the grouping's pricing.
 
-A bound without column generation (:func:`pair_saving_bound`) caps the saving when the
+A bound without column generation (`pair_saving_bound`) caps the saving when the
 column generation is cut short before its first exact pricing (large layers): with
 ``A_ef = sum_{t ni e, f} w_t``, ``n_e = sum_{t ni e} w_t`` and ``top_e`` the sum of the ``W - 1``
 largest ``A_ef`` over ``f``, every column satisfies both
@@ -34,7 +34,7 @@ largest ``A_ef`` over ``f``, every column satisfies both
 (``m = min(W, k)``: a token counts for ``e`` only when another of its experts is in ``S``), so
 the saving of a plan is at most the second per-expert terms summed over its ``G W`` slots
 (each expert once, the spare slots on the largest terms: an expert is on at most ``G`` GPUs).
-The first is summed exactly by the *pair LP* (:func:`_pair_lp_bound`, a fractional b-matching):
+The first is summed exactly by the *pair LP* (`_pair_lp_bound`, a fractional b-matching):
 with ``y_ef`` the GPUs holding both ``e`` and ``f`` and ``c_e`` those holding ``e``, every plan has
 ``y_ef <= min(c_e, c_f)``, ``sum_f y_ef <= (W - 1) c_e``, ``1 <= c_e <= G``, ``sum_e c_e <= G W``,
 so ``max sum_{e<f} A_ef y_ef`` over that polytope bounds its saving. The smaller of the two is
@@ -71,7 +71,7 @@ CHUNK = 200_000
 POOL = 4096
 #: HiGHS iterations of each LP of the bound (the pair LP, the stay LP): their work budget
 LP_ITERATIONS = 500_000
-#: the column generation of :func:`distinct_lower_bound` by default: ``COVER_WORK / (E M W)``
+#: the column generation of `distinct_lower_bound` by default: ``COVER_WORK / (E M W)``
 #: master LP solves (E experts, M token patterns, W slots per GPU: a round's heuristic pricing
 #: costs about ``E M W``), at least ``COVER_MIN_ROUNDS`` and at most ``COVER_MAX_ROUNDS``. Small
 #: layers (W <= 4, exact pricing by enumeration) get the rounds that prove their LP (E = 32, 8 GPUs
@@ -82,13 +82,13 @@ COVER_MIN_ROUNDS = 4
 COVER_MAX_ROUNDS = 30
 #: heuristic pricing rounds between two exact pricings there
 COVER_EXACT_EVERY = 5
-#: work of each exact pricing there (:func:`moeopt.colgen.pricing.price_exact`'s units)
+#: work of each exact pricing there (`moeopt.colgen.pricing.price_exact`'s units)
 COVER_PRICING_WORK = 5_000_000
 
 
 def cover_rounds(experts: int, patterns: int, width: int) -> int:
-    """The default master LP solves of :func:`distinct_lower_bound` for a layer of ``experts``,
-    ``patterns`` distinct top-k sets and ``width`` slots per GPU (see :data:`COVER_WORK`)."""
+    """The default master LP solves of `distinct_lower_bound` for a layer of ``experts``,
+    ``patterns`` distinct top-k sets and ``width`` slots per GPU (see `COVER_WORK`)."""
     rounds = COVER_WORK / max(experts * patterns * width, 1)
     return int(min(max(round(rounds), COVER_MIN_ROUNDS), COVER_MAX_ROUNDS))
 
@@ -103,7 +103,7 @@ def token_patterns(topk: np.ndarray, weights: np.ndarray | None = None) -> tuple
 
 class HypergraphPricer:
     """Columns of at most ``width`` experts valued ``v(S) = sum_t w_t (|S ∩ T_t| - 1)^+``
-    (a :class:`moeopt.colgen.Pricer` for expert rows ``>= 1``: duals ``pi <= 0``).
+    (a `moeopt.colgen.Pricer` for expert rows ``>= 1``: duals ``pi <= 0``).
 
     With ``load [E]`` and ``limit``, only columns whose load is at most ``limit`` are admissible
     (single-copy plans within a load limit: a GPU's load is the sum of its experts')."""
@@ -135,7 +135,7 @@ class HypergraphPricer:
         self._tables: tuple | None = None
         self._combos: dict[int, np.ndarray] = {}  # every set of each size, once enumerated
         #: a ``time.perf_counter()`` value after which the heuristic's swap rounds stop (an outer
-        #: cap of :func:`distinct_lower_bound`; None: its rounds alone bound it)
+        #: cap of `distinct_lower_bound`; None: its rounds alone bound it)
         self.deadline: float | None = None
 
     # ----------------------------------------------------------------- values
@@ -188,7 +188,7 @@ class HypergraphPricer:
         return [s for s in self.greedy(pi, rounds) if self.admissible(s)]
 
     def greedy(self, pi: np.ndarray, rounds: int = 4) -> list[np.ndarray]:
-        """The greedy + swap columns of :meth:`heuristic`."""
+        """The greedy + swap columns of `heuristic`."""
         E, Wd = self.experts, self.width
         n = E
         rows = np.arange(n)
@@ -298,9 +298,9 @@ class HypergraphPricer:
         ``pi <= 0`` makes the reduced value grow with ``S``, so a best set has ``width`` members
         (within a load limit, a best set may have fewer: every size is enumerated then).
         Enumeration of all of them when ``width <= 4`` and there are at most
-        :data:`MAX_ENUMERATION` (not cut by ``work``: at most a few tenths of a second);
+        `MAX_ENUMERATION` (not cut by ``work``: at most a few tenths of a second);
         otherwise the pair relaxation priced exactly by
-        :func:`moeopt.colgen.price_exact` within the load limit in ``work`` units (its proved upper
+        `moeopt.colgen.price_exact` within the load limit in ``work`` units (its proved upper
         bound, unproven for ``v``; ``deadline``, or ``time_limit`` seconds from now, an outer
         wall-clock cap)."""
         del threshold, tolerance
@@ -377,7 +377,7 @@ def _quad_key(sets: np.ndarray, E: int) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class JointBound:
-    """What :func:`distinct_lower_bound` proved for one layer.
+    """What `distinct_lower_bound` proved for one layer.
 
     Attributes
     ----------
@@ -419,7 +419,7 @@ def pair_saving_bound(
     report: dict | None = None,
 ) -> float:
     """An upper bound on the saving ``sum_g v(S_g)`` of every plan of ``gpus x width`` slots, from
-    the token patterns ``pats [M, k]`` (sorted, :func:`token_patterns`) and their weights ``w``:
+    the token patterns ``pats [M, k]`` (sorted, `token_patterns`) and their weights ``w``:
     the smaller of the pair (b-matching) LP and the star bound of the module notes.
 
     With ``load`` and ``load_limit``: of every single-copy plan within the limit; the pair LP
@@ -473,8 +473,8 @@ def _pair_lp_bound(
 ) -> tuple[float | None, bool]:
     """The pair LP of the module notes, ``max sum_{e<f} A_ef y_ef``, as a valid bound (None when
     HiGHS does not solve it within ``iterations`` and ``time_limit``; and whether the time limit
-    stopped it): :func:`_lp_upper_bound` over the polytope of
-    :func:`_copy_graph_rows` on the experts of one layer, with ``sum_f y_ef <= (W - 1) c_e``
+    stopped it): `_lp_upper_bound` over the polytope of
+    `_copy_graph_rows` on the experts of one layer, with ``sum_f y_ef <= (W - 1) c_e``
     (``c_e = 1`` without spare slots: a fractional b-matching; within a load limit, single copy:
     ``c_e = 1`` and the partners' load fits beside e)."""
     if a.size == 0:
@@ -594,7 +594,7 @@ def stay_upper_bound(
     its share ``s <= min(1, sum_f z_ef)`` (tokens with the same ``e`` and experts share one ``s``);
     every pair of plans has ``sum_f z_ef <= W c_e``, ``sum_e z_ef <= W d_f``,
     ``z_ef <= min(c_e, d_f)`` (``c``, ``d``: each layer's copies, in ``[1, G]``, at most ``G W``
-    in all; all 1 without spare slots). The LP over that polytope (:func:`_stay_lp`), at most 1.
+    in all; all 1 without spare slots). The LP over that polytope (`_stay_lp`), at most 1.
     (Weighting each pair by its tokens instead, ``sum B_ef z_ef``, counts a token once per expert
     beside its home: on the crosslayer benchmark's 64 GPUs x 128 experts, dependency 0.9, it read 1
     at every layer where this reads 0.79-0.86.)
@@ -658,7 +658,7 @@ def _stay_lp(
     """The staying share's LP: a token stays at most once, and only if one of its pairs
     ``(e, f)`` (previous top-1, expert here) shares a GPU, so per pattern p (``e`` and its set of
     ``f``; tokens with the same pattern share it) ``s_p <= 1`` and ``s_p <= sum_{f in p} z_ef``,
-    with ``z`` (the sorted keys ``pairs = e E + f``) in ``polytope`` (:func:`_copy_graph_rows`);
+    with ``z`` (the sorted keys ``pairs = e E + f``) in ``polytope`` (`_copy_graph_rows`);
     ``max sum_p w_p s_p / N``, as a valid bound (at most 1); None when HiGHS does not solve it
     within ``iterations`` and ``time_limit`` (and whether the time limit stopped it)."""
     N = len(prev)
@@ -723,17 +723,17 @@ def distinct_lower_bound(
         ``info["capped"]`` says whether the cap, not the work budgets, stopped some part of it
         (then the bound depends on the machine's speed).
     rounds, exact_every, pricing_work
-        The column generation's work budgets (:func:`moeopt.colgen.generate`): master LP solves
-        (None: :func:`cover_rounds` of the layer's size), heuristic rounds between exact pricings,
+        The column generation's work budgets (`moeopt.colgen.generate`): master LP solves
+        (None: `cover_rounds` of the layer's size), heuristic rounds between exact pricings,
         work of an exact pricing.
     lp_iterations
-        HiGHS iterations of the pair LP (:func:`pair_saving_bound`).
+        HiGHS iterations of the pair LP (`pair_saving_bound`).
     weights
         Optional token weights ``[N]`` (default 1: the plain mean over tokens).
     start_slots
         Optional ``[G, W]`` plan (-1 empty) whose GPUs seed the master.
     seed, smoothing, log
-        Exact pricing's seed; Wentges dual smoothing (as :func:`moeopt.colgen.generate`); a sink
+        Exact pricing's seed; Wentges dual smoothing (as `moeopt.colgen.generate`); a sink
         for one line per exact pricing.
     load, load_limit
         Optional expert loads ``[E]`` and the largest GPU load: columns (GPU contents) are then
@@ -836,5 +836,5 @@ def remote_lower_bound(distinct: float, gpus: int, uniform_homes: bool, stay: fl
     """Remote GPUs per token from a bound on distinct ones: ``distinct (1 - 1/G)`` under uniform
     token homes (the evaluator's expectation), else ``distinct - stay`` (the home saves one GPU,
     for at most the share ``stay`` of the tokens whose home can hold one of their experts:
-    :func:`stay_upper_bound`)."""
+    `stay_upper_bound`)."""
     return distinct * (1.0 - 1.0 / gpus) if uniform_homes else max(distinct - stay, 0.0)

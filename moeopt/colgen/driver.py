@@ -1,7 +1,7 @@
 """The column generation driver: master LP, pricing, Lagrangian bounds, the final master MILP.
 
-:func:`generate` is the loop over any column space (a :class:`~moeopt.colgen.master.Master` and a
-:class:`~moeopt.colgen.pricing.Pricer`); :func:`column_generation` runs it on a grouping problem.
+`generate` is the loop over any column space (a `Master` and a
+`Pricer`); `column_generation` runs it on a grouping problem.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from moeopt.result import Termination
 #: reduced costs below this (relative to the largest affinity) count as zero
 RC_TOL = 1e-7
 #: share of the time limit kept for the restricted master MILP at the end (when a time limit caps
-#: the generation: the MILP's branch and bound is bounded by :data:`MILP_NODES` otherwise)
+#: the generation: the MILP's branch and bound is bounded by `MILP_NODES` otherwise)
 MILP_SHARE = 0.15
 #: master LP solves without progress before an exact pricing (for a bound and a new center)
 STALL_ITERATIONS = 8
@@ -33,7 +33,7 @@ STALL_ITERATIONS = 8
 PRICING_TOLERANCE = 2e-4
 #: full columns: an exact pricing at least every this many ``exact_every`` stretches, converged or not
 FULL_EXACT_EVERY = 3
-#: master LP solves (pricing rounds) of :func:`column_generation` by default: its work budget
+#: master LP solves (pricing rounds) of `column_generation` by default: its work budget
 ROUNDS = 200
 #: heuristic pricing rounds between two exact pricings at most (a bound and a new center)
 EXACT_EVERY = 10
@@ -46,7 +46,7 @@ MILP_NODES = 2000
 
 @dataclass(frozen=True, eq=False)
 class ColgenResult:
-    """What :func:`column_generation` found for one grouping problem.
+    """What `column_generation` found for one grouping problem.
 
     Attributes
     ----------
@@ -146,7 +146,7 @@ def column_generation(
         MILP); None: none.
     start_home
         A feasible plan: its groups seed the master and it is the first incumbent. None:
-        ``agnostic``'s heuristic (:func:`moeopt.heuristics.spectral.grouping_heuristic`, bounded
+        ``agnostic``'s heuristic (`moeopt.heuristics.spectral.grouping_heuristic`, bounded
         by its iterations).
     log
         Called with one line per exact pricing.
@@ -161,7 +161,7 @@ def column_generation(
         Heuristic pricing rounds between two exact pricings at most (``FULL_EXACT_EVERY`` times
         as many when every column is full).
     pricing_work
-        Work units of one exact pricing (:func:`moeopt.colgen.pricing.price_exact`).
+        Work units of one exact pricing (`moeopt.colgen.pricing.price_exact`).
     milp_nodes
         Branch-and-bound nodes of the restricted master MILP at the end.
     give_up
@@ -178,7 +178,7 @@ def column_generation(
 
     Notes
     -----
-    Runs with one BLAS thread (as :func:`moeopt.solvers.grouping_sdp.sdp_bound`): the pricing's
+    Runs with one BLAS thread (as `moeopt.solvers.grouping_sdp.sdp_bound`): the pricing's
     products are small, and two threads spinning against other work on a busy machine are far
     slower than one.
     """
@@ -286,7 +286,7 @@ def _disjoint_first(groups: list[np.ndarray], experts: int, limit: int) -> list[
 
 @dataclass
 class Generation:
-    """Where :func:`generate` stopped: the best Lagrangian bound (or the starting one, ``kind``
+    """Where `generate` stopped: the best Lagrangian bound (or the starting one, ``kind``
     naming it), the last master LP value, whether the LP was proved solved, master LP solves,
     whether it gave up at an unproved exact pricing (``give_up``) and whether the outer
     wall-clock cap (``deadline``), not the work budget, stopped it or one of its pricings."""
@@ -329,7 +329,7 @@ def generate(
 
         L(pi) = sum_e pi_e + G max(0, upper),   upper >= max_S [v(S) - pi(S)],
 
-    valid for any ``pi`` that :meth:`Pricer.project` returns (e.g. ``pi >= 0`` for rows ``<= 1``,
+    valid for any ``pi`` that `Pricer.project` returns (e.g. ``pi >= 0`` for rows ``<= 1``,
     ``pi <= 0`` for rows ``>= 1``), so ``bound`` is valid at every iteration.
 
     Every decision counts work, never the clock: the same input, seed and budgets give the same
@@ -351,7 +351,7 @@ def generate(
         Heuristic pricing rounds between two exact pricings at most (``FULL_EXACT_EVERY`` times
         as many with full columns, whose heuristic is near exact).
     pricing_work
-        Work units of one exact pricing (:data:`CONVERGED_WORK` times as many for the one that
+        Work units of one exact pricing (`CONVERGED_WORK` times as many for the one that
         certifies the LP).
     deadline
         ``time.perf_counter()`` value at which to stop whatever the work left (None: none).
@@ -360,7 +360,7 @@ def generate(
     incumbent
         Value of the best known plan (only scales the exact pricing's tolerance).
     smoothing
-        Wentges alpha, as in :func:`column_generation`.
+        Wentges alpha, as in `column_generation`.
     seed, t0, history, info, log
         Exact pricing's seed; the clock's origin, the ``(seconds, bound, incumbent)`` list, the
         counters (``heuristic_pricings``, ``exact_pricings``, ``mispricings``, ``lp_time``,

@@ -2,8 +2,8 @@
 
 Rows: one per expert (``= 1``, ``<= 1`` when groups may be left empty, or ``>= 1`` when an
 expert may sit in several columns, e.g. copies) and ``sum x <= G``; one column per group with
-its value as objective coefficient. A :class:`ColumnSpace` says which rows and which value
-(grouping: :func:`grouping_space`, the intra-group affinity).
+its value as objective coefficient. A `ColumnSpace` says which rows and which value
+(grouping: `grouping_space`, the intra-group affinity).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Pricing for the column generation: a group of positive reduced cost ``v(S) - pi(S) - mu``.
 
 A small quadratic knapsack: a vectorized greedy + swap heuristic first
-(:func:`price_heuristic`), then exactly (:func:`price_exact`: enumeration of small groups,
+(`price_heuristic`), then exactly (`price_exact`: enumeration of small groups,
 branch and bound over the groups in lexicographic order, CP-SAT beside it for groups of more
 than 4 experts). An exact pricing that stops early still returns a proved upper bound on the
 best reduced cost (``Pricing.upper``), which keeps the Lagrangian bound valid.
 
 Exact pricing is bounded by work, not by the clock, so that a bound is a function of the
 input, the seed and the parameters: the branch and bound by the node-candidate pairs it scores
-(``work``), CP-SAT by its deterministic time with one worker (:data:`WORK_PER_DTIME` work units
+(``work``), CP-SAT by its deterministic time with one worker (`WORK_PER_DTIME` work units
 per deterministic second). A ``deadline`` is only an outer cap; a pricing it stops says so
 (``Pricing.capped``) and its bound then depends on the machine's speed.
 """
@@ -152,7 +152,7 @@ def _iterated_swaps(
 ) -> np.ndarray:
     """Iterated local search over full groups: up to ``kicks`` times, ``ILS_COPIES`` copies of
     the best groups so far each take ``ILS_SWAPS`` random swaps within the load limit and go
-    back to a local optimum (:func:`_local_search`, swaps only); the ``ILS_ELITE`` best distinct
+    back to a local optimum (`_local_search`, swaps only); the ``ILS_ELITE`` best distinct
     groups are kept; ``ILS_PATIENCE`` rounds in a row without a better group end it. Returns
     every group kept, the start's included."""
     W, w = problem.graph, problem.load
@@ -198,10 +198,10 @@ def price_heuristic(
     All starts grow at once (numpy over ``[starts, E]``): each step adds the expert of
     largest gain ``sum_{t in S} W[t, f] - pi_f`` that fits (slots, load), once while the gain
     is positive and once filling every slot; then best-improvement add / drop / swap moves
-    (:func:`_local_search`) until none improves or ``rounds`` pass. ``extra`` groups (e.g.
+    (`_local_search`) until none improves or ``rounds`` pass. ``extra`` groups (e.g.
     the master's best columns) are improved too. With ``full``, only groups of exactly ``cap``
     experts: the filled starts (each keeping room under the load limit for the rest), swap
-    moves only, then ``kicks`` rounds of iterated local search (:func:`_iterated_swaps`).
+    moves only, then ``kicks`` rounds of iterated local search (`_iterated_swaps`).
 
     Returns
     -------
@@ -284,7 +284,7 @@ class Pricing:
 
 def price_enumerate(problem: Grouping, pi: np.ndarray, cand: np.ndarray, keep: int = 20) -> Pricing:
     """Exact pricing by enumerating every subset of the candidates of at most ``cap`` experts
-    (a reference for tests and tiny problems; :func:`price_branch_and_bound` prunes)."""
+    (a reference for tests and tiny problems; `price_branch_and_bound` prunes)."""
     W, w = problem.graph, problem.load
     limit = problem.load_limit if problem.limited else math.inf
     best_groups: list[tuple[float, np.ndarray]] = []
@@ -541,9 +541,9 @@ def price_exact(
     tolerance: float = 0.0,
     full: bool = False,
 ) -> Pricing:
-    """Exact pricing within ``work`` units: :func:`price_branch_and_bound` (all of it for groups of
-    at most 4 experts, else :data:`BRANCH_SHARE`), then, when that stops early, CP-SAT with one
-    worker in the deterministic time the rest buys (:data:`WORK_PER_DTIME`); the least upper bound
+    """Exact pricing within ``work`` units: `price_branch_and_bound` (all of it for groups of
+    at most 4 experts, else `BRANCH_SHARE`), then, when that stops early, CP-SAT with one
+    worker in the deterministic time the rest buys (`WORK_PER_DTIME`); the least upper bound
     is kept. ``deadline`` (``time.perf_counter()``), or ``time_limit`` seconds from now, caps both
     on the clock (``Pricing.capped`` when it stopped one). With ``full``, over groups of exactly
     ``cap`` experts (every expert a candidate)."""
@@ -598,7 +598,7 @@ def reduced_values(problem: Grouping, groups: list[np.ndarray], pi: np.ndarray) 
 
 
 class Pricer(Protocol):
-    """Column pricing for :func:`moeopt.colgen.driver.generate`: one per kind of column value."""
+    """Column pricing for `moeopt.colgen.driver.generate`: one per kind of column value."""
 
     #: every plan is exactly G columns of the size the pricing prices (so the Lagrangian bound
     #: takes its upper bound as it is, negative too; else ``max(0, upper)``, an empty column)
@@ -628,7 +628,7 @@ class Pricer(Protocol):
         tolerance: float,
     ) -> Pricing:
         """Columns and a proved upper bound on ``max_S v(S) - pi(S)`` (the empty column included),
-        within ``work`` units (:data:`PRICING_WORK`), ``deadline`` an outer wall-clock cap."""
+        within ``work`` units (`PRICING_WORK`), ``deadline`` an outer wall-clock cap."""
         ...
 
     def admissible(self, group: np.ndarray) -> bool:
@@ -637,7 +637,7 @@ class Pricer(Protocol):
 
 
 class GroupingPricer:
-    """The grouping's pricing (:class:`Pricer`): quadratic knapsack columns of ``problem``."""
+    """The grouping's pricing (`Pricer`): quadratic knapsack columns of ``problem``."""
 
     def __init__(self, problem: Grouping, partition: bool) -> None:
         self.problem = problem

@@ -2,7 +2,7 @@
 
 torch is an optional extra (``pip install -e ".[torch]"``). Nothing here imports torch at
 module level, so ``import moeopt`` and the CLI work without it; every entry point calls
-:func:`require_torch`, which turns a missing torch into one clear :class:`TorchMissingError`
+`require_torch`, which turns a missing torch into one clear `TorchMissingError`
 (the CLI prints it as one line and exits with code 2).
 """
 
@@ -23,7 +23,7 @@ class TorchMissingError(MoeoptError):
 
 
 def require_torch() -> Any:
-    """Import and return torch, or raise :class:`TorchMissingError` with the install command.
+    """Import and return torch, or raise `TorchMissingError` with the install command.
 
     Returns
     -------

@@ -6,7 +6,7 @@ token-expert assignments runs them as a group of GEMMs, the n tokens split as ev
 possible over its experts. The profile ``C(n)`` is the median latency of that group over
 ``repeats`` runs after ``warmup`` runs, timed with CUDA events on a GPU and
 ``time.perf_counter`` on the CPU; the runs of all token counts are interleaved in rounds
-(:meth:`Timer.rounds`), so a burst of contention does not bend the curve at a few n.
+(`Timer.rounds`), so a burst of contention does not bend the curve at a few n.
 
 Two samplings: at tile boundaries ``n = j * tile`` (what the profile file stores, so that
 ``C(n) = P[ceil(n / tile)]``) and, with ``dense``, at every n up to the last boundary; the
@@ -111,7 +111,7 @@ def _cpu_name() -> str:
 class Timer:
     """Latency (ms) of callables: CUDA events on a GPU, perf_counter on the CPU.
 
-    :meth:`rounds` is what the harness uses: every callable is warmed up, then timed once
+    `rounds` is what the harness uses: every callable is warmed up, then timed once
     per round for ``repeats`` rounds, and the median over rounds is kept. Interleaving the
     callables (rather than timing each ``repeats`` times in a row) spreads a burst of
     contention or a clock change over many callables, where the median discards it.
@@ -304,7 +304,7 @@ class ProfileRun:
     profile
         The profile written to file (tile-boundary latencies, one row per emulated GPU).
     tile_ms
-        float ``[K + 1]``: measured latency at ``n = j * tile`` (before :func:`monotone_fit`).
+        float ``[K + 1]``: measured latency at ``n = j * tile`` (before `monotone_fit`).
     dense_ms
         float ``[K * tile + 1]``: latency at every n (``None`` without ``dense``).
     seconds
@@ -350,7 +350,7 @@ def step_function_error(tile_ms: np.ndarray, dense_ms: np.ndarray, tile: int) ->
     """Relative error of the tile-sampled step function against a dense sweep.
 
     The step function is ``C(n) = P[ceil(n / tile)]`` with ``P`` made non-decreasing
-    (:func:`monotone_fit`);
+    (`monotone_fit`);
     the error is ``|C(n) - D(n)| / D(n)`` over ``n = 1 .. len(dense_ms) - 1``.
 
     Parameters
@@ -420,7 +420,7 @@ def measure_profile(
     seed
         Seed of the random weights.
     statistic
-        ``"median"`` or ``"min"`` over the timed runs (:class:`Timer`).
+        ``"median"`` or ``"min"`` over the timed runs (`Timer`).
 
     Returns
     -------

@@ -2,20 +2,20 @@
 
 For every layer l and timestep t of the instance's evaluation workload, each emulated GPU
 g runs its experts on the tokens the plan sends them, ``n[l, t, g, e]``, as one group of
-SwiGLU GEMMs (see :class:`~moeopt.harness.profile.ExpertBank`). The group's median time is
+SwiGLU GEMMs (see `ExpertBank`). The group's median time is
 divided by g's emulated speed; the step's latency is the slowest GPU; the plan's measured
 straggler latency is the sum over layers and steps, the same sum as the evaluator's
 ``S = sum_l sum_t max_g C_g(n_g)``, which is the modelled value reported beside it.
 
-Token counts come from the plan's own dispatch rule (:mod:`moeopt.dispatch`):
+Token counts come from the plan's own dispatch rule ([`moeopt.dispatch`][]):
 ``route_trace`` for token traces, ``count_flows`` for per-step count statistics. All groups of
 all plans are timed in interleaved rounds and each keeps its median, so slow drift of the
 device (clock, temperature) or a burst of contention does not favour one plan.
 
 Where several CUDA devices are visible, the plan's token all-to-all is also timed with
-NCCL (:mod:`moeopt.harness.alltoall`). That path has been exercised on the CPU with the gloo
+NCCL (`moeopt.harness.alltoall`). That path has been exercised on the CPU with the gloo
 backend only; it has not run on a multi-GPU machine. The report's Markdown is
-:mod:`moeopt.harness.report`.
+`moeopt.harness.report`.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def measure_plans(
     """Measured step latencies ``[L, steps]`` (ms) of each plan.
 
     Every non-idle (plan, layer, step, GPU) group runs its experts' GEMMs; groups are timed
-    in interleaved rounds (:meth:`~moeopt.harness.profile.Timer.rounds`: all plans in every
+    in interleaved rounds (`rounds`: all plans in every
     round, so drift favours none) and each keeps its median; that is divided by the GPU's
     speed, and the step latency is the maximum over GPUs (an idle GPU takes 0).
     """
@@ -364,7 +364,7 @@ def validate(
     Returns
     -------
     dict
-        The report; keys :data:`REPORT_KEYS`, each plan entry keys :data:`PLAN_KEYS`.
+        The report; keys `REPORT_KEYS`, each plan entry keys `PLAN_KEYS`.
     """
     from moeopt.harness import require_torch, resolve_device
     from moeopt.harness.profile import ExpertBank, Timer, device_info, measure_profile, set_threads, shape_for

@@ -180,7 +180,7 @@ class LayerSearch:
         return dS
 
     def quad_gains(self, slot: np.ndarray, X: np.ndarray, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
-        """Change of ``Phi = sum_t sum_g X_tg^2 / speed_g`` for the swaps of :meth:`gains`.
+        """Change of ``Phi = sum_t sum_g X_tg^2 / speed_g`` for the swaps of `gains`.
 
         With ``d = n_j - n_i``: ``dPhi = sum_t d^2 (1/v_a + 1/v_b) + 2 d (X_a/v_a - X_b/v_b)``;
         the ``sum_t d^2`` terms come from one batched matrix product.
@@ -398,7 +398,7 @@ def temporal_greedy_homes(
 # ----------------------------------------------------------------------------- driver
 @dataclass(frozen=True)
 class SearchSettings:
-    """Knobs of :func:`search_layer` (the ``gem`` method's parameters)."""
+    """Knobs of `search_layer` (the ``gem`` method's parameters)."""
 
     starts: int = 8
     noise: float = 0.15
@@ -464,9 +464,9 @@ def initial_mappings(
 
 
 class _GemSpace:
-    """GEM's perturbation rounds as a landscape of :func:`moeopt.moves.driver.iterate`: a kick
-    is :meth:`LayerSearch.perturb` (a given or random number of swaps off critical GPUs), the
-    descent :meth:`LayerSearch.descend` with the short plateau budget, the value S."""
+    """GEM's perturbation rounds as a landscape of `moeopt.moves.driver.iterate`: a kick
+    is `LayerSearch.perturb` (a given or random number of swaps off critical GPUs), the
+    descent `LayerSearch.descend` with the short plateau budget, the value S."""
 
     def __init__(self, search: LayerSearch, settings: SearchSettings, stats: SearchStats) -> None:
         self.search, self.settings, self.stats = search, settings, stats

@@ -3,9 +3,9 @@
 The expected number of distinct GPUs a token is dispatched to at a layer is the
 connectivity ``λ(m)`` of its top-k set ``m`` under the partition of experts into GPUs:
 experts are vertices, each distinct top-k set of the calibration trace is a hyperedge
-weighted by the number of tokens that chose it (:func:`token_hyperedges`).
-:class:`ConnectivityGain` prices moves and swaps for the one local-search engine
-(:mod:`moeopt.heuristics.local_search`).
+weighted by the number of tokens that chose it (`token_hyperedges`).
+`ConnectivityGain` prices moves and swaps for the one local-search engine
+(`moeopt.heuristics.local_search`).
 """
 
 from __future__ import annotations

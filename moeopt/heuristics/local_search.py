@@ -2,36 +2,36 @@
 
 The package has one search engine in two parts: this module prices and applies move/swap
 steps of homes ``[E]`` for the grouping objectives (TACG, agnostic, METIS and hypergraph
-refinement, crosslayer), and :mod:`moeopt.moves` holds what every search shares: the slot
-state of slot-level plans (:class:`moeopt.moves.slots.SlotTable`, used by the balance and
-joint planners) and the driver (:func:`moeopt.moves.driver.descend`,
-:func:`moeopt.moves.driver.iterate`) that runs TACG's iterated local search here
-(:func:`iterated_local_search`), the balance planner's descents and iterated search, and the
+refinement, crosslayer), and `moeopt.moves` holds what every search shares: the slot
+state of slot-level plans (`moeopt.moves.slots.SlotTable`, used by the balance and
+joint planners) and the driver (`moeopt.moves.driver.descend`,
+`moeopt.moves.driver.iterate`) that runs TACG's iterated local search here
+(`iterated_local_search`), the balance planner's descents and iterated search, and the
 joint planner's search.
 
 A plan is ``home [E]`` (the GPU of each expert), G GPUs of ``slots`` places each, an optional
-load limit on ``Σ_{e on g} load[e]``. The engine (:func:`local_search`) only needs, for a
+load limit on ``Σ_{e on g} load[e]``. The engine (`local_search`) only needs, for a
 plan, the gain of every single move ``[E, G]`` and a pair correction ``[E, E]`` that turns two
-moves into the gain of a swap; an objective supplies those through the :class:`Gain` protocol:
+moves into the gain of a swap; an objective supplies those through the `Gain` protocol:
 
-* :class:`AffinityGain`: the pairwise grouping objective ``Σ_g Σ_{e<e' in g} W[e, e']``
+* `AffinityGain`: the pairwise grouping objective ``Σ_g Σ_{e<e' in g} W[e, e']``
   (tacg, agnostic, metis), kept up to date incrementally between steps;
-* :class:`moeopt.heuristics.hyperedges.ConnectivityGain`: the (λ − 1) objective (hypergraph;
+* `moeopt.heuristics.hyperedges.ConnectivityGain`: the (λ − 1) objective (hypergraph;
   ``crosslayer`` wraps it with fixed home pins and a next-layer term);
-* :class:`LoadBalanceGain`: minus ``Σ_g load_g²`` (the balanced start, :func:`balanced_start`).
+* `LoadBalanceGain`: minus ``Σ_g load_g²`` (the balanced start, `balanced_start`).
 
-On top of it: :func:`constrained_search` (several starts, keep the best), the ``eps_load``
-rule shared by every grouping method (:func:`resolve_eps_load`, :func:`limited_search`), and
-the grouping-problem drivers :func:`descend`, :func:`repair_load`, :func:`kick` and
-:func:`iterated_local_search` (TACG's engine, SPEC section 10).
+On top of it: `constrained_search` (several starts, keep the best), the ``eps_load``
+rule shared by every grouping method (`resolve_eps_load`, `limited_search`), and
+the grouping-problem drivers `descend`, `repair_load`, `kick` and
+`iterated_local_search` (TACG's engine, SPEC section 10).
 
 The ``eps_load`` rule (tacg, agnostic, hypergraph, metis, crosslayer)
-    Unset: the automatic limit (:func:`moeopt.grouping.auto_eps_load`), a hard limit like an
+    Unset: the automatic limit (`moeopt.grouping.auto_eps_load`), a hard limit like an
     explicit one. Explicit: ``(1 + eps_load) / G`` of the layer's load, hard. ``.inf``: none.
     When no plan is found within the limit the method fails and says which eps_load would
     do. Only when the user asks (``relax_eps_load: true``) is a limit that repair cannot
-    meet relaxed, by ``RELAX_STEP`` at most ``RELAX_TRIES`` times (:func:`relax_until_met`),
-    and the relaxation reported in the result's note (:func:`eps_load_report`).
+    meet relaxed, by ``RELAX_STEP`` at most ``RELAX_TRIES`` times (`relax_until_met`),
+    and the relaxation reported in the result's note (`eps_load_report`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Gain(Protocol):
     The engine asks for the gains at the current plan once per round, after applying the
     previous round's steps; the first call gives the initial gains, and a model may keep
     state between calls and update it from the experts whose GPU changed since the last
-    call (:class:`AffinityGain` does, in ``O(E)`` per moved expert). A model may set a
+    call (`AffinityGain` does, in ``O(E)`` per moved expert). A model may set a
     class attribute ``local = True`` when the swap gain of e and f depends only on the
     plan's contents of their two GPUs: the engine then recomputes only the swap gains of
     experts on the GPUs a step touched.
@@ -124,7 +124,7 @@ class AffinityGain:
 # ============================================================================ engine
 @dataclass
 class SearchLog:
-    """What :func:`local_search` did: repair moves/swaps, refinement moves/swaps."""
+    """What `local_search` did: repair moves/swaps, refinement moves/swaps."""
 
     repair_moves: int = 0
     repair_swaps: int = 0
@@ -218,15 +218,15 @@ def local_search(
        ``Σ_g max(0, load_g − limit)²`` (squared, so that splitting an excess between two GPUs
        counts as progress). Both lower the excess at every step but may do so by tiny amounts,
        so each stage stops after ``4 E G + 10`` rounds (a stalled repair: ``limit_met``
-       False; :func:`moeopt.heuristics.spectral.load_repair` then restarts from a balanced
+       False; `moeopt.heuristics.spectral.load_repair` then restarts from a balanced
        packing).
     3. **Refinement** (``refine``): best-improvement moves to free slots and swaps, each
        keeping every slot and load limit, until no step gains more than ``tol``.
 
-    Each phase is a :func:`moeopt.moves.driver.descend` over its own steps. Each round prices
+    Each phase is a `moeopt.moves.driver.descend` over its own steps. Each round prices
     every move and swap at once (numpy); with ``batch`` it applies the
-    best steps on pairwise disjoint GPU pairs together (see :func:`_steps`). For a gain with
-    ``local = True`` (:class:`AffinityGain`) refinement keeps its swap scores and refreshes
+    best steps on pairwise disjoint GPU pairs together (see `_steps`). For a gain with
+    ``local = True`` (`AffinityGain`) refinement keeps its swap scores and refreshes
     only the rows and columns of experts on the GPUs a step touched.
 
     Parameters
@@ -234,7 +234,7 @@ def local_search(
     home
         int ``[E]`` initial GPUs (any, capacities may be violated).
     gain
-        The objective's move and swap gains (:class:`Gain`).
+        The objective's move and swap gains (`Gain`).
     gpus, slots
         G and the slots per GPU (``cap``); needs ``gpus * slots >= E``.
     load
@@ -256,7 +256,7 @@ def local_search(
     Returns
     -------
     home, log
-        The new homes and a :class:`SearchLog` (``limit_met`` False when load repair
+        The new homes and a `SearchLog` (``limit_met`` False when load repair
         stalled; slot capacities always hold on return).
 
     Raises
@@ -438,9 +438,9 @@ class LoadBalanceGain:
 def balanced_start(load: np.ndarray, gpus: int, slots: int, *, max_steps: int = 100_000) -> np.ndarray:
     """The most load-balanced homes found here: round-robin LPT, then a swap/move descent.
 
-    :func:`~moeopt.packing.round_robin_lpt` (every GPU gets one expert per round
+    `round_robin_lpt` (every GPU gets one expert per round
     of G, heavy experts paired with light ones), then the engine's best-improvement moves to
-    free slots and swaps on :class:`LoadBalanceGain` until none lowers ``Σ_g load_g²``.
+    free slots and swaps on `LoadBalanceGain` until none lowers ``Σ_g load_g²``.
 
     Parameters
     ----------
@@ -475,17 +475,17 @@ def constrained_search(
     balanced: bool = True,
     deadline: float | None = None,
 ) -> tuple[np.ndarray, SearchLog]:
-    """Repair and refine each start (and :func:`balanced_start`); keep the best feasible
-    (refinement stops at ``deadline``, see :func:`local_search`).
+    """Repair and refine each start (and `balanced_start`); keep the best feasible
+    (refinement stops at ``deadline``, see `local_search`).
 
     Parameters
     ----------
     starts
         Initial homes ``[E]`` (e.g. one per partitioner seed).
     gain, gpus, slots, load, limit, refine
-        As in :func:`local_search`.
+        As in `local_search`.
     balanced
-        Also start from :func:`balanced_start`: the start that meets tight load limits
+        Also start from `balanced_start`: the start that meets tight load limits
         without repair, and often the better one for local search. Without it the balanced
         start is still tried when no other start meets the load limit.
     score
@@ -524,7 +524,7 @@ def constrained_search(
 # ============================================================================ the eps_load rule
 def resolve_eps_load(eps_load: float | None, load: np.ndarray, gpus: int, slots: int) -> float | None:
     """The eps_load to apply: None gives the automatic limit of
-    :func:`moeopt.grouping.auto_eps_load` (hard, like an explicit one); ``.inf`` gives none."""
+    `moeopt.grouping.auto_eps_load` (hard, like an explicit one); ``.inf`` gives none."""
     if eps_load is None:
         return auto_eps_load(load, gpus, slots)
     return None if math.isinf(eps_load) else eps_load
@@ -554,7 +554,7 @@ def load_limit(eps_load: float | None, gpus: int, load: np.ndarray) -> float | N
 
 class LimitNotMet(InfeasibleError):
     """Repair found no plan within the load limit (a heuristic's failure, not a proof that
-    none exists; an unattainable limit raises plain :class:`~moeopt.errors.InfeasibleError`)."""
+    none exists; an unattainable limit raises plain `InfeasibleError`)."""
 
 
 def unmet_limit_error(eps_load: float, load: np.ndarray, gpus: int, slots: int) -> LimitNotMet:
@@ -609,9 +609,9 @@ def limited_search(
     relax: bool = False,
     **kwargs: Any,
 ) -> tuple[np.ndarray, SearchLog, float | None]:
-    """:func:`constrained_search` under the eps_load rule (module docstring): the limit is
+    """`constrained_search` under the eps_load rule (module docstring): the limit is
     hard unless ``relax``; ``eps_load`` None means no limit (resolve it first with
-    :func:`resolve_eps_load`).
+    `resolve_eps_load`).
 
     Returns
     -------
@@ -621,7 +621,7 @@ def limited_search(
     Raises
     ------
     InfeasibleError
-        When eps_load is unattainable; :class:`LimitNotMet` when no plan found meets it
+        When eps_load is unattainable; `LimitNotMet` when no plan found meets it
         (nor, with ``relax``, its relaxations).
     """
     if eps_load is None:
@@ -672,7 +672,7 @@ def descend(
 ) -> np.ndarray:
     """Best-improvement moves and pairwise swaps until none improves (feasibility kept).
 
-    :func:`local_search` with :class:`AffinityGain`, one step per round.
+    `local_search` with `AffinityGain`, one step per round.
 
     Parameters
     ----------
@@ -683,7 +683,7 @@ def descend(
     max_steps
         Stop after this many improving steps (default: no limit).
     gain
-        The problem's :class:`AffinityGain`, reused across calls (default: a new one).
+        The problem's `AffinityGain`, reused across calls (default: a new one).
 
     Returns
     -------
@@ -705,7 +705,7 @@ def descend(
 
 
 def repair_load(problem: Grouping, home: np.ndarray) -> np.ndarray | None:
-    """Slot and load repair of ``home`` (:func:`local_search` without refinement, one step
+    """Slot and load repair of ``home`` (`local_search` without refinement, one step
     per round); None when the repair stalls above the limit."""
     home, log = local_search(
         home,
@@ -757,7 +757,7 @@ def iterated_local_search(
     deadline: float | None = None,
 ) -> tuple[np.ndarray, dict]:
     """Iterated local search: kick the current plan, descend, accept if not worse
-    (:func:`moeopt.moves.driver.iterate` over :class:`_GroupingSpace`).
+    (`moeopt.moves.driver.iterate` over `_GroupingSpace`).
 
     Parameters
     ----------
@@ -792,8 +792,8 @@ def iterated_local_search(
 
 
 class _GroupingSpace:
-    """The grouping problem as a :class:`~moeopt.moves.driver.Landscape`: :func:`descend`,
-    random-swap kicks (:func:`kick`) and minus the objective."""
+    """The grouping problem as a `Landscape`: `descend`,
+    random-swap kicks (`kick`) and minus the objective."""
 
     def __init__(self, problem: Grouping, kick_swaps: int | None) -> None:
         self.problem = problem

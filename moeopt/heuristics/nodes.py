@@ -1,7 +1,7 @@
 """Placing groups on nodes: relabel GPUs so that groups with strong mutual affinity share a node.
 
 The grouping search itself (moves, swaps, iterated local search) is the one engine of
-:mod:`moeopt.heuristics.local_search`; here it runs on the quotient graph of the groups.
+`moeopt.heuristics.local_search`; here it runs on the quotient graph of the groups.
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
 """Spectral grouping and capacity repair (the TACG paper's heuristic, SPEC section 3.3).
 
-1. :func:`spectral_labels`: top-G eigenvectors of ``D^{-1/2} W D^{-1/2}``, rows normalized,
+1. `spectral_labels`: top-G eigenvectors of ``D^{-1/2} W D^{-1/2}``, rows normalized,
    k-means into G clusters (scipy). Cluster sizes ignore the slots.
-2. :func:`capacity_repair`: min-cost assignment of experts to the ``G * cap`` slots (cost =
+2. `capacity_repair`: min-cost assignment of experts to the ``G * cap`` slots (cost =
    minus the affinity of the expert to each cluster, ``scipy.optimize.linear_sum_assignment``),
-   then :func:`load_repair`.
-3. :func:`load_repair`: while a group exceeds the load limit, the move or swap with the
+   then `load_repair`.
+3. `load_repair`: while a group exceeds the load limit, the move or swap with the
    least affinity loss that lowers the total squared overload (the one engine's load repair,
-   :mod:`moeopt.heuristics.local_search`).
+   `moeopt.heuristics.local_search`).
 
-:func:`first_fit` is the affinity-blind fix used by the ``repair=false`` ablation;
-:func:`grouping_heuristic` chains the steps with the iterated swap search of
-:mod:`moeopt.heuristics.local_search`.
+`first_fit` is the affinity-blind fix used by the ``repair=false`` ablation;
+`grouping_heuristic` chains the steps with the iterated swap search of
+`moeopt.heuristics.local_search`.
 """
 
 from __future__ import annotations
@@ -56,12 +56,12 @@ def capacity_repair(problem: Grouping, labels: np.ndarray) -> np.ndarray:
 
     Experts go to slots by a min-cost assignment whose cost is minus the affinity of the expert
     to the cluster that owns the slot (plus a small bonus for the expert's own cluster), so an
-    overfull cluster keeps the members most attached to it. Then :func:`load_repair`.
+    overfull cluster keeps the members most attached to it. Then `load_repair`.
 
     Raises
     ------
     InfeasibleError
-        When the load limit cannot be met from this start (see :func:`load_repair`).
+        When the load limit cannot be met from this start (see `load_repair`).
     """
     E, G, cap = problem.experts, problem.groups, problem.cap
     onehot = np.zeros((E, G))
@@ -79,7 +79,7 @@ def capacity_repair(problem: Grouping, labels: np.ndarray) -> np.ndarray:
 def first_fit(problem: Grouping, labels: np.ndarray) -> np.ndarray:
     """Affinity-blind fix (ablation ``repair=false``): heaviest expert first, into its cluster
     when it has a slot and room, else into the least-loaded group with a slot
-    (:func:`moeopt.packing.first_fit`); then :func:`load_repair` if the limit
+    (`moeopt.packing.first_fit`); then `load_repair` if the limit
     still fails."""
     home = packing.first_fit(problem.load, labels, problem.groups, problem.cap, problem.load_limit + LOAD_TOL)
     return load_repair(problem, home)
@@ -88,7 +88,7 @@ def first_fit(problem: Grouping, labels: np.ndarray) -> np.ndarray:
 def load_repair(problem: Grouping, home: np.ndarray) -> np.ndarray:
     """Moves and swaps with the least affinity loss until every group meets the load limit.
 
-    The load repair of the one engine (:func:`moeopt.heuristics.local_search.repair_load`):
+    The load repair of the one engine (`moeopt.heuristics.local_search.repair_load`):
     each step is the move or swap with the largest affinity gain among those that lower the
     total squared overload. If it stalls, it restarts from a load-balanced packing (heaviest
     first onto the least-loaded group) before giving up.
@@ -137,9 +137,9 @@ def grouping_heuristic(
     rng
         Seeded generator (k-means initialization and kicks).
     repair, refine
-        False: :func:`first_fit` instead of :func:`capacity_repair`; no swap search.
+        False: `first_fit` instead of `capacity_repair`; no swap search.
     iterations, patience, kick_swaps
-        Of :func:`moeopt.heuristics.local_search.iterated_local_search`.
+        Of `moeopt.heuristics.local_search.iterated_local_search`.
     hint
         Optional plan; used as the start when feasible and better.
     deadline

@@ -1,6 +1,6 @@
 """Plans and statistics in the formats of serving engines (SPEC sections 8 and 11).
 
-Pure conversions, no file access (:mod:`moeopt.io` reads and writes the files):
+Pure conversions, no file access ([`moeopt.io`][] reads and writes the files):
 
 * **SGLang** ``--init-expert-location`` JSON: ``{"physical_to_logical_map": [layers][P]}``.
 * **DeepSeek EPLB** tensors: ``phy2log [L, P]``, ``log2phy [L, E, max_replicas]`` (padded
@@ -8,11 +8,11 @@ Pure conversions, no file access (:mod:`moeopt.io` reads and writes the files):
 * **vLLM-Ascend** expert map JSON: ``{"moe_layer_count", "layer_list": [{"layer_id",
   "device_count", "device_list": [{"device_id", "device_expert": [...]}]}]}``.
 * **SGLang expert-distribution recorder** dumps: ``per_token`` (token top-k in physical ids)
-  and ``stat`` (``logical_count`` per step), read into a :class:`~moeopt.trace.Trace` or
-  count-only :class:`~moeopt.trace.Stats`.
+  and ``stat`` (``logical_count`` per step), read into a [`Trace`][moeopt.trace.Trace] or
+  count-only [`Stats`][moeopt.trace.Stats].
 * **vLLM EPLB state** tensors (``physical_to_logical_map`` with ``expert_load_window`` or
   ``expert_load_pass``, or ``last_expert_load``): the loads vLLM rebalances on, read into
-  count-only :class:`~moeopt.trace.Stats` (:mod:`~moeopt.interop.vllm_eplb`).
+  count-only [`Stats`][moeopt.trace.Stats] (`vllm_eplb`).
 
 Physical slots
 --------------
@@ -25,7 +25,7 @@ EPLB emits) included: ``Plan(slots=phy2log.reshape(L, G, P // G))``.
 Empty slots
 -----------
 SGLang and EPLB need every physical slot to hold an expert, so a plan's empty slots (-1) are
-filled on export (:func:`fill_empty_slots`). An empty slot on GPU ``g`` is filled with a
+filled on export ([`fill_empty_slots`][moeopt.interop.fill_empty_slots]). An empty slot on GPU ``g`` is filled with a
 copy of an expert *whose every copy is already on* ``g`` (its first such expert, in slot
 order): all of that expert's tokens already went to ``g`` and still do, so under ``even``,
 ``lp`` and ``locality`` every load and every communication figure is unchanged. Under
@@ -36,18 +36,18 @@ the same fair rule (same distribution, another realization). Only when ``g`` hol
 such expert (every expert on ``g`` also has a copy elsewhere, or ``g`` is empty) is a slot
 filled with an extra copy that shifts load: the copy that moves the least load onto ``g``
 under an even split (by ``load`` when given, otherwise the expert with the most copies),
-one slot at a time; :func:`fill_empty_slots` returns a note for it. A filled slot is a
+one slot at a time; [`fill_empty_slots`][moeopt.interop.fill_empty_slots] returns a note for it. A filled slot is a
 real copy in the engine, so reading the file back gives the filled plan (the same plan when
 no slot was empty).
 
 vLLM-Ascend numbers the physical slots of every device by the count of *distinct* experts on
 device 0, so a device listing one expert twice misroutes; the export writes each device's
-distinct experts only (:func:`vllm_ascend_layout`) and refuses a plan whose devices would
+distinct experts only ([`vllm_ascend_layout`][moeopt.interop.vllm_ascend_layout]) and refuses a plan whose devices would
 then hold unequal numbers of experts.
 
-Modules: :mod:`~moeopt.interop.slots` (fill rule, maps to plans), :mod:`~moeopt.interop.sglang`,
-:mod:`~moeopt.interop.eplb`, :mod:`~moeopt.interop.vllm_ascend`, :mod:`~moeopt.interop.vllm_eplb`,
-:mod:`~moeopt.interop.settings`.
+Modules: `slots` (fill rule, maps to plans), `sglang`,
+`eplb`, `vllm_ascend`, `vllm_eplb`,
+`settings`.
 """
 
 from __future__ import annotations

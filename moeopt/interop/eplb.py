@@ -24,7 +24,7 @@ def to_eplb(plan: Plan, *, load: np.ndarray | None = None) -> dict[str, np.ndarr
     -------
     dict
         ``phy2log [L, P]`` logical expert of each physical slot (GPU ``p // (P / G)``, empty
-        slots filled by :func:`fill_empty_slots`); ``log2phy [L, E, max copies]`` the
+        slots filled by `fill_empty_slots`); ``log2phy [L, E, max copies]`` the
         physical slots of each expert, ascending, padded with -1; ``logcnt [L, E]`` how many
         slots each expert has; and moeopt's ``num_gpus`` (0-d), so the file reads back alone.
     """

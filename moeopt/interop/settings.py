@@ -14,7 +14,7 @@ from moeopt.plan import Plan
 def engine_settings(fmt: str, plan: Plan, path: str, *, dense_layers: int = 0) -> list[str]:
     """How to start the engine with an exported file: one line per setting.
 
-    ``plan`` is the plan as exported (after :func:`fill_empty_slots`); its dispatch picks
+    ``plan`` is the plan as exported (after `fill_empty_slots`); its dispatch picks
     SGLang's ``--ep-dispatch-algorithm``.
     """
     E, G = plan.experts, plan.gpus

@@ -63,14 +63,14 @@ def from_sglang(
     gpus
         G (SGLang's expert-parallel size; the file does not record it).
     experts, source
-        As in :func:`plan_from_physical`.
+        As in [`plan_from_physical`][moeopt.interop.plan_from_physical].
     dense_layers
         Leading rows (dense hidden layers) to drop.
     dispatch
-        The plan's dispatch; default ``even``, SGLang's ``dynamic`` (:data:`ENGINE_DISPATCH`);
+        The plan's dispatch; default ``even``, SGLang's ``dynamic`` (`ENGINE_DISPATCH`);
         ``static`` for a deployment with an all-to-all backend (DeepEP), which then records the
         ``dense_layers`` rows dropped (their draws come first in SGLang's seeded stream, as the
-        ``p mod E`` rows :func:`to_sglang` writes).
+        ``p mod E`` rows [`to_sglang`][moeopt.interop.to_sglang] writes).
 
     Raises
     ------
@@ -93,7 +93,7 @@ def from_sglang(
 
 
 # ----------------------------------------------------------------------------- recorder dumps
-#: SGLang's ``--expert-distribution-recorder-mode`` values, as :func:`sglang_dump_kind` names the
+#: SGLang's ``--expert-distribution-recorder-mode`` values, as `sglang_dump_kind` names the
 #: files they write (``stat_approx`` writes the same file as ``stat``).
 RECORDER_MODES = ("per_token", "per_pass", "stat")
 
@@ -339,7 +339,7 @@ def trace_from_sglang_per_token(obj: Any, *, source: str | None = None) -> Trace
     number of valid ids per token, and must be the same for every token and MoE layer. A
     record's ``forward_pass_id`` (else its position) is the token's step, and its ``rank``
     (when every record has one) the token's ``home`` GPU. Families are unknown: every token
-    is family ``all``. Several ranks' files merge with :func:`read_sglang_dumps`.
+    is family ``all``. Several ranks' files merge with `read_sglang_dumps`.
 
     Raises
     ------
@@ -412,7 +412,7 @@ def stats_from_sglang_per_pass(obj: Any, *, top_k: int | None, source: str | Non
     a fixed placement). Every ``forward_pass_id`` is one step, in id order (records of one pass
     are summed); layers never routed (dense ones) and passes that routed no token are dropped.
     A rank's file counts its own share (the tokens it routed, or with DeepEP low-latency the
-    tokens its slots received): :func:`read_sglang_dumps` sums every rank's files per pass.
+    tokens its slots received): `read_sglang_dumps` sums every rank's files per pass.
 
     Raises
     ------
@@ -532,9 +532,9 @@ def stats_from_sglang_stat(obj: Any, *, top_k: int | None, source: str | None = 
     ``logical_count`` is ``[steps, hidden layers, E]`` (or ``[hidden layers, E]``, without
     per-step counts; a list of such dicts is read as one dump, its steps in list order). The
     steps of a ``[steps, ...]`` count are the recorder's ring buffer, read in time order by
-    :func:`ring_time_order` (rows never written, all zero, dropped). All-zero layers (dense
+    `ring_time_order` (rows never written, all zero, dropped). All-zero layers (dense
     ones: SGLang counts every hidden layer, vLLM only MoE layers) are dropped. The counts keep
-    their per-step split as ``step_counts`` ``n[l, t, e]``. :func:`read_sglang_dumps` returns
+    their per-step split as ``step_counts`` ``n[l, t, e]``. `read_sglang_dumps` returns
     the note that says how the ring was read.
 
     Raises
@@ -563,8 +563,8 @@ def read_sglang_dumps(dumps: Sequence[Dump], *, top_k: int | None = None) -> tup
     Returns
     -------
     workload : Trace or Stats
-        See :func:`trace_from_sglang_per_token`, :func:`stats_from_sglang_per_pass` and
-        :func:`stats_from_sglang_stat`.
+        See [`trace_from_sglang_per_token`][moeopt.interop.trace_from_sglang_per_token], `stats_from_sglang_per_pass`
+        and [`stats_from_sglang_stat`][moeopt.interop.stats_from_sglang_stat].
     notes : list of str
         What the reading did that the user should know (how a ``stat`` ring was ordered,
         passes dropped); empty when nothing.
@@ -600,7 +600,7 @@ def read_sglang_dumps(dumps: Sequence[Dump], *, top_k: int | None = None) -> tup
 
 def read_sglang_dump(obj: Any, *, top_k: int | None = None, source: str | None = None) -> Trace | Stats:
     """A trace or statistics from a loaded SGLang recorder dump (its notes dropped: see
-    :func:`read_sglang_dumps`, which returns them).
+    `read_sglang_dumps`, which returns them).
 
     Parameters
     ----------
@@ -614,7 +614,7 @@ def read_sglang_dump(obj: Any, *, top_k: int | None = None, source: str | None =
     Returns
     -------
     Trace or Stats
-        :func:`trace_from_sglang_per_token`, :func:`stats_from_sglang_per_pass` or
-        :func:`stats_from_sglang_stat` of ``obj``.
+        [`trace_from_sglang_per_token`][moeopt.interop.trace_from_sglang_per_token], `stats_from_sglang_per_pass` or
+        [`stats_from_sglang_stat`][moeopt.interop.stats_from_sglang_stat] of ``obj``.
     """
     return read_sglang_dumps([(source, obj)], top_k=top_k)[0]

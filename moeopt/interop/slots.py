@@ -36,7 +36,7 @@ ENGINE_NAMES = {"sglang": "SGLang", "eplb": "DeepSeek EPLB", "vllm-ascend": "vLL
 
 
 def check_engine_rule(plan: Plan, fmt: str) -> None:
-    """Raise :class:`PlanError` unless the engine of ``fmt`` runs the plan's dispatch rule: a plan
+    """Raise `PlanError` unless the engine of ``fmt`` runs the plan's dispatch rule: a plan
     scored under a rule its engine does not run would serve other loads than it promised."""
     rules = ENGINE_RULES[fmt]
     if plan.dispatch.kind in rules:
@@ -169,7 +169,7 @@ def fill_empty_slots(plan: Plan, load: np.ndarray | None = None) -> tuple[Plan, 
 def engine_slots(plan: Plan, load: np.ndarray | None = None) -> np.ndarray:
     """int64 ``[L, P]``: the physical-to-logical map of a plan, empty slots filled.
 
-    Slot ``p`` lies on GPU ``p // W``; fill rule of :func:`fill_empty_slots`.
+    Slot ``p`` lies on GPU ``p // W``; fill rule of [`fill_empty_slots`][moeopt.interop.fill_empty_slots].
     """
     filled, _ = fill_empty_slots(plan, load)
     return np.array(filled.slots.reshape(plan.layers, -1))

@@ -58,7 +58,8 @@ def vllm_ascend_layout(plan: Plan) -> tuple[np.ndarray, list[str]]:
 
 
 def to_vllm_ascend(plan: Plan) -> dict[str, Any]:
-    """The vLLM-Ascend expert map JSON content of a plan (layout of :func:`vllm_ascend_layout`).
+    """The vLLM-Ascend expert map JSON content of a plan (layout of
+    [`vllm_ascend_layout`][moeopt.interop.vllm_ascend_layout]).
 
     Returns
     -------
@@ -67,7 +68,7 @@ def to_vllm_ascend(plan: Plan) -> dict[str, Any]:
         [{"device_id", "device_expert"}]}]}``; ``layer_id`` counts MoE layers from 0 (vLLM
         numbers only MoE layers; the engine reads ``layer_list`` by position) and every
         device lists the same number ``D`` of distinct experts. The engine's
-        ``num_redundant_experts`` is ``G * D - E`` (:func:`vllm_ascend_redundant`).
+        ``num_redundant_experts`` is ``G * D - E`` ([`vllm_ascend_redundant`][moeopt.interop.vllm_ascend_redundant]).
     """
     table, _ = vllm_ascend_layout(plan)
     return {
@@ -108,9 +109,9 @@ def from_vllm_ascend(
     data
         The loaded JSON object.
     experts, source
-        As in :func:`plan_from_physical`.
+        As in [`plan_from_physical`][moeopt.interop.plan_from_physical].
     dispatch
-        The plan's dispatch; default ``even`` (:data:`ENGINE_DISPATCH`).
+        The plan's dispatch; default ``even`` (`ENGINE_DISPATCH`).
 
     Raises
     ------

@@ -1,13 +1,13 @@
 """The only package that reads and writes files: instances (YAML), traces and counts (npz, JSON,
 CSV, NPY, SGLang dumps), plans and reports (JSON), latency profiles (YAML).
 
-Every reader validates what it reads and raises :class:`InputError` naming the file, the
+Every reader validates what it reads and raises `InputError` naming the file, the
 field and what was expected; every writer writes atomically (temporary file + rename), so a
 failure never leaves a partial file behind.
 
-Modules: :mod:`~moeopt.io.instances` (instance YAML), :mod:`~moeopt.io.workloads` (traces and
-counts), :mod:`~moeopt.io.engines` (serving-engine files), :mod:`~moeopt.io.plans`,
-:mod:`~moeopt.io.profiles`, :mod:`~moeopt.io.files` (atomic writers, YAML / JSON readers).
+Modules: `instances` (instance YAML), `workloads` (traces and
+counts), `engines` (serving-engine files), `plans`,
+`profiles`, `files` (atomic writers, YAML / JSON readers).
 """
 
 from __future__ import annotations

@@ -55,12 +55,12 @@ def _torch_save(path: str | Path, obj: dict[str, np.ndarray]) -> None:
 def read_sglang_dump(path: str | Path, *, top_k: int | None = None, trusted: bool = False) -> Trace | Stats:
     """Read an SGLang expert-distribution recorder dump (``.pt``, needs torch).
 
-    ``per_token`` dumps give a :class:`Trace` (physical ids mapped to logical experts, the
+    ``per_token`` dumps give a [`Trace`][moeopt.trace.Trace] (physical ids mapped to logical experts, the
     records' ``rank`` as token homes), ``per_pass`` and ``stat`` dumps count-only
-    :class:`Stats` with per-step counts (``top_k`` required; a ``stat`` ring read in time
-    order); see :mod:`moeopt.interop.sglang` for the rules (dense all-zero layers are dropped).
+    [`Stats`][moeopt.trace.Stats] with per-step counts (``top_k`` required; a ``stat`` ring read in time
+    order); see `moeopt.interop.sglang` for the rules (dense all-zero layers are dropped).
     Only tensors and plain containers are unpickled unless ``trusted``. Notes on what the
-    reading did (:func:`read_engine_dumps` returns them) are shown with :func:`moeopt.console.note`.
+    reading did (`read_engine_dumps` returns them) are shown with `moeopt.console.note`.
     """
     path = Path(path)
     workload, notes = read_sglang_dumps([(str(path), _torch_load(path, trusted=trusted))], top_k=top_k)
@@ -93,13 +93,13 @@ def read_engine_dumps(
     Parameters
     ----------
     paths
-        vLLM EPLB state files (:mod:`moeopt.interop.vllm_eplb`) or SGLang recorder dumps
-        (:func:`moeopt.interop.sglang.read_sglang_dumps`). When every file is an SGLang
+        vLLM EPLB state files (`moeopt.interop.vllm_eplb`) or SGLang recorder dumps
+        (`moeopt.interop.sglang.read_sglang_dumps`). When every file is an SGLang
         ``per_token`` dump, or every one a ``per_pass`` dump, they are the per-rank files of
         one recording: ``per_token`` files become one trace (every rank's tokens, the rank as
         their home, one step per forward pass), ``per_pass`` files one count workload summed
         per forward pass. Any other set is snapshots taken at different times, joined in the
-        given order by :func:`combine_snapshots`.
+        given order by [`combine_snapshots`][moeopt.io.combine_snapshots].
     top_k
         k, for the files that do not record it (``stat``, ``per_pass``, vLLM).
     trusted
@@ -135,9 +135,9 @@ def read_engine_dumps(
 
 def read_engine_dump(path: str | Path, *, top_k: int | None = None, trusted: bool = False) -> Trace | Stats:
     """Read an engine's recorded expert loads from a ``.pt`` file (needs torch): vLLM's EPLB state
-    tensors (:mod:`moeopt.interop.vllm_eplb`) or an SGLang recorder dump of any mode
-    (:func:`read_sglang_dump`); its notes are shown with :func:`moeopt.console.note`
-    (:func:`read_engine_dumps` returns them)."""
+    tensors (`moeopt.interop.vllm_eplb`) or an SGLang recorder dump of any mode
+    ([`read_sglang_dump`][moeopt.io.read_sglang_dump]); its notes are shown with `moeopt.console.note`
+    (`read_engine_dumps` returns them)."""
     workload, notes = read_engine_dumps([path], top_k=top_k, trusted=trusted)
     for line in notes:
         console.note(line)
@@ -208,11 +208,11 @@ def write_engine_plan(
     load: np.ndarray | None = None,
     dense_layers: int | None = None,
 ) -> list[str]:
-    """Write a plan for a serving engine (atomically; layout rules in :mod:`moeopt.interop`).
+    """Write a plan for a serving engine (atomically; layout rules in [`moeopt.interop`][]).
 
-    The engine must run the plan's dispatch rule (:data:`moeopt.interop.ENGINE_RULES`): a plan
+    The engine must run the plan's dispatch rule (`moeopt.interop.ENGINE_RULES`): a plan
     planned and scored under another rule is refused, so that no file promises loads its engine
-    will not produce (re-label it with :meth:`Plan.with_dispatch` to export it as the engine
+    will not produce (re-label it with `Plan.with_dispatch` to export it as the engine
     will run it). SGLang's map needs a row per hidden layer: ``dense_layers`` must be given.
 
     Parameters
@@ -226,7 +226,7 @@ def write_engine_plan(
         ``sglang``, ``eplb`` or ``vllm-ascend``.
     load
         Optional float ``[L, E]`` expert loads, used only to fill an empty slot that no
-        score-neutral copy can fill (:func:`moeopt.interop.fill_empty_slots`).
+        score-neutral copy can fill ([`moeopt.interop.fill_empty_slots`][]).
     dense_layers
         SGLang only, required there: the model's dense hidden layers, written before the MoE
         layers (DeepSeek-V3: 3; 0 for a model without any). SGLang reads a map without them
@@ -310,7 +310,7 @@ def load_engine_file(path: str | Path) -> Any:
 
 
 def engine_file_format(data: Any) -> str | None:
-    """The placement format of an engine file's content (:func:`load_engine_file`): ``sglang``
+    """The placement format of an engine file's content (`load_engine_file`): ``sglang``
     (``physical_to_logical_map``, also what vLLM's EPLB state holds), ``eplb`` (``phy2log``),
     ``vllm-ascend`` (``layer_list``), or None."""
     if isinstance(data, dict):
@@ -335,7 +335,7 @@ def read_engine_plan(
     Parameters
     ----------
     path
-        A file written by :func:`write_engine_plan` or by the engine's own tools.
+        A file written by [`write_engine_plan`][moeopt.io.write_engine_plan] or by the engine's own tools.
     format
         ``sglang``, ``eplb`` or ``vllm-ascend``.
     gpus
@@ -346,7 +346,7 @@ def read_engine_plan(
     dense_layers
         SGLang only: leading dense-layer rows to drop.
     dispatch
-        The plan's dispatch kind (default: the engine's, :data:`moeopt.interop.ENGINE_DISPATCH`).
+        The plan's dispatch kind (default: the engine's, `moeopt.interop.ENGINE_DISPATCH`).
     model_layers
         SGLang only, without ``dense_layers``: the model's MoE layers; the map's rows beyond them
         are its leading dense layers (SGLang counts every hidden layer).
@@ -354,7 +354,7 @@ def read_engine_plan(
     Raises
     ------
     InputError
-        On a missing or malformed file (see :mod:`moeopt.interop`).
+        On a missing or malformed file (see [`moeopt.interop`][]).
     """
     path = Path(path)
     src = str(path)

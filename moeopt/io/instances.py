@@ -177,7 +177,7 @@ def named_files(data: Any, path: Path) -> list[tuple[Path, str]]:
 
 
 def instance_inputs(path: str | Path) -> list[tuple[Path, str]]:
-    """The instance file and the files it names (:func:`named_files`), each with what it is;
+    """The instance file and the files it names (`named_files`), each with what it is;
     only the instance when its YAML cannot be read (reading it again says why)."""
     path = Path(path)
     out = [(path, "the instance")]
@@ -238,8 +238,8 @@ def resolve_profile(instance: Instance) -> Profile | None:
     """The instance's latency profile: synthetic spec, file, or None.
 
     A profile of one GPU on a cluster of ``G > 1`` GPUs is broadcast to ``G`` identical GPUs
-    (:meth:`moeopt.profile.Profile.broadcast`; its ``meta['note']`` says so); any other GPU
-    count that differs from ``cluster.gpus`` is an :class:`InputError`.
+    ([`moeopt.profile.Profile.broadcast`][]; its ``meta['note']`` says so); any other GPU
+    count that differs from ``cluster.gpus`` is an `InputError`.
     """
     spec = instance.profile
     src = str(instance.source) if instance.source else None

@@ -53,7 +53,7 @@ def read_plan(path: str | Path) -> Plan:
 
 
 def read_plan_file(path: str | Path) -> PlanFile:
-    """Read a plan file with its ``method`` and ``params`` (see :func:`read_plan`)."""
+    """Read a plan file with its ``method`` and ``params`` (see [`read_plan`][moeopt.io.read_plan])."""
     path = Path(path)
     src = str(path)
     data = _read_json(path)

@@ -72,7 +72,7 @@ def _check_shape(w: Trace | Stats, model: Model, src: str) -> Trace | Stats:
 
 def fit_workload(w: Trace | Stats, model: Model, src: str) -> Trace | Stats:
     """A workload read outside an instance (e.g. ``evaluate --trace``) checked against the
-    model and widened to ``model.experts`` (see :func:`load_workload`)."""
+    model and widened to ``model.experts`` (see `load_workload`)."""
     return _check_shape(w, model, src)
 
 
@@ -81,10 +81,10 @@ def read_workload_file(
 ) -> Trace | Stats:
     """Read a trace or a count file, inferring the format from its content when not given.
 
-    ``.pt`` files are engine recordings (:func:`moeopt.io.engines.read_engine_dumps`): an SGLang
+    ``.pt`` files are engine recordings (`moeopt.io.engines.read_engine_dumps`): an SGLang
     recorder dump of any mode or vLLM EPLB state; SGLang's ``logical_count`` also reads from
     JSON. Notes on what the reading did (a ``stat`` ring put in time order) are shown with
-    :func:`moeopt.console.note`.
+    `moeopt.console.note`.
     """
     path = input_file(path)
     src = str(path)

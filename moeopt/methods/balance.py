@@ -1,6 +1,6 @@
 """``balance``: copy counts and placement decided together over all ``G x W`` slots.
 
-The load-only planner of SPEC section 11 (the algorithm is in :mod:`moeopt.balance`): per
+The load-only planner of SPEC section 11 (the algorithm is in `moeopt.balance`): per
 layer, optimal copy counts for the largest per-copy load, exact-``W`` packing (LPT and
 balanced differencing, then swap / replace-a-copy local search), with a lower bound on the
 largest GPU load of *every* plan, so each layer reports its gap. Works on counts alone
@@ -11,7 +11,7 @@ largest GPU load of *every* plan, so each layer reports its gap. Works on counts
   windows) for the mean (or worst) per-step largest load: what out-of-sample balance needs.
   ``auto`` (the default), with per-step counts of four windows or more, plans each layer
   robustly only where that pays on held-out steps (a robust and a pooled plan made on the
-  first half of the windows, scored on the second half: :func:`moeopt.balance.robust_pays`),
+  first half of the windows, scored on the second half: `moeopt.balance.robust_pays`),
   else on the pooled loads; per-family counts are used as snapshots only when ``mean`` or
   ``worst`` is asked for.
 * ``spread: true`` (the default; the ``fast`` search) gives every GPU its share of the
@@ -25,12 +25,12 @@ largest GPU load of *every* plan, so each layer reports its gap. Works on counts
   replicated experts until the copy graph (GPUs joined by shared experts) is connected, then
   repairs the loads by moving single copies only: under ``lp`` a GPU hands load only along
   that graph, and packing for balance alone leaves about seven separate groups of GPUs per
-  DeepSeek-V3 layer (:func:`moeopt.balance.batch.connect_copies_batch`). Held-out MaxVio under
+  DeepSeek-V3 layer (`moeopt.balance.batch.connect_copies_batch`). Held-out MaxVio under
   ``lp`` 2-16 % lower on the DeepSeek-V3 and OLMoE loads, in-sample ``lp`` MaxVio 0; with
   ``hierarchical``, inside every node (copies stay inside their node: one group per node).
 * ``hierarchical: true`` keeps every expert's copies inside one node (EPLB's hierarchical
   constraint, ``cluster.gpus_per_node``): the ``fast`` search splits the experts over the nodes
-  and plans every (layer, node) at once (:func:`moeopt.balance.batch.plan_layers_hierarchical_fast`),
+  and plans every (layer, node) at once (`moeopt.balance.batch.plan_layers_hierarchical_fast`),
   ``thorough`` node by node with the iterated local search.
 * With a current plan (``solve --from PLAN``): ``max_moves`` / ``target_maxvio`` re-plan
   moving few expert weights, and the moves-vs-MaxVio frontier is reported.
@@ -89,8 +89,8 @@ def balance_bound_hook(plan: Plan, instance: Instance, workloads: Any, metrics: 
     """Metric hook: the balance lower bound on the evaluation loads and the absolute gap.
 
     The bound (``balance_bound_maxvio``, mean over layers) holds for every plan in the
-    instance's ``G x W`` slots under the plan's rule: ``even`` (:func:`layer_bounds`) and
-    ``ascend`` (vLLM-Ascend's shares, :func:`moeopt.balance.ranks.rank_modulo_bound`);
+    instance's ``G x W`` slots under the plan's rule: ``even`` (`layer_bounds`) and
+    ``ascend`` (vLLM-Ascend's shares, `moeopt.balance.ranks.rank_modulo_bound`);
     ``balance_gap`` is MaxVio minus it (absolute: MaxVio's optimum can be 0). Under other
     dispatch rules only ``total / G`` is a valid bound, so nothing is added.
     """
@@ -149,8 +149,8 @@ def robust_snapshots(problem: Problem, windows: int = DEFAULT_ROBUST_STEPS) -> n
 
 
 def check_hierarchical(problem: Problem) -> None:
-    """Raise :class:`InfeasibleError` when the nodes cannot hold their experts under the
-    hierarchical constraint (:func:`moeopt.balance.loads._node_shape`), saying what would fix it."""
+    """Raise `InfeasibleError` when the nodes cannot hold their experts under the
+    hierarchical constraint (`moeopt.balance.loads._node_shape`), saying what would fix it."""
     c = problem.instance.cluster
     try:
         _node_shape(problem.experts, c.gpus, c.width, c.gpus_per_node, c.allow_colocated_copies)
@@ -250,7 +250,8 @@ class BalanceParams:
         return replace(self, dispatch=rule)
 
     def rule(self, instance: Instance) -> Dispatch:
-        """The plan's :class:`Dispatch` (SGLang static with the model's dense rows; Ascend with ``tp_size``)."""
+        """The plan's [`Dispatch`][moeopt.plan.Dispatch] (SGLang static with the model's dense rows; Ascend with
+        ``tp_size``)."""
         kind = self.dispatch or "even"
         if kind == "ascend":
             return Dispatch(kind="ascend", tp_size=self.tp_size)

@@ -99,7 +99,7 @@ def round_robin_homes(experts: int, gpus: int) -> np.ndarray:
     """vLLM's ``round_robin`` placement: expert ``e`` on GPU ``e mod G``.
 
     Rank ``r`` holds ``r, r + G, r + 2G, ...`` (local slots in that ascending order, as
-    :meth:`moeopt.plan.Plan.from_homes` lays out homes), so the first ``E mod G`` ranks hold
+    [`moeopt.plan.Plan.from_homes`][] lays out homes), so the first ``E mod G`` ranks hold
     ``ceil(E / G)`` experts and the others ``floor(E / G)``, as vLLM's ``determine_expert_map``
     counts them.
 

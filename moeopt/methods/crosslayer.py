@@ -7,23 +7,23 @@ GPUs per token, summed over layers) couples each layer only to its neighbours, a
 layer l with both neighbours' plans fixed it is exact and simple:
 
 * layer l's own remote GPUs: the (λ − 1) connectivity of the net ``topk ∪ {home}`` with the
-  token's home as a pin fixed to its GPU (:func:`stay_edges`, :class:`StayGain`); tokens
+  token's home as a pin fixed to its GPU (`stay_edges`, `StayGain`); tokens
   with the same (top-k set, home) share one net;
 * layer l + 1's: a token lives on the GPU of its layer-l top-1 expert e, so placing e on g
   saves ``B[e, g]`` remote GPUs there, the tokens with top-1 e that find one of their
-  layer l + 1 experts on g (:func:`next_layer_benefit`): a linear term.
+  layer l + 1 experts on g (`next_layer_benefit`): a linear term.
 
 The planner:
 
 1. **starts**: ``agnostic``'s plan (and optionally ``hypergraph``'s, or a forward pass of
    Mt-KaHyPar with the home pins fixed, or the caller's hint), each with the free GPU
-   relabeling every method gets (:func:`moeopt.relabel.relabel_gpus`);
+   relabeling every method gets (`moeopt.relabel.relabel_gpus`);
 2. **sweeps**: forward, then backward, and so on, each layer is re-planned knowing both
    neighbours: the best renumbering of its GPU ids against both (one linear assignment,
-   :func:`permute_layer`; GPUs of different speed classes never trade ids), then
-   best-improvement swaps and moves on the exact gains (:class:`CrossGain`) within the slot
+   `permute_layer`; GPUs of different speed classes never trade ids), then
+   best-improvement swaps and moves on the exact gains (`CrossGain`) within the slot
    counts and the same automatic load limit as ``agnostic`` / ``tacg`` / ``hypergraph``;
-   after each pass, **chain moves** (:func:`chain_pass`): per pair of GPUs, the best joint
+   after each pass, **chain moves** (`chain_pass`): per pair of GPUs, the best joint
    re-split of the experts they hold in every layer (a dynamic program over the layers), which
    moves an expert together with the experts its tokens go to next; until a pass saves less
    than ``tolerance``;
@@ -37,14 +37,14 @@ relabeled starts.
 **Certificate** (``bound_rounds`` of column generation per layer, capped at ``bound_time``
 seconds and by the time limit; ``bound_time: 0``: none): a token's remote GPUs at a layer are
 its distinct GPUs less at most one (its home), so every plan's objective is at least, per layer,
-the lower bound on distinct GPUs per token of :func:`moeopt.colgen.cover.distinct_lower_bound`
+the lower bound on distinct GPUs per token of `moeopt.colgen.cover.distinct_lower_bound`
 (column generation over GPU contents, seeded with the plan; a pair LP where that is cut short)
-less the share of tokens that can stay at all (:func:`moeopt.colgen.cover.stay_upper_bound`, an
+less the share of tokens that can stay at all (`moeopt.colgen.cover.stay_upper_bound`, an
 LP over which previous-layer experts can share a GPU with which experts of this layer), or
-times ``1 - 1/G`` at layer 0 under uniform homes (:func:`moeopt.colgen.cover.remote_lower_bound`).
+times ``1 - 1/G`` at layer 0 under uniform homes (`moeopt.colgen.cover.remote_lower_bound`).
 It ignores the load limit, so it is valid for every plan and loose.
 
-:func:`exact_crosslayer` computes the optimum of tiny instances (dynamic programming over all
+`exact_crosslayer` computes the optimum of tiny instances (dynamic programming over all
 placements of each layer) to check the planner and the certificate.
 """
 
@@ -84,7 +84,7 @@ class StayGain:
     """(λ − 1) gains of the real experts on hyperedges that also hold fixed home pins.
 
     Experts ``0..E-1`` move; pins ``E..E+G-1`` are the G home GPUs, fixed. The gains of
-    :class:`~moeopt.heuristics.hyperedges.ConnectivityGain` on the extended hypergraph are
+    `ConnectivityGain` on the extended hypergraph are
     computed with the home pins in place and restricted to the real experts, so the search
     never moves a home.
     """
@@ -153,11 +153,11 @@ class CrossGain:
 
     With the previous layer's plan and the next layer's plan fixed, the remote GPUs that
     depend on layer l's plan are (a) layer l's own: the (λ − 1) connectivity of each net
-    ``topk ∪ {home}`` with the home as a fixed pin (:class:`StayGain`; at layer 0 with
+    ``topk ∪ {home}`` with the home as a fixed pin (`StayGain`; at layer 0 with
     uniform homes, ``λ (1 - 1/G)`` of the plain top-k sets), and (b) layer l + 1's, where a
     token lives on the GPU of its layer-l top-1 expert: a linear term, ``-B[e, P(e)]`` of
-    :func:`next_layer_benefit`. Gains of (b) add to the move gains and leave the swap
-    correction alone, so :func:`~moeopt.heuristics.local_search.local_search` runs unchanged.
+    `next_layer_benefit`. Gains of (b) add to the move gains and leave the swap
+    correction alone, so `local_search` runs unchanged.
     """
 
     def __init__(self, edges: Hyperedges, experts: int, gpus: int, *, fixed: bool, benefit: np.ndarray | None) -> None:
@@ -210,7 +210,7 @@ def permute_layer(
     return new_of_old[home_l]
 
 
-#: Largest number of splits of two GPUs' experts :func:`chain_pass` enumerates per layer
+#: Largest number of splits of two GPUs' experts `chain_pass` enumerates per layer
 #: (``C(2S, S)``: 70 at 4 slots per GPU); with more slots the chain moves are skipped.
 CHAIN_MAX_SPLITS = 70
 
@@ -259,10 +259,10 @@ def chain_pass(
       them they use (a bitmask) and where they live (a, b, elsewhere; fixed);
     * layer l > lo: tokens whose layer l - 1 top-1 is one of the pair's experts live on a or
       b depending on the split at l - 1; grouped by that expert and their layer-l bitmask;
-    * layer ``hi + 1``'s: linear in the split at ``hi`` (:func:`next_layer_benefit`).
+    * layer ``hi + 1``'s: linear in the split at ``hi`` (`next_layer_benefit`).
 
     GPU pairs run in sequence (a Python loop over pairs, numpy inside); ``deadline`` stops
-    it early. Layers with more than :data:`CHAIN_MAX_SPLITS` splits end the chain.
+    it early. Layers with more than `CHAIN_MAX_SPLITS` splits end the chain.
     """
     L, E = homes.shape
     lo, hi = (0, L - 1) if layers is None else layers
@@ -391,7 +391,7 @@ class CrossLayerParams:
         a new best, or at the time limit (per layer times the layers).
     chains
         After each pass (and around each kick), chain moves between consecutive layers
-        (:func:`chain_pass`): for a pair of GPUs, the best joint re-split of the experts they
+        (`chain_pass`): for a pair of GPUs, the best joint re-split of the experts they
         hold at layers l and l + 1, priced exactly; at most ``C(2S, S) = 70`` splits per layer
         (4 slots per GPU), skipped beyond.
     seed, preset
@@ -399,7 +399,7 @@ class CrossLayerParams:
     bound_rounds
         Work budget of the certificate (a lower bound on every plan's objective, see the module
         docstring), after the search: master LP solves of its column generation per layer (None: by
-        the layer's size, :func:`moeopt.colgen.cover.cover_rounds`; its LPs, the stay LP's
+        the layer's size, `moeopt.colgen.cover.cover_rounds`; its LPs, the stay LP's
         included, are bounded by iterations too), so that the bound, like the plan, is a function
         of the input, the seed and the parameters.
     bound_time
@@ -642,7 +642,7 @@ class CrossLayer:
     # ---------------------------------------------------------------- sweeps
     @staticmethod
     def sweep(homes, topk, first, G, S, loads, limits, relax, classes, params, rng=None, deadline=None):
-        """Alternating forward/backward passes of :func:`improve_layer` until a pass saves
+        """Alternating forward/backward passes of `improve_layer` until a pass saves
         less than ``tolerance``, then ``kicks`` rounds of iterated local search."""
         homes = np.array(homes, dtype=np.int64, copy=True)
         L, E = homes.shape
@@ -703,8 +703,8 @@ class CrossLayer:
 
 
 class _KickSpace:
-    """The kicks of :meth:`CrossLayer.sweep` as a landscape of the one driver
-    (:func:`moeopt.moves.driver.iterate`): a kick re-plans a few swaps of one random layer,
+    """The kicks of `CrossLayer.sweep` as a landscape of the one driver
+    (`moeopt.moves.driver.iterate`): a kick re-plans a few swaps of one random layer,
     the descent re-plans that layer and its neighbours (and, with ``chains``, chain moves on
     the GPU pairs the kick touched); the value is the remote GPUs summed over tokens."""
 
@@ -750,8 +750,8 @@ class _KickSpace:
 
 def improve_layer(homes, l, topk, first, G, S, loads, limits, relax, classes) -> None:
     """Re-plan layer l in place knowing its neighbours: the best free GPU renumbering
-    (:func:`permute_layer`), then swap/move search on the layer's share of the objective
-    (:class:`CrossGain`) within the slot and load limits."""
+    (`permute_layer`), then swap/move search on the layer's share of the objective
+    (`CrossGain`) within the slot and load limits."""
     L, E = homes.shape
     th = first if l == 0 else homes[l - 1][topk[:, l - 1, 0]]
     nxt = homes[l + 1] if l + 1 < L else None
@@ -791,7 +791,7 @@ def least_largest_load(load: np.ndarray, G: int, S: int) -> float:
     """A lower bound on the largest GPU load of every single-copy plan of ``G x S`` slots (loads
     ``[E]``): exact with two slots per GPU and no spare slot (the heaviest expert with the
     lightest, the second with the second lightest, and so on, is a best pairing), else
-    :func:`moeopt.grouping.min_max_load`."""
+    `moeopt.grouping.min_max_load`."""
     from moeopt.grouping import min_max_load
 
     if S == 2 and len(load) == 2 * G:
@@ -814,9 +814,9 @@ def maxvio_budget_bound(
     ``problem``'s trace) of every single-copy plan whose MaxVio, mean over layers, is at most
     ``plan``'s + ``slack``: how far any plan can go below ``plan`` at that balance.
 
-    :meth:`CrossLayer.certificate`'s bound, within load limits. A plan may spend its MaxVio
+    `CrossLayer.certificate`'s bound, within load limits. A plan may spend its MaxVio
     unevenly over the layers: layer l gets ``a_l``, ``sum_l a_l <= sum_l mv_l + L slack`` (``mv``:
-    ``plan``'s), each ``a_l`` at least ``floor_l`` (:func:`least_largest_load`), so at most
+    ``plan``'s), each ``a_l`` at least ``floor_l`` (`least_largest_load`), so at most
     ``top_l = mv_l + L slack + sum_{m != l} (mv_m - floor_m)``. The certificate runs at ``levels``
     MaxVio levels per layer, ``mv_l`` to ``top_l`` (all layers at level j together); an allocation
     is charged, per layer, the bound at the level at or above its own and its previous layer's
@@ -925,7 +925,7 @@ def kick_layer(
 
 
 # ============================================================================ exact (tiny instances)
-#: Largest number of joint placements :func:`exact_crosslayer` enumerates.
+#: Largest number of joint placements `exact_crosslayer` enumerates.
 EXACT_MAX_PLANS = 2_000_000
 
 

@@ -11,8 +11,8 @@ Install (optional): ``pip install -e '.[eplb]'`` (torch) and ``pip install --no-
 serving stack (CUDA kernels, transformers, FlashInfer, ...), and the one file used here
 imports only ``torch``. Importing ``sglang.srt.eplb.eplb_algorithms.deepseek`` the usual
 way would run ``sglang/__init__.py``, which imports that stack (``psutil``, ``transformers``,
-...) and fails without it, so :func:`load_deepseek_eplb` locates the installed ``sglang``
-package with :func:`importlib.util.find_spec` (which does not execute the package's
+...) and fails without it, so `load_deepseek_eplb` locates the installed ``sglang``
+package with `importlib.util.find_spec` (which does not execute the package's
 ``__init__``) and loads only ``srt/eplb/eplb_algorithms/deepseek.py`` from it, under a
 private module name.
 
@@ -22,7 +22,7 @@ running EPLB's map would hold them, so this method declares ``emits_colocated = 
 
 Policies: ``global`` and ``hierarchical`` are EPLB's two; ``auto`` (the default) picks one as
 SGLang's default ``--eplb-algorithm auto`` does (``compute_algorithm`` in
-``sglang/srt/eplb/eplb_algorithms/__init__.py``, re-implemented in :func:`resolve_policy`):
+``sglang/srt/eplb/eplb_algorithms/__init__.py``, re-implemented in `resolve_policy`):
 hierarchical when the model has expert groups (SGLang's ``num_groups``: the router's
 ``n_group``, ``model.expert_groups`` here) and they are a multiple of the nodes (SGLang's
 ``nnodes``; ``gpus / cluster.gpus_per_node`` here), else global.
@@ -66,7 +66,7 @@ POLICIES = ("auto", "global", "hierarchical")
 def load_deepseek_eplb() -> ModuleType:
     """SGLang's copy of DeepSeek's ``eplb.py``, loaded with only torch.
 
-    Raises :class:`ImportError` (with the reason) when torch, sglang or the file is missing.
+    Raises `ImportError` (with the reason) when torch, sglang or the file is missing.
     """
     cached = sys.modules.get(_MODULE_NAME)
     if cached is not None:
@@ -184,7 +184,7 @@ class Eplb:
     @dataclass
     class Params:
         #: "auto" (SGLang's default): hierarchical when the expert groups are a multiple of the
-        #: nodes, else global (:func:`resolve_policy`); "global": replicate and pack over all
+        #: nodes, else global (`resolve_policy`); "global": replicate and pack over all
         #: GPUs; "hierarchical": pack expert groups to nodes first (nodes = gpus /
         #: cluster.gpus_per_node), then replicate within nodes.
         policy: str = "auto"

@@ -15,14 +15,14 @@
     coactivation graph A (integer edge weights), then the same capacity repair on the
     pairwise objective; no swap refinement unless asked, so it is METIS as people use it.
 
-Both repair and refinement run on the one engine of :mod:`moeopt.heuristics.local_search`
-with the objectives' gains (:class:`~moeopt.heuristics.hyperedges.ConnectivityGain`,
-:class:`~moeopt.heuristics.local_search.AffinityGain`); the partitioners are wrapped in
-:mod:`moeopt.solvers.partitioners`. :func:`hypergraph_homes` returns homes ``[L, E]`` for use
+Both repair and refinement run on the one engine of `moeopt.heuristics.local_search`
+with the objectives' gains (`ConnectivityGain`,
+`AffinityGain`); the partitioners are wrapped in
+`moeopt.solvers.partitioners`. `hypergraph_homes` returns homes ``[L, E]`` for use
 as a warm start by other methods (e.g. TACG).
 
-eps_load (both methods, as every grouping method, see :mod:`moeopt.heuristics.local_search`):
-unset, the automatic limit (:func:`moeopt.grouping.auto_eps_load`); explicit,
+eps_load (both methods, as every grouping method, see `moeopt.heuristics.local_search`):
+unset, the automatic limit (`moeopt.grouping.auto_eps_load`); explicit,
 ``(1 + eps_load) / G``; both hard: when repair finds no plan within it the result has no plan
 (``NO_SOLUTION``, or ``INFEASIBLE`` when the hottest expert alone breaks it) and its reason
 names the eps_load that would do. ``relax_eps_load: true`` relaxes a limit repair cannot meet
@@ -31,7 +31,7 @@ step by step (the eps_load met is in ``stats['eps_load']``, the steps in
 
 Time limit: Mt-KaHyPar's call cannot be stopped, and takes seconds on a layer of 128 experts
 and 8192 tokens. Under ``--time-limit`` it runs in a forked child process killed when
-:data:`PARTITION_SHARE` of the layer's time is spent (:func:`partition_within`); a layer whose
+`PARTITION_SHARE` of the layer's time is spent (`partition_within`); a layer whose
 partition did not finish starts the repair and refinement from a balanced packing instead, and
 the result says so (termination ``time_limit``, ``stats['partition_stopped_layers']`` and a
 note).
@@ -93,8 +93,8 @@ def partition_within(
     preset: str = "default",
     threads: int = 1,
 ) -> tuple[np.ndarray, int] | None:
-    """:func:`moeopt.solvers.partitioners.mtkahypar_partition`, stopped at ``deadline``
-    (``time.perf_counter()``): in a forked child killed then (:func:`moeopt.solvers.forked.call_before`),
+    """`moeopt.solvers.partitioners.mtkahypar_partition`, stopped at ``deadline``
+    (``time.perf_counter()``): in a forked child killed then (`moeopt.solvers.forked.call_before`),
     None when it did not finish. Without a deadline, or where a child cannot run it (no
     ``fork``; Mt-KaHyPar already started in this process), it runs here to its end."""
     if deadline is None or not can_fork() or initialized():
@@ -107,7 +107,7 @@ def partition_within(
 
 def balanced_start(load: np.ndarray, gpus: int, slots: int) -> np.ndarray:
     """The start when no partition finished in time: the LPT packing of the loads
-    (:func:`moeopt.packing.balanced_homes`), within the load limit almost always, so that the
+    (`moeopt.packing.balanced_homes`), within the load limit almost always, so that the
     repair has little to do and the refinement gets the time left."""
     return balanced_homes(load, gpus, slots)
 
@@ -131,9 +131,9 @@ def hypergraph_layer(
     """Hypergraph plan of one layer: Mt-KaHyPar, capacity/load repair, (λ − 1) refinement.
 
     ``runs`` Mt-KaHyPar seeds (``seed``, ``seed + 1``, ...) are tried and the plan with the
-    fewest distinct GPUs per token kept; see :func:`hypergraph_homes` for the parameters.
-    With a ``deadline`` (``time.perf_counter()``) the partitions get :data:`PARTITION_SHARE` of
-    the time left and are stopped then (:func:`partition_within`), no further run starts after
+    fewest distinct GPUs per token kept; see `hypergraph_homes` for the parameters.
+    With a ``deadline`` (``time.perf_counter()``) the partitions get `PARTITION_SHARE` of
+    the time left and are stopped then (`partition_within`), no further run starts after
     it, and refinement stops at the deadline.
     """
     edges = token_hyperedges(topk_layer, num_experts)
@@ -215,7 +215,7 @@ def hypergraph_homes(
     ------
     InfeasibleError
         When the load limit cannot be met (one expert above it, or the repair stalled:
-        :class:`~moeopt.heuristics.local_search.LimitNotMet`).
+        `LimitNotMet`).
     """
     out = []
     for l in range(trace.layers):

@@ -3,29 +3,29 @@
 Every slot- or home-level search of the package runs through these two loops; what differs
 between objectives is behind two small protocols:
 
-* :class:`Neighbourhood`: ``best(state)``, the best improving step of the objective's
+* `Neighbourhood`: ``best(state)``, the best improving step of the objective's
   neighbourhood at ``state`` (None at a local optimum), and ``apply(state, step)``. The
   balance kernels (max-bin swaps, smoothing swaps, replacements, robust and variance-aware
-  swaps) are vectorized ``best`` functions over a :class:`~moeopt.moves.slots.SlotTable`;
+  swaps) are vectorized ``best`` functions over a `SlotTable`;
   the joint planner's neighbourhood screens and prices moves a chunk at a time.
-  :func:`descend` applies best steps until none is left or a step budget is spent.
-* :class:`Landscape`: ``descend(state, round)`` (a whole descent, e.g. alternating
+  `descend` applies best steps until none is left or a step budget is spent.
+* `Landscape`: ``descend(state, round)`` (a whole descent, e.g. alternating
   neighbourhoods), ``kick(state, rng, round)`` (a perturbation into a new state) and
-  ``value(state)`` (lower is better). :func:`iterate` is the iterated local search: descend
+  ``value(state)`` (lower is better). `iterate` is the iterated local search: descend
   from the start, then kick the current plan, descend, accept the result by a rule (strictly
   better, or not worse with ``sideways``), and keep the best; it stops after ``rounds``
   kicks, ``patience`` kicks without a new best, at a ``deadline`` or when the landscape says
   its own budget is spent (``stopped()``).
 
-Users: the homes engine (:func:`moeopt.heuristics.local_search.local_search`: slot repair,
+Users: the homes engine (`moeopt.heuristics.local_search.local_search`: slot repair,
 load repair and refinement, hence TACG, agnostic, METIS/hypergraph refinement), TACG's
-iterated search (:func:`moeopt.heuristics.local_search.iterated_local_search`), the balance
-planner (:mod:`moeopt.balance.layout`, :mod:`moeopt.balance.packing`,
-:mod:`moeopt.balance.robust`, :mod:`moeopt.balance.shift`, the migration walks of
-:mod:`moeopt.balance.migration`), the joint planner
-(:func:`moeopt.joint.search.local_search`), the cross-layer planner's kicks
-(:meth:`moeopt.methods.crosslayer.CrossLayer.sweep`) and GEM's perturbation rounds
-(:func:`moeopt.heuristics.gem_search.search_layer`, with its own acceptance rule).
+iterated search (`moeopt.heuristics.local_search.iterated_local_search`), the balance
+planner (`moeopt.balance.layout`, `moeopt.balance.packing`,
+`moeopt.balance.robust`, `moeopt.balance.shift`, the migration walks of
+`moeopt.balance.migration`), the joint planner
+(`moeopt.joint.search.local_search`), the cross-layer planner's kicks
+(`moeopt.methods.crosslayer.CrossLayer.sweep`) and GEM's perturbation rounds
+(`moeopt.heuristics.gem_search.search_layer`, with its own acceptance rule).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Neighbourhood(Protocol[S_in, Step]):
 
 @dataclass(frozen=True)
 class Moves(Generic[S, Step]):
-    """A :class:`Neighbourhood` from two functions (e.g. a state's vectorized kernel and its move)."""
+    """A `Neighbourhood` from two functions (e.g. a state's vectorized kernel and its move)."""
 
     best: Callable[[S], Step | None]
     apply: Callable[[S, Step], Any]
@@ -72,7 +72,7 @@ def descend(state: S, moves: Neighbourhood[S, Any], max_steps: int = 100_000) ->
     state
         Changed in place.
     moves
-        The neighbourhood (:class:`Neighbourhood`).
+        The neighbourhood (`Neighbourhood`).
     max_steps
         Stop after this many steps.
     """
@@ -87,7 +87,7 @@ def descend(state: S, moves: Neighbourhood[S, Any], max_steps: int = 100_000) ->
 
 
 class Landscape(Protocol[S]):
-    """What :func:`iterate` needs of an objective: a descent, a kick and a value."""
+    """What `iterate` needs of an objective: a descent, a kick and a value."""
 
     def descend(self, state: S, round: int) -> S:
         """A local optimum from ``state`` (may change ``state`` in place and return it);
@@ -105,7 +105,7 @@ class Landscape(Protocol[S]):
 
 @dataclass
 class IterateLog:
-    """What :func:`iterate` did: kick rounds, new bests, whether the deadline ended it."""
+    """What `iterate` did: kick rounds, new bests, whether the deadline ended it."""
 
     rounds: int = 0
     improvements: int = 0
@@ -130,7 +130,7 @@ def iterate(
     Parameters
     ----------
     space
-        The objective's descent, kick and value (:class:`Landscape`); a landscape with a
+        The objective's descent, kick and value (`Landscape`); a landscape with a
         method ``stopped()`` returning True ends the search after the current descent.
     start
         The starting state (the first descent may change it in place).
@@ -159,7 +159,7 @@ def iterate(
     Returns
     -------
     best, value, log
-        The best state found, its value and an :class:`IterateLog`.
+        The best state found, its value and an `IterateLog`.
     """
     log = IterateLog()
     stopped = getattr(space, "stopped", None)

@@ -1,21 +1,21 @@
 """The one mutable slot state: a layer's slot table with presence and copy counts kept in step.
 
 A plan of one layer fills ``G x W`` physical slots with expert ids (``-1``: an empty slot,
-which only the joint planner uses). :class:`SlotTable` holds the table ``e [G, W]``, the
+which only the joint planner uses). `SlotTable` holds the table ``e [G, W]``, the
 presence counts ``M [G, E]`` (copies of expert x on GPU g) and the copy counts ``c [E]``, and
 keeps them consistent under the two moves every slot-level search uses:
 
 * ``swap(g1, i1, g2, i2)``: two slots exchange their experts (copy counts unchanged);
 * ``replace(g, i, x)``: one slot takes expert ``x`` (or ``-1``), copy counts change.
 
-:class:`WeightedSlots` adds per-slot weights and per-GPU sums that move with the swaps, item
-ids for packings, and the colocation repair (:meth:`WeightedSlots.repair`).
+`WeightedSlots` adds per-slot weights and per-GPU sums that move with the swaps, item
+ids for packings, and the colocation repair (`WeightedSlots.repair`).
 
-The balance planner's layouts (:class:`moeopt.balance.layout._Layout`, a
-:class:`WeightedSlots`; :class:`moeopt.balance.robust._RobustLayout`) and the joint planner's
-:class:`moeopt.joint.state.SlotState` are subclasses that add their cached weights (per-slot
+The balance planner's layouts (`moeopt.balance.layout._Layout`, a
+`WeightedSlots`; `moeopt.balance.robust._RobustLayout`) and the joint planner's
+`moeopt.joint.state.SlotState` are subclasses that add their cached weights (per-slot
 weights and per-GPU sums, per-step loads, the joint move records); the search driver over them
-is :mod:`moeopt.moves.driver`.
+is `moeopt.moves.driver`.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class SlotTable:
 
 
 class WeightedSlots(SlotTable):
-    """A :class:`SlotTable` whose slots carry weights: ``w [G, W]`` moves with its expert in a
+    """A `SlotTable` whose slots carry weights: ``w [G, W]`` moves with its expert in a
     swap, ``s [G]`` holds each GPU's sum, and ``item [G, W]`` (optional) the id of the item in
     each slot when the slots are a packing of items."""
 

@@ -3,8 +3,8 @@ noise, reaches on every step (SPEC section 12).
 
 A step's MaxVio has two parts: the plan's mismatch with the traffic (what re-planning can
 remove) and the step's own sampling noise (a batch of tokens, bursts of some experts), which
-no plan made before the step can remove. :func:`noise_floor` measures the second part with a
-held-out reference: every scored step is served by a plan made on the pooled counts of the
+no plan made before the step can remove. [`noise_floor`][moeopt.replay.floor.noise_floor] measures the second part with
+a held-out reference: every scored step is served by a plan made on the pooled counts of the
 *other* steps of its block of ``interval`` steps (leave one step out). That plan knows the
 block's traffic (its mix, its drift), never the step itself. A causal policy that reaches the
 floor's time average would plan as well as one that knew the window in advance; a target

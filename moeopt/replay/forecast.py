@@ -2,11 +2,11 @@
 
 A plan made on the last window serves the *next* steps: on a stream that drifts, the last
 window's mean load lags the traffic by half a window when it is made and by a whole interval
-more by the end of its service. :func:`forecast_loads` estimates, per layer and expert, the
-share of the layer's load the coming steps will carry:
+more by the end of its service. [`forecast_loads`][moeopt.replay.forecast.forecast_loads] estimates, per layer and
+expert, the share of the layer's load the coming steps will carry:
 
 * **level**: an exponentially weighted mean of the recent steps' shares, its half-life chosen
-  per layer from a grid (:data:`HALFLIVES`) as the one whose one-step-ahead forecasts over the
+  per layer from a grid (`HALFLIVES`) as the one whose one-step-ahead forecasts over the
   recent steps erred least (squared error of the shares): a stream that holds still (a domain
   served for a while) is averaged over many steps, one that wanders (a random walk of the
   popularity) over the last step or two;
@@ -118,8 +118,8 @@ def forecast_loads(
         The level's half-life in steps; None: chosen per layer from ``halflives`` by the
         one-step-ahead error over the recent steps (with fewer than 3 steps: the plain mean).
     trend
-        Add each expert's shrunk least-squares slope (:func:`shrunk_slopes`) for the level's
-        lag plus ``horizon``.
+        Add each expert's shrunk least-squares slope ([`shrunk_slopes`][moeopt.replay.forecast.shrunk_slopes]) for the
+        level's lag plus ``horizon``.
     halflives
         The grid ``halflife: None`` chooses from.
 

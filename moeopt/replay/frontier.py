@@ -1,11 +1,12 @@
 """Bytes moved against time-averaged MaxVio, over intervals and budgets, per policy.
 
-:func:`replay_frontier` replays one stream under each policy at each interval of a grid (and,
-for the policies with a move budget, at each budget), every point with the same calibration
+[`replay_frontier`][moeopt.replay.frontier.replay_frontier] replays one stream under each policy at each interval of a
+grid (and, for the policies with a move budget, at each budget), every point with the same calibration
 prefix (the largest interval unless given) and the same worst-window length, so that every
 point scores the same steps. A point is on the Pareto set when no other point moves no more
 bytes at no higher time-averaged MaxVio, one of the two strictly lower. ``replay --frontier``
-prints :func:`frontier_table` and writes :func:`frontier_report`; ``moeopt plot`` draws it.
+prints [`frontier_table`][moeopt.replay.frontier.frontier_table] and writes
+[`frontier_report`][moeopt.replay.frontier.frontier_report]; ``moeopt plot`` draws it.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def replay_frontier(
     Parameters
     ----------
     instance, stream
-        As in :func:`moeopt.replay.replay`.
+        As in [`moeopt.replay.replay`][moeopt.replay.run.replay].
     policies
         Policy names.
     intervals
@@ -92,7 +93,7 @@ def replay_frontier(
     calibration
         The calibration prefix of every point (default: the largest interval).
     seed, workers, ray, quiet
-        As in :func:`moeopt.replay.replay`.
+        As in [`moeopt.replay.replay`][moeopt.replay.run.replay].
 
     Returns
     -------

@@ -1,24 +1,25 @@
 """Re-planning policies: when a replay re-plans, on which steps, and how (SPEC section 12).
 
 Every policy is a small frozen dataclass of its parameters, registered by name in
-:data:`POLICIES` (``make_policy("periodic", interval=8)``). A policy resolves, for one stream
-and one instance, to a :class:`Schedule`: the one composition the replay loop
-(:func:`moeopt.replay.replay`) runs. A schedule says
+`POLICIES` (``make_policy("periodic", interval=8)``). A policy resolves, for one stream
+and one instance, to a [`Schedule`][moeopt.replay.policies.Schedule]: the one composition the replay loop
+([`moeopt.replay.replay`][moeopt.replay.run.replay]) runs. A schedule says
 
 * **when**: after every ``interval`` scored steps (steps ``calibration + k * interval``,
   ``k >= 1``; every ``cadence`` steps when it is given), optionally only when the plan in
   service's mean per-step MaxVio over the last ``trigger_window`` steps exceeds ``level``
-  (:meth:`Schedule.decide` gets an
-  :class:`Observation`: the steps seen, their MaxVio, whether a plan is pending); with a
-  ``surge`` watch also after any step whose MaxVio jumps (:meth:`Schedule.surge_onset`);
+  ([`Schedule.decide`][moeopt.replay.policies.Schedule.decide] gets an
+  [`Observation`][moeopt.replay.policies.Observation]: the steps seen, their MaxVio, whether a plan is pending); with a
+  ``surge`` watch also after any step whose MaxVio jumps
+  ([`Schedule.surge_onset`][moeopt.replay.policies.Schedule.surge_onset]);
 * **on what**: the last ``span`` steps before the decision (``None``: every step so far), or
   a ``forecast`` of the coming steps made from them, or, for the oracle, the coming
   ``interval`` steps themselves;
 * **how**: a registered planner (``planner`` + ``planner_params``), from scratch or from the
   plan in service with at most ``budget`` moved slots per layer (``balance``'s migration mode:
-  :func:`moeopt.balance.replan_from`; with ``carry`` the budget is a rate per interval,
-  :meth:`Schedule.bucket`), robust over snapshots of ``snapshot`` steps each, and with the new
-  plan's GPUs relabeled onto the plan in service (``relabel``); with ``min_gain`` the plan in
+  `moeopt.balance.replan_from`; with ``carry`` the budget is a rate per interval,
+  [`Schedule.bucket`][moeopt.replay.policies.Schedule.bucket]), robust over snapshots of ``snapshot`` steps each, and
+  with the new plan's GPUs relabeled onto the plan in service (``relabel``); with ``min_gain`` the plan in
   service is kept unless the re-plan gains that share on the planned-on steps, with ``accept``
   unless its per-step gain passes a paired test.
 
@@ -36,7 +37,7 @@ The named policies:
     what SGLang (``--enable-eplb``, ``--eplb-rebalance-num-iterations``) and vLLM
     (``eplb_config.window_size``, ``step_interval``) run with EPLB. ``relabel: true`` renumbers
     the new plan's GPUs (and slot positions) to overlap the plan in service as much as
-    possible (a linear assignment on overlap per layer, :func:`moeopt.balance.migration.relabel`):
+    possible (a linear assignment on overlap per layer, `moeopt.balance.migration.relabel`):
     the fairest version of what an engine could do with EPLB.
 ``threshold``
     ``periodic``, but re-plans only when the mean per-step MaxVio over the last ``window``
@@ -49,7 +50,7 @@ The named policies:
     moeopt's default: after every step (``cadence``), re-plan from the plan in service for a
     forecast of the coming steps made from the last ``history`` windows of ``window`` steps (an
     exponentially weighted mean whose half-life follows how fast the stream moves,
-    :mod:`moeopt.replay.forecast`), within a transfer budget per interval (a bucket that fills
+    [`moeopt.replay.forecast`][]), within a transfer budget per interval (a bucket that fills
     at a share of the slots per interval, with a reserve for surges); and a surge watch that
     re-plans at once, on the new steps alone, when a step's MaxVio jumps. Every knob is a
     parameter (acceptance tests, pooled layer budgets, the windows as robust snapshots instead
@@ -125,12 +126,12 @@ class Request:
         Plan for a forecast of the coming steps made from the planned-on steps (None: plan on
         the steps themselves).
     accept, confidence
-        When the new plan is taken (``always``, ``paired``, ``held-out``: :class:`Auto`), and
+        When the new plan is taken (``always``, ``paired``, ``held-out``: [`Auto`][moeopt.replay.policies.Auto]), and
         the standard errors of the per-step gain the last two need.
     holdout
         With ``accept: held-out``: the last steps the trial re-plan does not see.
     allocate
-        Pool the layers' budgets (:func:`moeopt.replay.run.allocate_moves`).
+        Pool the layers' budgets ([`moeopt.replay.run.allocate_moves`][]).
     """
 
     decided: int
@@ -160,7 +161,7 @@ ACCEPTS = ("always", "paired", "held-out")
 @dataclass(frozen=True)
 class Forecasting:
     """How a re-plan turns its recent steps into the loads it plans for
-    (:func:`moeopt.replay.forecast.forecast_loads`).
+    ([`moeopt.replay.forecast.forecast_loads`][]).
 
     Attributes
     ----------
@@ -273,7 +274,8 @@ class Schedule:
         The surge watch (None: off): after every step, re-plan at once when the last steps'
         MaxVio each exceed ``surge`` times the median of the ``trigger_window`` steps before them
         (and that median by ``surge_margin``), on those steps alone, from the plan in service
-        within the whole :meth:`bucket`; later windows start at the surge (:meth:`surge_onset`).
+        within the whole [`bucket`][moeopt.replay.policies.Schedule.bucket]; later windows start at the surge
+        ([`surge_onset`][moeopt.replay.policies.Schedule.surge_onset]).
     surge_margin
         The least rise (in MaxVio) a surge needs, so that noise on a well-balanced plan does not
         trigger one.
@@ -282,8 +284,8 @@ class Schedule:
     carry
         With a ``budget``: the budget is a rate, ``budget`` moved slots per layer per
         ``interval`` steps, kept in a bucket that holds at most ``carry`` intervals' worth (and
-        starts with one, :meth:`bucket`): a surge re-plan may spend all of it, a decision
-        point's re-plan only what lies above a reserve of ``carry - 1`` intervals' worth (at most
+        starts with one, [`bucket`][moeopt.replay.policies.Schedule.bucket]): a surge re-plan may spend all of it, a
+        decision point's re-plan only what lies above a reserve of ``carry - 1`` intervals' worth (at most
         ``budget``), so that a surge finds the reserve. None: ``budget`` per re-plan.
     min_gain
         Keep the plan in service unless the re-plan lowers the planned-on steps' mean per-step
@@ -299,10 +301,10 @@ class Schedule:
     forecast
         Plan for a forecast of the coming steps (None: on the windows as they are).
     accept, confidence
-        When a decision point's re-plan is taken (:data:`ACCEPTS`) and the standard errors of
+        When a decision point's re-plan is taken (`ACCEPTS`) and the standard errors of
         the per-step gain it needs.
     allocate
-        Pool the layers' budgets (:func:`moeopt.replay.run.allocate_moves`).
+        Pool the layers' budgets ([`moeopt.replay.run.allocate_moves`][]).
     """
 
     interval: int
@@ -480,7 +482,7 @@ class Schedule:
 
 
 class Policy(Protocol):
-    """A named re-planning policy: its parameters, resolved to a :class:`Schedule`."""
+    """A named re-planning policy: its parameters, resolved to a [`Schedule`][moeopt.replay.policies.Schedule]."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -739,7 +741,7 @@ class Auto(_Budgeted):
       ``interval`` steps; with ``level``, only when the last window's mean per-step MaxVio
       exceeds it): ``balance`` from the plan in service, planned for a **forecast** of the
       coming steps made from the last ``history`` windows of ``window`` steps
-      (:func:`moeopt.replay.forecast.forecast_loads`): ``forecast: level`` an exponentially
+      ([`moeopt.replay.forecast.forecast_loads`][]): ``forecast: level`` an exponentially
       weighted mean of the recent steps whose half-life (``halflife``; null: chosen per layer
       from the recent steps by its one-step-ahead error) follows how fast the stream moves,
       ``trend`` that plus each expert's linear trend shrunk by its standard error, ``none``
@@ -751,17 +753,17 @@ class Auto(_Budgeted):
     * **Surge watch** (``surge``; null: off): after every step, when the last steps' MaxVio
       each exceed ``surge`` times the median of the window before them (and that median by
       ``surge_margin``), re-plan at once on those steps alone; later windows start there
-      (:meth:`Schedule.surge_onset`). A plan chasing a shift that has already happened serves
-      the whole interval otherwise.
+      ([`Schedule.surge_onset`][moeopt.replay.policies.Schedule.surge_onset]). A plan chasing a shift that has already
+      happened serves the whole interval otherwise.
     * **Transfer budget**: ``budget`` (or ``budget_bytes``, else ``budget_share`` of a layer's
       slots, unrounded: ``round_down`` floors it to whole slots) moved slots per layer per
       interval, saved in a bucket of ``carry`` intervals' worth: a decision point spends at most
       one interval's worth, and only what lies above a reserve of ``carry - 1`` intervals' worth
       (for ``settle`` intervals after a surge, the reserve too); a surge spends the whole bucket
-      (:meth:`Schedule.bucket`). ``carry: null`` makes the budget per re-plan (a surge then
-      spends ``surge_budget_share`` of the slots, or the budget). ``allocate`` pools the layers'
+      ([`Schedule.bucket`][moeopt.replay.policies.Schedule.bucket]). ``carry: null`` makes the budget per re-plan (a
+      surge then spends ``surge_budget_share`` of the slots, or the budget). ``allocate`` pools the layers'
       budgets: each layer's re-plan is made at several budgets and the moves go to the layers
-      where they lower the planned-for MaxVio most per moved slot (:func:`allocate_moves`).
+      where they lower the planned-for MaxVio most per moved slot (`allocate_moves`).
     * **Acceptance**: ``accept: paired`` keeps the plan in service unless the re-plan lowers the
       planned-on steps' per-step MaxVio by ``confidence`` standard errors of the paired
       per-step differences; ``held-out`` re-plans first without the last window and keeps the
@@ -944,12 +946,12 @@ def policy_fields(name: str) -> list[str]:
 
 
 def make_policy(name: str, **params: Any) -> Policy:
-    """The policy ``name`` with ``params`` (unknown names and parameters: one-line :class:`InputError`).
+    """The policy ``name`` with ``params`` (unknown names and parameters: one-line `InputError`).
 
     Parameters
     ----------
     name
-        A key of :data:`POLICIES`.
+        A key of `POLICIES`.
     **params
         Its parameters; see each policy's class.
     """

@@ -1,12 +1,12 @@
 """The replay loop: serve a stream step by step under a policy, re-plan, count what it costs.
 
-:func:`replay` plans the first plan on the first ``calibration`` steps, then serves the steps
+[`replay`][moeopt.replay.run.replay] plans the first plan on the first ``calibration`` steps, then serves the steps
 after them in order. Every step is scored under the plan in service and its dispatch rule by
-the one scorer's functions (:func:`moeopt.dispatch.count_loads` on counts,
-:func:`moeopt.dispatch.route_trace` and :func:`moeopt.evaluate.communication` on tokens,
-:func:`moeopt.evaluate.maxvio`), a whole segment (the steps one plan serves) at a time. At
-each of the policy's decision points the policy (:class:`~moeopt.replay.policies.Schedule`)
-sees the MaxVio served so far and may ask for a re-plan, which :func:`moeopt.solve.solve`
+the one scorer's functions ([`moeopt.dispatch.count_loads`][] on counts,
+[`moeopt.dispatch.route_trace`][] and `moeopt.evaluate.communication` on tokens,
+[`moeopt.evaluate.maxvio`][]), a whole segment (the steps one plan serves) at a time. At
+each of the policy's decision points the policy ([`Schedule`][moeopt.replay.policies.Schedule])
+sees the MaxVio served so far and may ask for a re-plan, which [`moeopt.solve.solve`][]
 makes with a registered planner on a window of the stream (count-only statistics of its
 steps, or its tokens for trace planners), from the plan in service or not; the new plan
 serves from its effective step (``lag``).
@@ -14,9 +14,9 @@ serves from its effective step (``lag``).
 Per step: MaxVio (mean over layers of max/mean - 1 of that step's GPU loads; the MaxVio
 ``evaluate`` gives the plan on that step alone) and, with tokens, remote GPUs per token per
 layer. Per re-plan: moved slots per layer (slots whose expert changes, slot order inside a GPU
-ignored: :func:`moeopt.balance.migration.count_moves`), moved bytes (moved slots x
+ignored: `moeopt.balance.migration.count_moves`), moved bytes (moved slots x
 ``model.expert_size``) and, with ``timings``, the planning time. Totals in
-:attr:`ReplayResult.metrics`.
+[`ReplayResult.metrics`][moeopt.replay.run.ReplayResult.metrics].
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Replan:
     Attributes
     ----------
     index
-        1, 2, ...: the plan's number in :attr:`ReplayResult.plans` (0 is the first plan).
+        1, 2, ...: the plan's number in `ReplayResult.plans` (0 is the first plan).
     decided
         Steps observed when it was decided.
     start, end
@@ -152,11 +152,11 @@ class ReplayResult:
     maxvio
         float ``[S]``: MaxVio of each scored step under the plan in service.
     plan_of_step
-        int ``[S]``: the plan in service at each scored step (index into :attr:`plans`).
+        int ``[S]``: the plan in service at each scored step (index into `plans`).
     plans
         The first plan, then each re-plan's.
     replans
-        One :class:`Replan` per re-plan made.
+        One [`Replan`][moeopt.replay.run.Replan] per re-plan made.
     comm
         float ``[S]``: remote GPUs per token per layer at each step (NaN for a step without
         tokens); None without tokens.
@@ -165,8 +165,8 @@ class ReplayResult:
     expert_size
         Bytes per expert (``model.expert_size``).
     worst_window, worst_basis
-        Steps per window of :attr:`metrics`' ``maxvio_worst`` and what set them
-        (:func:`worst_window_of`).
+        Steps per window of [`metrics`][moeopt.replay.run.ReplayResult.metrics]' ``maxvio_worst`` and what set them
+        ([`worst_window_of`][moeopt.replay.run.worst_window_of]).
     slots_per_layer
         ``G x W``.
     instance_name
@@ -190,7 +190,7 @@ class ReplayResult:
     initial_time: float = 0.0
 
     def window_means(self) -> np.ndarray:
-        """float: the mean per-step MaxVio of each window of :attr:`worst_window` steps (natural
+        """float: the mean per-step MaxVio of each window of `worst_window` steps (natural
         windows from step 0 under ``window_steps``; else from the first scored step; a partial
         last window counts as one)."""
         first = 0 if self.worst_basis == "window_steps" else int(self.steps[0])
@@ -202,8 +202,8 @@ class ReplayResult:
     @cached_property
     def metrics(self) -> dict[str, Any]:
         """The totals: ``maxvio_mean`` (time average of the per-step MaxVio over the scored steps),
-        ``maxvio_worst`` (largest window mean, :meth:`window_means`), ``maxvio_max`` (largest
-        step), ``replans``, ``moved_slots`` (all layers, all re-plans), ``moved_bytes``,
+        ``maxvio_worst`` (largest window mean, [`window_means`][moeopt.replay.run.ReplayResult.window_means]),
+        ``maxvio_max`` (largest step), ``replans``, ``moved_slots`` (all layers, all re-plans), ``moved_bytes``,
         ``moved_slots_per_layer_per_replan``, and ``comm_per_token_mean`` with tokens."""
         moved = sum(r.moved_slots for r in self.replans)
         n = len(self.replans)
@@ -272,7 +272,7 @@ def runs_report(results: list[ReplayResult], *, timings: bool = False) -> dict[s
 # ----------------------------------------------------------------------------- the loop
 @dataclass
 class _Planner:
-    """Makes the plan a :class:`Request` asks for, with :func:`moeopt.solve.solve`."""
+    """Makes the plan a [`Request`][moeopt.replay.policies.Request] asks for, with [`moeopt.solve.solve`][]."""
 
     instance: Instance
     stream: Stream
@@ -285,7 +285,7 @@ class _Planner:
     def workloads(self, planner: str, start: int, end: int, forecast: Forecasting | None = None) -> Workloads:
         """The window as the planner's calibration (and evaluation) workload: its tokens when the
         stream has them (full statistics only for planners that read coactivation), else its counts;
-        with ``forecast``, count statistics of the forecast (:func:`planning_counts`)."""
+        with ``forecast``, count statistics of the forecast ([`planning_counts`][moeopt.replay.run.planning_counts])."""
         if forecast is not None:
             window = self.stream.counts(start, end)
             snaps = planning_counts(window, forecast)
@@ -306,9 +306,9 @@ class _Planner:
         return self._solve(req, current, wl)
 
     def _allocated(self, req: Request, current: Plan, wl: Workloads) -> Plan:
-        """Re-plans at several per-layer budgets (:data:`ALLOCATE_LEVELS` times ``req.budget``), then per
-        layer the one :func:`allocate_moves` picks so that all layers together move at most
-        ``layers x budget`` slots: moves go where they lower the planned-for MaxVio most per slot."""
+        """Re-plans at several per-layer budgets (`ALLOCATE_LEVELS` times ``req.budget``), then per
+        layer the one [`allocate_moves`][moeopt.replay.run.allocate_moves] picks so that all layers together move at
+        most ``layers x budget`` slots: moves go where they lower the planned-for MaxVio most per slot."""
         budget = int(req.budget or 0)
         levels = sorted({max(1, round(f * budget)) for f in ALLOCATE_LEVELS})
         plans = [current] + [
@@ -384,7 +384,7 @@ def allocate_moves(values: np.ndarray, moves: np.ndarray, pool: int) -> np.ndarr
 
 def planning_counts(window: np.ndarray, forecast: Forecasting) -> np.ndarray:
     """float ``[L, n, E]``: the load snapshots a forecasting re-plan plans for: the forecast of
-    the coming steps from ``window [L, m, E]`` (:func:`moeopt.replay.forecast.forecast_loads`),
+    the coming steps from ``window [L, m, E]`` ([`moeopt.replay.forecast.forecast_loads`][]),
     then (with ``forecast.recent``) the mean of each window of ``forecast.snapshot`` recent
     steps, the newest last (a partial oldest window kept)."""
     f = forecast_loads(window, forecast.horizon, halflife=forecast.halflife, trend=forecast.trend).loads
@@ -491,20 +491,20 @@ def replay(
     instance
         The instance (model, cluster: its slots and the expert size).
     stream
-        The steps to serve (:func:`moeopt.replay.load_stream`).
+        The steps to serve ([`moeopt.replay.load_stream`][moeopt.replay.stream.load_stream]).
     policy
-        A policy object (:data:`moeopt.replay.POLICIES`) or a policy name (its defaults).
+        A policy object (`moeopt.replay.POLICIES`) or a policy name (its defaults).
     seed
         Replaces the policy's ``seed`` (None: keep it); every plan is made with it.
     workers, ray
-        Where the planning inside runs (:func:`moeopt.solve.solve`); the plans are the same.
+        Where the planning inside runs ([`moeopt.solve.solve`][]); the plans are the same.
     quiet
         No progress line per re-plan on stderr.
     timings
         Record planning times (they then appear in the report; off by default so that the same
         seed gives the same report, byte for byte).
     worst_window
-        Steps per window of the worst-window MaxVio (default: :func:`worst_window_of`).
+        Steps per window of the worst-window MaxVio (default: [`worst_window_of`][moeopt.replay.run.worst_window_of]).
 
     Returns
     -------

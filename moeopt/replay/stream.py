@@ -1,14 +1,14 @@
 """A load stream: the steps a replay serves, one after another (SPEC section 12).
 
-A :class:`Stream` holds the per-step counts ``n[l, t, e]`` (``step_counts``, float
+A [`Stream`][moeopt.replay.stream.Stream] holds the per-step counts ``n[l, t, e]`` (``step_counts``, float
 ``[L, T, E]``, finite and ``>= 0``) and, when it came from a token trace, the trace itself
 (its ``step`` are the stream's steps), so that communication can be counted and trace
 planners (``joint``) can plan on a window of tokens. ``window_steps`` is the length of the
 stream's natural window (one recorded snapshot, one synthetic phase) when it has one: the
 worst-window MaxVio of a replay is read over those windows.
 
-:func:`load_stream` builds a stream from an instance's calibration workload (every source
-:func:`moeopt.io.load_workload` reads: a counts ``.npz`` with ``step_counts``, a trace with
+[`load_stream`][moeopt.replay.stream.load_stream] builds a stream from an instance's calibration workload (every source
+[`moeopt.io.load_workload`][] reads: a counts ``.npz`` with ``step_counts``, a trace with
 ``step``, SGLang ``stat`` dumps joined by ``moeopt trace import``, vLLM EPLB load windows,
 synthetic workloads) or from a file (``replay --stream FILE``).
 """
@@ -39,7 +39,7 @@ class Stream:
     step_counts
         float ``[L, T, E]``: tokens routed to expert ``e`` of layer ``l`` at step ``t``.
     top_k
-        The model's ``k`` (count-only windows are turned into :class:`~moeopt.trace.Stats`).
+        The model's ``k`` (count-only windows are turned into [`Stats`][moeopt.trace.Stats]).
     trace
         The token trace the counts come from (its ``step`` in ``0..T-1``), or None.
     window_steps
@@ -156,7 +156,7 @@ class Stream:
 
     # ------------------------------------------------------------------ checks
     def check(self, instance: Instance) -> None:
-        """Raise :class:`InputError` (naming the stream's source) when its layers or experts
+        """Raise `InputError` (naming the stream's source) when its layers or experts
         differ from the instance's model."""
         m = instance.model
         if self.layers != m.layers:
@@ -169,7 +169,7 @@ class Stream:
             check_homes(self.trace.home, instance.cluster.gpus, self.source)
 
     def require_steps(self, needed: int, what: str) -> None:
-        """Raise :class:`InputError` unless the stream has at least ``needed`` steps (``what`` says why)."""
+        """Raise `InputError` unless the stream has at least ``needed`` steps (``what`` says why)."""
         if self.steps < needed:
             raise InputError(
                 self.source, "steps", f"the stream has {self.steps} steps, fewer than {what} ({needed} steps)"
