@@ -1,10 +1,15 @@
 """One clock for every phase of a solve: the time budget and the Ctrl-C hook of native solvers.
 
-``--time-limit T`` is seconds per layer for the whole pipeline of a layer (warm start, search,
-exact solve, certificate). :mod:`moeopt.execute` starts a :class:`Budget` of ``T`` when a layer
-starts (``L x T`` for methods that plan all layers at once) and passes it in the method's
-:class:`~moeopt.registry.Context`; each phase takes its share of what is left
-(:meth:`Budget.child`, :meth:`Budget.cap`), so the phases together never exceed the layer's ``T``.
+Two limits bound a run. ``--layer-time-limit T`` is seconds per layer for the whole pipeline of
+a layer (warm start, search, exact solve, certificate); ``--time-limit S`` is seconds for the
+whole run. :mod:`moeopt.execute` gives each layer, when it starts, the smaller of ``T`` and its
+share of what is left of ``S`` (:func:`share`: what is left divided over the layers still to
+plan), starts a :class:`Budget` of it and passes it in the method's
+:class:`~moeopt.registry.Context` (methods that plan all layers at once get ``min(L x T, S)``);
+each phase takes its share of what is left (:meth:`Budget.child`, :meth:`Budget.cap`), so the
+phases together never exceed the layer's limit, and the layers together never exceed ``S``.
+The run's deadline is a wall-clock time (:func:`deadline_after`), so that worker processes
+and Ray tasks measure their share against the same clock.
 
 Searches are bounded by work (rounds, moves, evaluations) so that a seed fixes their result;
 the budget is only a cap, and a search that hits it says so (termination ``time_limit``).
@@ -24,7 +29,7 @@ from typing import TypeVar, overload
 
 from moeopt import interrupt
 
-__all__ = ["Budget", "deferred_interrupt", "run_interruptible"]
+__all__ = ["MIN_SHARE", "Budget", "deadline_after", "deferred_interrupt", "run_interruptible", "share"]
 
 T = TypeVar("T")
 
@@ -95,6 +100,56 @@ class Budget:
         if seconds is None and math.isinf(left):
             return None
         return max(min(math.inf if seconds is None else seconds, left), floor)
+
+
+#: The least a layer is given once a total limit is spent (a method still returns its fastest
+#: plan; the run then reports by how much it overran, ``stats.time_limit_exceeded_s``).
+MIN_SHARE = 0.01
+
+
+def deadline_after(seconds: float | None) -> float | None:
+    """The wall-clock time (:func:`time.time`) ``seconds`` from now; None for no limit (None or ``inf``).
+
+    Wall-clock rather than :func:`time.perf_counter`: the deadline crosses processes (a worker
+    pool, Ray tasks) and each compares it with its own clock.
+    """
+    if seconds is None or math.isinf(seconds):
+        return None
+    if not seconds >= 0:
+        raise ValueError(f"a time limit must be a number >= 0, got {seconds!r}")
+    return time.time() + seconds
+
+
+def share(limit: float | None, deadline: float | None, left: int, width: int = 1) -> float | None:
+    """Seconds one item of a run (a layer, a method of ``compare``, a point of a frontier) may take.
+
+    The smaller of the item's own ``limit`` and what is left until ``deadline`` shared over the
+    rounds still to run: ``left`` items (this one included) on ``width`` parallel workers take
+    ``ceil(left / width)`` rounds. Time an item leaves unused goes to the items after it, and the
+    last round gets all that is left, so the items together end by the deadline (each keeping
+    its share). The share is never below :data:`MIN_SHARE`.
+
+    Parameters
+    ----------
+    limit
+        The item's own limit in seconds (``--layer-time-limit``); None: none.
+    deadline
+        The run's deadline (:func:`deadline_after` of ``--time-limit``); None: none.
+    left
+        Items not yet started, this one included (>= 1).
+    width
+        Items that run at the same time (workers).
+
+    Returns
+    -------
+    float or None
+        Seconds, or None when neither limit is given.
+    """
+    if deadline is None:
+        return limit
+    rounds = max(math.ceil(max(left, 1) / max(width, 1)), 1)
+    part = max(max(deadline - time.time(), 0.0) / rounds, MIN_SHARE)
+    return part if limit is None else min(limit, part)
 
 
 def run_interruptible(solve: Callable[[], T], stop: Callable[[], object] | None = None) -> T:

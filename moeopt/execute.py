@@ -12,6 +12,11 @@ The serial run uses the same decomposition, so ``workers=1``, ``workers=N`` and 
 same plans byte for byte for one seed (as long as no time limit cuts a search short: a
 search stopped by the clock depends on the machine's speed, in any executor).
 
+Time limits: each layer gets, when it starts, the smaller of the per-layer limit
+(``Context.time_limit``, ``--layer-time-limit``) and its share of what is left of the run's
+total (``deadline``, ``--time-limit``) over the layers still to plan
+(:func:`moeopt.budget.share`); a method solved whole gets ``min(L x T, what is left)``.
+
 Backends, all running :func:`run_layer` on the same :class:`LayerTask` objects:
 
 * serial: in this process;
@@ -44,7 +49,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from moeopt import console, interrupt
-from moeopt.budget import Budget
+from moeopt.budget import Budget, share
 from moeopt.errors import InputError, MoeoptError
 from moeopt.instance import Instance
 from moeopt.plan import Plan
@@ -103,6 +108,14 @@ class Executor:
             return "ray"
         return "pool" if self.workers > 1 else "serial"
 
+    def width(self, items: int) -> int:
+        """How many of ``items`` run at the same time (1 on a Ray cluster, whose size is not
+        known here: a total limit's share is then the serial one, never too large)."""
+        if self.kind == "ray":
+            cpus = self.workers if self.workers > 1 else (os.cpu_count() or 1)
+            return max(1, min(items, cpus if self.ray == "local" else 1))
+        return max(1, min(items, self.workers))
+
     def describe(self) -> str:
         if self.kind == "ray":
             return "ray (local)" if self.ray == "local" else f"ray ({self.ray})"
@@ -160,6 +173,12 @@ class LayerTask:
     hint: Plan | None = None
     current: Plan | None = None
     quiet: bool = True
+    #: the run's wall-clock deadline (:func:`moeopt.budget.deadline_after`), None: no total limit
+    deadline: float | None = None
+    #: layers not started before this one (this one included) and how many run at once: the
+    #: layer's share of the time left before ``deadline`` (:func:`moeopt.budget.share`)
+    left: int = 1
+    width: int = 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -172,6 +191,7 @@ class LayerOutcome:
     wall_time: float = 0.0
     cpu_time: float = 0.0  # CPU seconds of the process that solved it
     error: tuple | None = None  # (class, message, attributes, traceback text)
+    time_limit: float | None = None  # the seconds the layer was given (its share of a total limit)
 
     @property
     def solved(self) -> Result:
@@ -220,8 +240,11 @@ def layer_problem(problem: Problem, l: int, *, with_trace: bool = True, with_coa
     return Problem(sub, _layer_stats(problem.stats, l, with_coactivation), trace, problem.profile)
 
 
-def layer_tasks(method: Any, problem: Problem, params: Any, ctx: Context) -> list[LayerTask]:
-    """One task per layer of ``problem``."""
+def layer_tasks(
+    method: Any, problem: Problem, params: Any, ctx: Context, *, deadline: float | None = None, width: int = 1
+) -> list[LayerTask]:
+    """One task per layer of ``problem`` (started in layer order, ``width`` at a time, all
+    ending by ``deadline`` when given)."""
     with_trace = bool(getattr(method, "uses_trace", True))
     with_coactivation = bool(getattr(method, "uses_coactivation", True))
     tasks = []
@@ -242,6 +265,9 @@ def layer_tasks(method: Any, problem: Problem, params: Any, ctx: Context) -> lis
                 hint=_layer_plan(ctx.hint, l),
                 current=_layer_plan(ctx.current, l),
                 quiet=ctx.quiet,
+                deadline=deadline,
+                left=problem.layers - l,
+                width=width,
             )
         )
     return tasks
@@ -258,8 +284,9 @@ def _relabel(text: str, layer: int) -> str:
 def run_layer(task: LayerTask) -> LayerOutcome:
     """Solve one layer (in a worker or in this process); errors come back as values."""
     lines: list[str] = []
+    limit = share(task.time_limit, task.deadline, task.left, task.width)  # measured as the layer starts
     ctx = Context(
-        time_limit=task.time_limit,
+        time_limit=limit,
         seed=task.seed,
         hint=task.hint,
         current=task.current,
@@ -285,7 +312,12 @@ def run_layer(task: LayerTask) -> LayerOutcome:
     if "reason" in result.stats and isinstance(result.stats["reason"], str):
         result = result.replace(stats={**result.stats, "reason": _relabel(result.stats["reason"], task.layer)})
     return LayerOutcome(
-        task.layer, result, [_relabel(x, task.layer) for x in lines], time.perf_counter() - t0, time.process_time() - c0
+        task.layer,
+        result,
+        [_relabel(x, task.layer) for x in lines],
+        time.perf_counter() - t0,
+        time.process_time() - c0,
+        time_limit=limit,
     )
 
 
@@ -668,27 +700,36 @@ def run(
     executor: Executor | None = None,
     *,
     note: Callable[[str], None] | None = None,
+    deadline: float | None = None,
 ) -> Result:
     """Solve ``problem`` with ``method`` layer by layer on ``executor`` (default: serial).
 
     Methods that are not layerwise (:func:`is_layerwise`) are solved whole in this process;
     ``note`` then gets a one-line remark when a parallel executor was asked for.
+    ``ctx.time_limit`` is seconds per layer; ``deadline`` (:func:`moeopt.budget.deadline_after`)
+    ends the whole run: each layer gets the smaller of the two shares
+    (:func:`moeopt.budget.share`), a whole-model method ``min(L x T, what is left)``.
     """
     executor = executor or Executor()
     began = time.perf_counter()
+    total = None if deadline is None else max(deadline - time.time(), 0.0)  # seconds the run may take
     if not is_layerwise(method, problem, params, ctx):
         if executor.kind != "serial" and note is not None and not getattr(method, "spreads_layers", False):
             note(f"note: method {method.name!r} solves all layers together; running it serially here")
-        # --time-limit is per layer: a method planning every layer at once gets L x T
+        # a method planning every layer at once gets L x T (--layer-time-limit), at most the total
         whole = None if ctx.time_limit is None else ctx.time_limit * problem.layers
+        if total is not None:
+            whole = total if whole is None else min(whole, total)
+        per_layer = share(ctx.time_limit, deadline, problem.layers)  # what a phase reading time_limit sees
         # the executor goes along: a whole-model method may still spread its per-layer phases
-        result = method.solve(problem, params, replace(ctx, budget=Budget(whole), executor=executor))
+        sub = replace(ctx, time_limit=per_layer, budget=Budget(whole), executor=executor)
+        result = method.solve(problem, params, sub)
         where = "serial (whole model)"
         if executor.kind != "serial" and getattr(method, "spreads_layers", False):
             where = f"whole model, its per-layer searches and bounds on {executor.describe()}"
         result = result.replace(stats={**result.stats, "executor": where})
-        return limit_kept(result, ctx.time_limit, problem.layers, time.perf_counter() - began)
-    tasks = layer_tasks(method, problem, params, ctx)
+        return limit_kept(result, ctx.time_limit, problem.layers, time.perf_counter() - began, total)
+    tasks = layer_tasks(method, problem, params, ctx, deadline=deadline, width=executor.width(problem.layers))
     outcomes: list[LayerOutcome | None] = [None] * len(tasks)
     say = ctx.log or console.progress_line
     bar = console.bar(
@@ -721,13 +762,20 @@ def run(
         "layer_cpu_times": [round(o.cpu_time, 4) for o in finished],
         "history": history,
     }
+    if deadline is not None:  # each layer's share of the total, as it started
+        timing["layer_time_limits"] = [None if o.time_limit is None else round(o.time_limit, 4) for o in finished]
     result = result.replace(stats={**result.stats, **timing})
-    return limit_kept(result, ctx.time_limit, problem.layers, time.perf_counter() - began)
+    return limit_kept(result, ctx.time_limit, problem.layers, time.perf_counter() - began, total)
 
 
-def limit_kept(result: Result, time_limit: float | None, layers: int, seconds: float) -> Result:
+def limit_kept(
+    result: Result, time_limit: float | None, layers: int, seconds: float, total: float | None = None
+) -> Result:
     """``result`` with ``stats["time_limit_exceeded_s"]``, the seconds by which the run took
-    longer than ``layers x time_limit``, when it did (nothing without a time limit)."""
-    if time_limit is None or seconds <= time_limit * layers:
+    longer than it was allowed, when it did: ``layers x time_limit`` (per layer), or ``total``
+    (the seconds left of the run's total limit when it started), whichever is smaller (nothing
+    without a time limit)."""
+    allowed = [x for x in (None if time_limit is None else time_limit * layers, total) if x is not None]
+    if not allowed or seconds <= min(allowed):
         return result
-    return result.replace(stats={**result.stats, "time_limit_exceeded_s": round(seconds - time_limit * layers, 3)})
+    return result.replace(stats={**result.stats, "time_limit_exceeded_s": round(seconds - min(allowed), 3)})
