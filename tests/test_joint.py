@@ -433,8 +433,8 @@ def test_auto_is_the_default(tmp_path):
 
 
 def test_more_gpus_than_the_routing_holds(tmp_path, capsys):
-    """Past 64 GPUs joint is a one-line input error naming cluster.gpus (not a traceback from its
-    bit masks), and auto plans with balance, saying why."""
+    """Past 64 GPUs in one node joint's locality routing is a one-line input error naming cluster.gpus
+    (not a traceback from its bit masks), and auto plans with joint made for SGLang's even rule, saying why."""
     path = tmp_path / "wide.yaml"
     path.write_text(
         "model: {layers: 1, experts: 66, top_k: 2}\ncluster: {gpus: 66, replica_slots_per_gpu: 1}\n"
@@ -445,9 +445,9 @@ def test_more_gpus_than_the_routing_holds(tmp_path, capsys):
         solve(inst, method="joint", time_limit=1.0)
     assert err.value.field == "cluster.gpus" and "at most 64 GPUs" in str(err.value) and "\n" not in str(err.value)
     res = solve(inst, time_limit=1.0)
-    assert res.method == "balance" and "at most 64 GPUs" in res.stats["note"]
+    assert res.method == "joint" and res.plan.dispatch.kind == "even" and "at most 64 GPUs" in res.stats["note"]
     assert main(["solve", str(path), "--time-limit", "1"]) == 0
-    assert "planned with balance" in capsys.readouterr().err
+    assert "planned for SGLang's even rule" in capsys.readouterr().err
     assert main(["solve", str(path), "--method", "joint", "--time-limit", "1"]) == 2
     assert "cluster.gpus" in capsys.readouterr().err
     # the certificate joint shares with crosslayer has no such limit

@@ -124,3 +124,142 @@ def test_group_limited_count_sampling_and_bad_specs():
         trace_from_counts(stats, expert_groups=5, topk_group=2)
     with pytest.raises(InputError, match="topk_group"):
         SynthSpec.from_mapping({"experts": 16, "top_k": 6, "expert_groups": 8, "topk_group": 2})
+
+
+# ----------------------------------------------------------------------------- joint past 64 GPUs
+def _wide(tmp_path, gpus: int = 72, gpn: int = 8, experts: int = 72, engine: str | None = None):
+    """A one-layer synthetic instance on ``gpus`` GPUs, ``gpn`` per node, one replica slot per GPU."""
+    from moeopt.io import load_instance
+
+    path = tmp_path / "wide.yaml"
+    eng = f", engine: {engine}" if engine else ""
+    path.write_text(
+        f"model: {{layers: 1, experts: {experts}, top_k: 4}}\n"
+        f"cluster: {{gpus: {gpus}, gpus_per_node: {gpn}, replica_slots_per_gpu: 1{eng}}}\n"
+        "workload:\n  synthetic: {tokens: 2048, steps: 4, structure_seed: 1}\n"
+    )
+    return load_instance(path)
+
+
+def _feasible(res, inst) -> None:
+    """Every expert has a copy, no GPU holds an expert twice, the plan has the cluster's shape."""
+    slots = res.plan.slots
+    c = inst.cluster
+    assert slots.shape == (inst.model.layers, c.gpus, c.width)
+    for l in range(slots.shape[0]):
+        assert set(slots[l][slots[l] >= 0].tolist()) == set(range(inst.model.experts))
+        for g in range(c.gpus):
+            row = slots[l, g][slots[l, g] >= 0]
+            assert len(set(row.tolist())) == len(row)
+
+
+@pytest.mark.parametrize("rule", ["even", "static"])
+def test_joint_flat_past_64_gpus_under_an_engine_rule(tmp_path, rule):
+    """72 GPUs in one node: joint made for an engine rule (RuleCost, no bit masks) plans them flat."""
+    from moeopt.solve import solve
+
+    inst = _wide(tmp_path, gpn=72)
+    res = solve(inst, method="joint", params={"dispatch": rule, "evaluations": 200}, time_limit=2.0)
+    _feasible(res, inst)
+    assert res.plan.dispatch.kind == rule and res.params["hierarchical"] is False
+    assert "level" not in res.stats["search"][0]
+
+
+@pytest.mark.parametrize("rule", ["auto", "even", "static", "ascend"])
+def test_joint_hierarchical_past_64_gpus(tmp_path, rule):
+    """72 GPUs in 9 nodes: hierarchical by default (locality on nodes, or an engine rule), a feasible
+    plan scored under its rule, with remote nodes per token no more than the remote GPUs."""
+    from moeopt.solve import solve
+
+    inst = _wide(tmp_path)
+    res = solve(inst, method="joint", params={"dispatch": rule, "evaluations": 200}, time_limit=2.0)
+    _feasible(res, inst)
+    assert res.params["hierarchical"] is True and res.stats["search"][0]["level"] == "nodes"
+    assert res.plan.dispatch.kind == ("locality" if rule == "auto" else rule)
+    assert 0.0 <= res.metrics["comm_nodes_per_token"] <= res.metrics["comm_per_token"]
+
+
+def test_hierarchical_needs_nodes(tmp_path):
+    """hierarchical: true on a one-node cluster is a one-line input error naming the field."""
+    from moeopt.errors import InputError
+    from moeopt.solve import solve
+
+    inst = _wide(tmp_path, gpus=8, gpn=8, experts=16)
+    with pytest.raises(InputError) as err:
+        solve(inst, method="joint", params={"hierarchical": True}, time_limit=1.0)
+    assert err.value.field == "method.hierarchical" and "\n" not in str(err.value)
+
+
+def test_auto_plans_joint_on_many_nodes(tmp_path):
+    """auto on 72 GPUs in 9 nodes: joint, hierarchical, no note of a fallback; on a named engine, its rule."""
+    from moeopt.solve import solve
+
+    res = solve(_wide(tmp_path), time_limit=1.0)
+    assert res.method == "joint" and res.params["hierarchical"] is True and "at most" not in res.stats.get("note", "")
+    res = solve(_wide(tmp_path, engine="sglang-static"), time_limit=1.0)
+    assert res.method == "joint" and res.plan.dispatch.kind == "static"
+
+
+# ----------------------------------------------------------------------------- the node and GPU levels
+def _node_plan(rng, nodes: int, per_node: int, experts: int) -> np.ndarray:
+    """A node plan: every expert once, the spare slots copies of random experts on other nodes."""
+    home = rng.permutation(nodes * per_node)[:experts]
+    slots = np.full(nodes * per_node, -1)
+    slots[home] = np.arange(experts)
+    slots = slots.reshape(nodes, per_node)
+    for n, s in zip(*np.nonzero(slots < 0), strict=True):
+        e = int(rng.integers(experts))
+        if e not in slots[n]:
+            slots[n, s] = e
+    return slots
+
+
+@settings(max_examples=examples(25), deadline=None)
+@given(st.integers(2, 4), st.integers(1, 3), st.integers(1, 3), st.integers(0, 2**16))
+def test_place_in_nodes_keeps_every_copy_on_its_node(nodes, gpn, width, seed):
+    """The GPU level places each node's copies on that node's GPUs, each exactly once."""
+    from moeopt.heuristics.hierarchy import node_shares, place_in_nodes
+
+    rng = np.random.default_rng(seed)
+    per_node = gpn * width
+    E = int(rng.integers(max(1, nodes * per_node // 2), nodes * per_node + 1))
+    ns = _node_plan(rng, nodes, per_node, E)
+    load = rng.random(E) + 0.1
+    q = load[:, None] * node_shares(ns, E, "even", gpn)
+    A = rng.random((E, E))
+    gpu, worst = place_in_nodes(ns, q, A + A.T, gpn, width, 1.1 * load.sum() / (nodes * gpn), rng, iterations=5)
+    for n in range(nodes):
+        mine = gpu[n * gpn : (n + 1) * gpn]
+        assert sorted(mine[mine >= 0].tolist()) == sorted(ns[n][ns[n] >= 0].tolist())
+    assert worst >= q.sum() / (nodes * gpn) - 1e-9
+
+
+def test_place_layer_keeps_the_node_level_decisions():
+    """A node plan whose nodes pack within the GPU limit: every expert stays on its node at the GPU level
+    (empty node slots may take extra copies); one that cannot: only single-copy experts leave their node,
+    at most one per node and swap."""
+    from moeopt import joint as jm
+    from moeopt.heuristics.hierarchy import node_shares
+    from moeopt.methods.joint import place_layer
+
+    rng = np.random.default_rng(1)
+    nodes, gpn, width, E = 4, 2, 2, 12
+    topk = np.stack([rng.permutation(E)[:3] for _ in range(400)])[:, None, :].astype(np.int16)
+    trace = Trace(topk, np.zeros(400, np.int32), np.zeros(400, np.int32), ("a",), E)
+    layer = jm.layer_from_trace(trace.topk[:, 0], trace.family, 1, experts=E, gpus=nodes, width=gpn * width)
+    ns = _node_plan(rng, nodes, gpn * width, E)
+    held = [set(r[r >= 0].tolist()) for r in ns]
+    copies = (ns[..., None] == np.arange(E)).any(axis=1).sum(axis=0)
+
+    def left(slots):
+        """Per node, the experts the node level put there that the GPU level moved away."""
+        return [held[n] - set(slots[n * gpn : (n + 1) * gpn].ravel().tolist()) for n in range(nodes)]
+
+    q = np.ones(E)[:, None] * node_shares(ns, E, "even", gpn)
+    out = place_layer(layer, ns, q, gpn, width, 10.0, 0, 0, 5.0)
+    assert out["stats"]["single_swaps"] == 0 and not any(left(out["slots"]))
+    skew = np.where(np.arange(E) < 2, 20.0, 1.0)  # two hot experts: some node cannot pack within the limit
+    out = place_layer(layer, ns, skew[:, None] * node_shares(ns, E, "even", gpn), gpn, width, 0.0, 0, 0, 5.0)
+    gone = left(out["slots"])
+    assert sum(len(g) for g in gone) <= 2 * out["stats"]["single_swaps"]
+    assert all(copies[e] == 1 for g in gone for e in g)

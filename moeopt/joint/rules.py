@@ -76,7 +76,7 @@ class RuleCost:
         the expectation over homes, and the others count ``distinct (1 - 1/G)``.
     bin_size
         GPUs per bin of the layer (1: the layer's "GPUs" are GPUs). The hierarchical planner's
-        node level plans nodes as bins of ``gpus_per_node`` GPUs (:mod:`moeopt.joint.hierarchy`):
+        node level plans nodes as bins of ``gpus_per_node`` GPUs (:mod:`moeopt.heuristics.hierarchy`):
         ``home`` stays a GPU rank (``ascend``'s modulo runs over the ``G * bin_size`` ranks), the
         token's home bin is ``home // bin_size``, ``static`` uses the copy in the home bin (its
         own GPU or node), and the objective counts remote bins: remote nodes per token.

@@ -30,6 +30,7 @@ from moeopt.budget import Budget
 from moeopt.dispatch import HOME_SEED, batch_rows
 from moeopt.errors import InputError
 from moeopt.evaluate import evaluate, maxvio
+from moeopt.heuristics import hierarchy as hier
 from moeopt.joint.costs import MAX_GPUS
 from moeopt.methods.balance import balance_bound_hook
 from moeopt.methods.baselines import hottest_replicas
@@ -54,6 +55,10 @@ REFINE_STEPS = 2
 FAMILY_SLACK = 0.1
 #: ... but not past this much more communication (relative) than the mixture's choice
 FAMILY_COMM_SLACK = 0.02
+#: the joint search's starts when ``starts`` is not given (``balance`` alone in hierarchical mode)
+DEFAULT_STARTS = "grouping,balance"
+#: whole searches when ``restarts`` is not given (one in hierarchical mode)
+DEFAULT_RESTARTS = 2
 #: most whole searches ``restarts`` runs (each is a full search of every layer; past a few, the
 #: best of them hardly changes and a larger value is more likely a typo than a plan)
 MAX_RESTARTS = 64
@@ -94,8 +99,11 @@ class JointParams:
         Tokens of the sub-sample that ranks the screened moves before they are priced on
         ``sample_tokens`` (None: no ranking).
     starts
-        Comma-separated starts: ``grouping`` (agnostic grouping + hottest-first copies),
-        ``balance`` (the balance planner's plan).
+        Comma-separated starts: ``grouping`` (agnostic grouping + hottest-first copies; in
+        hierarchical mode the balanced copies grouped onto nodes by co-activation),
+        ``balance`` (the balance planner's plan; of the nodes in hierarchical mode). None: both,
+        and ``balance`` alone in hierarchical mode (measured on DeepSeek-V3-shaped layers at 256
+        GPUs: the search from it alone, with all the evaluations, ends as low or lower).
     grouping_eps
         ``eps_load`` of the grouping start (default ``.inf``: the unconstrained grouping, whose
         locality the search then trades for balance; None: the grouping's automatic limit).
@@ -131,7 +139,8 @@ class JointParams:
         communication).
     restarts
         Whole searches from differently seeded starts and samples (the first with the run's
-        seed: ``restarts: 1`` is one search); each gets its dispatch chosen on the calibration
+        seed: ``restarts: 1`` is one search; None: 2, and 1 in hierarchical mode, where one search
+        of a DeepSeek-V3-sized model is what fits in minutes); each gets its dispatch chosen on the calibration
         trace, and the plan with the fewest calibration remote GPUs per token among those within
         ``eps`` is kept (none within: the most balanced). One search ends at a local optimum of
         its sample's proxy for the dispatch, and where it ends varies with the seed more than
@@ -149,6 +158,13 @@ class JointParams:
         ``--time-limit``'s share of the run); a cap that stops it is reported (termination
         ``time_limit`` and a note) and makes the bound depend on the machine's speed; 0: no
         certificate.
+    hierarchical
+        Plan nodes first, then GPUs inside each node (:mod:`moeopt.heuristics.hierarchy`): the
+        node level minimizes remote *nodes* per token at balanced node loads (and GPU loads each
+        node's copies can be packed to), the GPU level places each node's copies on its GPUs.
+        None (default): on when the cluster has more than one node and more than 64 GPUs; true
+        needs more than one node; false plans GPUs directly (past 64 GPUs only under an engine
+        rule: the ``locality`` routing holds at most 64 GPUs, or 64 nodes in hierarchical mode).
     """
 
     eps: float = 0.05
@@ -158,7 +174,7 @@ class JointParams:
     penalty: float = 4.0
     sample_tokens: int | None = 4096
     coarse_tokens: int | None = 1024
-    starts: str = "grouping,balance"
+    starts: str | None = None
     grouping_eps: float | None = field(default=math.inf, metadata={"inf": True})
     time_per_layer: float = DEFAULT_TIME_PER_LAYER
     evaluations: int = DEFAULT_EVALUATIONS
@@ -172,7 +188,8 @@ class JointParams:
     bound_rounds: int | None = None
     bound_time: float | None = None
     family_guard: bool = True
-    restarts: int = field(default=2, metadata={"ge": 1, "le": MAX_RESTARTS})
+    restarts: int | None = field(default=None, metadata={"ge": 1, "le": MAX_RESTARTS})
+    hierarchical: bool | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.eps) and self.eps >= 0):
@@ -212,7 +229,7 @@ class JointParams:
             raise ValueError(f"decay must lie in [0, 1), got {self.decay}")
         if self.guard_batch_tokens is not None and self.guard_batch_tokens < 1:
             raise ValueError(f"guard_batch_tokens must be >= 1, got {self.guard_batch_tokens}")
-        if not 1 <= self.restarts <= MAX_RESTARTS:
+        if self.restarts is not None and not 1 <= self.restarts <= MAX_RESTARTS:
             raise ValueError(f"restarts must lie in [1, {MAX_RESTARTS}], got {self.restarts}")
         if self.bound_time is not None and not (math.isfinite(self.bound_time) and self.bound_time >= 0):
             raise ValueError(f"bound_time must be a finite number >= 0, got {self.bound_time}")
@@ -221,7 +238,10 @@ class JointParams:
 
     @property
     def start_list(self) -> list[str]:
-        return [s.strip() for s in self.starts.split(",") if s.strip()]
+        """The starts (``starts``, else the default: ``grouping,balance``; ``balance`` in
+        hierarchical mode)."""
+        given = self.starts if self.starts is not None else ("balance" if self.hierarchical else DEFAULT_STARTS)
+        return [s.strip() for s in given.split(",") if s.strip()]
 
     @property
     def engine_rule(self) -> str | None:
@@ -229,11 +249,23 @@ class JointParams:
         return self.dispatch if self.dispatch in jm.RULE_KINDS else None
 
     def resolved(self, problem: Problem) -> JointParams:
-        """``auto`` becomes the rule of the instance's engine (``cluster.engine``) when it names one."""
+        """``auto`` becomes the rule of the instance's engine (``cluster.engine``) when it names one;
+        ``hierarchical`` and ``restarts`` left to default get their values for the cluster."""
+        out = self
         rule = problem.instance.cluster.engine_rule
-        if self.dispatch == "auto" and rule is not None and rule in jm.RULE_KINDS:
-            return replace(self, dispatch=rule)
-        return self
+        if out.dispatch == "auto" and rule is not None and rule in jm.RULE_KINDS:
+            out = replace(out, dispatch=rule)
+        if out.hierarchical is None:
+            c = problem.instance.cluster
+            out = replace(out, hierarchical=c.nodes > 1 and c.gpus > MAX_GPUS)
+        if out.restarts is None:
+            out = replace(out, restarts=1 if out.hierarchical else DEFAULT_RESTARTS)
+        return out
+
+    @property
+    def restart_count(self) -> int:
+        """``restarts`` (its default when not resolved yet)."""
+        return DEFAULT_RESTARTS if self.restarts is None else self.restarts
 
     def rule_dispatch(self, problem: Problem) -> Dispatch:
         """The plan's :class:`Dispatch` under an engine rule (SGLang static with the model's dense rows)."""
@@ -248,13 +280,19 @@ class JointParams:
 
 # ----------------------------------------------------------------------------- pieces
 def layer_problems(
-    problem: Problem, params: JointParams, seed: int, eps: np.ndarray | None = None
+    problem: Problem,
+    params: JointParams,
+    seed: int,
+    eps: np.ndarray | None = None,
+    bins: tuple[int, int] | None = None,
 ) -> list[jm.JointLayer]:
     """One :class:`~moeopt.joint.JointLayer` per layer on a sample of the calibration trace
-    (``eps``: each layer's load limit, default ``params.eps`` everywhere)."""
+    (``eps``: each layer's load limit, default ``params.eps`` everywhere; ``bins``: ``(nodes,
+    slots per node)`` for the hierarchical planner's node level, else the cluster's GPUs)."""
     trace = problem.trace
     assert trace is not None
     c = problem.instance.cluster
+    gpus, width = (c.gpus, c.width) if bins is None else bins
     eps = np.full(problem.layers, params.eps) if eps is None else eps
     return [
         jm.layer_from_trace(
@@ -262,8 +300,8 @@ def layer_problems(
             trace.family,
             len(trace.family_names),
             experts=problem.experts,
-            gpus=c.gpus,
-            width=c.width,
+            gpus=gpus,
+            width=width,
             sample_tokens=params.sample_tokens,
             rng=np.random.default_rng([seed, l]),
             eps=float(eps[l]),
@@ -672,22 +710,40 @@ def bound_layer(
     return float(b.distinct), float(b.seconds), bool(b.proven), bool(info.get("load_limited")), bool(info.get("capped"))
 
 
-def _fits(problem: Problem) -> bool:
-    """Whether the cluster fits the joint planner's routing (at most ``MAX_GPUS`` GPUs)."""
-    return problem.instance.cluster.gpus <= MAX_GPUS
+def unplannable(problem: Problem, params: JointParams | None = None) -> tuple[str, str] | None:
+    """Why ``joint`` cannot plan this cluster with ``params`` (resolved; None: the exact model's
+    flat locality routing), as ``(field, message)``; None when it can.
 
-
-def _need_routing(problem: Problem, name: str) -> Trace:
-    """:func:`_need_trace`, and a one-line error when the cluster has more GPUs than the joint
-    planner's routing holds (the certificate alone, which ``crosslayer`` shares, has no such limit)."""
-    if not _fits(problem):
-        src = str(problem.instance.source) if problem.instance.source else None
-        raise InputError(
-            src,
-            "cluster.gpus",
-            f"method {name!r} plans at most {MAX_GPUS} GPUs per layer, got {problem.instance.cluster.gpus}; "
-            "use balance (balance only) or hottest-replication (communication and copies)",
+    The ``locality`` routing holds ``MAX_GPUS`` GPUs per layer (one bit mask word per expert):
+    past that ``joint`` plans for an engine rule (:class:`moeopt.joint.RuleCost`, any size) or
+    hierarchically, where the locality routing runs on nodes (at most ``MAX_GPUS`` of them)."""
+    c = problem.instance.cluster
+    if params is not None and params.hierarchical:
+        if c.nodes < 2:
+            return "method.hierarchical", "needs a cluster of several nodes (cluster.gpus_per_node below cluster.gpus)"
+        if params.engine_rule is None and c.nodes > MAX_GPUS:
+            return "cluster.gpus", (
+                f"the locality routing plans at most {MAX_GPUS} nodes, got {c.nodes}; plan for an engine rule "
+                "(method.dispatch: even, static, lp, vllm or ascend, or cluster.engine)"
+            )
+        return None
+    if (params is None or params.engine_rule is None) and c.gpus > MAX_GPUS:
+        hint = (
+            "; plan for an engine rule (method.dispatch, or cluster.engine) or hierarchically (method.hierarchical)"
+            if params is not None
+            else "; use joint"
         )
+        return "cluster.gpus", f"the locality routing plans at most {MAX_GPUS} GPUs per layer, got {c.gpus}{hint}"
+    return None
+
+
+def _need_routing(problem: Problem, name: str, params: JointParams | None = None) -> Trace:
+    """:func:`_need_trace`, and a one-line error when ``joint`` (``params``, resolved) or the
+    exact model (None) cannot plan the cluster (:func:`unplannable`)."""
+    why = unplannable(problem, params)
+    if why is not None:
+        src = str(problem.instance.source) if problem.instance.source else None
+        raise InputError(src, why[0], f"method {name!r}: {why[1]}")
     return _need_trace(problem, name)
 
 
@@ -817,6 +873,93 @@ def search_layer(
     return {"slots": best.slots, "capped": capped, "stats": stats}
 
 
+#: shares of a layer's time in hierarchical mode: the node level's grouping start, the node level
+#: in all (start and search); the rest goes to placing the copies on GPUs
+NODE_START_SHARE = 0.2
+NODE_SEARCH_SHARE = 0.8
+
+
+def search_nodes(
+    layer: jm.JointLayer,
+    starts: dict[str, np.ndarray],
+    load: np.ndarray,
+    experts: int,
+    params: JointParams,
+    seed: int,
+    l: int,
+    per_layer: float,
+    rule: dict | None,
+    strict: bool = False,
+) -> dict:
+    """Layer ``l``'s node level in hierarchical mode: :func:`search_layer` on ``layer`` (nodes as
+    bins) from the starts of ``params.starts`` (``grouping``:
+    :func:`moeopt.heuristics.hierarchy.node_grouping_start`; ``balance``: the balance planner's
+    plan of the nodes) and ``starts`` (a hint), in :data:`NODE_SEARCH_SHARE` of ``per_layer``
+    (``strict``: under a run's time limit, as :func:`search_layer`'s). Seeded by ``(seed, l)`` alone."""
+    began = time.perf_counter()
+    capped = 0
+    mine: dict[str, np.ndarray] = {}
+    if "grouping" in params.start_list:
+        rng = np.random.default_rng([seed, l, 3])
+        deadline = began + NODE_START_SHARE * per_layer
+        grouped = hier.node_grouping_start(
+            load, layer.coactivation(), layer.gpus, layer.width, rng, eps=layer.eps, deadline=deadline
+        )
+        capped += int(time.perf_counter() > deadline)
+        mine["grouping"] = grouped
+    if "balance" in params.start_list:
+        mine["balance"] = core.plan_layer(load, layer.gpus, layer.width, seed=seed + l)
+    starts = {**mine, **starts}
+    left = max(NODE_SEARCH_SHARE * per_layer - (time.perf_counter() - began), 0.05)
+    found = search_layer(layer, starts, load, experts, params, seed, l, left, rule, strict)
+    return {"slots": np.asarray(found["slots"]), "capped": found["capped"] + capped, "stats": found["stats"]}
+
+
+def place_layer(
+    layer: jm.JointLayer,
+    node_slots: np.ndarray,
+    copy_load: np.ndarray,
+    gpus_per_node: int,
+    width: int,
+    eps: float,
+    seed: int,
+    l: int,
+    seconds: float,
+) -> dict:
+    """Layer ``l``'s GPU level in hierarchical mode: single-copy experts swapped between nodes
+    whose copies pack over the GPU limit (:func:`moeopt.heuristics.hierarchy.rebalance_singles`),
+    then each node's copies on its GPUs (:func:`moeopt.heuristics.hierarchy.place_in_nodes`); the
+    GPU limit is ``(1 + eps)`` times the mean GPU load, the copies' loads ``copy_load [E, nodes]``."""
+    began = time.perf_counter()
+    nodes = node_slots.shape[0]
+    total = float(copy_load.sum())
+    limit = (1.0 + eps) * total / (nodes * gpus_per_node)
+    affinity = layer.coactivation()
+    node_slots, copy_load, swaps = hier.rebalance_singles(node_slots, copy_load, affinity, gpus_per_node, width, limit)
+    deadline = began + seconds
+    gpu_slots, worst = hier.place_in_nodes(
+        node_slots,
+        copy_load,
+        affinity,
+        gpus_per_node,
+        width,
+        limit,
+        np.random.default_rng([seed, l, 5]),
+        deadline=deadline,
+    )
+    if not (gpu_slots >= 0).all():  # a node level with empty slots: copies of the heaviest experts
+        holds = np.zeros((copy_load.shape[0], nodes * gpus_per_node), dtype=bool)
+        g, w = np.nonzero(gpu_slots >= 0)
+        holds[gpu_slots[g, w], g] = True
+        gpu_slots = jm.fill_slots(holds, width, copy_load.sum(axis=1))
+    stats = {
+        "level": "nodes",
+        "single_swaps": swaps,
+        "gpu_maxvio": worst * nodes * gpus_per_node / max(total, 1e-300) - 1.0,
+    }
+    return {"slots": gpu_slots, "capped": int(time.perf_counter() > deadline), "stats": stats}
+
+
 def repair_family_cap(
     layer: jm.JointLayer, state: jm.SlotState, params: JointParams, seed: int, l: int, per_layer: float
 ) -> tuple[jm.SlotState, dict | None]:
@@ -878,7 +1021,8 @@ class Joint:
     def solve(self, problem: Problem, params: JointParams, ctx: Context) -> Result:
         t0 = time.perf_counter()
         params = params.resolved(problem)
-        trace = _need_routing(problem, self.name)
+        trace = _need_routing(problem, self.name, params)
+        restarts = params.restart_count
         balanced = balance_starts(problem, ctx.seed)
         limits, relaxed = reachable_limits(problem, balanced, params.eps)
         if relaxed:
@@ -897,10 +1041,10 @@ class Joint:
         planning = ctx.budget.child(0.75 if certifying else 0.9)
         L = problem.layers
         bar = console.bar(
-            total=L * params.restarts,
+            total=L * restarts,
             desc=self.name,
             unit="layer",
-            disable=L * params.restarts <= 1,
+            disable=L * restarts <= 1,
             quiet=ctx.quiet,
             leave=False,
         )
@@ -908,23 +1052,24 @@ class Joint:
         skipped = 0  # restarts the time limit left out
         try:
             took = 0.0  # the longest restart so far: another starts only if as long a one fits
-            for r in range(params.restarts):
+            for r in range(restarts):
                 if r > 0 and planning.remaining() < took:
-                    skipped = params.restarts - r  # the time limit, not the restarts asked for, ended it
+                    skipped = restarts - r  # the time limit, not the restarts asked for, ended it
                     break
                 began = time.perf_counter()
                 seed = restart_seed(ctx.seed, r)
-                restart = planning.child(1.0 / (params.restarts - r))  # this restart's share of what is left
+                restart = planning.child(1.0 / (restarts - r))  # this restart's share of what is left
                 search = restart.child(0.5)
-                slots, capped, layer_stats = self._search(problem, params, ctx, seed, balanced, limits, search, bar)
+                searcher = self._search_hierarchical if params.hierarchical else self._search
+                slots, capped, layer_stats = searcher(problem, params, ctx, seed, balanced, limits, search, bar)
                 plan = Plan(slots=slots, experts=problem.experts)
                 choice = choose_dispatch(plan, trace, problem, target, restart)
                 capped += int(choice.capped)
                 took = max(took, time.perf_counter() - began)
                 found.append((seed, slots, capped, layer_stats, choice))
-                if params.restarts > 1:
+                if restarts > 1:
                     ctx.say(
-                        f"{self.name} restart {r + 1}/{params.restarts} (seed {seed}): calibration "
+                        f"{self.name} restart {r + 1}/{restarts} (seed {seed}): calibration "
                         f"{choice.comm:.4f} remote GPUs per token at MaxVio {choice.maxvio:.4f}"
                         f"{'' if choice.met else f' (over eps {target.eps:g})'}"
                     )
@@ -1029,18 +1174,81 @@ class Joint:
         slots = np.stack([out["slots"] for out in found])
         return slots, sum(out["capped"] for out in found), [out["stats"] for out in found]
 
+    def _search_hierarchical(
+        self,
+        problem: Problem,
+        params: JointParams,
+        ctx: Context,
+        seed: int,
+        balanced: np.ndarray,
+        limits: np.ndarray,
+        search: Budget,
+        bar: Any,
+    ) -> tuple[np.ndarray, int, list[dict]]:
+        """:meth:`_search` in hierarchical mode (:mod:`moeopt.heuristics.hierarchy`), in three steps,
+        the first and last per layer on the run's executor:
 
-def rule_inputs(problem: Problem, params: JointParams, layers: list[jm.JointLayer], seed: int) -> list[dict | None]:
+        1. the node level's search from its starts (``grouping``: the balanced copies grouped
+           onto nodes by co-activation; ``balance``: the balance planner's plan of the nodes),
+           :func:`search_nodes`;
+        2. each copy's load under the rule: ``1 / c`` of its expert's (``ascend``: the rank-modulo
+           shares), and under SGLang ``static`` exactly what the engine's seeded tables deal each
+           node (:func:`~moeopt.heuristics.hierarchy.static_node_shares`: they depend on every
+           layer's nodes, not on the GPUs inside them);
+        3. single-copy experts swapped between nodes whose copies no packing balances, then each
+           node's copies placed on its GPUs (:func:`place_layer`)."""
+        c = problem.instance.cluster
+        nodes, gpn, per_node = c.nodes, c.gpus_per_node, c.gpus_per_node * c.width
+        L = problem.layers
+        layers = layer_problems(problem, params, seed, limits, bins=(nodes, per_node))
+        load = problem.stats.expert_load
+        starts: dict[str, np.ndarray] = {}
+        if ctx.hint is not None:
+            starts["hint"] = hier.node_slots(ctx.hint.padded(c.width).slots, gpn)
+        rules = rule_inputs(problem, params, layers, seed, nodes=True)
+        per_layer = min(params.time_per_layer, search.remaining() / L)
+        items = [
+            (layers[l], {k: v[l] for k, v in starts.items()}, load[l], problem.experts, params, seed, l, per_layer)
+            + (rules[l], ctx.budget.limited)
+            for l in range(L)
+        ]
+        found = execute.map_items(search_nodes, items, ctx.executor)
+        node_plans = np.stack([out["slots"] for out in found])
+        rule = params.engine_rule or "even"
+        if rule == "static":
+            dense = params.rule_dispatch(problem).dense_layers
+            shares = hier.static_node_shares(node_plans, problem.experts, gpn, c.width, dense)
+        else:
+            shares = np.stack(
+                [hier.node_shares(node_plans[l], problem.experts, rule, gpn, params.tp_size) for l in range(L)]
+            )
+        placing = [
+            (layers[l], node_plans[l], load[l][:, None] * shares[l], gpn, c.width, float(limits[l]), seed, l)
+            + (per_layer * (1.0 - NODE_SEARCH_SHARE),)
+            for l in range(L)
+        ]
+        placed = execute.map_items(place_layer, placing, ctx.executor, lambda _: bar.update())
+        slots = np.stack([out["slots"] for out in placed])
+        stats = [{**f["stats"], **p["stats"]} for f, p in zip(found, placed, strict=True)]
+        return slots, sum(out["capped"] for out in found) + sum(out["capped"] for out in placed), stats
+
+
+def rule_inputs(
+    problem: Problem, params: JointParams, layers: list[jm.JointLayer], seed: int, nodes: bool = False
+) -> list[dict | None]:
     """Per layer, :class:`moeopt.joint.RuleCost`'s inputs on the layer's sample (None under the
     guard): each sampled token's row in its batch (:func:`moeopt.dispatch.batch_rows`), its home
     (the trace's, else drawn uniformly with :data:`moeopt.dispatch.HOME_SEED`, as the scorer's
-    ``previous-layer`` homes are) and a fair-draw number per pair (seeded by ``(seed, l)``)."""
+    ``previous-layer`` homes are) and a fair-draw number per pair (seeded by ``(seed, l)``); with
+    ``nodes``, for the hierarchical node level (``bin_size``: the cluster's GPUs per node,
+    ``slot_width``: its slots per GPU)."""
     rule = params.engine_rule
     if rule is None:
         return [None] * len(layers)
     trace = problem.trace
     assert trace is not None
     c = problem.instance.cluster
+    per_bin = {"bin_size": c.gpus_per_node, "slot_width": c.width} if nodes else {}
     row = batch_rows(trace, rule)
     home = trace.home if trace.home is not None else np.random.default_rng(HOME_SEED).integers(0, c.gpus, trace.tokens)
     out: list[dict | None] = []
@@ -1055,6 +1263,7 @@ def rule_inputs(problem: Problem, params: JointParams, layers: list[jm.JointLaye
                 "gpus_per_node": c.gpus_per_node,
                 "tp_size": params.tp_size,
                 "homes_known": trace.home is not None,
+                **per_bin,
             }
         )
     return out
@@ -1151,8 +1360,10 @@ class AutoParams:
 @register
 class Auto:
     """The default when an instance names no method: ``joint`` on a token trace (communication
-    and balance), ``balance`` on count-only workloads (balance alone: communication needs
-    tokens). The result is the chosen method's, under its name."""
+    and balance; hierarchical past 64 GPUs on several nodes, and made for SGLang's ``even``
+    rule where neither the engine's rule nor the locality routing can plan the cluster),
+    ``balance`` on count-only workloads (balance alone: communication needs tokens). The result
+    is the chosen method's, under its name."""
 
     name: ClassVar[str] = "auto"
     summary: ClassVar[str] = "the default: joint on token traces, balance on count-only workloads"
@@ -1167,20 +1378,30 @@ class Auto:
         return True
 
     def choose(self, problem: Problem) -> str:
-        if problem.trace is not None and problem.stats.has_coactivation and _fits(problem):
+        if problem.trace is not None and problem.stats.has_coactivation:
             return "joint"
         return "balance"
 
+    def joint_params(self, problem: Problem) -> tuple[dict, str | None]:
+        """``joint``'s parameters for this cluster and why they are not its defaults: ``{}``, or
+        ``dispatch: even`` (SGLang's default rule, planned at any size) when the defaults
+        (the locality routing, on GPUs or on nodes) cannot plan the cluster."""
+        if unplannable(problem, JointParams().resolved(problem)) is None:
+            return {}, None
+        c = problem.instance.cluster
+        return {"dispatch": "even"}, (
+            f"auto: the locality routing plans at most {MAX_GPUS} GPUs (or {MAX_GPUS} nodes) per layer, this "
+            f"cluster has {c.gpus} GPUs in {c.nodes} node(s): joint planned for SGLang's even rule "
+            "(name the engine with cluster.engine to plan for its own rule)"
+        )
+
     def solve(self, problem: Problem, params: AutoParams, ctx: Context) -> Result:
-        impl = get_method(self.choose(problem))
-        result = impl.solve(problem, parse_params(impl, {}), ctx)
+        name = self.choose(problem)
+        impl = get_method(name)
+        given, why = self.joint_params(problem) if name == "joint" else ({}, None)
+        result = impl.solve(problem, parse_params(impl, given), ctx)
         stats = {**result.stats, "chosen_by": self.name}
-        if problem.trace is not None and not _fits(problem):
-            why = (
-                f"auto: joint plans at most {MAX_GPUS} GPUs per layer, this cluster has "
-                f"{problem.instance.cluster.gpus}: planned with balance (balance only; for communication "
-                "name a grouping or replication method)"
-            )
+        if why is not None:
             stats["note"] = f"{stats['note']}; {why}" if stats.get("note") else why
             console.note(f"note: {why}")
         return result.replace(stats=stats)

@@ -1,0 +1,405 @@
+"""The joint planner on many nodes: nodes first, then GPUs inside each node.
+
+Past one node the traffic that matters crosses nodes, and a layer of 256 experts on 256 GPUs is
+too large a neighbourhood for the slot search to cover in seconds. The hierarchical planner
+splits it:
+
+1. **Node level.** Nodes are bins of ``gpus_per_node x W`` slots, at most one copy of an expert
+   per node (a second copy in a node moves no token across nodes). The joint objective is priced
+   on nodes: remote *nodes* per token under the plan's rule (:class:`~moeopt.joint.RuleCost` with
+   ``bin_size = gpus_per_node``; the locality rule's :class:`~moeopt.joint.SampleCost` on nodes),
+   each node's load within ``(1 + eps)`` times the mean node load, and no copy hotter than a
+   GPU may be: each node's copies are packed onto its GPUs as the GPU level starts, and the
+   load over the GPU limit is priced too (``slot_width``). The search
+   (:func:`~moeopt.joint.local_search`) runs from the joint planner's starts on nodes:
+   ``balance`` (the balance planner's plan of the nodes; the default) and ``grouping``
+   (:func:`node_grouping_start`: the balanced copies grouped onto nodes by co-activation).
+2. **Each copy's load** under the rule: ``1 / c`` of its expert's (:func:`node_shares`;
+   ``ascend``: the rank-modulo shares), and under SGLang ``static`` exactly what the engine's
+   seeded tables deal each node (:func:`static_node_shares`).
+3. **GPU level.** Single-copy experts are swapped between nodes whose copies no packing of
+   their GPUs balances (:func:`rebalance_singles`: the only node-level decisions the GPU level
+   may change, and only where the node level left a GPU over its limit), then each node's
+   copies go to its GPUs (:func:`place_in_nodes`): the grouping problem of one node
+   (:class:`~moeopt.grouping.Grouping`: the node's copies, their loads under the rule,
+   ``gpus_per_node`` groups of ``W`` slots, a GPU load limit), solved by the grouping heuristic
+   (spectral clusters, capacity and load repair, iterated swaps) for the co-activation inside
+   GPUs. Copies never leave their node there.
+
+Not built: a structured "bundle" start for the rules that pick the same copy index for every
+expert of a token (``even``, ``vllm`` by the token's row): experts with ``c`` copies on the same
+``c`` nodes in the same order land on one node for every token that picks several of them. The
+node level's search can reach such layouts move by move, but no start lays them out.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from moeopt import packing
+from moeopt.errors import InfeasibleError
+from moeopt.grouping import Grouping
+from moeopt.heuristics.spectral import grouping_heuristic
+
+
+@threadpool_limits.wrap(limits=1, user_api="blas")  # small eigenproblems: threads only contend
+def node_grouping_start(
+    load: np.ndarray,
+    affinity: np.ndarray,
+    nodes: int,
+    width: int,
+    rng: np.random.Generator,
+    *,
+    eps: float = 0.05,
+    iterations: int = 0,
+    deadline: float | None = None,
+) -> np.ndarray:
+    """int ``[nodes, width]``: the copies of a balanced plan grouped onto nodes by co-activation.
+
+    The copy counts are the balance planner's (:func:`moeopt.balance.copy_counts`: water-filling
+    the ``nodes * width`` slots, at most one copy per node), so no copy is hotter than the
+    hottest per-copy load any plan must carry. The copies are the items of a grouping problem
+    (:class:`~moeopt.grouping.Grouping`): ``nodes`` groups of ``width`` slots, each node's load at
+    most ``(1 + eps)`` times the mean (relaxed to what a balanced packing reaches when needed),
+    copies of ``e`` and ``e'`` attracted by ``A[e, e'] / (c_e c_e')`` (the tokens they share, split
+    over the copies), solved by the grouping heuristic (spectral clusters, capacity and load
+    repair, then ``iterations`` rounds of swaps, none by default: the joint search that follows
+    refines the start under the rule's own cost, and the grouping's swap rounds cost seconds on
+    512 copies). Two copies of one expert that land on one node are then swapped apart
+    (:func:`_separate_copies`).
+    """
+    from moeopt.balance import copy_counts
+
+    load = np.asarray(load, dtype=np.float64)
+    E = len(load)
+    if nodes * width < E:
+        raise ValueError(f"{nodes} nodes x {width} slots cannot hold {E} experts")
+    total = float(load.sum())
+    w = load / total if total > 0 else np.full(E, 1.0 / E)
+    c = np.asarray(copy_counts(w, nodes * width, max_copies=nodes), dtype=np.int64)
+    expert = np.repeat(np.arange(E), c)
+    item_w = w[expert] / c[expert]
+    graph = np.asarray(affinity, dtype=np.float64)[np.ix_(expert, expert)] / np.outer(c[expert], c[expert])
+    graph[expert[:, None] == expert[None, :]] = 0.0
+    scale = float(graph.max(initial=0.0)) or 1.0
+    home = _grouped(graph / scale, item_w, nodes, width, eps, rng, iterations, deadline)
+    home = _separate_copies(home, expert, item_w, nodes)
+    slots = np.full((nodes, width), -1, dtype=np.int64)
+    fill = np.zeros(nodes, dtype=np.int64)
+    for i in np.argsort(-item_w, kind="stable"):
+        n = home[i]
+        slots[n, fill[n]] = expert[i]
+        fill[n] += 1
+    return slots
+
+
+def _grouped(
+    graph: np.ndarray,
+    w: np.ndarray,
+    groups: int,
+    cap: int,
+    eps: float,
+    rng: np.random.Generator,
+    iterations: int,
+    deadline: float | None,
+) -> np.ndarray:
+    """int ``[items]``: each item's group (the grouping heuristic; its limit relaxed if needed)."""
+    packed = np.asarray(packing.balanced_homes(w, groups, cap), dtype=np.int64)
+    if groups == 1:
+        return packed
+    reach = float(np.bincount(packed, weights=w, minlength=groups).max())
+    limit = max((1.0 + eps) * float(w.sum()) / groups, reach * (1.0 + 1e-9))
+    g = Grouping(graph, w, groups, cap, load_limit=limit)
+    if deadline is not None and time.perf_counter() > deadline:
+        return packed
+    try:
+        home, _ = grouping_heuristic(
+            g,
+            rng,
+            refine=iterations > 0,
+            iterations=iterations,
+            patience=max(5, iterations // 4),
+            hint=packed,
+            deadline=deadline,
+        )
+    except InfeasibleError:
+        return packed
+    return np.asarray(home, dtype=np.int64)
+
+
+def _separate_copies(home: np.ndarray, expert: np.ndarray, w: np.ndarray, groups: int) -> np.ndarray:
+    """``home`` with no two copies of one expert in one group: each extra copy swaps with the
+    item of another group (whose expert its group lacks, and which lacks the copy's expert)
+    closest to it in load. Bounded: every swap removes one duplicate and adds none."""
+    home = np.asarray(home, dtype=np.int64).copy()
+    E = int(expert.max()) + 1 if len(expert) else 0
+    for _ in range(len(home)):
+        held = np.zeros((E, groups), dtype=np.int64)
+        np.add.at(held, (expert, home), 1)
+        dup = np.flatnonzero(held[expert, home] > 1)
+        if not len(dup):
+            return home
+        i = int(dup[0])
+        e, g = int(expert[i]), int(home[i])
+        ok = (held[e, home] == 0) & (held[expert, g] == 0) & (home != g)
+        cand = np.flatnonzero(ok)
+        if not len(cand):
+            break
+        j = int(cand[np.argmin(np.abs(w[cand] - w[i]))])
+        home[i], home[j] = home[j], g
+    return home
+
+
+@threadpool_limits.wrap(limits=1, user_api="blas")
+def place_in_nodes(
+    node_slots: np.ndarray,
+    copy_load: np.ndarray,
+    affinity: np.ndarray,
+    gpus_per_node: int,
+    width: int,
+    limit: float,
+    rng: np.random.Generator,
+    *,
+    iterations: int = 100,
+    deadline: float | None = None,
+) -> tuple[np.ndarray, float]:
+    """int ``[nodes * gpus_per_node, width]``: each node's copies placed on its GPUs, and the
+    largest GPU load reached.
+
+    Per node, the grouping problem of its copies (their loads ``copy_load[e, n]`` under the
+    rule, ``gpus_per_node`` groups of ``width`` slots, largest GPU load at most ``limit``: the
+    run's GPU limit, or what a balanced packing of the node reaches when that is more) solved
+    by :func:`~moeopt.heuristics.spectral.grouping_heuristic` for the co-activation inside GPUs.
+    Every copy stays on its node.
+
+    Parameters
+    ----------
+    node_slots
+        int ``[nodes, gpus_per_node * width]``: the node level's plan (``-1``: empty).
+    copy_load
+        float ``[E, nodes]``: the load each node's copy of each expert serves.
+    affinity
+        float ``[E, E]``: co-activation.
+    gpus_per_node, width
+        GPUs per node and slots per GPU.
+    limit
+        The largest GPU load wanted (same units as ``copy_load``).
+    rng
+        Seeds the grouping heuristic.
+    iterations, deadline
+        The grouping search's rounds per node and optional ``time.perf_counter()`` cap.
+    """
+    nodes, S = node_slots.shape
+    out = np.full((nodes * gpus_per_node, width), -1, dtype=np.int64)
+    worst = 0.0
+    for n in range(nodes):
+        items = node_slots[n][node_slots[n] >= 0]
+        q = copy_load[items, n].astype(np.float64)
+        home = _place_node(items, q, affinity, gpus_per_node, width, limit, rng, iterations, deadline)
+        for g in range(gpus_per_node):
+            mine = items[home == g]
+            out[n * gpus_per_node + g, : len(mine)] = mine
+        if len(items):
+            worst = max(worst, float(np.bincount(home, weights=q, minlength=gpus_per_node).max()))
+    return out, worst
+
+
+def _place_node(
+    items: np.ndarray,
+    q: np.ndarray,
+    affinity: np.ndarray,
+    gpn: int,
+    width: int,
+    limit: float,
+    rng: np.random.Generator,
+    iterations: int,
+    deadline: float | None,
+) -> np.ndarray:
+    """int ``[len(items)]``: the GPU (0..gpn-1) of each of a node's copies."""
+    m = len(items)
+    if m == 0:
+        return np.zeros(0, dtype=np.int64)
+    if gpn == 1:
+        return np.zeros(m, dtype=np.int64)
+    total = float(q.sum())
+    if total <= 0:
+        return np.arange(m, dtype=np.int64) // width
+    w = q / total
+    packed = packing.round_robin_lpt(w, gpn, width)  # what the node level priced
+    reach = float(np.bincount(packed, weights=w, minlength=gpn).max())
+    rel = max(limit / total, reach * (1.0 + 1e-9))
+    graph = np.asarray(affinity, dtype=np.float64)[np.ix_(items, items)]
+    scale = float(graph.max(initial=0.0)) or 1.0
+    g = Grouping(graph / scale, w, gpn, width, load_limit=rel)
+    if deadline is not None and time.perf_counter() > deadline:
+        return np.asarray(packed, dtype=np.int64)
+    try:
+        home, _ = grouping_heuristic(
+            g, rng, iterations=iterations, patience=max(5, iterations // 4), hint=packed, deadline=deadline
+        )
+    except InfeasibleError:
+        return np.asarray(packed, dtype=np.int64)
+    return np.asarray(home, dtype=np.int64)
+
+
+def node_slots(slots: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """int ``[L, nodes, gpus_per_node * W]``: a GPU plan ``[L, G, W]`` seen by node (a node's slots
+    are its GPUs' in order; a second copy of an expert in a node becomes an empty slot)."""
+    L, G, W = slots.shape
+    out = slots.reshape(L, G // gpus_per_node, gpus_per_node * W).copy()
+    for l in range(L):
+        for n in range(out.shape[1]):
+            row = out[l, n]
+            seen: set[int] = set()
+            for i, e in enumerate(row.tolist()):
+                if e in seen:
+                    row[i] = -1
+                elif e >= 0:
+                    seen.add(e)
+    return out
+
+
+def node_shares(
+    slots: np.ndarray, experts: int, rule: str, gpus_per_node: int, tp_size: int | None = None
+) -> np.ndarray:
+    """float ``[E, nodes]``: the share of each expert's load each node's copy serves under
+    ``rule``, for a node-level plan ``[nodes, S]`` (at most one copy of an expert per node).
+
+    ``1 / c`` per copy under every rule but ``ascend`` (``static`` too: with a copy per node,
+    the node's own ranks and an even part of the fair draw; ``lp`` at most that); ``ascend``:
+    the rank-modulo shares over the ``nodes * gpus_per_node`` ranks, copies in node order."""
+    nodes = slots.shape[0]
+    holds = np.zeros((experts, nodes), dtype=bool)
+    n, s = np.nonzero(slots >= 0)
+    holds[slots[n, s], n] = True
+    c = np.maximum(holds.sum(axis=1), 1)
+    if rule != "ascend":
+        return np.asarray(holds / c[:, None], dtype=np.float64)
+    from moeopt.balance.ranks import share_table
+
+    table = share_table(nodes * gpus_per_node, experts, tp_size)
+    rank = np.clip(np.cumsum(holds, axis=1) - 1, 0, nodes - 1)
+    return np.asarray(np.where(holds, table[np.arange(experts)[:, None], c[:, None], rank], 0.0))
+
+
+def packed_max(q: np.ndarray, gpus: int, width: int) -> float:
+    """The largest GPU load when loads ``q`` are packed onto ``gpus`` GPUs of ``width`` slots by
+    :func:`moeopt.packing.round_robin_lpt` (what the node level prices and the GPU level starts
+    from)."""
+    if not len(q):
+        return 0.0
+    home = packing.round_robin_lpt(q, gpus, width)
+    return float(np.bincount(home, weights=q, minlength=gpus).max())
+
+
+def rebalance_singles(
+    node_slots: np.ndarray,
+    copy_load: np.ndarray,
+    affinity: np.ndarray,
+    gpus_per_node: int,
+    width: int,
+    limit: float,
+    steps: int = 64,
+    tries: int = 24,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The node plan with experts of one copy swapped between nodes until every node's copies
+    pack within ``limit`` per GPU (or no swap helps), the copies' loads on it (a single copy
+    serves its expert's whole load wherever it is) and the swaps made.
+
+    Only single-copy experts move: their shares do not depend on the plan, and no expert's set
+    of holding nodes with several copies changes, so SGLang static's seeded deals, decided by
+    those sets alone (:func:`moeopt.dispatch.static_map`), stay what ``copy_load`` was computed
+    from. Each step takes the node whose packing is worst and swaps one of its single-copy
+    experts with a lighter one of another node: of the ``tries`` swaps leaving the two nodes'
+    loads most even, the one that lowers the larger of their packed maxima the most, ties to
+    the least co-activation lost. At most ``steps`` swaps."""
+    slots = np.array(node_slots, dtype=np.int64, copy=True)
+    nodes = slots.shape[0]
+    E = copy_load.shape[0]
+    holds = np.zeros((E, nodes), dtype=bool)
+    n_idx, s_idx = np.nonzero(slots >= 0)
+    holds[slots[n_idx, s_idx], n_idx] = True
+    single = holds.sum(axis=1) == 1
+    A = np.asarray(affinity, dtype=np.float64)
+    copy_load = np.array(copy_load, dtype=np.float64, copy=True)
+    whole = copy_load.sum(axis=1)  # a single copy's load, on whichever node it is
+    q_of = np.where(slots >= 0, copy_load[np.maximum(slots, 0), np.arange(nodes)[:, None]], 0.0)  # [N, S]
+    movable = (slots >= 0) & single[np.maximum(slots, 0)]
+
+    def node_max(n: int) -> float:
+        return packed_max(q_of[n][slots[n] >= 0], gpus_per_node, width)
+
+    worst = np.array([node_max(n) for n in range(nodes)])
+    node_load = q_of.sum(axis=1)
+    done = 0
+    for _ in range(steps):
+        w = int(np.argmax(worst))
+        if worst[w] <= limit:
+            break
+        # every swap (slot i of w, slot j of node n): w's load falls by delta, n's rises by it
+        d = q_of[w][:, None, None] - q_of[None, :, :]  # [S_w, N, S]
+        ok = movable[w][:, None, None] & movable[None, :, :] & (d > 0)
+        ok[:, w, :] = False
+        if not ok.any():
+            break
+        top_load = np.maximum(node_load[w] - d, node_load[None, :, None] + d)
+        order = np.argsort(np.where(ok, top_load, np.inf), axis=None)[:tries]
+        best: tuple[float, float, int, int, int] | None = None
+        for t in order:
+            i, n, j = (int(x) for x in np.unravel_index(t, d.shape))
+            if not ok[i, n, j]:
+                continue
+            a, b = int(slots[w, i]), int(slots[n, j])
+            slots[w, i], slots[n, j] = b, a
+            q_of[w, i], q_of[n, j] = whole[b], whole[a]
+            top = max(node_max(w), node_max(n))
+            slots[w, i], slots[n, j] = a, b
+            q_of[w, i], q_of[n, j] = whole[a], whole[b]
+            if top >= worst[w] - 1e-12:
+                continue
+            lost = (A[a, holds[:, w]].sum() - A[a, a]) + (A[b, holds[:, n]].sum() - A[b, b])
+            lost -= (A[b, holds[:, w]].sum() - A[b, a]) + (A[a, holds[:, n]].sum() - A[a, b])
+            if best is None or (top, lost) < best[:2]:
+                best = (top, lost, n, i, j)
+        if best is None:
+            break
+        _, _, n, i, j = best
+        a, b = int(slots[w, i]), int(slots[n, j])
+        slots[w, i], slots[n, j] = b, a
+        q_of[w, i], q_of[n, j] = whole[b], whole[a]
+        copy_load[a, w], copy_load[a, n], copy_load[b, n], copy_load[b, w] = 0.0, whole[a], 0.0, whole[b]
+        holds[a, w], holds[a, n], holds[b, n], holds[b, w] = False, True, False, True
+        node_load[w], node_load[n] = q_of[w].sum(), q_of[n].sum()
+        worst[w], worst[n] = node_max(w), node_max(n)
+        done += 1
+    return slots, copy_load, done
+
+
+def static_node_shares(
+    node_plans: np.ndarray, experts: int, gpus_per_node: int, width: int, dense_layers: int = 0
+) -> np.ndarray:
+    """float ``[L, E, nodes]``: the share of each expert's load each node serves under SGLang's
+    static rule, exactly as the engine's seeded tables deal it (:func:`moeopt.dispatch.static_map`,
+    homes uniform over the ranks), for node plans ``[L, nodes, gpus_per_node * width]`` with at
+    most one copy of an expert per node.
+
+    Which node serves which rank does not depend on where a node's copies sit among its GPUs (a
+    rank uses its node's copy; the fair deal runs over the copies in slot order, which is node
+    order, and its stream is consumed by the items a rank's node lacks), so the shares computed
+    on any placement inside the nodes hold for the final one."""
+    from moeopt.dispatch import STATIC_SEED, static_map
+    from moeopt.plan import Dispatch, Plan
+
+    L, nodes, S = node_plans.shape
+    G, E = nodes * gpus_per_node, experts
+    plan = Plan(slots=node_plans.reshape(L, G, width), experts=E, dispatch=Dispatch(kind="static"))
+    table = static_map(plan, gpus_per_node, STATIC_SEED, dense_layers)  # [G, L, E] physical slots
+    node = table // S
+    out = np.zeros((L, E, nodes))
+    l_idx = np.broadcast_to(np.arange(L)[None, :, None], node.shape)
+    e_idx = np.broadcast_to(np.arange(E)[None, None, :], node.shape)
+    np.add.at(out, (l_idx.ravel(), e_idx.ravel(), node.ravel()), 1.0 / G)
+    return out
