@@ -3,6 +3,9 @@
 - ``benchmarks/*.md`` and their figures, from ``benchmarks/results/*.json`` (``docs/benchmark_pages.py``),
   with the README's headline table (``benchmarks/readme_table.py``);
 - ``reference/cli.md``, from the command-line parser itself (``moeopt.cli.build_parser``);
+- ``javascripts/vendor/mathjax/``: MathJax 3's ``tex-svg`` bundle (one file, no fonts to fetch) and its
+  licence, copied from the installed ``django-static-mathjax`` package, so the site serves its own
+  MathJax and formulas render offline (``mkdocs.yml`` loads it after ``javascripts/mathjax.js``);
 
 The notebooks (``docs/notebooks/*.ipynb``, links to ``notebooks/``) are rendered with their
 committed outputs by mkdocs-jupyter, which does not execute them (the tests do).
@@ -11,12 +14,14 @@ committed outputs by mkdocs-jupyter, which does not execute them (the tests do).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
+from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +82,26 @@ def cli_page() -> str:
     return "\n".join(lines)
 
 
+MATHJAX_DIST = "django-static-mathjax"
+MATHJAX_DIR = "javascripts/vendor/mathjax"
+MATHJAX_FILES = {"tex-svg.js": "mathjax/static/mathjax/es5/tex-svg.js", "LICENSE": "mathjax/static/mathjax/LICENSE"}
+
+
+def mathjax_files() -> dict[str, Path]:
+    """Site path -> installed file of the MathJax bundle the pages load (see ``extra_javascript``)."""
+    try:
+        dist = importlib.metadata.distribution(MATHJAX_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise PluginError(
+            f"MathJax is not installed: the docs serve it from the {MATHJAX_DIST} package (pip install -e '.[dev]')"
+        ) from None
+    out = {f"{MATHJAX_DIR}/{name}": Path(str(dist.locate_file(rel))) for name, rel in MATHJAX_FILES.items()}
+    missing = [str(path) for path in out.values() if not path.is_file()]
+    if missing:
+        raise PluginError(f"{MATHJAX_DIST} {dist.version} lacks {', '.join(missing)}: expected MathJax 3's es5 bundles")
+    return out
+
+
 def on_files(files: Files, config) -> Files:
     pages = _module(ROOT / "docs" / "benchmark_pages.py")
     readme_table = _module(ROOT / "benchmarks" / "readme_table.py")
@@ -85,6 +110,6 @@ def on_files(files: Files, config) -> Files:
     generated["reference/cli.md"] = cli_page()
     for uri, content in generated.items():
         files.append(File.generated(config, uri, content=content))
-    for uri, path in pages.figures().items():
+    for uri, path in {**pages.figures(), **mathjax_files()}.items():
         files.append(File.generated(config, uri, abs_src_path=str(path)))
     return files

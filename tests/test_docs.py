@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html as html_lib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -51,6 +53,10 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     """`mkdocs build --strict` succeeds with no warning and writes the generated benchmark and API pages."""
     for name in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "mkdocs_jupyter"):
         pytest.importorskip(name, reason=f"{name} is not installed: the docs extra (pip install -e '.[dev]')")
+    try:
+        importlib.metadata.distribution("django-static-mathjax")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("django-static-mathjax (the site's MathJax) is not installed: pip install -e '.[dev]'")
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
@@ -84,6 +90,28 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
         assert 'class="arithmatex"' in page.read_text()
         assert "$" not in _text_outside_math(page.read_text()), f"unrendered math on {page}"
     assert "usage:" in (site / "reference" / "cli" / "index.html").read_text()
+    assert (site / "javascripts" / "vendor" / "mathjax" / "tex-svg.js").stat().st_size > 1_000_000
+    assert "Apache License" in (site / "javascripts" / "vendor" / "mathjax" / "LICENSE").read_text()
+    pages = sorted(site.rglob("*.html"))
+    remote = [p for p in pages if re.search(r"<script[^>]*\ssrc=[\"']?(?:https?:)?//", p.read_text())]
+    assert not remote, f"pages loading a script from another site (offline they break): {remote}"
+    for page in (site / "formulations").glob("*/index.html"):  # MathJax from the site itself
+        assert 'src="../../javascripts/vendor/mathjax/tex-svg.js"' in page.read_text(), page
+    # no raw Sphinx role on any page, but those still in the docstrings of the files tests/test_docstrings.py skips
+    checker = _module(ROOT / "tests" / "test_docstrings.py")
+    skipped = {
+        re.sub(r"`(.*)`$", r"\1", role)
+        for rel in checker.ALLOWED
+        if (ROOT / rel).is_file()
+        for _, role in checker.raw_roles((ROOT / rel).read_text())
+    }
+    shown = sorted(
+        f"{p.relative_to(site)}: :{m.group(1)}{html_lib.unescape(m.group(2))}"
+        for p in pages
+        for m in re.finditer(r"(?<![\w`]):((?:[a-z]+:)?[a-z]+:)<code>([^<]*)</code>", p.read_text())
+    )
+    raw = [r for r in shown if r.split(": ", 1)[1] not in skipped]
+    assert not raw, "raw roles rendered as text:\n" + "\n".join(raw)
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):  # every notebook is a page, outputs included
         assert (ROOT / "docs" / "notebooks" / notebook.name).resolve() == notebook.resolve(), f"link {notebook.name}"
         html = (site / "notebooks" / notebook.stem / "index.html").read_text()
