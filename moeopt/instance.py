@@ -5,9 +5,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from moeopt.errors import InfeasibleError
+from moeopt.services import services
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from moeopt.trace import Stats, Trace
 
 #: Bytes per parameter of each ``model.dtype`` (an expert's size, what a re-plan moves).
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
@@ -124,14 +130,18 @@ class Cluster:
         return self.gpus // self.gpus_per_node
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class WorkloadSource:
-    """Where a workload comes from: a file (trace or counts) or a synthetic generator spec."""
+    """Where a workload comes from: a file (trace or counts), a synthetic generator spec, or
+    ``data`` held in memory (a :class:`~moeopt.trace.Trace` or count-only
+    :class:`~moeopt.trace.Stats`, as :meth:`Instance.from_counts` and the other in-memory
+    constructors make)."""
 
     path: Path | None = None
     format: str | None = None  # None: inferred from the file's content
     select: str | None = None  # e.g. model prefix inside a multi-model count file
     synthetic: dict[str, Any] | None = None
+    data: Trace | Stats | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +169,48 @@ class ExecutorSpec:
     ray: str | None = None
 
 
+class InstanceOptions(TypedDict, total=False):
+    """The keyword options of the in-memory constructors (:meth:`Instance.from_counts`, ...):
+    the fields of an instance file's ``cluster``, ``model`` and ``method`` mappings, with the
+    same defaults and checks."""
+
+    #: GPUs per node (default: ``gpus``, one node)
+    gpus_per_node: int
+    #: expert slots per GPU (default: ``ceil(experts / gpus)``)
+    slots_per_gpu: int
+    #: extra slots per GPU for copies of hot experts (default 0)
+    replica_slots_per_gpu: int
+    #: cost of an inter-node hop, intra-node costing 1 (default 4.0)
+    inter_node_weight: float
+    #: planners may put two copies of one expert on one GPU (default False)
+    allow_colocated_copies: bool
+    #: ``uniform``, ``trace`` or ``previous-layer`` (default ``uniform``)
+    token_home: str
+    #: the serving engine (``sglang``, ``sglang-static``, ``sglang-lp``, ``vllm``,
+    #: ``vllm-ascend``): planners plan for its dispatch rule; default None
+    engine: str
+    #: the switch tree (``{"levels": [{"size": 8, "weight": 1}, {"weight": 4}]}``)
+    topology: dict[str, Any]
+    #: routed experts per layer (traces: default one more than the largest id; counts: at
+    #: least the columns)
+    experts: int
+    #: dense hidden layers before the MoE layers (SGLang's map needs them; DeepSeek-V3: 3)
+    dense_layers: int
+    #: the router's expert groups (DeepSeek-V3: 8)
+    expert_groups: int
+    #: expert shape and dtype: what a re-plan moves per moved slot
+    d_model: int
+    d_ff: int
+    dtype: str
+    expert_bytes: int
+    #: the default method of :func:`moeopt.solve` (default ``auto``)
+    method: str
+    #: that method's parameters
+    params: dict[str, Any]
+    #: a latency profile: a synthetic spec (``{"variability": "medium", "seed": 0}``) or a file
+    profile: Any
+
+
 @dataclass(frozen=True)
 class Instance:
     """One placement problem: model, cluster, workload, method, optional latency profile."""
@@ -173,7 +225,176 @@ class Instance:
     executor: ExecutorSpec | None = None  # YAML ``executor:``; None: serial
 
     def replace(self, **changes: Any) -> Instance:
+        """A copy with ``changes`` (field name -> new value), like :func:`dataclasses.replace`."""
         return replace(self, **changes)
+
+    @classmethod
+    def from_counts(
+        cls,
+        counts: Any,
+        *,
+        gpus: int,
+        top_k: int,
+        evaluation: Any = None,
+        name: str = "counts",
+        **options: Unpack[InstanceOptions],
+    ) -> Instance:
+        """An instance whose workload is a table of per-expert counts held in memory.
+
+        Parameters
+        ----------
+        counts
+            ``[layers, experts]`` token-slot counts (how many tokens each expert of each
+            layer received; a row sums to tokens x ``top_k``), or ``[families, layers,
+            experts]``: a numpy array, a torch tensor on any device, or nested lists. The
+            model's ``layers`` and ``experts`` are its shape.
+        gpus
+            G, the expert-parallel GPUs.
+        top_k
+            k, the experts each token is routed to.
+        evaluation
+            Counts of the same shape to score plans on (a held-out workload); None: plans are
+            scored on ``counts`` themselves (in sample).
+        name
+            The instance's name (in reports).
+        **options
+            The cluster, model and method fields of an instance file
+            (:class:`InstanceOptions`): ``gpus_per_node``, ``slots_per_gpu``,
+            ``replica_slots_per_gpu``, ``engine``, ``dense_layers``, ``method``, ...
+
+        Returns
+        -------
+        Instance
+            Validated like an instance file (same checks, same messages).
+
+        Raises
+        ------
+        InputError
+            For a bad array (shape, dtype, NaN, negative, a layer without tokens) or option,
+            naming the argument or the field.
+        """
+        return services().instance(
+            "counts", counts, evaluation, {"gpus": gpus, "top_k": top_k, "name": name, **options}
+        )
+
+    @classmethod
+    def from_step_counts(
+        cls,
+        step_counts: Any,
+        *,
+        gpus: int,
+        top_k: int,
+        evaluation: Any = None,
+        name: str = "step-counts",
+        **options: Unpack[InstanceOptions],
+    ) -> Instance:
+        """An instance whose workload is per-step counts held in memory.
+
+        Parameters
+        ----------
+        step_counts
+            ``[layers, steps, experts]`` token-slot counts per step (forward pass, window or
+            snapshot): numpy, torch or nested lists. Methods that plan robustly over steps
+            (``balance``) and the re-planning replay read the steps; the pooled counts are their
+            sum over the steps.
+        gpus, top_k, evaluation, name, **options
+            As for :meth:`from_counts` (``evaluation``: per-step counts too).
+
+        Returns
+        -------
+        Instance
+
+        Raises
+        ------
+        InputError
+            For a bad array or option, naming the argument or the field.
+        """
+        return services().instance(
+            "step_counts", step_counts, evaluation, {"gpus": gpus, "top_k": top_k, "name": name, **options}
+        )
+
+    @classmethod
+    def from_trace(
+        cls,
+        topk: Any,
+        *,
+        gpus: int,
+        top_k: int | None = None,
+        step: Any = None,
+        home: Any = None,
+        family: Any = None,
+        family_names: Any = None,
+        weights: Any = None,
+        evaluation: Any = None,
+        name: str = "trace",
+        **options: Unpack[InstanceOptions],
+    ) -> Instance:
+        """An instance whose workload is a token routing trace held in memory.
+
+        Parameters
+        ----------
+        topk
+            ``[tokens, layers, k]`` integer expert ids (each token's top-k experts at each MoE
+            layer; numpy, torch or nested lists), or a :class:`~moeopt.trace.Trace`. ``layers``
+            and ``top_k`` come from its shape, ``experts`` from its largest id unless the
+            ``experts`` option says more.
+        gpus
+            G, the expert-parallel GPUs.
+        top_k
+            k, checked against the trace's when given.
+        step
+            Optional ``[tokens]`` step (batch) ids: steps are renumbered ``0..T-1``.
+        home
+            Optional ``[tokens]`` GPU each token lives on (``cluster.token_home``).
+        family, family_names
+            Optional ``[tokens]`` family ids and their names (``[F]``), for the methods robust
+            to single-family workloads.
+        weights
+            Optional ``[tokens, layers, k]`` gate weights.
+        evaluation
+            A held-out trace (the same kinds as ``topk``) to score plans on; None: in sample.
+        name, **options
+            As for :meth:`from_counts`.
+
+        Returns
+        -------
+        Instance
+
+        Raises
+        ------
+        InputError
+            For a bad array (ids out of range, repeated experts in a row, shapes that disagree)
+            or option, naming the argument or the field.
+        """
+        arrays = {"topk": topk, "step": step, "home": home, "family": family, "family_names": family_names}
+        arrays["weights"] = weights
+        given = {"gpus": gpus, "top_k": top_k, "name": name, **options}
+        return services().instance("trace", arrays, evaluation, given)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, base: str | Path | None = None) -> Instance:
+        """An instance from a mapping with the content of an instance file.
+
+        Parameters
+        ----------
+        data
+            The instance-file schema as a mapping (``model``, ``cluster``, ``workload``,
+            ``method``, ... as in the YAML files: the guide on instances lists the fields),
+            validated by the same schema with the same messages.
+        base
+            The folder relative workload and profile paths start at (default: the working
+            directory).
+
+        Returns
+        -------
+        Instance
+
+        Raises
+        ------
+        InputError
+            Naming the field and what was expected.
+        """
+        return services().instance_from_dict(data, None if base is None else Path(base))
 
     def check_feasible(self) -> None:
         """Raise :class:`InfeasibleError` when no plan can place every expert (naming the file)."""

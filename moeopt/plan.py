@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from moeopt.errors import PlanError
-from moeopt.instance import Cluster, Model
+from moeopt.instance import Cluster, Instance, Model
+from moeopt.services import services
 
 #: Dispatch policies (SPEC sections 11 and 12): how a token chooses among the copies of an expert.
 DISPATCH_KINDS = ("even", "static", "lp", "vllm", "ascend", "locality")
@@ -259,7 +261,97 @@ class Plan:
             slots[l, gs, rank] = e[order]
         return cls(slots=slots, experts=E, dispatch=dispatch or Dispatch())
 
+    @classmethod
+    def from_engine(
+        cls,
+        path: str | Path,
+        engine: str,
+        *,
+        instance: Instance | None = None,
+        gpus: int | None = None,
+        dense_layers: int | None = None,
+        dispatch: str | None = None,
+    ) -> Plan:
+        """Read a serving engine's placement file slot for slot (as ``moeopt import`` does).
+
+        Parameters
+        ----------
+        path
+            The file: SGLang's ``--init-expert-location`` map (``.json`` / ``.pt``), DeepSeek
+            EPLB tensors (``.npz`` / ``.pt``) or a vLLM-Ascend expert map (``.json``).
+        engine
+            Its format: ``sglang``, ``eplb`` or ``vllm-ascend``.
+        instance
+            The instance the plan is for: gives the GPUs, the experts and (SGLang) the dense
+            layers, and the plan is checked against it and padded to its slots per GPU.
+        gpus
+            G, without an instance (SGLang maps do not record it).
+        dense_layers
+            SGLang: the map's leading dense rows (default: the instance's
+            ``model.dense_layers``, else the rows beyond the instance's MoE layers).
+        dispatch
+            The plan's dispatch kind (default: the one the engine runs by default).
+
+        Returns
+        -------
+        Plan
+
+        Raises
+        ------
+        InputError
+            On a missing or malformed file, or a plan that does not fit the instance.
+        """
+        return services().read_engine_plan(
+            path, engine, instance=instance, gpus=gpus, dense_layers=dense_layers, dispatch=dispatch
+        )
+
+    def to_engine(
+        self,
+        engine: str,
+        path: str | Path,
+        *,
+        instance: Instance | None = None,
+        dense_layers: int | None = None,
+        load: Any = None,
+    ) -> list[str]:
+        """Write the plan as a serving engine's placement file (as ``moeopt export`` does).
+
+        The same checks as the command: the engine must run the plan's dispatch rule, SGLang's
+        map needs the model's dense layers, vLLM-Ascend's map equal experts per device; empty
+        slots are filled by the rule of :mod:`moeopt.interop`. The file is written atomically.
+
+        Parameters
+        ----------
+        engine
+            ``sglang`` (``.json`` or ``.pt``), ``eplb`` (``.npz`` or ``.pt``) or
+            ``vllm-ascend`` (``.json``).
+        path
+            The file to write; its suffix must be one the engine reads.
+        instance
+            The instance the plan is for: the plan is checked against it and padded to its
+            slots per GPU, and SGLang's dense layers default to its ``model.dense_layers``.
+        dense_layers
+            SGLang only: the model's dense hidden layers, written before the MoE layers
+            (DeepSeek-V3 / R1: 3; 0 for a model without any).
+        load
+            Optional ``[layers, experts]`` expert loads, used only to fill an empty slot no
+            score-neutral copy can fill.
+
+        Returns
+        -------
+        list of str
+            Notes on the export (fills that shift load, colocated copies written once).
+
+        Raises
+        ------
+        InputError
+            On an unknown engine, a wrong suffix, missing dense layers, or a plan the engine
+            cannot run as scored.
+        """
+        return services().write_engine_plan(self, engine, path, instance=instance, dense_layers=dense_layers, load=load)
+
     def with_dispatch(self, dispatch: Dispatch) -> Plan:
+        """The same slots under another dispatch rule."""
         return replace(self, dispatch=dispatch)
 
     def padded(self, width: int) -> Plan:

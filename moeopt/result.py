@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from moeopt.plan import Plan
+from moeopt.services import services
 
 
 class Termination(str, Enum):
@@ -80,9 +86,33 @@ def highs_termination(name: str) -> Termination:
     return HIGHS_TERMINATION.get(name, Termination.ERROR)
 
 
+#: Pyomo's legacy (``pyomo.opt``) ``TerminationCondition`` names -> termination: the interfaces of
+#: CBC, GLPK and CPLEX report these (:mod:`moeopt.solvers.pyomo_solvers`). ``maxTimeLimit``,
+#: ``unbounded``, ``error``, ``licensingProblems`` and ``unknown`` are spelled as in API v2.
+PYOMO_LEGACY_TERMINATION: dict[str, Termination] = {
+    "optimal": Termination.OPTIMAL,
+    "globallyOptimal": Termination.OPTIMAL,
+    "locallyOptimal": Termination.ERROR,  # no proof for a MILP
+    "maxIterations": Termination.ITERATION_LIMIT,
+    "maxEvaluations": Termination.ITERATION_LIMIT,
+    "minFunctionValue": Termination.ITERATION_LIMIT,
+    "userInterrupt": Termination.INTERRUPTED,
+    "resourceInterrupt": Termination.INTERRUPTED,
+    "infeasible": Termination.INFEASIBLE,
+    "invalidProblem": Termination.ERROR,
+    "solverFailure": Termination.ERROR,
+    "internalSolverError": Termination.ERROR,
+    "intermediateNonInteger": Termination.TIME_LIMIT,  # stopped (by time) before an integer solution: none kept
+    "noSolution": Termination.ERROR,
+    "feasible": Termination.TIME_LIMIT,  # a plan without proof: moeopt sets no limit but time (GLPK's time limit)
+    "other": Termination.ERROR,
+}
+
+
 def pyomo_termination(name: str) -> Termination:
-    """Termination of a Pyomo v2 termination-condition name (unknown names are errors)."""
-    return PYOMO_TERMINATION.get(name, Termination.ERROR)
+    """Termination of a Pyomo termination-condition name, solver API v2 or legacy (unknown names
+    are errors): the same scale for every solver behind a Pyomo model."""
+    return PYOMO_TERMINATION.get(name, PYOMO_LEGACY_TERMINATION.get(name, Termination.ERROR))
 
 
 def cpsat_termination(name: str, wall_time: float, time_limit: float) -> Termination:
@@ -196,6 +226,7 @@ class Result:
     metrics: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     termination: Termination | None = None  # why it stopped; default: implied by ``status``
+    instance: str = ""  # the name of the instance solved (set by :func:`moeopt.solve`)
 
     def __post_init__(self) -> None:
         if self.sense not in ("min", "max"):
@@ -235,3 +266,75 @@ class Result:
             f"; bound {fmt(self.bound)}; gap {fmt(None if self.gap is None else 100 * self.gap)} %"
             f"; {self.wall_time:.2f} s"
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as plain JSON values: the content of ``moeopt solve --report``.
+
+        Keys: ``instance``, ``method``, ``params``, ``status``, ``termination``, ``solution``,
+        ``objective_name``, ``sense``, ``objective``, ``bound``, ``gap``, ``wall_time``,
+        ``metrics`` and ``stats``; numpy values become numbers and lists, NaN and infinities
+        null (:func:`jsonable`). The plan is not part of it: write it with
+        :func:`moeopt.write_plan` or :meth:`Plan.to_engine`.
+        """
+        assert self.termination is not None  # __post_init__ sets it
+        report = {
+            "instance": self.instance,
+            "method": self.method,
+            "params": self.params,
+            "status": self.status.value,
+            "termination": self.termination.value,
+            "solution": self.status.solution,
+            "objective_name": self.objective_name,
+            "sense": self.sense,
+            "objective": self.objective,
+            "bound": self.bound,
+            "gap": self.gap,
+            "wall_time": self.wall_time,
+            "metrics": self.metrics,
+            "stats": self.stats,
+        }
+        return dict(jsonable(report))
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """The result as indented JSON text (:meth:`to_dict`); written to ``path`` (atomically)
+        when given, byte for byte what ``moeopt solve --report`` writes.
+
+        Parameters
+        ----------
+        path
+            The file to write, or None to only return the text.
+
+        Returns
+        -------
+        str
+            The JSON text.
+        """
+        text = json_text(self.to_dict())
+        if path is not None:
+            services().write_text(path, text)
+        return text
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` with plain JSON values only: numpy arrays as lists, numpy scalars as numbers, tuples
+    as lists, paths as strings, mapping keys as strings, NaN and infinities as None."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    if isinstance(x, np.generic):
+        return jsonable(x.item())
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, Enum):
+        return x.value
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def json_text(data: Any) -> str:
+    """The JSON text of every report moeopt writes: :func:`jsonable` values, indented by one."""
+    return json.dumps(jsonable(data), indent=1) + "\n"

@@ -21,6 +21,10 @@ __all__ = ["Workloads", "add_relative_metrics", "check_requirements", "load_work
 
 
 def load_workloads(instance: Instance) -> Workloads:
+    """The instance's workloads, loaded once: read from their files, drawn from their synthetic
+    specs, or the arrays the in-memory constructors (`Instance.from_counts`, ...) hold.
+    Without an evaluation workload plans are scored in sample, except on a synthetic workload
+    (a fresh sample of it)."""
     instance.check_feasible()
     model, w = instance.model, instance.workload
     calib = load_workload(w.calibration, model)
@@ -36,7 +40,7 @@ def load_workloads(instance: Instance) -> Workloads:
             where = str(source.path) if source.path else None
             check_homes(workload.home, instance.cluster.gpus, where)
             if instance.cluster.token_home == "trace" and workload.home is None:
-                if where is None:  # a synthetic workload
+                if where is None and source.data is None:  # a synthetic workload
                     raise InputError(
                         str(instance.source) if instance.source else None,
                         "cluster.token_home",
@@ -135,7 +139,7 @@ def solve(
     if profile_note:
         result = result.replace(stats={**result.stats, "profile": profile_note})
     if result.plan is None:
-        return result.replace(wall_time=wall)
+        return result.replace(wall_time=wall, instance=instance.name)
     plan = result.plan if dispatch is None else result.plan.with_dispatch(dispatch)
     engine_rule = engine_dispatch(instance.model, instance.cluster)
     rule_note = None
@@ -163,4 +167,4 @@ def solve(
     metrics = score(plan, instance, wl, hooks=getattr(impl, "metric_hooks", ()), params=result.params)
     if rule_note:
         stats = {**stats, "engine_rule": rule_note.removeprefix("note: ")}
-    return result.replace(plan=plan, metrics=metrics, wall_time=wall, stats=stats)
+    return result.replace(plan=plan, metrics=metrics, wall_time=wall, stats=stats, instance=instance.name)

@@ -2,7 +2,8 @@
 
 The layers, lowest first (a module may import its own layer and those below):
 
-* ``data``: the problem, the plan, the result and plain helpers (errors, signals, clock, console);
+* ``data``: the problem, the plan, the result and plain helpers (errors, signals, clock, console),
+  and ``services``: what the data classes call above them, provided by ``api`` (dependency inversion);
 * ``scoring``: dispatch and the metrics, the single judge of every plan;
 * ``models``: problem models and their bounds (balance, joint, relabel), trace synthesis, and
   the search parts they share with the heuristics (``moves``: the slot state and the descent
@@ -12,7 +13,8 @@ The layers, lowest first (a module may import its own layer and those below):
 * ``methods``: the method protocol and registry, the layer-by-layer executor, the methods
   (``moeopt.methods`` registers the built-in ones; the registry imports it to fill itself);
 * ``files``: reading and writing files, engine formats;
-* ``api``: ``solve``, ``frontier`` and ``replay`` (the re-planning replay);
+* ``api``: ``solve``, ``frontier``, ``replay`` (the re-planning replay) and ``api`` (the public
+  API's own functions, and the ``services`` implementation);
 * ``front``: the command line, plots, the GPU harness and the package's re-exports.
 
 Imports under ``if TYPE_CHECKING:`` are exempt (they never run).
@@ -30,6 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "data",
         [
             "errors",
+            "services",
             "interrupt",
             "budget",
             "console",
@@ -64,7 +67,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("search", ["heuristics", "heuristics.*", "solvers", "solvers.*", "colgen", "colgen.*"]),
     ("methods", ["registry", "execute", "methods", "methods.*"]),
     ("files", ["io", "io.*", "interop", "interop.*", "outputs"]),
-    ("api", ["solve", "frontier", "replay", "replay.*"]),
+    ("api", ["solve", "frontier", "replay", "replay.*", "api"]),
     ("front", ["", "__main__", "cli", "cli.*", "plot", "harness", "harness.*"]),
 ]
 

@@ -36,23 +36,8 @@ def _fmt(v: Any) -> str:
 
 
 def report_dict(result: Result, instance_name: str) -> dict:
-    assert result.termination is not None  # Result.__post_init__ sets it
-    return {
-        "instance": instance_name,
-        "method": result.method,
-        "params": result.params,
-        "status": result.status.value,
-        "termination": result.termination.value,
-        "solution": result.status.solution,
-        "objective_name": result.objective_name,
-        "sense": result.sense,
-        "objective": result.objective,
-        "bound": result.bound,
-        "gap": result.gap,
-        "wall_time": result.wall_time,
-        "metrics": result.metrics,
-        "stats": result.stats,
-    }
+    """The ``--report`` JSON of a solve: `to_dict`, the one serializer."""
+    return result.replace(instance=instance_name).to_dict()
 
 
 def metrics_table(columns: dict[str, dict], extra: Sequence[tuple[str, list[str]]] = ()) -> str:

@@ -17,6 +17,7 @@ import yaml
 from moeopt import schema
 from moeopt.errors import InputError
 from moeopt.outputs import atomic_path, note_input
+from moeopt.result import json_text, jsonable
 
 #: what numpy and zipfile raise for a damaged .npz or .npy file
 _NPZ_ERRORS = (OSError, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile, zlib.error)
@@ -28,8 +29,10 @@ TRACE_FORMATS = schema.TRACE_FORMATS  # one list: the schema validates it too
 
 
 def write_json(path: str | Path, data: Any) -> None:
+    """``data`` as indented JSON (`json_text`: numpy values as plain
+    numbers and lists, NaN and infinities as null), written atomically."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(_jsonable(data), indent=1) + "\n")
+        tmp.write_text(json_text(data))
 
 
 def write_text(path: str | Path, text: str) -> None:
@@ -45,26 +48,13 @@ def write_graphml(path: str | Path, graph: Any) -> None:
         nx.write_graphml(graph, tmp)
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, Path):
-        return str(x)
-    return x
+_jsonable = jsonable  # the name the readers and writers of this package use
 
 
 # ----------------------------------------------------------------------------- input files
 def input_file(path: str | Path, what: str | None = None) -> Path:
     """``path`` checked as a readable regular file and recorded as an input of the running
-    command (:func:`moeopt.outputs.note_input`: no output may overwrite it).
+    command (`moeopt.outputs.note_input`: no output may overwrite it).
 
     Raises
     ------
@@ -126,8 +116,8 @@ def _sniff(path: Path) -> str:
 
 
 def open_npz(path: str | Path) -> Any:
-    """An ``.npz`` archive opened without pickles (:func:`numpy.load`, ``allow_pickle=False``);
-    :class:`InputError` for a file that is not one (checked by its first bytes, so numpy's
+    """An ``.npz`` archive opened without pickles (`numpy.load`, ``allow_pickle=False``);
+    `InputError` for a file that is not one (checked by its first bytes, so numpy's
     pickle fallback never sees it)."""
     path = input_file(path)
     src = str(path)
@@ -141,7 +131,7 @@ def open_npz(path: str | Path) -> Any:
 
 
 def open_npy(path: str | Path) -> np.ndarray:
-    """A ``.npy`` array without pickles; :class:`InputError` for any other file."""
+    """A ``.npy`` array without pickles; `InputError` for any other file."""
     path = input_file(path)
     src = str(path)
     kind = _sniff(path)
@@ -154,7 +144,7 @@ def open_npy(path: str | Path) -> np.ndarray:
 
 
 def npz_array(data: Any, key: str, src: str) -> np.ndarray:
-    """``data[key]`` of an open npz archive; :class:`InputError` (naming the key) for an array
+    """``data[key]`` of an open npz archive; `InputError` (naming the key) for an array
     numpy cannot read: damaged, or of objects (pickled: moeopt never loads pickles)."""
     try:
         return np.asarray(data[key])
@@ -181,7 +171,7 @@ MAX_ALIAS_NODES = 100_000
 
 
 class YamlAliasError(Exception):
-    """A YAML document whose aliases expand past :data:`MAX_ALIAS_NODES` or refer to themselves."""
+    """A YAML document whose aliases expand past `MAX_ALIAS_NODES` or refer to themselves."""
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -193,7 +183,7 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 
 def check_aliases(root: yaml.Node, budget: int = MAX_ALIAS_NODES) -> None:
-    """Raise :class:`YamlAliasError` when the node graph ``root`` (aliases are shared nodes)
+    """Raise `YamlAliasError` when the node graph ``root`` (aliases are shared nodes)
     expands to more than ``budget`` nodes beyond its distinct ones, or holds a cycle. Counts
     each distinct node once (post-order, no recursion), so the check itself is linear."""
     size: dict[int, int] = {}
@@ -231,7 +221,7 @@ class _BoundedLoader(_YAML_LOADER):  # type: ignore[misc,valid-type]
 
 
 def load_yaml_text(text: str) -> Any:
-    """A YAML document with the safe loader, aliases bounded (:func:`check_aliases`)."""
+    """A YAML document with the safe loader, aliases bounded (`check_aliases`)."""
     return yaml.load(text, Loader=_BoundedLoader)
 
 
@@ -306,7 +296,7 @@ def _float(data: dict, key: str, src: str, field: str, default: float, minimum: 
 
 
 def _read_json(path: Path) -> Any:
-    """A JSON file's content, or one :class:`InputError` line (not a regular file, bad UTF-8,
+    """A JSON file's content, or one `InputError` line (not a regular file, bad UTF-8,
     syntax, nesting)."""
     input_file(path)
     try:

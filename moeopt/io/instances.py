@@ -44,10 +44,49 @@ _TOP = {"name", "model", "cluster", "workload", "method", "profile", "descriptio
 def load_instance(path: str | Path) -> Instance:
     """Read and validate an instance YAML file (every field is described in the README)."""
     path = Path(path)
-    src = str(path)
-    data = _mapping(_read_yaml(path, "the instance"), src, "", _TOP)
-    for named, what in named_files(data, path):  # inputs too: never overwritten by an output
-        note_input(named, what)
+    data = _read_yaml(path, "the instance")
+    if isinstance(data, dict):
+        for named, what in named_files(data, path):  # inputs too: never overwritten by an output
+            note_input(named, what)
+    return instance_from_mapping(data, source=path)
+
+
+def instance_from_mapping(
+    data: Any,
+    *,
+    source: Path | None = None,
+    base: Path | None = None,
+    calibration: WorkloadSource | None = None,
+    evaluation: WorkloadSource | None = None,
+) -> Instance:
+    """An instance from the content of an instance file (the YAML schema as a mapping).
+
+    Parameters
+    ----------
+    data
+        The mapping, validated by the same schema as an instance file, with the same messages.
+    source
+        The file it was read from (named in messages; relative paths start at its folder), or
+        None for a mapping built in code (messages name the field alone).
+    base
+        Without ``source``: the folder relative workload and profile paths start at (default:
+        the working directory).
+    calibration, evaluation
+        Workloads held in memory (a `WorkloadSource` with ``data``): they replace the
+        mapping's ``workload``, which must then be absent.
+
+    Raises
+    ------
+    InputError
+        Naming the field and what was expected (and the file, when there is one).
+    """
+    src = str(source) if source is not None else ""
+    folder = source.parent if source is not None else (base if base is not None else Path("."))
+    data = _mapping(data, src, "", _TOP)
+    if calibration is not None:
+        if "workload" in data:
+            raise InputError(src, "workload", "expected no workload mapping beside a workload given in memory")
+        data = {**data, "workload": {"calibration": "in-memory"}}  # the schema checks the rest
     checked = schema.validate(schema.InstanceSchema, data, src)
     schema.check_instance_sizes(checked, src)
     model_keys = {
@@ -113,11 +152,15 @@ def load_instance(path: str | Path) -> Instance:
         engine=checked.cluster.engine,
     )
     w = _mapping(data.get("workload"), src, "workload", {"calibration", "evaluation", "synthetic"})
-    if "calibration" not in w and "synthetic" not in w:
+    if calibration is not None:
+        w = {}  # held in memory
+    elif "calibration" not in w and "synthetic" not in w:
         raise InputError(src, "workload", "needs 'calibration' (a trace or counts file) or 'synthetic'")
     if "calibration" in w and "synthetic" in w:
         raise InputError(src, "workload", "give either 'calibration' or 'synthetic', not both")
-    if "synthetic" in w:
+    if calibration is not None:
+        pass
+    elif "synthetic" in w:
         syn = dict(_mapping(w["synthetic"], src, "workload.synthetic"))
         for key, value in (("layers", model.layers), ("experts", model.experts), ("top_k", model.top_k)):
             if syn.setdefault(key, value) != value:
@@ -125,8 +168,9 @@ def load_instance(path: str | Path) -> Instance:
         SynthSpec.from_mapping(syn, source=src)
         calibration = WorkloadSource(synthetic=syn)
     else:
-        calibration = _source(w["calibration"], path, "workload.calibration")
-    evaluation = _source(w["evaluation"], path, "workload.evaluation") if w.get("evaluation") else None
+        calibration = _source(w["calibration"], folder, src, "workload.calibration")
+    if w.get("evaluation"):
+        evaluation = _source(w["evaluation"], folder, src, "workload.evaluation")
     if evaluation is not None and evaluation.synthetic is not None:
         dims = {"layers": model.layers, "experts": model.experts, "top_k": model.top_k}
         prefix = "workload.evaluation.synthetic"
@@ -144,17 +188,17 @@ def load_instance(path: str | Path) -> Instance:
     if profile is not None and not isinstance(profile, (str, dict)):
         raise InputError(src, "profile", "expected a mapping {variability, seed, tile} or a profile file path")
     if isinstance(profile, str):
-        profile = (path.parent / profile).resolve()
+        profile = (folder / profile).resolve()
     elif isinstance(profile, dict):
         _mapping(profile, src, "profile", {"variability", "seed", "tile", "alpha", "beta", "max_tiles"})
     return Instance(
-        name=str(data.get("name", path.stem)),
+        name=str(data.get("name") or (source.stem if source is not None else "instance")),
         model=model,
         cluster=cluster,
         workload=Workload(calibration=calibration, evaluation=evaluation),
         method=method,
         profile=profile,
-        source=path,
+        source=source,
         executor=_executor(data.get("executor"), src),
     )
 
@@ -203,10 +247,9 @@ def _executor(value: Any, src: str) -> ExecutorSpec | None:
     return ExecutorSpec(workers=workers, ray=ray.strip() if isinstance(ray, str) else None)
 
 
-def _source(value: Any, base: Path, field: str) -> WorkloadSource:
-    src = str(base)
+def _source(value: Any, folder: Path, src: str, field: str) -> WorkloadSource:
     if isinstance(value, str):
-        return WorkloadSource(path=(base.parent / value))
+        return WorkloadSource(path=(folder / value))
     spec = _mapping(value, src, field, {"path", "format", "select", "synthetic"})
     if "synthetic" in spec:
         return WorkloadSource(synthetic=dict(_mapping(spec["synthetic"], src, f"{field}.synthetic")))
@@ -215,13 +258,14 @@ def _source(value: Any, base: Path, field: str) -> WorkloadSource:
     fmt = spec.get("format")
     if fmt is not None and fmt not in TRACE_FORMATS:
         raise InputError(src, f"{field}.format", f"expected one of {', '.join(TRACE_FORMATS)}, got {fmt!r}")
-    return WorkloadSource(path=base.parent / spec["path"], format=fmt, select=spec.get("select"))
+    return WorkloadSource(path=folder / spec["path"], format=fmt, select=spec.get("select"))
 
 
 def load_workload(
     source: WorkloadSource, model: Model, *, seed_offset: int = 0, defaults: dict | None = None
 ) -> Trace | Stats:
-    """A token trace or count-only statistics, checked against the model's shape."""
+    """A token trace or count-only statistics, checked against the model's shape: read from its
+    file, drawn from its synthetic spec, or the one the source holds in memory."""
     if source.synthetic is not None:
         syn = {**(defaults or {}), **source.synthetic}
         syn.setdefault("layers", model.layers)
@@ -229,6 +273,8 @@ def load_workload(
         syn.setdefault("top_k", model.top_k)
         syn["seed"] = syn.get("seed", 0) + seed_offset
         return synthesize(SynthSpec.from_mapping(syn))
+    if source.data is not None:  # held in memory (Instance.from_counts, from_trace, ...)
+        return _check_shape(source.data, model, "")
     assert source.path is not None
     result = read_workload_file(source.path, format=source.format, select=source.select, top_k=model.top_k)
     return _check_shape(result, model, str(source.path))

@@ -125,21 +125,23 @@ def read_workload_file(
         if isinstance(data, dict) and "counts" in data:
             counts = _array(data["counts"], src, "counts")
             k = data.get("top_k", top_k)
-            return _counts(counts, src, "counts", k, data.get("family_names"))
+            return count_stats(counts, src, "counts", k, data.get("family_names"))
         raise InputError(src, None, "expected a JSON object with 'counts' or SGLang's 'logical_count'")
     if suffix == ".csv":
         try:
-            return _counts(_read_csv(path), src, "counts", top_k)
+            return count_stats(_read_csv(path), src, "counts", top_k)
         except UnicodeDecodeError as exc:
             raise InputError(src, None, f"expected UTF-8 text, found byte 0x{exc.object[exc.start]:02x}") from None
     if suffix == ".npy":
-        return _counts(open_npy(path), src, "counts", top_k)
+        return count_stats(open_npy(path), src, "counts", top_k)
     if suffix == ".pt":
         return _noted(read_engine_dumps([path], top_k=top_k))
     raise InputError(src, None, "unknown file type; expected .npz, .json, .csv, .npy or .pt")
 
 
-def _counts(arr: np.ndarray, src: str, field: str, top_k: int | None, family_names: Any = None) -> Stats:
+def count_stats(arr: np.ndarray, src: str, field: str, top_k: int | None, family_names: Any = None) -> Stats:
+    """Count-only statistics from ``[layers, experts]`` or ``[families, layers, experts]`` counts,
+    checked: numbers, finite, non-negative, every layer with tokens, ``top_k`` in range."""
     arr = np.asarray(arr)
     if arr.dtype.kind not in "iuf":
         raise InputError(src, field, f"expected numbers, got dtype {arr.dtype}")
@@ -201,19 +203,25 @@ def _counts_npz(data: Any, src: str, top_k: int | None) -> Stats:
     if k is not None and (np.shape(k) != () or np.asarray(k).dtype.kind not in "iu"):
         raise InputError(src, "top_k", f"expected an integer, found {np.asarray(k).dtype} {list(np.shape(k))}")
     k = None if k is None else int(k)
-    stats = _counts(counts, src, "counts", k, names)
+    stats = count_stats(counts, src, "counts", k, names)
     if "step_counts" in data.files:
-        sc = npz_array(data, "step_counts", src)
-        if sc.dtype.kind not in "iuf":
-            raise InputError(src, "step_counts", f"expected numbers, got dtype {sc.dtype}")
-        sc = sc.astype(np.float64)
-        if sc.ndim != 3 or sc.shape[0] != stats.layers or sc.shape[2] != stats.experts:
-            raise InputError(src, "step_counts", f"expected [layers, steps, experts], got shape {sc.shape}")
-        if not np.isfinite(sc).all() or (sc < 0).any():
-            raise InputError(src, "step_counts", "contains NaN, infinite or negative counts")
-        _check_totals(sc, src, "step_counts")
-        stats = stats_from_counts(stats.counts, top_k=stats.top_k, family_names=stats.family_names, step_counts=sc)
+        stats = with_step_counts(stats, npz_array(data, "step_counts", src), src, "step_counts")
     return stats
+
+
+def with_step_counts(stats: Stats, step_counts: np.ndarray, src: str, field: str) -> Stats:
+    """``stats`` with its per-step counts ``[layers, steps, experts]``, checked (numbers, the
+    layers and experts of ``stats``, finite, non-negative, totals in float64's exact range)."""
+    sc = step_counts
+    if sc.dtype.kind not in "iuf":
+        raise InputError(src, field, f"expected numbers, got dtype {sc.dtype}")
+    sc = sc.astype(np.float64)
+    if sc.ndim != 3 or sc.shape[0] != stats.layers or sc.shape[2] != stats.experts:
+        raise InputError(src, field, f"expected [layers, steps, experts], got shape {sc.shape}")
+    if not np.isfinite(sc).all() or (sc < 0).any():
+        raise InputError(src, field, "contains NaN, infinite or negative counts")
+    _check_totals(sc, src, field)
+    return stats_from_counts(stats.counts, top_k=stats.top_k, family_names=stats.family_names, step_counts=sc)
 
 
 def _read_csv(path: Path) -> np.ndarray:
@@ -261,7 +269,7 @@ def _read_domain_counts(data: Any, src: str, select: str | None) -> Stats:
     if len({(r.shape, r.dtype.kind in "iuf") for r in rows}) != 1 or rows[0].dtype.kind not in "iuf":
         shapes = ", ".join(f"{d} {r.dtype} {list(r.shape)}" for d, r in zip(domains, rows, strict=True))
         raise InputError(src, f"{prefix}*", f"expected numeric arrays of one shape [layers, experts], found {shapes}")
-    arr = _counts(np.stack(rows), src, f"{prefix}*", 1, domains).counts  # checked before k is inferred from it
+    arr = count_stats(np.stack(rows), src, f"{prefix}*", 1, domains).counts  # checked before k is inferred from it
     # each row sums to tokens * k: infer k from the first-rank counts where present
     top1 = f"{select}/expert_counts_top1/{domains[0]}"
     k = None
@@ -274,7 +282,11 @@ def _read_domain_counts(data: Any, src: str, select: str | None) -> Stats:
         if not (math.isfinite(ratio) and ratio >= 0.5):
             raise InputError(src, top1, "expected positive first-choice counts (they give the model's top_k)")
         k = round(ratio)
-    return _counts(arr, src, f"{prefix}*", k, domains)
+    return count_stats(arr, src, f"{prefix}*", k, domains)
+
+
+#: the arrays of a trace file (format in the README); ``topk`` is required
+TRACE_KEYS = ("topk", "num_experts", "family", "step", "family_names", "weights", "home")
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -282,18 +294,36 @@ def read_trace(path: str | Path) -> Trace:
     path = Path(path)
     src = str(path)
     data = open_npz(path)
-    for key in ("topk",):
-        if key not in data.files:
-            raise InputError(src, key, "required array is missing")
+    return trace_from_arrays({k: npz_array(data, k, src) for k in TRACE_KEYS if k in data.files}, src)
+
+
+def trace_from_arrays(arrays: dict[str, np.ndarray], src: str) -> Trace:
+    """A routing trace from its arrays (the keys of `TRACE_KEYS`), every one validated.
+
+    Parameters
+    ----------
+    arrays
+        ``topk`` (required) and the optional arrays of a trace file, as numpy arrays.
+    src
+        The file they come from, named in messages ("" for arrays handed over in code: the
+        messages then name the array alone).
+
+    Raises
+    ------
+    InputError
+        Naming the array and what was expected.
+    """
+    if "topk" not in arrays:
+        raise InputError(src, "topk", "required array is missing")
 
     def array(key: str) -> np.ndarray:
-        return npz_array(data, key, src)
+        return arrays[key]
 
     topk = array("topk")
     schema.check_topk(topk, src)
     N = topk.shape[0]
     num_experts = int(topk.max()) + 1
-    if "num_experts" in data.files:
+    if "num_experts" in arrays:
         ne = array("num_experts")
         if ne.shape != () or ne.dtype.kind not in "iu" or int(ne) < 1:
             raise InputError(src, "num_experts", f"expected an integer >= 1, found {ne.dtype} {list(ne.shape)}")
@@ -305,7 +335,7 @@ def read_trace(path: str | Path) -> Trace:
     )
 
     def vector(key: str, default: np.ndarray) -> np.ndarray:
-        if key not in data.files:
+        if key not in arrays:
             return default
         v = array(key)
         if v.dtype.kind not in "iu" or v.shape != (N,):
@@ -317,7 +347,7 @@ def read_trace(path: str | Path) -> Trace:
     family = vector("family", np.zeros(N, dtype=np.int32))
     step = vector("step", np.zeros(N, dtype=np.int32))
     _, step = np.unique(step, return_inverse=True)
-    if "family_names" in data.files:
+    if "family_names" in arrays:
         fn = array("family_names")
         if fn.ndim != 1 or fn.dtype.kind not in "US":
             raise InputError(src, "family_names", f"expected a list of names, found {fn.dtype} {list(fn.shape)}")
@@ -327,11 +357,11 @@ def read_trace(path: str | Path) -> Trace:
     if family.max() >= len(names):
         raise InputError(src, "family", f"family id {int(family.max())} has no entry in family_names ({len(names)})")
     weights = None
-    if "weights" in data.files:
+    if "weights" in arrays:
         weights = array("weights")
         if weights.dtype.kind not in "iuf" or weights.shape != topk.shape or not np.isfinite(weights).all():
             raise InputError(src, "weights", f"expected finite floats of shape {topk.shape}")
-    home = vector("home", np.zeros(0, dtype=np.int32)) if "home" in data.files else None
+    home = vector("home", np.zeros(0, dtype=np.int32)) if "home" in arrays else None
     return Trace(
         topk=topk.astype(np.int16 if num_experts < 2**15 else np.int32),
         family=family,
