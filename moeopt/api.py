@@ -156,7 +156,7 @@ class _Services:
             evaluation=None if held is None else WorkloadSource(data=held),
         )
         # the arrays checked against the model now (and widened to its experts), not at the first solve
-        fitted = _fit(data, inst, first)
+        fitted = _fit(data, inst, "")  # messages name the array (topk, counts) alone
         held_source = None if held is None else WorkloadSource(data=_fit(held, inst, "evaluation"))
         return inst.replace(workload=Workload(calibration=WorkloadSource(data=fitted), evaluation=held_source))
 
@@ -237,7 +237,7 @@ def _fit(data: Trace | Stats, instance: Instance, name: str) -> Trace | Stats:
     """An in-memory workload checked against the instance's model and GPUs (``name`` in messages)."""
     fitted = fit_workload(data, instance.model, name)
     if isinstance(fitted, Trace):
-        check_homes(fitted.home, instance.cluster.gpus, name if name != "topk" else None)
+        check_homes(fitted.home, instance.cluster.gpus, name or None)
     return fitted
 
 
