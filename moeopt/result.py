@@ -109,6 +109,29 @@ PYOMO_LEGACY_TERMINATION: dict[str, Termination] = {
 }
 
 
+#: Pyomo's legacy (``pyomo.opt``) ``TerminationCondition`` names -> termination: the interfaces of
+#: CBC, GLPK and CPLEX report these (`moeopt.solvers.pyomo_solvers`). ``maxTimeLimit``,
+#: ``unbounded``, ``error``, ``licensingProblems`` and ``unknown`` are spelled as in API v2.
+PYOMO_LEGACY_TERMINATION: dict[str, Termination] = {
+    "optimal": Termination.OPTIMAL,
+    "globallyOptimal": Termination.OPTIMAL,
+    "locallyOptimal": Termination.ERROR,  # no proof for a MILP
+    "maxIterations": Termination.ITERATION_LIMIT,
+    "maxEvaluations": Termination.ITERATION_LIMIT,
+    "minFunctionValue": Termination.ITERATION_LIMIT,
+    "userInterrupt": Termination.INTERRUPTED,
+    "resourceInterrupt": Termination.INTERRUPTED,
+    "infeasible": Termination.INFEASIBLE,
+    "invalidProblem": Termination.ERROR,
+    "solverFailure": Termination.ERROR,
+    "internalSolverError": Termination.ERROR,
+    "intermediateNonInteger": Termination.TIME_LIMIT,  # stopped (by time) before an integer solution: none kept
+    "noSolution": Termination.ERROR,
+    "feasible": Termination.TIME_LIMIT,  # a plan without proof: moeopt sets no limit but time (GLPK's time limit)
+    "other": Termination.ERROR,
+}
+
+
 def pyomo_termination(name: str) -> Termination:
     """Termination of a Pyomo termination-condition name, solver API v2 or legacy (unknown names
     are errors): the same scale for every solver behind a Pyomo model."""

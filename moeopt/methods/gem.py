@@ -30,6 +30,7 @@ from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, Termination, bound_closes, combine_status, combine_termination
 from moeopt.solvers import CPSAT, PYOMO_HIGHS
 from moeopt.solvers import available as solver_available
+from moeopt.solvers.pyomo_solvers import check_solver, require
 from moeopt.utilization import (
     DEFAULT_STEPS,
     Utilization,
@@ -355,16 +356,30 @@ class GemMilp(_GemExact):
     """Exact GEM MILP (Pyomo + HiGHS): tile counts (affine) or ordered level binaries."""
 
     name: ClassVar[str] = "gem-milp"
-    summary: ClassVar[str] = "exact GEM MILP via Pyomo+HiGHS (tile counts / level binaries), warm-started by gem"
+    summary: ClassVar[str] = (
+        "exact GEM MILP via Pyomo (HiGHS or solver:), tile counts / level binaries, warm-started by gem"
+    )
     backend: ClassVar[str] = "milp"
+
+    @dataclass
+    class Params(_GemExact.Params):
+        # the MILP solver behind the Pyomo model: highs, cbc, glpk, gurobi, cplex or scip (docs/guides/solvers.md)
+        solver: str = "highs"
+
+        def __post_init__(self) -> None:
+            check_solver(self.solver)
 
     def available(self) -> bool:
         return solver_available(PYOMO_HIGHS)
 
+    def solve(self, problem: Problem, params: Any, ctx: Context) -> Result:
+        require(params.solver, self.name)  # a solver that is not installed: say so before any search
+        return super().solve(problem, params, ctx)
+
     def run_layer(self, model, limit, hint, params, ctx, util):
         from moeopt.solvers.gem_models import solve_milp
 
-        return solve_milp(model, time_limit=limit, hint=hint, threads=params.threads)
+        return solve_milp(model, time_limit=limit, hint=hint, threads=params.threads, solver=params.solver)
 
 
 @register

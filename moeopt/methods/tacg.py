@@ -36,6 +36,7 @@ from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, Termination, bound_closes, combine_status, combine_termination
 from moeopt.solvers import ExactSettings
 from moeopt.solvers.grouping_sdp import SCS_ITERATIONS
+from moeopt.solvers.pyomo_solvers import check_solver, require
 from moeopt.trace import LIFT_EPS, Stats, log_lift
 
 #: epsilon of the log-lift preference score (SPEC 3.1)
@@ -218,6 +219,24 @@ class ExactParams(TacgParams):
         super().__post_init__()
         if self.relax_eps_load:
             raise ValueError("relax_eps_load: exact methods keep the limit (they prove whether it can be met)")
+
+
+@dataclass
+class MilpParams(ExactParams):
+    """Exact TACG parameters plus the MILP solver behind the Pyomo model (``tacg-milp``).
+
+    Attributes
+    ----------
+    solver
+        ``highs`` (default), ``cbc``, ``glpk``, ``gurobi``, ``cplex`` or ``scip``, through
+        Pyomo's interface to it (`moeopt.solvers.pyomo_solvers`; docs/guides/solvers.md).
+    """
+
+    solver: str = "highs"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_solver(self.solver)
 
 
 def layer_problems(problem: Problem, params: TacgParams) -> tuple[np.ndarray, list[Grouping], list[float]]:
@@ -615,6 +634,8 @@ class TacgExact(TacgBase):
         mod = self.backend_module()
         for g in groupings:  # refuse before spending any time
             mod.check_size(g, limit)
+        if isinstance(params, MilpParams):  # a solver that is not installed: say so before any search
+            require(params.solver, self.name)
         gpn = problem.instance.cluster.gpus_per_node
         homes: list[np.ndarray] = []
         statuses, bounds, kinds, incumbents, starts, gaps, walls = [], [], [], [], [], [], []
@@ -642,7 +663,15 @@ class TacgExact(TacgBase):
             strong = params.certificate != "cheap"
             left = layer.child(0.5 if strong else SOLVER_SHARE[self.backend]).cap(limit, floor=0.05)
             out = mod.solve(
-                g, ExactSettings(time_limit=left, hint=start, threads=params.threads, seed=ctx.seed, refuse=False)
+                g,
+                ExactSettings(
+                    time_limit=left,
+                    hint=start,
+                    threads=params.threads,
+                    seed=ctx.seed,
+                    refuse=False,
+                    solver=params.solver if isinstance(params, MilpParams) else "highs",
+                ),
             )
             feasible = [h for h in (start, out.home) if h is not None and g.feasible(h)]
             known = max((g.objective(h) for h in feasible), default=0.0)
@@ -740,11 +769,12 @@ class TacgCpsat(TacgExact):
 
 @register
 class TacgMilp(TacgExact):
-    """Exact TACG grouping as a Pyomo MILP solved by HiGHS."""
+    """Exact TACG grouping as a Pyomo MILP solved by HiGHS (or the ``solver`` parameter's choice)."""
 
     name: ClassVar[str] = "tacg-milp"
-    summary: ClassVar[str] = "exact task-aware grouping, MILP in Pyomo solved by HiGHS"
+    summary: ClassVar[str] = "exact task-aware grouping, MILP in Pyomo (solver: highs, cbc, glpk, gurobi, cplex, scip)"
     backend: ClassVar[str] = "milp"
+    Params: ClassVar[type] = MilpParams
 
 
 @register

@@ -65,6 +65,9 @@ class ExactSettings:
         Solver threads (CP-SAT workers), random seed and console log.
     refuse
         Raise InputError (before building) when the model is too large for ``time_limit``.
+    solver
+        The MILP solver of a Pyomo backend (``grouping_milp``): one of
+        `moeopt.solvers.pyomo_solvers.SOLVERS`; the other backends ignore it.
     """
 
     time_limit: float
@@ -73,3 +76,4 @@ class ExactSettings:
     seed: int = 0
     log: bool = False
     refuse: bool = True
+    solver: str = "highs"

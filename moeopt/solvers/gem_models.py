@@ -27,8 +27,8 @@ from moeopt.budget import run_interruptible
 from moeopt.errors import InputError
 from moeopt.outcome import ExactOutcome
 from moeopt.profile import Profile
-from moeopt.result import cpsat_termination, pyomo_termination
-from moeopt.solvers.highs_common import highs_threads, pyomo_highs_solve, pyomo_highs_start
+from moeopt.result import cpsat_termination
+from moeopt.solvers.pyomo_solvers import SolveOptions, require, solve_model
 from moeopt.utilization import step_lower_bound
 
 #: Largest model accepted, in constraint-matrix nonzeros (load rows E*G*T plus levels).
@@ -256,9 +256,14 @@ def _milp_values(m, model: LayerModel, home: np.ndarray) -> list[tuple[object, f
 
 
 def solve_milp(
-    model: LayerModel, *, time_limit: float, hint: np.ndarray | None = None, threads: int = 1
+    model: LayerModel,
+    *,
+    time_limit: float,
+    hint: np.ndarray | None = None,
+    threads: int = 1,
+    solver: str = "highs",
 ) -> ExactOutcome:
-    """Solve one layer's MILP with HiGHS through Pyomo's solver API v2.
+    """Solve one layer's MILP through Pyomo (HiGHS by default).
 
     Parameters
     ----------
@@ -267,47 +272,47 @@ def solve_milp(
     time_limit
         Seconds.
     hint
-        Optional home vector ``[E]`` loaded into HiGHS as the starting solution.
+        Optional home vector ``[E]`` handed to the solver as its starting solution.
     threads
-        HiGHS threads.
+        Solver threads.
+    solver
+        One of `moeopt.solvers.pyomo_solvers.SOLVERS`.
 
     Returns
     -------
     ExactOutcome
-        The plan (if any), HiGHS's objective and dual bound, whether it proved optimality.
+        The plan (if any), the solver's objective and bound, whether it proved optimality.
     """
     import pyomo.environ as pe
-    from pyomo.contrib.solver.common.factory import SolverFactory
 
+    require(solver, "gem-milp")
     t0 = time.perf_counter()
     m = build_milp(model)
     build = time.perf_counter() - t0
-    opt = SolverFactory("highs")
-    warm = hint is not None and pyomo_highs_start(opt, m, _milp_values(m, model, canonical_home(model, hint)))
-    res = pyomo_highs_solve(
-        opt,
+    answer = solve_model(
         m,
-        time_limit=max(time_limit - (time.perf_counter() - t0), 0.05),  # build included
-        threads=highs_threads(threads),
-        rel_gap=1e-7,
-        raise_exception_on_nonoptimal_result=False,
+        solver,
+        SolveOptions(
+            time_limit=max(time_limit - (time.perf_counter() - t0), 0.05),  # build included
+            threads=threads,
+            rel_gap=1e-7,
+        ),
+        start=None if hint is None else _milp_values(m, model, canonical_home(model, hint)),
     )
     home = None
-    if res.incumbent_objective is not None:
-        res.solution_loader.load_vars()
+    if answer.has_solution:
         x = np.array([[pe.value(m.x[e, g]) for g in range(model.gpus)] for e in range(model.experts)])
         home = x.argmax(axis=1)
-    bound = res.objective_bound
     return ExactOutcome.from_termination(
-        pyomo_termination(res.termination_condition.name),
+        answer.termination,
         home=home,
-        incumbent=res.incumbent_objective,
-        bound=None if bound is None or not math.isfinite(bound) else bound,
+        incumbent=answer.incumbent,
+        bound=answer.bound,
         sense="min",
         wall_time=time.perf_counter() - t0,
         build_time=build,
-        solver_status=res.termination_condition.name,
-        warm_start=warm,
+        solver_status=answer.solver_status,
+        warm_start=answer.warm_start,
     )
 
 

@@ -17,16 +17,10 @@ import numpy as np
 
 from moeopt.grouping import Grouping, pairs
 from moeopt.outcome import ExactOutcome
-from moeopt.result import pyomo_termination
 from moeopt.solvers import PYOMO_HIGHS, ExactSettings
 from moeopt.solvers import available as solver_available
-from moeopt.solvers.highs_common import (
-    GROUPING_OPTIONS,
-    highs_threads,
-    pyomo_highs_solve,
-    pyomo_highs_start,
-    refuse_large,
-)
+from moeopt.solvers.highs_common import GROUPING_OPTIONS, refuse_large
+from moeopt.solvers.pyomo_solvers import SolveOptions, require, solve_model
 
 #: matrix nonzeros per second of time limit before refusing: Pyomo builds about 270k/s on one
 #: core, so a model within this rate leaves at least 60 % of the limit to HiGHS
@@ -112,45 +106,46 @@ def start_values(m: Any, home: np.ndarray) -> Iterator[tuple[Any, float]]:
 
 
 def solve(g: Grouping, settings: ExactSettings) -> ExactOutcome:
-    """Solve ``g`` with HiGHS through Pyomo's solver API v2 under ``settings``
+    """Solve ``g`` through Pyomo with ``settings.solver`` (HiGHS by default) under ``settings``
     (:class:`~moeopt.solvers.ExactSettings`)."""
     time_limit, hint = settings.time_limit, settings.hint
     import pyomo.environ as pyo
-    from pyomo.contrib.solver.common.factory import SolverFactory
-    from pyomo.contrib.solver.common.results import SolutionStatus
 
     if settings.refuse:
         check_size(g, time_limit)
+    require(settings.solver, "tacg-milp")
     t0 = time.perf_counter()
     m = build_model(g)
     build = time.perf_counter() - t0
-    opt = SolverFactory("highs")
-    warm = hint is not None and pyomo_highs_start(opt, m, start_values(m, g.canonical(hint)))
-    res = pyomo_highs_solve(
-        opt,
+    answer = solve_model(
         m,
-        raise_exception_on_nonoptimal_result=False,
-        tee=settings.log,
-        time_limit=max(0.05, time_limit - (time.perf_counter() - t0)),
-        threads=highs_threads(settings.threads),
-        solver_options={"random_seed": settings.seed, **GROUPING_OPTIONS},
+        settings.solver,
+        SolveOptions(
+            time_limit=max(0.05, time_limit - (time.perf_counter() - t0)),
+            threads=settings.threads,
+            seed=settings.seed,
+            rel_gap=GROUPING_OPTIONS["mip_rel_gap"],
+            abs_gap=GROUPING_OPTIONS["mip_abs_gap"],
+            feasibility_tol=GROUPING_OPTIONS["primal_feasibility_tolerance"],
+            tee=settings.log,
+            highs_options=GROUPING_OPTIONS,
+        ),
+        start=None if hint is None else start_values(m, g.canonical(hint)),
     )
     wall = time.perf_counter() - t0
     home = None
-    if res.solution_status in (SolutionStatus.feasible, SolutionStatus.optimal):
-        res.solution_loader.load_vars()
+    if answer.has_solution:
         x = np.zeros((g.experts, g.groups))
         for (e, k), var in m.x.items():
             x[e, k] = pyo.value(var)
         home = x.argmax(axis=1).astype(np.int64)
-    bound = res.objective_bound
     return ExactOutcome.from_termination(
-        pyomo_termination(res.termination_condition.name),
+        answer.termination,
         home=home,
-        incumbent=None if res.incumbent_objective is None else float(res.incumbent_objective),
-        bound=float(bound) if bound is not None and np.isfinite(bound) else None,
+        incumbent=answer.incumbent,
+        bound=answer.bound,
         wall_time=wall,
         build_time=build,
-        solver_status=res.termination_condition.name,
-        warm_start=warm,
+        solver_status=answer.solver_status,
+        warm_start=answer.warm_start,
     )

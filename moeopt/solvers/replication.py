@@ -25,7 +25,7 @@ import scipy.sparse as sp
 from scipy.optimize import linprog
 
 from moeopt.result import Status, Termination, highs_termination
-from moeopt.solvers.highs_common import highs_milp, highs_threads, pyomo_highs_solve, run_highs, set_start
+from moeopt.solvers.highs_common import highs_milp, highs_threads, run_highs, set_start
 
 #: share of the time limit spent looking for a plan that reaches the count bound exactly
 FEASIBILITY_SHARE = 0.5
@@ -443,17 +443,18 @@ def optimal_split_maxvio(home: np.ndarray, replicas: np.ndarray, load: np.ndarra
 
 
 def solve_replication_bound_pyomo(
-    home: np.ndarray, load: np.ndarray, gpus: int, slots: int, *, time_limit: float = 10.0
+    home: np.ndarray, load: np.ndarray, gpus: int, slots: int, *, time_limit: float = 10.0, solver: str = "highs"
 ) -> ReplicationBound:
-    """The same MILP written algebraically in Pyomo, solved by HiGHS (solver API v2).
+    """The same MILP written algebraically in Pyomo, solved by ``solver`` (HiGHS by default; one of
+    `moeopt.solvers.pyomo_solvers.SOLVERS`).
 
     A second, independently built backend: no count bound, no incumbent heuristics, so it
     cross-checks :func:`build_model`'s arrays (``tests/test_gesr.py``). Meant for small
     layers; :func:`solve_replication_bound` is the fast path.
     """
     import pyomo.environ as pyo
-    from pyomo.contrib.solver.common.factory import SolverFactory
-    from pyomo.contrib.solver.common.results import SolutionStatus, TerminationCondition
+
+    from moeopt.solvers.pyomo_solvers import SolveOptions, solve_model
 
     t0 = time.perf_counter()
     home = np.asarray(home, dtype=np.int64)
@@ -490,22 +491,11 @@ def solve_replication_bound_pyomo(
     m.home_share = pyo.Constraint(range(E), rule=home_share)
     m.link = pyo.Constraint(m.P, rule=lambda _, p: m.x[p] <= float(w[pairs[p][0]]) * m.y[p])
     m.slots = pyo.Constraint(range(gpus), rule=slot_limit)
-    opt = SolverFactory("highs")
-    res = pyomo_highs_solve(
-        opt,
-        m,
-        raise_exception_on_nonoptimal_result=False,
-        time_limit=max(0.1, time_limit),
-        threads=highs_threads(1),
-        rel_gap=1e-7,
-        abs_gap=1e-9,
-    )
-    optimal = res.termination_condition == TerminationCondition.convergenceCriteriaSatisfied
-    bound = res.objective_bound
-    bound = max(float(bound) - 1.0, 0.0) if bound is not None and np.isfinite(bound) else 0.0
+    answer = solve_model(m, solver, SolveOptions(time_limit=max(0.1, time_limit), rel_gap=1e-7, abs_gap=1e-9))
+    optimal = answer.termination is Termination.OPTIMAL
+    bound = max(answer.bound - 1.0, 0.0) if answer.bound is not None else 0.0
     best, reps = None, np.zeros((0, 2), np.int64)
-    if res.solution_status in (SolutionStatus.feasible, SolutionStatus.optimal):
-        res.solution_loader.load_vars()
+    if answer.has_solution:
         reps = np.array([pairs[p] for p in m.P if pyo.value(m.y[p]) > 0.5], dtype=np.int64).reshape(-1, 2)
         best = float(optimal_split_maxvio(home, reps, load, gpus))
     status = Status.OPTIMAL if optimal else Status.TIME_LIMIT
