@@ -3,16 +3,16 @@
 Each figure has a data function (tested on numbers) and a drawing function (matplotlib with
 the Agg backend, imported only when drawing):
 
-* :func:`load_bars` / :func:`draw_loads`: per-GPU token loads of one layer under a plan and
+* `load_bars` / `draw_loads`: per-GPU token loads of one layer under a plan and
   under a baseline (the ``linear`` plan, or the plan running now), their mean and MaxVio;
-* :func:`frontier_points` / :func:`draw_frontier`: the sweep written by ``moeopt frontier``
-  (drawn by :func:`moeopt.frontier.plot`);
-* :func:`gap_history` / :func:`draw_gap`: each layer's incumbent and bound against the
+* `frontier_points` / `draw_frontier`: the sweep written by ``moeopt frontier``
+  (drawn by `moeopt.frontier.plot`);
+* `gap_history` / `draw_gap`: each layer's incumbent and bound against the
   seconds since the run started, from ``stats['history']`` of a report (recorded by
-  :mod:`moeopt.execute` for every method solved layer by layer);
-* :func:`replay_series` / :func:`draw_replay`: a ``moeopt replay`` report (one run or
+  `moeopt.execute` for every method solved layer by layer);
+* `replay_series` / `draw_replay`: a ``moeopt replay`` report (one run or
   several): per-step MaxVio over time for each policy, and the bytes each re-plan moved;
-* :func:`replay_frontier_series` / :func:`draw_replay_frontier`: a ``replay --frontier``
+* `replay_frontier_series` / `draw_replay_frontier`: a ``replay --frontier``
   report: bytes moved against time-averaged MaxVio, one colour per policy.
 """
 
@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from moeopt.errors import MoeoptError
+from moeopt.frontier import plot as plot_frontier
+from moeopt.instance import Instance
 
 __all__ = [
     "GapHistory",
@@ -39,10 +41,15 @@ __all__ = [
     "frontier_points",
     "gap_history",
     "load_bars",
+    "plot_frontier",
+    "scored_on",
     "replay_frontier_series",
     "replay_label",
     "replay_series",
 ]
+
+#: GPUs up to which `draw_loads` draws a bar per GPU; more are drawn as sorted load curves.
+BAR_GPUS = 32
 
 #: The kinds of ``moeopt plot``.
 KINDS = ("loads", "frontier", "gap", "replay", "replay-frontier")
@@ -78,6 +85,15 @@ class LoadBars:
         return self._maxvio(self.before)
 
 
+def scored_on(instance: Instance) -> str:
+    """What an instance's plans are scored on, for a figure's title: ``held-out workload`` when
+    it has an evaluation workload (or a synthetic one, scored on a fresh sample), else
+    ``in sample``."""
+    w = instance.workload
+    held_out = w.evaluation is not None or w.calibration.synthetic is not None
+    return "held-out workload" if held_out else "in sample"
+
+
 def load_bars(
     after: dict,
     before: dict,
@@ -86,7 +102,7 @@ def load_bars(
     after_label: str = "plan",
     before_label: str = "linear",
 ) -> LoadBars:
-    """The bars of one layer from two metric dicts of :func:`moeopt.scoring.score`.
+    """The bars of one layer from two metric dicts of `score`.
 
     Parameters
     ----------
@@ -136,8 +152,10 @@ def _save(fig: Any, path: str | Path) -> None:
 
 
 def draw_loads(panels: Sequence[LoadBars], path: str | Path, *, title: str = "") -> None:
-    """Grouped bars (baseline, plan) per GPU, one panel per :class:`LoadBars`, the mean as a
-    dashed line and both MaxVio values in each panel's title."""
+    """Per-GPU loads of the baseline and the plan, one panel per `LoadBars`, the mean as a
+    dashed line and both MaxVio values in each panel's title: grouped bars per GPU up to
+    `BAR_GPUS` GPUs, beyond that (64 to 320 GPUs and more) each plan's loads sorted from the
+    heaviest GPU down, which shows the peak, the spread and the idle tail at any size."""
     plt = _pyplot()
     n = len(panels)
     cols = min(n, 3)
@@ -145,12 +163,20 @@ def draw_loads(panels: Sequence[LoadBars], path: str | Path, *, title: str = "")
     fig, axes = plt.subplots(rows, cols, figsize=(max(6.4, 5.2 * cols), 3.8 * rows), squeeze=False)
     for ax, p in zip(axes.flat, panels, strict=False):
         G = len(p.after)
-        x = np.arange(G)
-        ax.bar(x - 0.2, p.before, width=0.4, label=p.before_label, color="#bbbbbb", edgecolor="#777777")
-        ax.bar(x + 0.2, p.after, width=0.4, label=p.after_label, color="#3b75af")
+        if G <= BAR_GPUS:
+            x = np.arange(G)
+            ax.bar(x - 0.2, p.before, width=0.4, label=p.before_label, color="#bbbbbb", edgecolor="#777777")
+            ax.bar(x + 0.2, p.after, width=0.4, label=p.after_label, color="#3b75af")
+            ax.set_xticks(x, [str(g) for g in range(G)])
+            ax.set_xlabel("GPU")
+        else:  # too many bars to read: each plan's loads sorted, heaviest GPU first
+            rank = np.arange(1, G + 1)
+            ax.step(rank, np.sort(p.before)[::-1], where="mid", color="#777777", label=p.before_label)
+            ax.fill_between(rank, np.sort(p.after)[::-1], step="mid", color="#3b75af", alpha=0.35)
+            ax.step(rank, np.sort(p.after)[::-1], where="mid", color="#3b75af", label=p.after_label)
+            ax.set_xlim(0.5, G + 0.5)
+            ax.set_xlabel(f"GPUs sorted by load, heaviest first ({G} GPUs)")
         ax.axhline(p.mean, color="k", linestyle="--", linewidth=1, label=f"mean {p.mean:,.0f}")
-        ax.set_xticks(x, [str(g) for g in range(G)] if G <= 32 else None)
-        ax.set_xlabel("GPU")
         ax.set_ylabel("tokens routed (expert activations)")
         ax.set_title(
             f"layer {p.layer}: MaxVio {p.before_label} {p.maxvio_before:.3f} -> {p.after_label} {p.maxvio_after:.3f}",
@@ -169,7 +195,7 @@ def draw_loads(panels: Sequence[LoadBars], path: str | Path, *, title: str = "")
 
 # ----------------------------------------------------------------------------- frontier
 def frontier_points(data: dict) -> list:
-    """The :class:`~moeopt.frontier.FrontierPoint` list of a ``moeopt frontier`` JSON file."""
+    """The `FrontierPoint` list of a ``moeopt frontier`` JSON file."""
     from dataclasses import fields
 
     from moeopt.frontier import FrontierPoint
@@ -188,7 +214,7 @@ def frontier_points(data: dict) -> list:
 
 
 def draw_frontier(data: dict, path: str | Path) -> None:
-    """The frontier figure of a ``moeopt frontier`` JSON file (see :func:`moeopt.frontier.plot`)."""
+    """The frontier figure of a ``moeopt frontier`` JSON file (see `moeopt.frontier.plot`)."""
     from moeopt.frontier import plot
 
     plot(frontier_points(data), path, title=str(data.get("instance", "")))

@@ -231,3 +231,24 @@ def test_trace_arrays_keep_their_tokens(topk):
     trace = inst.workload.calibration.data
     np.testing.assert_array_equal(trace.topk, topk)
     assert (inst.model.layers, inst.model.experts, inst.model.top_k) == (2, 8, 2)
+
+
+def test_load_figure_reads_at_hundreds_of_gpus(tmp_path, monkeypatch):
+    """Past 32 GPUs the per-GPU load figure draws sorted load curves, not a bar per GPU; its
+    title says in sample when the instance has no held-out workload."""
+    pytest.importorskip("matplotlib")
+    from moeopt import plot
+
+    drawn = []
+    monkeypatch.setattr(plot, "_save", lambda fig, path: drawn.append(fig))
+    counts = RNG.gamma(0.5, 100, size=(1, 640)) + 1
+    inst = moeopt.Instance.from_counts(counts, gpus=320, top_k=8)
+    result = moeopt.solve(inst, method="balance")
+    base = moeopt.evaluate(moeopt.solve(inst, method="linear").plan, inst)
+    plot.draw_loads([plot.load_bars(result.metrics, base, after_label="balance")], tmp_path / "x.png")
+    (ax,) = [a for a in drawn[0].axes if a.get_visible()]
+    assert not ax.patches and len(ax.lines) >= 3  # two sorted curves and the mean
+    assert "sorted by load" in ax.get_xlabel()
+    assert plot.scored_on(inst) == "in sample"
+    held = moeopt.Instance.from_counts(counts, gpus=320, top_k=8, evaluation=counts[:, ::-1].copy())
+    assert plot.scored_on(held) == "held-out workload"

@@ -36,7 +36,7 @@ def _plot_loads(
     label = "current" if current is not None else "linear"
     metrics = {k: v for k, v in metrics.items() if k != label} or metrics  # no panel of linear against itself
     panels = [plot.load_bars(v, before, layer=layer, after_label=k, before_label=label) for k, v in metrics.items()]
-    plot.draw_loads(panels, path, title=f"{inst.name}: tokens per GPU, {label} vs plan (held-out workload)")
+    plot.draw_loads(panels, path, title=f"{inst.name}: tokens per GPU, {label} vs plan ({plot.scored_on(inst)})")
     console.note(f"wrote {path}")
 
 
