@@ -15,7 +15,7 @@ import pytest
 from moeopt.errors import InputError
 from moeopt.profile import Profile
 from moeopt.registry import get_method, parse_params
-from moeopt.result import Status, Termination, pyomo_termination
+from moeopt.result import PYOMO_LEGACY_TERMINATION, PYOMO_TERMINATION, Status, Termination, pyomo_termination
 from moeopt.solvers import ExactSettings, grouping_milp, pyomo_solvers
 from moeopt.solvers.gem_models import layer_model, solve_milp
 from moeopt.solvers.pyomo_solvers import SOLVERS, available
@@ -48,6 +48,14 @@ def test_legacy_and_v2_conditions_map_alike():
     assert pyomo_termination("userInterrupt") is pyomo_termination("interrupted") is Termination.INTERRUPTED
     assert pyomo_termination("feasible") is Termination.TIME_LIMIT  # GLPK's early stop
     assert pyomo_termination("no such name") is Termination.ERROR
+
+
+def test_every_legacy_condition_is_mapped():
+    """Every condition of Pyomo's legacy interfaces (CBC, GLPK, CPLEX) has an entry; none unknown."""
+    from pyomo.opt import TerminationCondition
+
+    for condition in TerminationCondition:
+        assert condition.name in PYOMO_TERMINATION or condition.name in PYOMO_LEGACY_TERMINATION, condition.name
 
 
 def test_availability_names_every_solver():
