@@ -203,6 +203,11 @@ def cmd_methods(args: argparse.Namespace) -> int:
         params = ", ".join(f"{f}={v.default!r}" for f, v in param_fields(m).items())
         rows.append([name, "yes" if m.available() else "no", m.summary, params or "-"])
     print(tabulate(rows, headers=["method", "available", "what it does", "parameters"], tablefmt="plain"))
+    from moeopt.solvers.pyomo_solvers import availability
+
+    print("\nMILP solvers of the Pyomo models (tacg-milp, gem-milp: parameter solver; docs/guides/solvers.md):")
+    for solver, ok, how in availability():
+        print(f"  {solver:<7} {'yes' if ok else 'no':<4} {how}")
     return 0
 
 
