@@ -71,8 +71,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("front", ["", "__main__", "cli", "cli.*", "plot", "harness", "harness.*"]),
 ]
 
-#: solver backends: none imports another (they may share ``solvers.highs_common``)
-BACKENDS_SHARED = {"moeopt.solvers", "moeopt.solvers.highs_common"}
+#: solver backends: none imports another (they may share ``solvers.highs_common`` and the Pyomo
+#: solver choice, ``solvers.pyomo_solvers``)
+BACKENDS_SHARED = {"moeopt.solvers", "moeopt.solvers.highs_common", "moeopt.solvers.pyomo_solvers"}
 
 
 def _module_name(path: Path) -> str:
