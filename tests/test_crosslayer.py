@@ -12,25 +12,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moeopt.cli import main
-from moeopt.errors import InputError
-from moeopt.evaluate import evaluate
-from moeopt.heuristics.hyperedges import token_hyperedges
-from moeopt.heuristics.local_search import load_limit, resolve_eps_load
-from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
-from moeopt.io import load_instance
-from moeopt.methods.crosslayer import (
+from moeopt.crosslayer import (
     CrossGain,
     chain_pass,
     cheapest_levels,
     exact_crosslayer,
     layer_placements,
     least_largest_load,
-    maxvio_budget_bound,
     next_layer_benefit,
     permute_layer,
     plan_remote,
     stay_edges,
 )
+from moeopt.errors import InputError
+from moeopt.evaluate import evaluate
+from moeopt.heuristics.hyperedges import token_hyperedges
+from moeopt.heuristics.local_search import load_limit, resolve_eps_load
+from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
+from moeopt.io import load_instance
+from moeopt.methods.crosslayer import maxvio_budget_bound
 from moeopt.plan import Plan
 from moeopt.profile import Profile
 from moeopt.registry import Problem

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "data",
         [
             "errors",
+            "extras",
             "services",
             "interrupt",
             "budget",
@@ -64,7 +65,10 @@ LAYERS: list[tuple[str, list[str]]] = [
             "packing",
         ],
     ),
-    ("search", ["heuristics", "heuristics.*", "solvers", "solvers.*", "colgen", "colgen.*"]),
+    (
+        "search",
+        ["heuristics", "heuristics.*", "solvers", "solvers.*", "colgen", "colgen.*", "crosslayer", "crosslayer.*"],
+    ),
     ("methods", ["registry", "execute", "methods", "methods.*"]),
     ("files", ["io", "io.*", "interop", "interop.*", "outputs"]),
     ("api", ["solve", "frontier", "replay", "replay.*", "api"]),

@@ -24,7 +24,7 @@ planner (`moeopt.balance.layout`, `moeopt.balance.packing`,
 `moeopt.balance.robust`, `moeopt.balance.shift`, the migration walks of
 `moeopt.balance.migration`), the joint planner
 (`moeopt.joint.search.local_search`), the cross-layer planner's kicks
-(`moeopt.methods.crosslayer.CrossLayer.sweep`) and GEM's perturbation rounds
+(`moeopt.crosslayer.search.sweep`) and GEM's perturbation rounds
 (`moeopt.heuristics.gem_search.search_layer`, with its own acceptance rule).
 """
 
