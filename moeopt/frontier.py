@@ -410,8 +410,9 @@ def table(points: Sequence[FrontierPoint], fmt: str = "github") -> str:
 def plot(points: Sequence[FrontierPoint], path: Any, title: str = "") -> None:
     """Communication reduction vs held-out MaxVio (left) and vs the worst single-family
     MaxVio (right), one marker per method, the Pareto set joined."""
-    import matplotlib
+    from moeopt.extras import load
 
+    matplotlib = load("matplotlib", "plot", "drawing the frontier's figure")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -210,9 +210,10 @@ _FIGURE_FORMATS_NEEDING_TEX = frozenset({"pgf"})
 def figure_formats() -> list[str]:
     """The figure formats a file may be written in: those matplotlib's Agg canvas writes by
     itself (``png``, ``pdf``, ``svg``, ``jpg``, ...; not ``pgf``, which needs TeX)."""
-    from matplotlib.backend_bases import FigureCanvasBase
+    from moeopt.extras import load
 
-    return sorted(set(FigureCanvasBase.get_supported_filetypes()) - _FIGURE_FORMATS_NEEDING_TEX)
+    canvas = load("matplotlib.backend_bases", "plot", "writing a figure").FigureCanvasBase
+    return sorted(set(canvas.get_supported_filetypes()) - _FIGURE_FORMATS_NEEDING_TEX)
 
 
 def figure_format(path: str | Path, option: str | None = None) -> str:

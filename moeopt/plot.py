@@ -135,8 +135,9 @@ def load_bars(
 
 
 def _pyplot() -> Any:
-    import matplotlib
+    from moeopt.extras import load
 
+    matplotlib = load("matplotlib", "plot", "drawing a figure")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from moeopt import extras
 from moeopt.grouping import LOAD_TOL, Grouping
 
 #: SCS's accuracy targets (its default 1e-4 leaves more on the table at E = 256)
@@ -370,7 +371,7 @@ def _structure_rows(X, structure: LoadStructure, E: int) -> dict[str, list]:
     """The load-structure rows of :class:`StructureDuals` as CVXPY constraints, all of the
     form ``expression <= 0`` or ``>= 0`` (no equality: their multipliers' signs are then
     CVXPY's documented ones)."""
-    import cvxpy as cp
+    cp = extras.load("cvxpy", "sdp", "the SDP certificate (certificate: sdp or auto)")
 
     out: dict[str, list] = {}
     ci, cj = structure.conflict_pairs()
@@ -462,7 +463,7 @@ def sdp_bound(
     two threads spinning against other work on a busy machine are ten times slower, and one
     thread gives the same bits in a worker process (which has one) as here.
     """
-    import cvxpy as cp
+    cp = extras.load("cvxpy", "sdp", "the SDP certificate (certificate: sdp or auto)")
 
     t0 = time.perf_counter()
     W, w, G, cap = problem.graph, problem.load, problem.groups, problem.cap
