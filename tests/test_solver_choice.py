@@ -68,6 +68,12 @@ def test_availability_names_every_solver():
         assert ok or how.startswith("missing: ")
 
 
+@pytest.mark.skipif(os.environ.get("CI") != "true", reason="CI only: .ci/run installs the scip extra")
+def test_ci_has_a_second_free_solver():
+    """CI installs SCIP from the package index (the scip extra), so its tests below run there, not skip."""
+    assert available("scip"), pyomo_solvers.INSTALL["scip"]
+
+
 def test_unknown_and_missing_solver_are_input_errors(monkeypatch):
     """A misspelt solver names the parameter; a solver not installed says how to install it."""
     method = get_method("tacg-milp")
