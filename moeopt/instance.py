@@ -31,7 +31,7 @@ class Model:
     layer, so an exported map needs them; None: not known.
 
     ``expert_bytes``: bytes of one expert's weights, what a re-plan moves per moved slot; None:
-    ``3 * d_model * d_ff`` parameters of ``dtype`` (:attr:`expert_size`).
+    ``3 * d_model * d_ff`` parameters of ``dtype`` (`expert_size`).
     """
 
     layers: int
@@ -47,7 +47,7 @@ class Model:
     @property
     def expert_size(self) -> int:
         """Bytes of one expert's weights: ``expert_bytes``, else its three ``d_model x d_ff``
-        matrices (gate, up, down) at ``dtype``'s width (:data:`DTYPE_BYTES`): DeepSeek-V3
+        matrices (gate, up, down) at ``dtype``'s width (`DTYPE_BYTES`): DeepSeek-V3
         (7168 x 2048, fp8) 44,040,192 bytes; Qwen3-235B-A22B (4096 x 1536, bf16) 37,748,736."""
         if self.expert_bytes is not None:
             return int(self.expert_bytes)
@@ -57,7 +57,7 @@ class Model:
 TOKEN_HOMES = ("uniform", "trace", "previous-layer")
 
 #: The serving engines an instance can name (``cluster.engine``) and the dispatch rule each runs
-#: (:mod:`moeopt.dispatch`): SGLang's ``--ep-dispatch-algorithm`` ``dynamic`` (its default
+#: (`moeopt.dispatch`): SGLang's ``--ep-dispatch-algorithm`` ``dynamic`` (its default
 #: without an all-to-all backend), ``static`` (its default with DeepEP) and ``lp``; vLLM's EPLB
 #: routing; vLLM-Ascend's rank-modulo rule.
 ENGINES: dict[str, str] = {
@@ -89,7 +89,7 @@ class Cluster:
     ``slots_per_gpu`` defaults to ``ceil(E / G)``; ``replica_slots_per_gpu`` extra slots per GPU
     hold replicas; ``inter_node_weight`` is the cost of an inter-node hop (intra-node costs 1).
     ``topology`` (optional) replaces that two-level model by a deeper switch tree, levels from
-    the GPUs up (:mod:`moeopt.topology` turns either into hop costs).
+    the GPUs up (`moeopt.topology` turns either into hop costs).
     A plan may fill any of a GPU's ``W = slots_per_gpu + replica_slots_per_gpu`` physical slots
     with any expert; ``allow_colocated_copies`` lets moeopt's planners put two copies of one
     expert on one GPU (engines' plans may hold them regardless).
@@ -106,13 +106,13 @@ class Cluster:
     #: GPU that ran its top-1 expert at the previous MoE layer)
     token_home: str = "uniform"
     topology: tuple[TopologyLevel, ...] | None = None
-    #: the serving engine the plans will run on (:data:`ENGINES`); its dispatch rule is the one
+    #: the serving engine the plans will run on (`ENGINES`); its dispatch rule is the one
     #: planners plan for and plans are scored under. None: no engine named (planners choose)
     engine: str | None = None
 
     @property
     def engine_rule(self) -> str | None:
-        """The dispatch kind :attr:`engine` runs (None without an engine)."""
+        """The dispatch kind `engine` runs (None without an engine)."""
         return None if self.engine is None else ENGINES[self.engine]
 
     @property
@@ -133,8 +133,8 @@ class Cluster:
 @dataclass(frozen=True, eq=False)
 class WorkloadSource:
     """Where a workload comes from: a file (trace or counts), a synthetic generator spec, or
-    ``data`` held in memory (a :class:`~moeopt.trace.Trace` or count-only
-    :class:`~moeopt.trace.Stats`, as :meth:`Instance.from_counts` and the other in-memory
+    ``data`` held in memory (a `Trace` or count-only
+    `Stats`, as `Instance.from_counts` and the other in-memory
     constructors make)."""
 
     path: Path | None = None
@@ -170,7 +170,7 @@ class ExecutorSpec:
 
 
 class InstanceOptions(TypedDict, total=False):
-    """The keyword options of the in-memory constructors (:meth:`Instance.from_counts`, ...):
+    """The keyword options of the in-memory constructors (`Instance.from_counts`, ...):
     the fields of an instance file's ``cluster``, ``model`` and ``method`` mappings, with the
     same defaults and checks."""
 
@@ -203,7 +203,7 @@ class InstanceOptions(TypedDict, total=False):
     d_ff: int
     dtype: str
     expert_bytes: int
-    #: the default method of :func:`moeopt.solve` (default ``auto``)
+    #: the default method of `moeopt.solve` (default ``auto``)
     method: str
     #: that method's parameters
     params: dict[str, Any]
@@ -225,7 +225,7 @@ class Instance:
     executor: ExecutorSpec | None = None  # YAML ``executor:``; None: serial
 
     def replace(self, **changes: Any) -> Instance:
-        """A copy with ``changes`` (field name -> new value), like :func:`dataclasses.replace`."""
+        """A copy with ``changes`` (field name -> new value), like `dataclasses.replace`."""
         return replace(self, **changes)
 
     @classmethod
@@ -259,7 +259,7 @@ class Instance:
             The instance's name (in reports).
         **options
             The cluster, model and method fields of an instance file
-            (:class:`InstanceOptions`): ``gpus_per_node``, ``slots_per_gpu``,
+            (`InstanceOptions`): ``gpus_per_node``, ``slots_per_gpu``,
             ``replica_slots_per_gpu``, ``engine``, ``dense_layers``, ``method``, ...
 
         Returns
@@ -298,7 +298,7 @@ class Instance:
             (``balance``) and the re-planning replay read the steps; the pooled counts are their
             sum over the steps.
         gpus, top_k, evaluation, name, **options
-            As for :meth:`from_counts` (``evaluation``: per-step counts too).
+            As for `from_counts` (``evaluation``: per-step counts too).
 
         Returns
         -------
@@ -335,7 +335,7 @@ class Instance:
         ----------
         topk
             ``[tokens, layers, k]`` integer expert ids (each token's top-k experts at each MoE
-            layer; numpy, torch or nested lists), or a :class:`~moeopt.trace.Trace`. ``layers``
+            layer; numpy, torch or nested lists), or a `Trace`. ``layers``
             and ``top_k`` come from its shape, ``experts`` from its largest id unless the
             ``experts`` option says more.
         gpus
@@ -354,7 +354,7 @@ class Instance:
         evaluation
             A held-out trace (the same kinds as ``topk``) to score plans on; None: in sample.
         name, **options
-            As for :meth:`from_counts`.
+            As for `from_counts`.
 
         Returns
         -------
@@ -397,7 +397,7 @@ class Instance:
         return services().instance_from_dict(data, None if base is None else Path(base))
 
     def check_feasible(self) -> None:
-        """Raise :class:`InfeasibleError` when no plan can place every expert (naming the file)."""
+        """Raise `InfeasibleError` when no plan can place every expert (naming the file)."""
         try:
             check_capacity(self.model, self.cluster)
         except InfeasibleError as exc:
@@ -412,7 +412,7 @@ def default_slots(experts: int, gpus: int) -> int:
 
 
 def check_capacity(model: Model, cluster: Cluster) -> None:
-    """Raise :class:`InfeasibleError` if ``gpus * slots_per_gpu < experts``."""
+    """Raise `InfeasibleError` if ``gpus * slots_per_gpu < experts``."""
     total = cluster.gpus * cluster.slots_per_gpu
     if total < model.experts:
         need = default_slots(model.experts, cluster.gpus)

@@ -3,7 +3,7 @@
 Each layer has ``G`` GPUs with ``W`` physical slots each (``W = slots_per_gpu +
 replica_slots_per_gpu``); a plan writes one logical expert id into every slot (``-1`` for a
 slot left empty) so that every expert has at least one copy. Copies are not "homes" or
-"replicas": they are equal, and the plan's :class:`Dispatch` says how tokens choose among
+"replicas": they are equal, and the plan's `Dispatch` says how tokens choose among
 them. Two copies of one expert on one GPU ("colocated", which DeepSeek's EPLB emits) are
 legal and scored as the engine runs them; moeopt's planners emit them only when
 ``cluster.allow_colocated_copies`` is true.
@@ -150,7 +150,7 @@ class Dispatch:
 
 
 def rule_dispatch(kind: str, model: Model | None = None) -> Dispatch:
-    """The :class:`Dispatch` of rule ``kind`` for a model: SGLang's ``static`` rule takes the
+    """The `Dispatch` of rule ``kind`` for a model: SGLang's ``static`` rule takes the
     model's ``dense_layers`` (the engine's map has their rows; None counts as 0)."""
     if kind == "static" and model is not None and model.dense_layers:
         return Dispatch(kind="static", dense_layers=model.dense_layers)
@@ -318,7 +318,7 @@ class Plan:
 
         The same checks as the command: the engine must run the plan's dispatch rule, SGLang's
         map needs the model's dense layers, vLLM-Ascend's map equal experts per device; empty
-        slots are filled by the rule of :mod:`moeopt.interop`. The file is written atomically.
+        slots are filled by the rule of `moeopt.interop`. The file is written atomically.
 
         Parameters
         ----------
@@ -488,7 +488,7 @@ class Plan:
         own: bool = False,
         kept: Plan | None = None,
     ) -> None:
-        """Raise :class:`PlanError` (one line) unless the plan fits the instance.
+        """Raise `PlanError` (one line) unless the plan fits the instance.
 
         ``own=True`` is for moeopt's own planners: colocated copies are then an error unless
         ``cluster.allow_colocated_copies``, or unless ``kept`` (the plan a re-plan started from,

@@ -17,7 +17,7 @@ from moeopt.services import services
 
 
 class Termination(str, Enum):
-    """Why a solve stopped (apart from what it holds: :class:`Status`)."""
+    """Why a solve stopped (apart from what it holds: `Status`)."""
 
     OPTIMAL = "optimal"  # the backend proved optimality
     COMPLETED = "completed"  # a heuristic ran its search to its end (no optimality claim)
@@ -71,7 +71,7 @@ PYOMO_TERMINATION: dict[str, Termination] = {
 }
 
 #: CP-SAT status names -> termination. ``FEASIBLE`` and ``UNKNOWN`` say only that the search
-#: stopped early: :func:`cpsat_termination` tells a time limit from an interrupt.
+#: stopped early: `cpsat_termination` tells a time limit from an interrupt.
 CPSAT_TERMINATION: dict[str, Termination] = {
     "OPTIMAL": Termination.OPTIMAL,
     "INFEASIBLE": Termination.INFEASIBLE,
@@ -84,29 +84,6 @@ CPSAT_TERMINATION: dict[str, Termination] = {
 def highs_termination(name: str) -> Termination:
     """Termination of a HiGHS model status name (unknown names are errors)."""
     return HIGHS_TERMINATION.get(name, Termination.ERROR)
-
-
-#: Pyomo's legacy (``pyomo.opt``) ``TerminationCondition`` names -> termination: the interfaces of
-#: CBC, GLPK and CPLEX report these (:mod:`moeopt.solvers.pyomo_solvers`). ``maxTimeLimit``,
-#: ``unbounded``, ``error``, ``licensingProblems`` and ``unknown`` are spelled as in API v2.
-PYOMO_LEGACY_TERMINATION: dict[str, Termination] = {
-    "optimal": Termination.OPTIMAL,
-    "globallyOptimal": Termination.OPTIMAL,
-    "locallyOptimal": Termination.ERROR,  # no proof for a MILP
-    "maxIterations": Termination.ITERATION_LIMIT,
-    "maxEvaluations": Termination.ITERATION_LIMIT,
-    "minFunctionValue": Termination.ITERATION_LIMIT,
-    "userInterrupt": Termination.INTERRUPTED,
-    "resourceInterrupt": Termination.INTERRUPTED,
-    "infeasible": Termination.INFEASIBLE,
-    "invalidProblem": Termination.ERROR,
-    "solverFailure": Termination.ERROR,
-    "internalSolverError": Termination.ERROR,
-    "intermediateNonInteger": Termination.TIME_LIMIT,  # stopped (by time) before an integer solution: none kept
-    "noSolution": Termination.ERROR,
-    "feasible": Termination.TIME_LIMIT,  # a plan without proof: moeopt sets no limit but time (GLPK's time limit)
-    "other": Termination.ERROR,
-}
 
 
 #: Pyomo's legacy (``pyomo.opt``) ``TerminationCondition`` names -> termination: the interfaces of
@@ -163,13 +140,13 @@ OPTIMALITY_TOLERANCE = 1e-5
 
 
 def bound_closes(objective: float, bound: float) -> bool:
-    """Whether ``bound`` proves ``objective`` optimal, to :data:`OPTIMALITY_TOLERANCE`."""
+    """Whether ``bound`` proves ``objective`` optimal, to `OPTIMALITY_TOLERANCE`."""
     return abs(bound - objective) <= OPTIMALITY_TOLERANCE * max(abs(bound), abs(objective), 1e-12)
 
 
 def combine_termination(values: Sequence[Termination | None]) -> Termination:
     """The termination of a multi-layer solve: the worst of its layers (None: not known, skipped;
-    a :class:`Result`'s termination is never None)."""
+    a `Result`'s termination is never None)."""
     known = [v for v in values if v is not None]
     return min(known, key=_TERMINATION_SEVERITY.index) if known else Termination.COMPLETED
 
@@ -178,7 +155,7 @@ class Status(str, Enum):
     """What a result holds: a proved optimum, a feasible plan, or nothing usable.
 
     ``TIME_LIMIT`` is a feasible plan from an exact solve that stopped early, for whatever
-    reason; :attr:`Result.termination` says which (time limit, interrupt, iteration limit).
+    reason; `Result.termination` says which (time limit, interrupt, iteration limit).
     """
 
     OPTIMAL = "optimal"  # proved optimal (bound closes the gap)
@@ -231,7 +208,7 @@ class Result:
     """A method's answer.
 
     ``objective`` is the method's own objective (``objective_name``, minimized or maximized
-    per ``sense``) recomputed by :mod:`moeopt.evaluate` on the returned plan; a backend's own
+    per ``sense``) recomputed by `moeopt.evaluate` on the returned plan; a backend's own
     number, where there is one, sits in ``stats['solver_objective']``. ``bound`` is a proved
     bound on the optimum (exact solvers and certified heuristics), ``metrics`` the evaluator's
     metrics on the evaluation workload.
@@ -249,7 +226,7 @@ class Result:
     metrics: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     termination: Termination | None = None  # why it stopped; default: implied by ``status``
-    instance: str = ""  # the name of the instance solved (set by :func:`moeopt.solve`)
+    instance: str = ""  # the name of the instance solved (set by `moeopt.solve`)
 
     def __post_init__(self) -> None:
         if self.sense not in ("min", "max"):
@@ -293,11 +270,11 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         """The result as plain JSON values: the content of ``moeopt solve --report``.
 
-        Keys: ``instance``, ``method``, ``params``, ``status``, ``termination``, ``solution``,
-        ``objective_name``, ``sense``, ``objective``, ``bound``, ``gap``, ``wall_time``,
-        ``metrics`` and ``stats``; numpy values become numbers and lists, NaN and infinities
-        null (:func:`jsonable`). The plan is not part of it: write it with
-        :func:`moeopt.write_plan` or :meth:`Plan.to_engine`.
+        Keys: ``instance``, ``method``, ``params``, ``status``, ``termination``, ``solution``, ``objective_name``,
+        ``sense``, ``objective``, ``bound``, ``gap``, ``wall_time``, ``metrics`` and ``stats``;
+        numpy values become numbers and lists, NaN and infinities
+        null (`jsonable`). The plan is not part of it: write it with
+        `moeopt.write_plan` or `Plan.to_engine`.
         """
         assert self.termination is not None  # __post_init__ sets it
         report = {
@@ -319,7 +296,7 @@ class Result:
         return dict(jsonable(report))
 
     def to_json(self, path: str | Path | None = None) -> str:
-        """The result as indented JSON text (:meth:`to_dict`); written to ``path`` (atomically)
+        """The result as indented JSON text (`to_dict`); written to ``path`` (atomically)
         when given, byte for byte what ``moeopt solve --report`` writes.
 
         Parameters
@@ -359,5 +336,5 @@ def jsonable(x: Any) -> Any:
 
 
 def json_text(data: Any) -> str:
-    """The JSON text of every report moeopt writes: :func:`jsonable` values, indented by one."""
+    """The JSON text of every report moeopt writes: `jsonable` values, indented by one."""
     return json.dumps(jsonable(data), indent=1) + "\n"

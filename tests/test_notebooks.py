@@ -2,7 +2,9 @@
 
 Each notebook is committed with the outputs of a full run; here papermill injects small sizes
 and short time limits (the cell tagged ``parameters``) and writes its figures to a temporary
-directory, so the committed figures are never touched.
+directory, so the committed figures are never touched. The kernel starts in a folder outside
+the repository: a notebook finds the repository from its own location (or moeopt's checkout),
+never from the working directory, and its relative paths (instances, figures) start there.
 """
 
 from __future__ import annotations
@@ -62,12 +64,25 @@ def test_every_notebook_has_small_parameters():
 def test_notebook_executes(name, tmp_path):
     """Execute every cell with small parameters; an exception or failed assertion fails the test."""
     params = {**SMALL[name], "FIG_DIR": str(tmp_path / "figures")}
+    elsewhere = tmp_path / "elsewhere"  # not the repository, nor the notebooks' folder
+    elsewhere.mkdir()
     papermill.execute_notebook(
         str(ROOT / "notebooks" / name),
         str(tmp_path / name),
         parameters=params,
         kernel_name="python3",
-        cwd=str(ROOT),
+        cwd=str(elsewhere),
         progress_bar=False,
     )
     assert any((tmp_path / "figures").glob("*.png"))
+    assert not list(elsewhere.iterdir())  # nothing written where the kernel started
+
+
+def test_notebooks_write_figures_next_to_them():
+    """Each notebook's default figure folder is notebooks/figures (relative to the repository)."""
+    import json
+
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        (params,) = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+        assert 'FIG_DIR = "notebooks/figures"' in "".join(params["source"]), path.name

@@ -35,6 +35,8 @@ def plan_to_json(plan: Plan, method: str = "", params: dict | None = None) -> di
 
 
 def write_plan(path: str | Path, plan: Plan, method: str = "", params: dict | None = None) -> None:
+    """Write a plan file (``moeopt.plan/2`` JSON, atomically), recording the method and
+    parameters that made it (what ``moeopt evaluate`` reads back for the method's metrics)."""
     write_json(path, plan_to_json(plan, method, params))
 
 

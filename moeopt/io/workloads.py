@@ -374,6 +374,7 @@ def trace_from_arrays(arrays: dict[str, np.ndarray], src: str) -> Trace:
 
 
 def write_trace(path: str | Path, trace: Trace) -> None:
+    """Write a routing trace as ``.npz`` (the format `read_trace` reads), atomically."""
     arrays: dict[str, Any] = {  # np.savez_compressed's **kwds (typed as its keyword options)
         "topk": trace.topk,
         "family": trace.family,
