@@ -215,7 +215,10 @@ def run_plans(inst: Instance, wl, dep: float | None, workload: str, log, workers
     out.append(row("agnostic + relabel", G, E, k, dep, relabeled, t_ag + time.perf_counter() - t0, inst, wl))
     kicks = {"kicks": KICKS, "patience": PATIENCE}
     cl, t_cl = timed(
-        "crosslayer", hint=ag.plan, params={"starts": "hypergraph", "bound_time": 0, **kicks}, time_limit=TIME_LIMIT
+        "crosslayer",
+        hint=ag.plan,
+        params={"starts": "hypergraph", "bound_time": 0, **kicks},
+        layer_time_limit=TIME_LIMIT,
     )
     out.append(row("crosslayer", G, E, k, dep, cl.plan, t_ag + t_cl, inst, wl))
     out[-1]["best_start"] = "agnostic" if cl.stats.get("best_start") == "hint" else cl.stats.get("best_start")

@@ -125,7 +125,7 @@ def run_config(
         methods.append("gem-cpsat")
     for name in methods:
         limit = 60.0 / calib.layers if name == "gem-cpsat" else None  # 60 s over all layers
-        r = solve(inst, method=name, workloads=wl, time_limit=limit, workers=workers)
+        r = solve(inst, method=name, workloads=wl, layer_time_limit=limit, workers=workers)
         m = r.metrics
         row["methods"][name] = {
             "S": m["straggler_latency"],

@@ -4,13 +4,13 @@ Usage::
 
     python benchmarks/limits.py                  # both instances, every method, T = 2 s per layer
     python benchmarks/limits.py --quick          # the 3 x 128 instance (and crosslayer's) only
-    python benchmarks/limits.py --time-limit 0.5 --methods hypergraph,joint
+    python benchmarks/limits.py --layer-time-limit 0.5 --methods hypergraph,joint
 
 Writes ``benchmarks/results/limits.json`` (every run: command, exit code, wall time, the report's
 termination and notes) and ``limits.md`` (the tables).
 
 **Limits.** Every registered method that is available here runs through the command line,
-``python -m moeopt solve INSTANCE --method M --time-limit T`` (``T`` seconds per layer), on two
+``python -m moeopt solve INSTANCE --method M --layer-time-limit T`` (``T`` seconds per layer), on two
 instances (synthetic top-8 traces of 8192 tokens, 16 GPUs): 3 layers x 128 experts (8 slots per
 GPU), and 4 layers x 64 experts with one replica slot per GPU; ``crosslayer``, the planner of
 ``token_home: previous-layer``, also on 4 layers x 128 experts with those homes. Its wall time
@@ -158,7 +158,7 @@ def startup(instance: Path, folder: Path, runs: int = STARTUP_RUNS) -> list[floa
 
 
 def limit_row(name: str, method: str, instance: Path, layers: int, T: float, folder: Path) -> dict:
-    """One method at ``--time-limit T`` on one instance, right after a run of ``linear`` (its start-up)."""
+    """One method at ``--layer-time-limit T`` on one instance, right after a run of ``linear`` (its start-up)."""
     stem = f"{name.replace(' ', '-')}-{method}"
     start = startup(instance, folder, runs=1)[0]
     report = folder / f"{stem}.json"
@@ -167,7 +167,7 @@ def limit_row(name: str, method: str, instance: Path, layers: int, T: float, fol
         str(instance),
         "--method",
         method,
-        "--time-limit",
+        "--layer-time-limit",
         f"{T:g}",
         "--quiet",
         "--report",
@@ -321,7 +321,7 @@ def body(data: dict) -> str:
         f"are shared with other work: timings are noisy). Commit {str(m['git_commit'])[:10]}. Run time "
         f"{info['wall_s']:.0f} s. Produced by `python benchmarks/limits.py{' --quick' if info['quick'] else ''}`.",
         "",
-        f"## Wall time at `--time-limit {info['time_limit']:g}` (seconds per layer)",
+        f"## Wall time at `--layer-time-limit {info['time_limit']:g}` (seconds per layer)",
         "",
         "Every available method through the command line; wall = the whole process (start-up, loading, "
         "solving, scoring, writing the plan and the report); allowed = 1.1 x T x layers + start-up, start-up = "
@@ -381,7 +381,9 @@ def body(data: dict) -> str:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the 3 x 128 instance (and crosslayer's) only")
-    p.add_argument("--time-limit", type=float, default=2.0, help="seconds per layer (default 2)")
+    p.add_argument(
+        "--layer-time-limit", dest="time_limit", type=float, default=2.0, help="seconds per layer (default 2)"
+    )
     p.add_argument("--methods", help="comma-separated methods (default: every available one)")
     p.add_argument("--no-repro", action="store_true", help="skip the reproducibility check")
     p.add_argument(
@@ -392,7 +394,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=RESULTS, help="folder of limits.json and limits.md")
     args = p.parse_args(argv)
     if not args.time_limit > 0:
-        p.error(f"--time-limit: expected a number > 0, got {args.time_limit}")
+        p.error(f"--layer-time-limit: expected a number > 0, got {args.time_limit}")
     if args.methods is not None:
         names = [m.strip() for m in args.methods.split(",") if m.strip()]
         known = method_names()

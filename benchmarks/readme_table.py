@@ -320,7 +320,7 @@ def _limits_rows(results: Path) -> list[tuple[str, str, str, str]]:
     out = [
         (
             "Time limits",
-            f"every method, `--time-limit {T:g}` (s per layer), 3 × 128 and 4 × 64 (+1) experts, 16 GPUs, "
+            f"every method, `--layer-time-limit {T:g}` (s per layer), 3 × 128 and 4 × 64 (+1) experts, 16 GPUs, "
             f"{info['machine']['cpus']} cores",
             result,
             "limits",

@@ -113,7 +113,7 @@ def deepseek_workloads(layers: int) -> Workloads:
 
 def timed_solve(inst: Instance, wl: Workloads, method: str, params: dict, **executor) -> tuple[float, object]:
     t0 = time.perf_counter()
-    r = solve(inst, method=method, params=params, workloads=wl, time_limit=TIME_LIMIT, quiet=True, **executor)
+    r = solve(inst, method=method, params=params, workloads=wl, layer_time_limit=TIME_LIMIT, quiet=True, **executor)
     return time.perf_counter() - t0, r
 
 

@@ -286,7 +286,7 @@ def solver_instance(E: int) -> Instance:
 def run_solver(inst: Instance, wl: Workloads, method: str, limit: float, workers: int = 1) -> dict:
     t0 = time.perf_counter()
     try:
-        r = solve(inst, method=method, workloads=wl, time_limit=limit, workers=workers)
+        r = solve(inst, method=method, workloads=wl, layer_time_limit=limit, workers=workers)
     except MoeoptError as exc:
         return {"status": "refused", "reason": str(exc), "wall_time": time.perf_counter() - t0}
     return {

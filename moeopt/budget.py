@@ -2,21 +2,21 @@
 
 Two limits bound a run. ``--layer-time-limit T`` is seconds per layer for the whole pipeline of
 a layer (warm start, search, exact solve, certificate); ``--time-limit S`` is seconds for the
-whole run. :mod:`moeopt.execute` gives each layer, when it starts, the smaller of ``T`` and its
-share of what is left of ``S`` (:func:`share`: what is left divided over the layers still to
-plan), starts a :class:`Budget` of it and passes it in the method's
-:class:`~moeopt.registry.Context` (methods that plan all layers at once get ``min(L x T, S)``);
-each phase takes its share of what is left (:meth:`Budget.child`, :meth:`Budget.cap`), so the
+whole run. ``moeopt.execute`` gives each layer, when it starts, the smaller of ``T`` and its
+share of what is left of ``S`` (``share``: what is left divided over the layers still to
+plan), starts a ``Budget`` of it and passes it in the method's
+``moeopt.registry.Context`` (methods that plan all layers at once get ``min(L x T, S)``);
+each phase takes its share of what is left (``Budget.child``, ``Budget.cap``), so the
 phases together never exceed the layer's limit, and the layers together never exceed ``S``.
-The run's deadline is a wall-clock time (:func:`deadline_after`), so that worker processes
+The run's deadline is a wall-clock time (``deadline_after``), so that worker processes
 and Ray tasks measure their share against the same clock.
 
 Searches are bounded by work (rounds, moves, evaluations) so that a seed fixes their result;
 the budget is only a cap, and a search that hits it says so (termination ``time_limit``).
 
-:func:`run_interruptible` lets Ctrl-C reach a solver that runs in native code (CP-SAT,
+``run_interruptible`` lets Ctrl-C reach a solver that runs in native code (CP-SAT,
 HiGHS), where Python's own SIGINT handler only runs once the call returns: the solver is asked
-to stop through its own API (:mod:`moeopt.interrupt`) and :class:`KeyboardInterrupt` is raised,
+to stop through its own API (``moeopt.interrupt``) and ``KeyboardInterrupt`` is raised,
 so an interrupt is never mistaken for a time limit.
 """
 
@@ -42,7 +42,7 @@ class Budget:
     seconds
         Seconds from now; None or ``inf``: no limit.
     deadline
-        An absolute :func:`time.perf_counter` value instead of ``seconds`` (used by :meth:`child`).
+        An absolute ``time.perf_counter`` value instead of ``seconds`` (used by ``child``).
     """
 
     __slots__ = ("deadline", "start")
@@ -108,9 +108,9 @@ MIN_SHARE = 0.01
 
 
 def deadline_after(seconds: float | None) -> float | None:
-    """The wall-clock time (:func:`time.time`) ``seconds`` from now; None for no limit (None or ``inf``).
+    """The wall-clock time (``time.time``) ``seconds`` from now; None for no limit (None or ``inf``).
 
-    Wall-clock rather than :func:`time.perf_counter`: the deadline crosses processes (a worker
+    Wall-clock rather than ``time.perf_counter``: the deadline crosses processes (a worker
     pool, Ray tasks) and each compares it with its own clock.
     """
     if seconds is None or math.isinf(seconds):
@@ -127,14 +127,14 @@ def share(limit: float | None, deadline: float | None, left: int, width: int = 1
     rounds still to run: ``left`` items (this one included) on ``width`` parallel workers take
     ``ceil(left / width)`` rounds. Time an item leaves unused goes to the items after it, and the
     last round gets all that is left, so the items together end by the deadline (each keeping
-    its share). The share is never below :data:`MIN_SHARE`.
+    its share). The share is never below ``MIN_SHARE``.
 
     Parameters
     ----------
     limit
         The item's own limit in seconds (``--layer-time-limit``); None: none.
     deadline
-        The run's deadline (:func:`deadline_after` of ``--time-limit``); None: none.
+        The run's deadline (``deadline_after`` of ``--time-limit``); None: none.
     left
         Items not yet started, this one included (>= 1).
     width
@@ -154,17 +154,17 @@ def share(limit: float | None, deadline: float | None, left: int, width: int = 1
 
 def run_interruptible(solve: Callable[[], T], stop: Callable[[], object] | None = None) -> T:
     """``solve()``, a native solver's call, such that Ctrl-C (or SIGTERM) stops it at once and
-    raises :class:`~moeopt.interrupt.Interrupted` (a :class:`KeyboardInterrupt`).
+    raises ``moeopt.interrupt.Interrupted`` (a ``KeyboardInterrupt``).
 
     The call runs in this thread; ``stop()`` (CP-SAT's ``stop_search``, HiGHS's ``cancelSolve``)
-    is registered with :mod:`moeopt.interrupt`, whose watcher calls it when a signal comes, so
+    is registered with ``moeopt.interrupt``, whose watcher calls it when a signal comes, so
     the solver returns, its threads joined, and the interrupt is raised instead of a result
     that would look like a time limit. A call without ``stop`` runs in a child process that a
-    signal kills, under the command line (:func:`moeopt.interrupt.call`).
+    signal kills, under the command line (``moeopt.interrupt.call``).
     """
     return interrupt.call(solve, stop)
 
 
 #: Hold Ctrl-C back while a block runs (e.g. starting worker processes), then raise it:
-#: :func:`moeopt.interrupt.deferred`.
+#: ``moeopt.interrupt.deferred``.
 deferred_interrupt = interrupt.deferred

@@ -1,12 +1,12 @@
 """Run a method layer by layer: serially, in a local process pool, or as Ray tasks.
 
-Layers are independent placement problems. :func:`run` splits a :class:`~moeopt.registry.Problem`
+Layers are independent placement problems. ``run`` splits a ``moeopt.registry.Problem``
 into single-layer sub-problems (the instance with ``layers = 1``, the layer's slice of the
 calibration statistics, of the trace when the method reads it, the hint and the current plan;
-the profile unchanged), runs the method on each with the seed :func:`layer_seed` ``(seed, l)``
+the profile unchanged), runs the method on each with the seed ``layer_seed`` ``(seed, l)``
 and stitches the answers: plans concatenated along the layer axis (dispatch of the first),
-statuses by :func:`~moeopt.result.combine_status`, objectives and bounds by the method's
-``combine`` rule (``"sum"`` or ``"mean"``), statistics by :func:`combine_stats`.
+statuses by ``moeopt.result.combine_status``, objectives and bounds by the method's
+``combine`` rule (``"sum"`` or ``"mean"``), statistics by ``combine_stats``.
 
 The serial run uses the same decomposition, so ``workers=1``, ``workers=N`` and Ray give the
 same plans byte for byte for one seed (as long as no time limit cuts a search short: a
@@ -15,12 +15,12 @@ search stopped by the clock depends on the machine's speed, in any executor).
 Time limits: each layer gets, when it starts, the smaller of the per-layer limit
 (``Context.time_limit``, ``--layer-time-limit``) and its share of what is left of the run's
 total (``deadline``, ``--time-limit``) over the layers still to plan
-(:func:`moeopt.budget.share`); a method solved whole gets ``min(L x T, what is left)``.
+(``moeopt.budget.share``); a method solved whole gets ``min(L x T, what is left)``.
 
-Backends, all running :func:`run_layer` on the same :class:`LayerTask` objects:
+Backends, all running ``run_layer`` on the same ``LayerTask`` objects:
 
 * serial: in this process;
-* ``workers=N``: a :class:`concurrent.futures.ProcessPoolExecutor` (``forkserver`` start
+* ``workers=N``: a ``concurrent.futures.ProcessPoolExecutor`` (``forkserver`` start
   method on POSIX, with moeopt preloaded, ``spawn`` elsewhere);
 * ``ray``: ``ray.remote`` tasks on an existing cluster (``ray.init(address=...)``), or on a
   local Ray started for the run (``"local"``); a Ray session already initialized in this
@@ -173,10 +173,10 @@ class LayerTask:
     hint: Plan | None = None
     current: Plan | None = None
     quiet: bool = True
-    #: the run's wall-clock deadline (:func:`moeopt.budget.deadline_after`), None: no total limit
+    #: the run's wall-clock deadline (``moeopt.budget.deadline_after``), None: no total limit
     deadline: float | None = None
     #: layers not started before this one (this one included) and how many run at once: the
-    #: layer's share of the time left before ``deadline`` (:func:`moeopt.budget.share`)
+    #: layer's share of the time left before ``deadline`` (``moeopt.budget.share``)
     left: int = 1
     width: int = 1
 
@@ -340,7 +340,7 @@ def _raise(layer: int, error: tuple) -> None:
 
 # ----------------------------------------------------------------------------- backends
 def worker_init() -> None:
-    """Workers leave SIGINT to the parent, which stops them all (:func:`stop_pool`).
+    """Workers leave SIGINT to the parent, which stops them all (``stop_pool``).
 
     A stopped worker runs no exit code, so nothing it makes may need some: its progress bars
     (disabled) lock with a thread lock, and the locks a library makes in it (Pyomo makes a
@@ -416,7 +416,7 @@ def pool_map(
 ) -> None:
     """``fn(*item)`` for every item in ``workers`` local processes, ``done`` called with each
     result as it finishes; Ctrl-C or an error stops every worker. ``initializer(*initargs)``
-    runs once in each worker (it must leave SIGINT to the parent, as :func:`worker_init` does)."""
+    runs once in each worker (it must leave SIGINT to the parent, as ``worker_init`` does)."""
     pool = None
     try:
         with interrupt.deferred():  # Ctrl-C waits until every worker is known, so all are stopped
@@ -544,7 +544,7 @@ def ray_map(
 def _ray_tasks(
     ray: Any, fn: Callable[..., Any], items: Sequence[tuple[Any, ...]], done: Callable[[Any], None], shared: Any
 ) -> None:
-    """Run the tasks of :func:`ray_map` on an initialized Ray; Ctrl-C or an error cancels
+    """Run the tasks of ``ray_map`` on an initialized Ray; Ctrl-C or an error cancels
     (kills) the tasks still pending."""
     remote = ray.remote(num_cpus=1, max_retries=0)(fn)
     pending: list = []
@@ -679,7 +679,7 @@ def _history_point(outcome: LayerOutcome, seconds: float) -> dict[str, Any]:
 
 
 def _layer_line(name: str, outcome: LayerOutcome) -> str:
-    """The progress line of a finished layer, in the words of :mod:`moeopt.result`."""
+    """The progress line of a finished layer, in the words of ``moeopt.result``."""
     r = outcome.solved
     assert r.termination is not None  # Result.__post_init__ sets it
 
@@ -704,11 +704,11 @@ def run(
 ) -> Result:
     """Solve ``problem`` with ``method`` layer by layer on ``executor`` (default: serial).
 
-    Methods that are not layerwise (:func:`is_layerwise`) are solved whole in this process;
+    Methods that are not layerwise (``is_layerwise``) are solved whole in this process;
     ``note`` then gets a one-line remark when a parallel executor was asked for.
-    ``ctx.time_limit`` is seconds per layer; ``deadline`` (:func:`moeopt.budget.deadline_after`)
+    ``ctx.time_limit`` is seconds per layer; ``deadline`` (``moeopt.budget.deadline_after``)
     ends the whole run: each layer gets the smaller of the two shares
-    (:func:`moeopt.budget.share`), a whole-model method ``min(L x T, what is left)``.
+    (``moeopt.budget.share``), a whole-model method ``min(L x T, what is left)``.
     """
     executor = executor or Executor()
     began = time.perf_counter()

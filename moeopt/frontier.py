@@ -20,6 +20,10 @@ fork server of [`moeopt.execute`][], each point's layers serial in its worker), 
 seed per point as the serial sweep, hence the same plans and metrics (wall times aside).
 With ``ray`` the points are Ray tasks (each point's layers serial in its task), again with the
 serial sweep's seeds, plans and metrics.
+
+Time limits: ``layer_time_limit`` is seconds per layer of every point; ``time_limit`` is
+seconds for the whole sweep, each point taking, as it starts, its share of what is left over
+the points still to solve (``moeopt.budget.share``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import numpy as np
 from tabulate import tabulate
 
 from moeopt import console, execute
+from moeopt.budget import share
 from moeopt.errors import MoeoptError
 from moeopt.instance import Instance
 from moeopt.registry import get_method, method_names, metric_hooks
@@ -126,11 +131,21 @@ def point_of(
     families: dict[str, Any],
     workers: int | None = None,
     ray: str | bool | None = None,
+    layer_time_limit: float | None = None,
 ) -> FrontierPoint:
-    """Solve one method at one ``eps`` and score it (held-out, and per family)."""
+    """Solve one method at one ``eps`` and score it (held-out, and per family); ``time_limit``
+    is the point's own total, ``layer_time_limit`` per layer."""
     t0 = time.perf_counter()
     result = solve(
-        instance, method=method, params=params, time_limit=time_limit, seed=seed, workloads=wl, workers=workers, ray=ray
+        instance,
+        method=method,
+        params=params,
+        time_limit=time_limit,
+        layer_time_limit=layer_time_limit,
+        seed=seed,
+        workloads=wl,
+        workers=workers,
+        ray=ray,
     )
     wall = time.perf_counter() - t0
     assert result.termination is not None  # Result.__post_init__ sets it
@@ -215,6 +230,7 @@ def _solve_point(
     families: dict[str, Any],
     workers: int | None,
     ray: str | bool | None,
+    layer_time_limit: float | None = None,
 ) -> FrontierPoint:
     """One point of the sweep; a load limit the method cannot reach is a point with an error."""
     params = sweep_params(method, e)
@@ -226,6 +242,7 @@ def _solve_point(
             e,
             params,
             time_limit=time_limit,
+            layer_time_limit=layer_time_limit,
             seed=seed,
             families=families,
             workers=workers,
@@ -236,7 +253,8 @@ def _solve_point(
 
 
 #: What every worker of a parallel sweep shares (the instance, its workloads, the family
-#: workloads, limit and seed): shipped once per worker by the pool's initializer, not per point.
+#: workloads, limits, deadline and seed): shipped once per worker by the pool's initializer,
+#: not per point.
 _shared: dict[str, Any] = {}
 
 
@@ -254,7 +272,8 @@ def _point_task(index: int, method: str, e: float | None) -> tuple[int, Frontier
         s["wl"],
         method,
         e,
-        time_limit=s["time_limit"],
+        time_limit=share(None, s["deadline"], s["points"] - index, s["width"]),  # as the point starts
+        layer_time_limit=s["layer_time_limit"],
         seed=s["seed"],
         families=s["families"],
         workers=1,
@@ -280,12 +299,18 @@ def frontier(
     log: Callable[[str], None] | None = None,
     workers: int | None = None,
     ray: str | bool | None = None,
+    layer_time_limit: float | None = None,
 ) -> list[FrontierPoint]:
     """Every method at every ``eps`` (once for methods without a load-limit knob), scored on
     the held-out evaluation workload; the Pareto set flagged.
 
     Parameters
     ----------
+    time_limit
+        Seconds for the whole sweep (loading the workloads included): each point gets, as it
+        starts, its share of what is left over the points still to solve. None: no total.
+    layer_time_limit
+        Seconds per layer of every point. None: no per-layer limit.
     log
         Gets one line per finished point (in the order they finish); given, a progress bar
         over the points is also drawn (on a terminal only, `moeopt.console.bar`).
@@ -302,6 +327,7 @@ def frontier(
     list of FrontierPoint
         In sweep order (method, then eps), whatever the executor.
     """
+    deadline = None if time_limit is None else time.time() + time_limit
     executor = execute.resolve(instance, workers, ray)
     if executor.kind == "ray":
         execute.import_ray()  # fail before loading anything
@@ -318,7 +344,17 @@ def frontier(
         bar.update(1)
 
     try:
-        shared = dict(instance=instance, wl=wl, families=families, time_limit=time_limit, seed=seed)
+        parallel = executor.kind in ("pool", "ray") and len(units) > 1
+        shared = dict(
+            instance=instance,
+            wl=wl,
+            families=families,
+            deadline=deadline,
+            layer_time_limit=layer_time_limit,
+            points=len(units),
+            width=executor.width(len(units)) if parallel else 1,
+            seed=seed,
+        )
         if executor.kind == "pool" and len(units) > 1:
             items = [(i, m, e) for i, (m, e) in enumerate(units)]
             execute.pool_map(
@@ -341,7 +377,8 @@ def frontier(
                         wl,
                         method,
                         e,
-                        time_limit=time_limit,
+                        time_limit=share(None, deadline, len(units) - i),
+                        layer_time_limit=layer_time_limit,
                         seed=seed,
                         families=families,
                         workers=executor.workers,

@@ -204,7 +204,7 @@ def frontier_points(data: dict) -> list:
     names = {f.name for f in fields(FrontierPoint)}
     points = data.get("points")
     if not isinstance(points, list):
-        raise MoeoptError("not a frontier file (no 'points' list): write one with moeopt frontier --output-dir")
+        raise MoeoptError("not a frontier file (no 'points' list): write one with moeopt frontier -o DIR")
     out = []
     for p in points:
         q = {k: v for k, v in p.items() if k in names}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -10,14 +11,68 @@ from moeopt.errors import InputError, PlanError
 from moeopt.instance import Instance
 from moeopt.io import load_workload, resolve_profile
 from moeopt.plan import Dispatch, Plan, engine_dispatch
-from moeopt.registry import Context, Problem, get_method, parse_params
+from moeopt.registry import Context, Problem, get_method, method_names, param_fields, parse_params
 from moeopt.relabel import relabel_gpus
 from moeopt.result import Result
 from moeopt.schema import check_homes
 from moeopt.scoring import Workloads, add_relative_metrics, score
 from moeopt.trace import Trace
 
-__all__ = ["Workloads", "add_relative_metrics", "check_requirements", "load_workloads", "solve"]
+__all__ = [
+    "RUN_LIMITS",
+    "Workloads",
+    "add_relative_metrics",
+    "check_requirements",
+    "load_workloads",
+    "run_limits",
+    "solve",
+]
+
+#: Keys of a ``method:`` mapping (or of ``params``) that set the run's time limits rather than a
+#: method parameter: ``time_limit`` (seconds for the whole run) and ``layer_time_limit`` (per layer).
+#: A method with a parameter of that name keeps it (``gem-milp``'s ``time_limit``).
+RUN_LIMITS = ("time_limit", "layer_time_limit")
+
+
+def run_limits(
+    mapping: dict[str, Any] | None, source: str | None, prefix: str = "method.", method: str | None = None
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Split a ``method:`` mapping into the run's time limits and the method's own parameters.
+
+    Parameters
+    ----------
+    mapping
+        A ``method:`` mapping (its ``name`` already taken out) or the ``params`` of `solve`.
+    source
+        The file it was read from, for messages.
+    prefix
+        Put before a key in messages (``method.time_limit``).
+    method
+        The registered method the mapping is for: a parameter of its own named like a run limit
+        stays its parameter.
+
+    Returns
+    -------
+    tuple of dict
+        The limits given (`RUN_LIMITS` keys, seconds) and every other key.
+
+    Raises
+    ------
+    InputError
+        Naming ``method.time_limit`` (or ``method.layer_time_limit``) for a value that is not
+        a finite number of seconds > 0.
+    """
+    own = param_fields(get_method(method)) if method is not None and method in method_names() else {}
+    limits: dict[str, float] = {}
+    rest: dict[str, Any] = {}
+    for key, value in (mapping or {}).items():
+        if key not in RUN_LIMITS or key in own:
+            rest[key] = value
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            raise InputError(source, f"{prefix}{key}", f"expected a finite number of seconds > 0, found {value!r}")
+        limits[key] = float(value)
+    return limits, rest
 
 
 def load_workloads(instance: Instance) -> Workloads:
@@ -73,6 +128,7 @@ def solve(
     method: str | None = None,
     params: dict[str, Any] | None = None,
     time_limit: float | None = None,
+    layer_time_limit: float | None = None,
     seed: int = 0,
     hint: Plan | None = None,
     quiet: bool = True,
@@ -85,21 +141,35 @@ def solve(
 ) -> Result:
     """Solve ``instance`` with its method (or ``method``), check the plan, score it.
 
-    Layers are solved one at a time (:mod:`moeopt.execute`), each seeded from ``seed`` and
+    Layers are solved one at a time (``moeopt.execute``), each seeded from ``seed`` and
     its index: in this process (``workers=1``), in ``workers`` local processes, or as Ray
     tasks (``ray``: a cluster address, or ``"local"`` / True for a local Ray started for the
     run), with the same plans in every case. None: the instance's ``executor:`` mapping,
-    else serial. ``time_limit`` is per layer.
+    else serial.
+
+    ``time_limit`` is seconds for the whole run (loading the workloads included) and
+    ``layer_time_limit`` seconds per layer: each layer gets the smaller of its limit and its
+    share of what is left of the total (``moeopt.budget.share``). None: the value of the
+    same key in ``params``, else in the instance's ``method:`` mapping (unless the method has a
+    parameter of that name), else no limit.
 
     ``params`` default to the instance's ``method:`` mapping; when ``method`` names another
     method, only the parameters that method accepts are kept. ``dispatch`` replaces the
     dispatch rule of the returned plan (default: the one the method chose). ``current`` is
     the plan running now, for migration-aware methods (``balance``). Under ``token_home:
-    previous-layer`` every plan gets the free GPU relabeling of :mod:`moeopt.relabel`
+    previous-layer`` every plan gets the free GPU relabeling of ``moeopt.relabel``
     (``relabel=False`` skips it). The metrics come
-    from :func:`moeopt.scoring.score`, the same function ``evaluate`` uses on the plan file.
+    from ``moeopt.scoring.score``, the same function ``evaluate`` uses on the plan file.
     """
+    started = time.time()  # a total limit counts from here
     src = str(instance.source) if instance.source else None
+    own_limits, own_params = run_limits(instance.method.params, src, method=instance.method.name)
+    given = method or instance.method.name
+    given_limits, params = run_limits(params, src, method=given) if params is not None else ({}, None)
+    limits = {**own_limits, **given_limits}
+    explicit = {k: v for k, v in (("time_limit", time_limit), ("layer_time_limit", layer_time_limit)) if v is not None}
+    limits.update(run_limits(explicit, None, prefix="")[0])  # checked as the instance's are
+    time_limit, layer_time_limit = limits.get("time_limit"), limits.get("layer_time_limit")
     name = method or instance.method.name
     impl = get_method(name, source=src)
     executor = execute.resolve(instance, workers, ray)
@@ -107,7 +177,7 @@ def solve(
         execute.import_ray()  # fail before loading anything
     if params is None:
         strict = name == instance.method.name
-        params_obj = parse_params(impl, instance.method.params, source=src, strict=strict)
+        params_obj = parse_params(impl, own_params, source=src, strict=strict)
     else:
         params_obj = parse_params(impl, params, source=src)
     if not impl.available():
@@ -126,13 +196,14 @@ def solve(
         except PlanError as exc:
             raise InputError(src, "--from", str(exc)) from None
         current = current.padded(instance.cluster.width)
-    ctx = Context(time_limit=time_limit, seed=seed, hint=hint, quiet=quiet, current=current)
+    ctx = Context(time_limit=layer_time_limit, seed=seed, hint=hint, quiet=quiet, current=current)
+    deadline = None if time_limit is None else started + time_limit  # loading the workloads counts too
     t0 = time.perf_counter()
     note = console.note  # a note is shown even when progress is not (unless --quiet)
     profile_note = wl.profile.meta.get("note") if wl.profile is not None else None
     if profile_note:  # e.g. "profile: one GPU broadcast to 8 identical GPUs"
         note(f"note: {profile_note}")
-    result = execute.run(impl, problem, params_obj, ctx, executor, note=note)
+    result = execute.run(impl, problem, params_obj, ctx, executor, note=note, deadline=deadline)
     for line in console.result_notes(result.stats, result.method):  # what to act on, not only in the report
         note(line)
     wall = time.perf_counter() - t0

@@ -250,9 +250,9 @@ OVERWRITES = [
     (["compare", "inst.yaml", "--methods", "linear", "--report", "inst.yaml"], "inst.yaml", "(the instance)"),
     (["plot", "plan.json", "--instance", "inst.yaml", "-o", "plan.json"], "plan.json", "--output: plan.json"),
     (
-        ["frontier", "inst.yaml", "--methods", "greedy", "--output-dir", "fr", "--name", "../escaped"],
+        ["frontier", "inst.yaml", "--methods", "greedy", "-o", "fr", "--name", "../escaped"],
         "inst.yaml",
-        "--name: expected a file stem inside --output-dir (no folder), got '../escaped'",
+        "--name: expected a file stem inside -o/--output (no folder), got '../escaped'",
     ),
     (["frontier", "inst.yaml", "--methods", "greedy", "--name", "x"], "inst.yaml", "--name: names the files"),
 ]
@@ -261,7 +261,7 @@ OVERWRITES = [
 @pytest.mark.parametrize("argv,kept,message", OVERWRITES, ids=[" ".join(o[0][:2] + o[0][-2:]) for o in OVERWRITES])
 def test_outputs_never_overwrite_inputs(work, capsys, argv, kept, message):
     """An output naming one of the run's inputs (as given, ./x, a symlink) or a path outside
-    --output-dir: exit 2, one line naming the option, the input's bytes unchanged, nothing written."""
+    frontier -o/--output: exit 2, one line naming the option, the input's bytes unchanged, nothing written."""
     (work / "link.yaml").symlink_to("inst.yaml")
     before = {p.name: p.read_bytes() for p in work.iterdir() if p.is_file()}
     err = _one_line(capsys, argv)
@@ -332,7 +332,7 @@ def test_unknown_figure_extension_is_one_line(work, capsys, argv):
 
 
 def test_figures_are_written_in_their_extensions_format(work):
-    """frontier --plot and --output-dir, and solve --plot, write the format the extension names."""
+    """frontier --plot and -o/--output, and solve --plot, write the format the extension names."""
     assert main(["frontier", "inst.yaml", "--methods", "greedy", "--eps", "0.1", "--quiet", "--plot", "f.svg"]) == 0
     assert b"<svg" in (work / "f.svg").read_bytes()[:400]
     assert main(["solve", "inst.yaml", "--quiet", "--plot", "loads.pdf"]) == 0
@@ -417,7 +417,7 @@ def test_crosslayer_on_uniform_homes_says_so(work, capsys):
     if not get_method("crosslayer").available():
         pytest.skip("crosslayer needs Mt-KaHyPar")
     (work / "cl.yaml").write_text((work / "inst.yaml").read_text().replace("name: linear", "name: crosslayer"))
-    assert main(["solve", "cl.yaml", "--time-limit", "1"]) == 0
+    assert main(["solve", "cl.yaml", "--layer-time-limit", "1"]) == 0
     err = capsys.readouterr().err
     assert "note: crosslayer plans for cluster.token_home: previous-layer" in err and "token_home: uniform" in err
 

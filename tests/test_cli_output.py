@@ -134,7 +134,7 @@ def test_layer_lines_use_the_result_vocabulary(method, monkeypatch, capsys):
 
     if not get_method(method).available():
         pytest.skip(f"{method} not available")
-    args = ["solve", str(QUICKSTART), "--method", method, "--verbose", "--time-limit", "5"]
+    args = ["solve", str(QUICKSTART), "--method", method, "--verbose", "--layer-time-limit", "5"]
     if method == "gem":
         args = ["solve", str(ROOT / "tests" / "data" / "four_layers.yaml"), "--method", "gem", "--verbose"]
     code = main(args)
@@ -204,15 +204,16 @@ def test_compare_table_is_aligned(capsys):
 
 
 def test_options_are_never_abbreviated(tmp_path, capsys):
-    """``frontier --output x.json`` is refused (one line, exit 2): argparse's prefix matching
-    would take it for ``--output-dir`` and write a directory named x.json."""
-    target = tmp_path / "x.json"
+    """``frontier --out x`` is refused (one line, exit 2) rather than taken for ``--output``, and
+    ``solve --time 1`` rather than taken for ``--time-limit`` (the total) by its spelling."""
+    target = tmp_path / "x"
     with pytest.raises(SystemExit) as info:
-        main(["frontier", str(QUICKSTART), "--output", str(target)])
+        main(["frontier", str(QUICKSTART), "--out", str(target)])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "unrecognized arguments: --output" in err
+    assert err.count("\n") == 1 and "unrecognized arguments: --out" in err
     assert not target.exists()
-    with pytest.raises(SystemExit):
-        main(["solve", str(QUICKSTART), "--time", "1"])  # --time-limit, abbreviated
-    assert "unrecognized arguments: --time" in capsys.readouterr().err
+    for abbreviated in ("--time", "--layer-time"):
+        with pytest.raises(SystemExit):
+            main(["solve", str(QUICKSTART), abbreviated, "1"])
+        assert f"unrecognized arguments: {abbreviated}" in capsys.readouterr().err

@@ -347,7 +347,7 @@ def test_sigint_stops_every_worker(tmp_path):
         "workload: {synthetic: {tokens: 2048, steps: 4}}\n"
         "method: {name: tacg, iterations: 100000000, patience: 100000000}\n"
     )
-    cmd = [sys.executable, "-m", "moeopt", "solve", str(slow), "--quiet", "--time-limit", "120", "--workers", "2"]
+    cmd = [sys.executable, "-m", "moeopt", "solve", str(slow), "--quiet", "--layer-time-limit", "120", "--workers", "2"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

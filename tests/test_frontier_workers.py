@@ -41,7 +41,7 @@ def serial():
     """gesr-small, its workloads, and the serial sweep's points."""
     inst = load_instance(INSTANCES / "gesr-small.yaml")
     wl = load_workloads(inst)
-    points = frontier(inst, methods=METHODS, eps=EPS, time_limit=TIME_LIMIT, workloads=wl, workers=1)
+    points = frontier(inst, methods=METHODS, eps=EPS, layer_time_limit=TIME_LIMIT, workloads=wl, workers=1)
     return inst, wl, points
 
 
@@ -54,7 +54,9 @@ def test_pool_gives_the_serial_points(serial, monkeypatch):
     inst, wl, points = serial
     monkeypatch.setattr(fr, "_solve_point", _not_here)  # the workers have their own copy
     lines: list[str] = []
-    pooled = frontier(inst, methods=METHODS, eps=EPS, time_limit=TIME_LIMIT, workloads=wl, workers=2, log=lines.append)
+    pooled = frontier(
+        inst, methods=METHODS, eps=EPS, layer_time_limit=TIME_LIMIT, workloads=wl, workers=2, log=lines.append
+    )
     assert [(p.method, p.eps) for p in points] == [
         ("agnostic", None),
         ("agnostic", 0.1),
@@ -79,11 +81,11 @@ def test_cli_frontier_workers_writes_the_serial_points(serial, tmp_path, capsys,
         ",".join(METHODS),
         "--eps",
         ",".join(map(str, EPS)),
-        "--time-limit",
+        "--layer-time-limit",
         str(TIME_LIMIT),
         "--workers",
         "2",
-        "--output-dir",
+        "--output",
         str(tmp_path),
         "--quiet",
     ]
@@ -155,7 +157,7 @@ def test_ray_gives_the_serial_points(serial, monkeypatch):
     try:
         lines: list[str] = []
         on_ray = frontier(
-            inst, methods=METHODS, eps=EPS, time_limit=TIME_LIMIT, workloads=wl, ray="local", log=lines.append
+            inst, methods=METHODS, eps=EPS, layer_time_limit=TIME_LIMIT, workloads=wl, ray="local", log=lines.append
         )
     finally:
         ray.shutdown()

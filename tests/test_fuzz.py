@@ -449,6 +449,7 @@ def test_fuzz_solve(root, case, data):
                 ["--workers", "0"],
                 ["--seed", "1.5"],
                 ["--time-limit", "-1"],
+                ["--layer-time-limit", "0"],
                 ["--verbose"],
             ]
         ),
@@ -490,12 +491,12 @@ def test_fuzz_frontier(root, case, eps, name):
     d = fresh(root)
     inst = _write_instance(d, text)
     invalid = (invalid and not method_only) or eps in ("nan", "-1", "a", "0.1,x", "0.1,") or name is not None
-    out = ["--output-dir", str(d / "fr")] if invalid and name != "alone" else []
-    named = [] if name is None else ["--name", "x" if name == "alone" else name]  # alone: no --output-dir
+    out = ["--output", str(d / "fr")] if invalid and name != "alone" else []
+    named = [] if name is None else ["--name", "x" if name == "alone" else name]  # alone: no --output
     check(
         ["frontier", str(inst), "--methods", "greedy", "--eps", eps, "--quiet", *out, *named],
         invalid=invalid,
-        blame=(str(d), "--eps", "--output-dir", "--name"),
+        blame=(str(d), "--eps", "--output", "--name"),
         inputs=d,
     )
     assert not (d / "fr").exists() or not any((d / "fr").iterdir())

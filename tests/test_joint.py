@@ -332,7 +332,7 @@ def test_joint_exact_runs_and_certifies(small_instance):
     """joint-exact solves each small layer's model (or falls back to the search) and reports
     the model's value and bound per layer."""
     inst, wl = small_instance
-    r = solve(inst, method="joint-exact", params={"eps": 0.2, "time_per_layer": 0.3}, time_limit=2, workloads=wl)
+    r = solve(inst, method="joint-exact", params={"eps": 0.2, "time_per_layer": 0.3}, layer_time_limit=2, workloads=wl)
     assert len(r.stats["model_bound_per_layer"]) == 2
     r.plan.check(inst.cluster, layers=2, experts=16, own=True)
 
@@ -371,9 +371,9 @@ def test_frontier_command(small_instance, tmp_path, capsys):
         "0.1,0.3",
         "--methods",
         "joint,agnostic,greedy",
-        "--time-limit",
+        "--layer-time-limit",
         "0.3",
-        "--output-dir",
+        "--output",
         str(tmp_path),
         "--quiet",
     ]
@@ -427,7 +427,7 @@ def test_auto_is_the_default(tmp_path):
     )
     inst = load_instance(trace_inst)
     assert inst.method.name == "auto"
-    assert solve(inst, time_limit=0.3).method == "joint"
+    assert solve(inst, layer_time_limit=0.3).method == "joint"
     counts = load_instance(INSTANCES / "real" / "olmoe-domains.yaml").replace(method=load_instance(trace_inst).method)
     assert solve(counts).method == "balance"
 
@@ -442,13 +442,13 @@ def test_more_gpus_than_the_routing_holds(tmp_path, capsys):
     )
     inst = load_instance(path)
     with pytest.raises(InputError) as err:
-        solve(inst, method="joint", time_limit=1.0)
+        solve(inst, method="joint", layer_time_limit=1.0)
     assert err.value.field == "cluster.gpus" and "at most 64 GPUs" in str(err.value) and "\n" not in str(err.value)
-    res = solve(inst, time_limit=1.0)
+    res = solve(inst, layer_time_limit=1.0)
     assert res.method == "joint" and res.plan.dispatch.kind == "even" and "at most 64 GPUs" in res.stats["note"]
-    assert main(["solve", str(path), "--time-limit", "1"]) == 0
+    assert main(["solve", str(path), "--layer-time-limit", "1"]) == 0
     assert "planned for SGLang's even rule" in capsys.readouterr().err
-    assert main(["solve", str(path), "--method", "joint", "--time-limit", "1"]) == 2
+    assert main(["solve", str(path), "--method", "joint", "--layer-time-limit", "1"]) == 2
     assert "cluster.gpus" in capsys.readouterr().err
     # the certificate joint shares with crosslayer has no such limit
     cross = solve(inst.replace(cluster=replace(inst.cluster, token_home="previous-layer")), method="crosslayer")
@@ -461,7 +461,7 @@ def test_frontier_point_without_a_plan(small_instance):
     from moeopt.frontier import frontier
 
     inst, wl = small_instance
-    points = frontier(inst, methods=["hypergraph", "greedy"], eps=[0.0], time_limit=0.5, workloads=wl)
+    points = frontier(inst, methods=["hypergraph", "greedy"], eps=[0.0], layer_time_limit=0.5, workloads=wl)
     hyper = [p for p in points if p.method == "hypergraph" and p.eps == 0.0]
     assert len(hyper) == 1
     assert hyper[0].error is not None and hyper[0].error.startswith("no plan")  # eps 0 is unreachable here

@@ -159,7 +159,7 @@ def test_joint_flat_past_64_gpus_under_an_engine_rule(tmp_path, rule):
     from moeopt.solve import solve
 
     inst = _wide(tmp_path, gpn=72)
-    res = solve(inst, method="joint", params={"dispatch": rule, "evaluations": 200}, time_limit=2.0)
+    res = solve(inst, method="joint", params={"dispatch": rule, "evaluations": 200}, layer_time_limit=2.0)
     _feasible(res, inst)
     assert res.plan.dispatch.kind == rule and res.params["hierarchical"] is False
     assert "level" not in res.stats["search"][0]
@@ -172,7 +172,7 @@ def test_joint_hierarchical_past_64_gpus(tmp_path, rule):
     from moeopt.solve import solve
 
     inst = _wide(tmp_path)
-    res = solve(inst, method="joint", params={"dispatch": rule, "evaluations": 200}, time_limit=2.0)
+    res = solve(inst, method="joint", params={"dispatch": rule, "evaluations": 200}, layer_time_limit=2.0)
     _feasible(res, inst)
     assert res.params["hierarchical"] is True and res.stats["search"][0]["level"] == "nodes"
     assert res.plan.dispatch.kind == ("locality" if rule == "auto" else rule)
@@ -186,7 +186,7 @@ def test_hierarchical_needs_nodes(tmp_path):
 
     inst = _wide(tmp_path, gpus=8, gpn=8, experts=16)
     with pytest.raises(InputError) as err:
-        solve(inst, method="joint", params={"hierarchical": True}, time_limit=1.0)
+        solve(inst, method="joint", params={"hierarchical": True}, layer_time_limit=1.0)
     assert err.value.field == "method.hierarchical" and "\n" not in str(err.value)
 
 
@@ -194,9 +194,9 @@ def test_auto_plans_joint_on_many_nodes(tmp_path):
     """auto on 72 GPUs in 9 nodes: joint, hierarchical, no note of a fallback; on a named engine, its rule."""
     from moeopt.solve import solve
 
-    res = solve(_wide(tmp_path), time_limit=1.0)
+    res = solve(_wide(tmp_path), layer_time_limit=1.0)
     assert res.method == "joint" and res.params["hierarchical"] is True and "at most" not in res.stats.get("note", "")
-    res = solve(_wide(tmp_path, engine="sglang-static"), time_limit=1.0)
+    res = solve(_wide(tmp_path, engine="sglang-static"), layer_time_limit=1.0)
     assert res.method == "joint" and res.plan.dispatch.kind == "static"
 
 

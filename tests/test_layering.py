@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "data",
         [
             "errors",
+            "version",
             "extras",
             "services",
             "interrupt",

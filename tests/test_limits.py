@@ -1,5 +1,5 @@
-"""--time-limit bounds every method's whole run; Ctrl-C and SIGTERM stop every method family at once (exit
-130 / 143, no files, no process left)."""
+"""--layer-time-limit and --time-limit bound every method's whole run; Ctrl-C and SIGTERM stop every
+method family at once (exit 130 / 143, no files, no process left)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from moeopt.budget import Budget
+from moeopt.budget import MIN_SHARE, Budget, share
 from moeopt.io import load_instance
-from moeopt.registry import get_method, method_names
+from moeopt.registry import get_method, method_names, parse_params
 from moeopt.solve import load_workloads, solve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,13 +108,13 @@ def limit_case(tmp_path_factory):
 
 @pytest.mark.parametrize("name", method_names())
 def test_time_limit_bounds_the_whole_run(name, limit_case):
-    """solve() with --time-limit T per layer ends within L x T x 1.1 plus a fixed allowance."""
+    """solve() with --layer-time-limit T ends within L x T x 1.1 plus a fixed allowance."""
     if not _available(name):
         pytest.skip(f"{name} is not available here")
     inst, wl = limit_case
     layers = inst.model.layers
     t0 = time.perf_counter()
-    result = solve(inst, method=name, params=PARAMS.get(name), time_limit=LIMIT, workloads=wl)
+    result = solve(inst, method=name, params=PARAMS.get(name), layer_time_limit=LIMIT, workloads=wl)
     wall = time.perf_counter() - t0
     bound = layers * LIMIT * 1.1 + ALLOWANCE
     print(f"{name}: {wall:.2f} s for a bound of {bound:.2f} s ({result.termination.value})")
@@ -145,7 +145,7 @@ def test_time_limit_stops_mt_kahypar(tmp_path):
     wl = load_workloads(inst)
     limit = 0.25
     t0 = time.perf_counter()
-    r = solve(inst, method="hypergraph", time_limit=limit, workloads=wl)
+    r = solve(inst, method="hypergraph", layer_time_limit=limit, workloads=wl)
     wall = time.perf_counter() - t0
     # the solve itself (scoring apart) within 1.1 x T x L plus the allowance (the call alone takes
     # longer than that: a second or more per layer)
@@ -155,6 +155,59 @@ def test_time_limit_stops_mt_kahypar(tmp_path):
     if stopped:  # the usual case: no partition of this size takes under 0.2 s
         assert r.termination.value == "time_limit"
         assert "Mt-KaHyPar" in str(r.stats.get("note"))
+
+
+#: Four layers, so that a total of T seconds and T seconds per layer differ by 3 T
+FOUR_LAYERS = ROOT / "tests" / "data" / "four_layers.yaml"
+
+
+def test_share_divides_what_is_left_over_the_rounds_to_run():
+    """share(): min(own limit, time left / rounds still to run), never below MIN_SHARE; no deadline: the own limit."""
+    now = time.time()
+    assert share(2.0, None, 4) == 2.0 and share(None, None, 4) is None
+    assert share(None, now + 4.0, 4) == pytest.approx(1.0, abs=0.01)
+    assert share(None, now + 4.0, 4, width=2) == pytest.approx(2.0, abs=0.01)  # two rounds of two
+    assert share(0.5, now + 4.0, 4) == 0.5
+    assert share(None, now - 1.0, 3) == MIN_SHARE and share(0.001, now - 1.0, 3) == 0.001
+
+
+@pytest.mark.parametrize("name", ["gem", "tacg", "joint"])
+def test_total_time_limit_bounds_the_whole_run(name):
+    """solve(time_limit=T) ends within T x 1.1 plus the allowance on 4 layers (T per layer would take 4 T)."""
+    inst = load_instance(FOUR_LAYERS)
+    total = 1.0
+    t0 = time.perf_counter()
+    result = solve(inst, method=name, params=PARAMS.get(name), time_limit=total)  # the workloads' loading counts
+    wall = time.perf_counter() - t0
+    print(f"{name}: {wall:.2f} s for a total of {total} s ({result.termination.value})")
+    assert result.plan is not None
+    assert wall <= total * 1.1 + ALLOWANCE, f"{name} ran {wall:.2f} s under a total of {total} s"
+    assert result.termination.value == "time_limit"  # the endless searches were cut by the clock
+    limits = result.stats.get("layer_time_limits")
+    if limits is not None:  # split per layer: each layer had at most what was left over the layers to plan
+        assert all(x * (4 - l) <= total for l, x in enumerate(limits))
+
+
+def test_the_instance_method_mapping_carries_the_limits(tmp_path):
+    """method: {time_limit, layer_time_limit} set the run's limits (arguments override them); a
+    method's own parameter of that name (gem-milp's time_limit) stays its parameter."""
+    text = FOUR_LAYERS.read_text().replace(
+        "method: {name: greedy}", "method: {name: gem, rounds: 1000000, patience: 1000000, time_limit: 1.0}"
+    )
+    path = tmp_path / "limited.yaml"
+    path.write_text(text)
+    inst = load_instance(path)
+    t0 = time.perf_counter()
+    r = solve(inst)
+    assert time.perf_counter() - t0 <= 1.1 + ALLOWANCE and r.termination.value == "time_limit"
+    assert len(r.stats["layer_time_limits"]) == 4 and "time_limit" not in r.params
+    r = solve(inst, time_limit=30.0, layer_time_limit=0.1)
+    assert r.stats["layer_time_limits"] == [0.1] * 4
+    milp = inst.replace(method=replace(inst.method, name="gem-milp", params={"time_limit": 5.0}))
+    if get_method("gem-milp").available():
+        # no run limit taken from gem-milp's own parameter: gem runs without a deadline
+        assert "layer_time_limits" not in solve(milp, method="gem").stats
+        assert parse_params(get_method("gem-milp"), {"time_limit": 5.0}).time_limit == 5.0
 
 
 # ----------------------------------------------------------------------------- Ctrl-C, SIGTERM
@@ -229,8 +282,8 @@ class Case:
         return self.cue == "layer"
 
 
-_POOL = ("--workers", "2", "--time-limit", "3")
-_RAY = ("--ray", "--time-limit", "3")
+_POOL = ("--workers", "2", "--layer-time-limit", "3")
+_RAY = ("--ray", "--layer-time-limit", "3")
 #: Every method of issue 42 and both executors, stopped by SIGINT or SIGTERM: the two go through
 #: one handler; each solver family (CP-SAT, HiGHS through highspy and through Pyomo, the killed
 #: child process of SciPy's MILP and of Mt-KaHyPar, plain Python) gets SIGINT, and SIGTERM runs
@@ -310,7 +363,7 @@ def _interrupt(name: str, case: Case, root: Path) -> dict:
     own = root / f"{out.name}.yaml"  # the instance with this method and its params
     params = "".join(f", {k}: {v}" for k, v in case.params)
     own.write_text(case.instance.replace("method: {name: greedy}", f"method: {{name: {case.method}{params}}}"))
-    cmd = [sys.executable, "-c", _LAUNCH, "solve", str(own), "--time-limit", "60", "--quiet", *case.extra]
+    cmd = [sys.executable, "-c", _LAUNCH, "solve", str(own), "--layer-time-limit", "60", "--quiet", *case.extra]
     cmd += ["--output", str(out / "plan.json"), "--report", str(out / "report.json")]
     read_marks, write_marks = os.pipe()
     path = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")

@@ -138,7 +138,7 @@ def test_frontier_output_plots(tmp_path, capsys):
         "--eps",
         "0.2",
         "--quiet",
-        "--output-dir",
+        "--output",
         str(tmp_path),
         "--name",
         "f",

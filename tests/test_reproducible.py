@@ -116,7 +116,7 @@ def test_a_binding_cap_is_reported(name, case):
         "tacg": {"iterations": 10**6, "patience": 10**6},
         "joint": {"evaluations": 10**7},
     }[name]
-    r = solve(inst, method=name, params=endless, time_limit=0.3, workloads=wl)
+    r = solve(inst, method=name, params=endless, layer_time_limit=0.3, workloads=wl)
     assert r.termination is Termination.TIME_LIMIT
     assert "time limit" in str(r.stats.get("note"))
 
@@ -189,7 +189,7 @@ def test_a_binding_certificate_cap_is_reported(cert_case):
         inst,
         method="tacg",
         params={"certificate": "sdp", "iterations": 100, "sdp_iterations": 10**6},
-        time_limit=0.5,
+        layer_time_limit=0.5,
         workloads=wl,
     )
     assert r.termination is Termination.TIME_LIMIT

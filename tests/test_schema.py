@@ -164,6 +164,8 @@ def test_method_override_keeps_strictness(tmp_path, capsys):
         (["--time-limit", "-1"], "--time-limit"),
         (["--time-limit", "0"], "--time-limit"),
         (["--time-limit", "inf"], "--time-limit"),
+        (["--layer-time-limit", "0"], "--layer-time-limit"),
+        (["--layer-time-limit", "nan"], "--layer-time-limit"),
         (["--workers", "0"], "--workers"),
     ],
 )
@@ -250,7 +252,7 @@ def test_unwritable_report_leaves_no_plan(tmp_path, capsys):
 
 def test_all_or_none_on_a_late_failure(tmp_path, capsys, monkeypatch):
     """When the second write fails after the first succeeded, the first is not renamed."""
-    import moeopt.cli.commands as cli
+    import moeopt.cli.reports as cli  # where --report is written
 
     inst = instance(tmp_path)
     out, report = tmp_path / "plan.json", tmp_path / "r.json"
@@ -259,7 +261,8 @@ def test_all_or_none_on_a_late_failure(tmp_path, capsys, monkeypatch):
         raise InputError(str(report), None, "cannot be written (disk full)")
 
     monkeypatch.setattr(cli, "write_json", broken)
-    one_error(["solve", str(inst), "--output", str(out), "--report", str(report)], capsys, str(report), "disk full")
+    argv = ["solve", str(inst), "--quiet", "--output", str(out), "--report", str(report)]
+    one_error(argv, capsys, str(report), "disk full")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inst.yaml"]
 
 

@@ -26,7 +26,7 @@ def test_solve_then_evaluate_agree(name, tmp_path, capsys):
         pytest.skip(f"{name} is not available here")
     inst = instance_for(name)
     plan, report, again = tmp_path / "plan.json", tmp_path / "solve.json", tmp_path / "eval.json"
-    args = ["solve", inst, "--method", name, "--quiet", "--time-limit", "1", "--output", str(plan)]
+    args = ["solve", inst, "--method", name, "--quiet", "--layer-time-limit", "1", "--output", str(plan)]
     assert main([*args, "--report", str(report)]) == 0
     solved = capsys.readouterr().out.splitlines()[1:]  # drop the solver's status line
     assert main(["evaluate", inst, str(plan), "--report", str(again)]) == 0

@@ -92,7 +92,7 @@ def test_exact_and_heuristic_agree_on_optimality(quickstart_path):
 
     inst = load_instance(quickstart_path)
     wl = load_workloads(inst)
-    exact = solve(inst, method="tacg-cpsat", workloads=wl, time_limit=20)
+    exact = solve(inst, method="tacg-cpsat", workloads=wl, layer_time_limit=20)
     assert exact.status is Status.OPTIMAL and exact.termination is Termination.OPTIMAL
     heur = solve(inst, method="tacg", workloads=wl)
     if heur.bound is not None and heur.bound <= heur.objective + 1e-9 * max(1.0, heur.bound):

@@ -258,7 +258,7 @@ def test_top_down_nodes_mode_gives_feasible_plans() -> None:
 
 def test_bundled_instance_solves_end_to_end() -> None:
     """instances/tacg-small.yaml: tacg beats linear on communication, and reports its bound."""
-    r = solve(load_instance(INSTANCES / "tacg-small.yaml"), time_limit=5.0)
+    r = solve(load_instance(INSTANCES / "tacg-small.yaml"), layer_time_limit=5.0)
     assert r.method == "tacg" and r.status.has_plan
     assert r.metrics["comm_reduction_vs_linear"] > 0
     assert r.bound >= r.objective > 0

@@ -41,9 +41,54 @@ _positive_seconds = _number_type(float, lambda v: math.isfinite(v) and v > 0, "a
 _fraction = _number_type(float, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
 
 
+#: the help of the options every command shares
+QUIET_HELP = "nothing on stderr but errors (no progress, no notes)"
+VERBOSE_HELP = "when stderr is not a terminal, a progress line per bar step (default: one a minute)"
+JSON_HELP = "print the JSON report on stdout instead of the tables (the same JSON --report writes)"
+
+
+def verbosity(sp: argparse.ArgumentParser, quiet: str = QUIET_HELP) -> None:
+    """``--verbose`` and ``--quiet``, on every command (``quiet``: what --quiet leaves out)."""
+    sp.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    sp.add_argument("--quiet", action="store_true", help=quiet)
+
+
+def output_arg(sp: argparse.ArgumentParser, help: str, *, required: bool = False, metavar: str = "FILE") -> None:
+    """``-o/--output``: the command's main artifact (a plan, a figure, an npz, a YAML, a folder)."""
+    sp.add_argument("-o", "--output", required=required, metavar=metavar, help=help)
+
+
+def report_args(sp: argparse.ArgumentParser, what: str = "the result") -> None:
+    """``--report FILE`` and ``--json``: the command's JSON report, to a file or on stdout."""
+    sp.add_argument(
+        "--report", metavar="FILE.json", help=f"write the JSON report ({what}, moeopt version and commit) here"
+    )
+    sp.add_argument("--json", action="store_true", help=JSON_HELP)
+
+
+def limit_args(sp: argparse.ArgumentParser) -> None:
+    """``--time-limit`` (the whole run) and ``--layer-time-limit`` (each layer)."""
+    sp.add_argument(
+        "--time-limit",
+        type=_positive_seconds,
+        default=None,
+        metavar="S",
+        help="seconds for the whole run: its layers (methods, points) each get their share of what is "
+        "left as they start (default: the instance's method.time_limit, else none)",
+    )
+    sp.add_argument(
+        "--layer-time-limit",
+        type=_positive_seconds,
+        default=None,
+        metavar="S",
+        help="seconds per layer (exact solvers stop there, searches use it as a cap; default: the "
+        "instance's method.layer_time_limit, else none)",
+    )
+
+
 def method_list(text: str, option: str) -> list[str]:
     """``--methods a,b,c`` (or ``--method a``): registered method names, none empty or twice;
-    :class:`MoeoptError` naming ``option`` otherwise (never the instance's ``method.name``)."""
+    ``MoeoptError`` naming ``option`` otherwise (never the instance's ``method.name``)."""
     from moeopt.registry import method_names
 
     names = [m.strip() for m in text.split(",")]
@@ -72,7 +117,7 @@ def _read_plan_for(path: str, inst: Any) -> PlanFile:
 
 
 def _engine_format(path: str) -> str:
-    """Guess a plan file's format from its content (:func:`moeopt.io.engines.engine_file_format`:
+    """Guess a plan file's format from its content (``moeopt.io.engines.engine_file_format``:
     SGLang, EPLB, vLLM-Ascend); otherwise a moeopt plan (JSON) or EPLB tensors (``.pt`` / ``.npz``)."""
     from moeopt.io.engines import engine_file_format, load_engine_file
 
@@ -110,12 +155,7 @@ def _harness_args(sp: argparse.ArgumentParser) -> None:
         choices=["median", "min"],
         help="of the timed runs (min is steadier on a shared CPU)",
     )
-    sp.add_argument("--quiet", action="store_true", help="nothing on stderr but errors (no progress bar)")
-    sp.add_argument(
-        "--verbose",
-        action="store_true",
-        help="a progress line per run when stderr is not a terminal (default: one a minute)",
-    )
+    verbosity(sp, quiet="nothing on stderr but errors (no progress bar)")
 
 
 def _engine_instance(args: argparse.Namespace) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from tabulate import tabulate
 from moeopt import console
 from moeopt.cli.args import _current_plan, _dispatch, _read_plan_for, method_list
 from moeopt.cli.plots import _plot_loads
+from moeopt.cli.reports import emit, wrote
 from moeopt.cli.tables import (
     _fmt,
     _solve_table,
@@ -26,7 +28,6 @@ from moeopt.io import (
     load_instance,
     read_plan,
     read_workload_file,
-    write_json,
     write_plan,
     write_trace,
 )
@@ -34,7 +35,7 @@ from moeopt.plan import engine_dispatch, rule_dispatch
 from moeopt.registry import metric_hooks
 from moeopt.schema import check_homes
 from moeopt.scoring import score
-from moeopt.solve import Workloads, load_workloads, solve
+from moeopt.solve import Workloads, load_workloads, run_limits, solve
 from moeopt.trace import Stats, Trace
 
 
@@ -50,6 +51,14 @@ def _note_token_home(inst: Any, names: list[str]) -> None:
         )
 
 
+def _total_limit(args: argparse.Namespace, inst: Any) -> float | None:
+    """The run's total ``--time-limit``, else the instance's ``method.time_limit``, else None."""
+    if args.time_limit is not None:
+        return float(args.time_limit)
+    own, _ = run_limits(inst.method.params, str(inst.source) if inst.source else None, method=inst.method.name)
+    return own.get("time_limit")
+
+
 def cmd_solve(args: argparse.Namespace) -> int:
     if args.method is not None:
         method_list(args.method, "--method")
@@ -61,6 +70,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         inst,
         method=args.method,
         time_limit=args.time_limit,
+        layer_time_limit=args.layer_time_limit,
         seed=args.seed,
         quiet=not console.progress(),
         hint=hint,
@@ -71,11 +81,10 @@ def cmd_solve(args: argparse.Namespace) -> int:
     )
     if args.output and result.plan is not None:
         write_plan(args.output, result.plan, result.method, result.params)
-    if args.report:
-        write_json(args.report, report_dict(result, inst.name))
-    print(_solve_table(result))
+    text = _solve_table(result)
     if "migration_frontier" in result.stats:
-        print(migration_table(result.stats))
+        text += "\n" + migration_table(result.stats)
+    emit(args, report_dict(result, inst.name), text)
     if args.plot and result.plan is not None:
         _plot_loads(args.plot, inst, {result.method: result.metrics}, current=current, layer=args.layer)
     return 0 if result.plan is not None else 1
@@ -98,24 +107,31 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if isinstance(workload, Trace):
             check_homes(workload.home, inst.cluster.gpus, args.trace)
     metrics = score(plan, inst, wl, workload=workload, hooks=metric_hooks(pf.method), params=pf.params)
-    if args.report:
-        write_json(args.report, {"instance": inst.name, "plan": str(args.plan), "metrics": metrics})
-    print(metrics_report(pf.method or Path(args.plan).name, metrics))
+    report = {"instance": inst.name, "plan": str(args.plan), "metrics": metrics}
+    emit(args, report, metrics_report(pf.method or Path(args.plan).name, metrics))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """Several methods in turn; a total ``--time-limit`` is shared over them (each method, as it
+    starts, gets its share of what is left over the methods still to run)."""
+    from moeopt.budget import share
+
+    started = time.time()
     names = method_list(args.methods, "--methods")
     inst = load_instance(args.instance)
     _note_token_home(inst, names)
+    total = _total_limit(args, inst)
+    deadline = None if total is None else started + total
     wl: Workloads = load_workloads(inst)
     cols: dict[str, dict] = {}
     reports = []
-    for name in names:
+    for i, name in enumerate(names):
         r = solve(
             inst,
             method=name,
-            time_limit=args.time_limit,
+            time_limit=share(None, deadline, len(names) - i),
+            layer_time_limit=args.layer_time_limit,
             seed=args.seed,
             quiet=not console.progress(),
             workloads=wl,
@@ -127,14 +143,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         m["wall_time"] = r.wall_time
         cols[name] = m
         reports.append(report_dict(r, inst.name))
-    if args.report:
-        write_json(args.report, {"instance": inst.name, "results": reports})
     extra = [
         ("comm reduction vs linear (%)", [_fmt(cols[n].get("comm_reduction_vs_linear")) for n in names]),
         ("wall time (s)", [f"{cols[n]['wall_time']:.3f}" for n in names]),
         ("dispatch", [str(cols[n].get("dispatch", "-")) for n in names]),
     ]
-    print(metrics_table(cols, extra))
+    emit(args, {"instance": inst.name, "results": reports}, metrics_table(cols, extra))
     if args.plot:
         _plot_loads(args.plot, inst, {n: cols[n] for n in names if "loads" in cols[n]}, wl, layer=args.layer)
     return 0
@@ -143,9 +157,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_frontier(args: argparse.Namespace) -> int:
     """Sweep the load limit of several methods; write the Pareto set as table, JSON and plot."""
     from moeopt import frontier as fr
-    from moeopt.io import write_text
+    from moeopt.io import write_json, write_text
     from moeopt.outputs import check_target, figure_format
 
+    started = time.time()
     methods = method_list(args.methods, "--methods")
     try:
         eps = [float(x) for x in args.eps.split(",")]
@@ -155,42 +170,40 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         raise MoeoptError(f"--eps: every value must be >= 0, got {args.eps!r}")
     inst = load_instance(args.instance)
     _note_token_home(inst, methods)
-    out = Path(args.output_dir) if args.output_dir else None
+    out = Path(args.output) if args.output else None
     stem = args.name or inst.name
     if out is not None:  # the three files, checked before the sweep (inputs and --plot included)
         seen = {str(check_target(args.plot, "--plot"))} if args.plot else set()
         for suffix in (".json", ".md", ".png"):
-            target = str(check_target(out / f"{stem}{suffix}", "--output-dir"))
+            target = str(check_target(out / f"{stem}{suffix}", "--output"))
             if target in seen:
-                raise MoeoptError(
-                    f"--output-dir: {out / (stem + suffix)} is also given as --plot; expected distinct files"
-                )
+                raise MoeoptError(f"--output: {out / (stem + suffix)} is also given as --plot; expected distinct files")
             seen.add(target)
-        figure_format(out / f"{stem}.png", "--output-dir")
+        figure_format(out / f"{stem}.png", "--output")
     log = console.progress_line if console.progress() else None
+    total = _total_limit(args, inst)
     points = fr.frontier(
         inst,
         methods=methods,
         eps=eps,
-        time_limit=args.time_limit,
+        time_limit=None if total is None else max(total - (time.time() - started), 0.0),
+        layer_time_limit=args.layer_time_limit,
         seed=args.seed,
         log=log,
         workers=args.workers,
         ray=args.ray,
     )
     md = f"# Frontier: {inst.name}\n\n" + fr.table(points) + "\n"
+    data = {"instance": inst.name, "eps": eps, "methods": methods, "points": [p.to_json() for p in points]}
+    report = emit(args, data, fr.table(points))
     if out is not None:
-        write_json(
-            out / f"{stem}.json",
-            {"instance": inst.name, "eps": eps, "methods": methods, "points": [p.to_json() for p in points]},
-        )
+        write_json(out / f"{stem}.json", report)
         write_text(out / f"{stem}.md", md)
         fr.plot(points, out / f"{stem}.png", title=inst.name)
-    print(fr.table(points))
     if args.plot:
         fr.plot(points, args.plot, title=inst.name)
-    if out is not None and not args.quiet:
-        print(f"wrote {out / (stem + '.json')}, {stem}.md and {stem}.png")
+    if out is not None:
+        wrote(args, f"wrote {out / (stem + '.json')}, {stem}.md and {stem}.png")
     return 0
 
 
@@ -276,7 +289,7 @@ def _stream_counts(args: argparse.Namespace, path: str, select: str | None = Non
 
 def cmd_trace_stream(args: argparse.Namespace) -> int:
     """``trace stream KIND``: a count stream (per-step counts that drift) built from real or
-    any count data by :mod:`moeopt.streams`, written as a counts ``.npz`` with ``step_counts``."""
+    any count data by ``moeopt.streams``, written as a counts ``.npz`` with ``step_counts``."""
     from dataclasses import replace
 
     import numpy as np

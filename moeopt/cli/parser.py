@@ -9,7 +9,17 @@ import os
 import re
 from typing import Any, NoReturn
 
-from moeopt.cli.args import _fraction, _harness_args, _nonneg_int, _number_type, _positive_int, _positive_seconds
+from moeopt.cli.args import (
+    _fraction,
+    _harness_args,
+    _nonneg_int,
+    _number_type,
+    _positive_int,
+    limit_args,
+    output_arg,
+    report_args,
+    verbosity,
+)
 from moeopt.cli.commands import (
     cmd_compare,
     cmd_evaluate,
@@ -28,18 +38,22 @@ from moeopt.cli.replay import add_parser as add_replay_parser
 from moeopt.errors import MoeoptError
 from moeopt.outputs import check_directory, check_target
 from moeopt.plan import DISPATCH_KINDS
+from moeopt.version import package_version
 
 #: the help text's description (``moeopt --help``)
 DESCRIPTION = """moeopt: place the experts of a Mixture-of-Experts model on GPUs; solve, score, compare and plot plans.
 
-Results go to stdout; progress (per-layer lines; bars on a terminal, a line a minute elsewhere) and
-notes to stderr unless --quiet (see moeopt.console). Ctrl-C or SIGTERM: no output, exit 130 / 143."""
+Results go to stdout (--json: the JSON report alone); progress (per-layer lines; bars on a terminal,
+a line a minute elsewhere) and notes to stderr unless --quiet (see moeopt.console). Every command
+names its main output -o/--output and its JSON report --report. --time-limit is seconds for the
+whole run, --layer-time-limit seconds per layer. Ctrl-C or SIGTERM: no output, exit 130 / 143."""
 
 
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors as one line on stderr (exit 2), like every other moeopt error. Options
-    are never abbreviated: ``frontier --output x.json`` is refused rather than taken for
-    ``--output-dir`` (argparse's prefix matching would write a directory named x.json)."""
+    are never abbreviated: ``solve --time 5`` is refused rather than taken for ``--time-limit``
+    (argparse's prefix matching would pick one of ``--time-limit`` and ``--layer-time-limit``
+    by their spelling)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
@@ -51,16 +65,13 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="moeopt", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    version = f"moeopt {package_version()}"
+    p.add_argument("--version", action="version", version=version, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument(
-            "--time-limit",
-            type=_positive_seconds,
-            default=None,
-            help="seconds per layer (exact solvers stop there; heuristics use it as a cap)",
-        )
-        sp.add_argument("--seed", type=_nonneg_int, default=0)
+        limit_args(sp)
+        sp.add_argument("--seed", type=_nonneg_int, default=0, help="seed of every search (layer l: derived from it)")
         verbosity(sp)
         sp.add_argument(
             "--workers",
@@ -78,14 +89,6 @@ def build_parser() -> argparse.ArgumentParser:
             help="solve layers as Ray tasks on the cluster at ADDRESS, or on a local Ray when no address "
             '(needs pip install -e ".[ray]")',
         )
-
-    def verbosity(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument(
-            "--verbose",
-            action="store_true",
-            help="when stderr is not a terminal, a progress line per bar step (default: one a minute)",
-        )
-        sp.add_argument("--quiet", action="store_true", help="nothing on stderr but errors (no progress, no notes)")
 
     def plot_args(sp: argparse.ArgumentParser, layer: bool = True) -> None:
         sp.add_argument("--plot", metavar="FILE.png", help="also draw a figure (matplotlib) to this file")
@@ -106,10 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     s = sub.add_parser("solve", help="solve an instance, print metrics vs linear, write plan and report")
-    s.add_argument("instance")
+    s.add_argument("instance", help="the instance YAML")
     s.add_argument("--method", default=None, help="override the instance's method name")
-    s.add_argument("--output", help="plan JSON to write")
-    s.add_argument("--report", help="report JSON to write")
+    output_arg(s, "the plan JSON to write", metavar="PLAN.json")
+    report_args(s, "status, objective, bound, gap, metrics, stats")
     s.add_argument("--hint", help="warm-start plan JSON (exact solvers start from it)")
     s.add_argument(
         "--from",
@@ -134,17 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_solve)
 
     e = sub.add_parser("evaluate", help="score a plan on an instance's evaluation workload (or --trace)")
-    e.add_argument("instance")
-    e.add_argument("plan")
+    e.add_argument("instance", help="the instance YAML")
+    e.add_argument("plan", help="the plan JSON to score (a moeopt plan file)")
     e.add_argument("--trace", help="evaluate on this trace or count file instead")
-    e.add_argument("--report")
+    report_args(e, "the plan's metrics")
     dispatch_arg(e)
+    verbosity(e)
     e.set_defaults(func=cmd_evaluate)
 
     c = sub.add_parser("compare", help="several methods side by side")
-    c.add_argument("instance")
+    c.add_argument("instance", help="the instance YAML")
     c.add_argument("--methods", required=True, help="comma-separated method names")
-    c.add_argument("--report")
+    report_args(c, "one solve report per method")
     dispatch_arg(c)
     common(c)
     plot_args(c)
@@ -153,24 +157,27 @@ def build_parser() -> argparse.ArgumentParser:
     fr_ = sub.add_parser(
         "frontier", help="communication vs held-out MaxVio of several methods over a load-limit sweep (Pareto set)"
     )
-    fr_.add_argument("instance")
+    fr_.add_argument("instance", help="the instance YAML")
     fr_.add_argument("--eps", default="0.02,0.05,0.1,0.2", help="load limits to sweep (comma-separated)")
     fr_.add_argument(
         "--methods",
         default="joint,agnostic,tacg,hypergraph,hottest-replication,gesr,greedy,balance",
         help="comma-separated methods (grouping: eps_load; replication: the base's eps_load; joint: eps)",
     )
-    fr_.add_argument("--output-dir", help="write NAME.json, NAME.md and NAME.png here")
-    fr_.add_argument("--name", help="file stem (default: the instance name)")
+    output_arg(fr_, "a folder: write STEM.json, STEM.md and STEM.png there", metavar="DIR")
+    fr_.add_argument("--output-dir", dest="output_dir", default=None, help=argparse.SUPPRESS)  # deprecated: -o
+    fr_.add_argument("--name", metavar="STEM", help="file stem inside -o/--output (default: the instance name)")
+    report_args(fr_, "every point of the sweep, as STEM.json")
     common(fr_)
     plot_args(fr_, layer=False)
     fr_.set_defaults(func=cmd_frontier)
 
     m = sub.add_parser("methods", help="list registered methods and whether they are available")
+    verbosity(m)
     m.set_defaults(func=cmd_methods)
 
     t = sub.add_parser("trace", help="synthesize, inspect or import traces")
-    tsub = t.add_subparsers(dest="trace_command", required=True)
+    tsub = t.add_subparsers(dest="trace_command", required=True, metavar="TRACE_COMMAND")
     ts = tsub.add_parser("synth", help="write a synthetic task-structured trace (.npz)")
     ts.add_argument("--layers", type=_positive_int, default=2, help="MoE layers (default 2)")
     ts.add_argument("--experts", type=_positive_int, default=16, help="routed experts per layer (default 16)")
@@ -236,8 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="switch: the structure seed after the switch (default --structure-seed + 1)",
     )
-    ts.add_argument("--output", required=True, help="the trace .npz to write")
-    ts.add_argument("--quiet", action="store_true", help="print nothing on success")
+    output_arg(ts, "the trace .npz to write", required=True, metavar="TRACE.npz")
+    verbosity(ts, quiet="print nothing on success")
     ts.set_defaults(func=cmd_trace_synth)
     tst = tsub.add_parser(
         "stream",
@@ -290,16 +297,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tst.add_argument("--top-k", type=_positive_int, default=None, help="model top-k of files that do not record it")
     tst.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the sample (and of --drift's walk)")
-    tst.add_argument("--output", required=True, help="the counts .npz (with step_counts) to write")
-    tst.add_argument("--quiet", action="store_true", help="print nothing on success")
+    output_arg(tst, "the counts .npz (with step_counts) to write", required=True, metavar="STREAM.npz")
+    verbosity(tst, quiet="print nothing on success")
     tst.set_defaults(func=cmd_trace_stream)
     tt = tsub.add_parser("stats", help="summarize a trace or count file")
-    tt.add_argument("trace")
+    tt.add_argument("trace", help="the trace or count file (.npz, .json, an SGLang dump)")
     tt.add_argument("--top-k", type=_positive_int, default=None, help="top-k of count files that do not record it")
     tt.add_argument("--select", default=None, help="model inside a multi-model count file")
     tt.add_argument("--graphml", default=None, help="write a layer's coactivation graph as GraphML")
     tt.add_argument("--layer", type=_nonneg_int, default=0, help="the layer --graphml writes (default 0)")
     tt.add_argument("--plan", default=None, help="plan file: each expert's GPU as a --graphml node attribute")
+    verbosity(tt)
     tt.set_defaults(func=cmd_trace_stats)
     ti = tsub.add_parser(
         "import",
@@ -308,16 +316,17 @@ def build_parser() -> argparse.ArgumentParser:
         "counts file (steps = passes); other sets -> one counts .npz with every file's steps in turn",
     )
     ti.add_argument("dump", nargs="+", help="the dump files, in time order")
-    ti.add_argument(
-        "--output",
+    output_arg(
+        ti,
+        "TRACE.npz (per_token dumps) or COUNTS.npz (stat / stat_approx / per_pass dumps, vLLM state)",
         required=True,
-        help="TRACE.npz (per_token dumps) or COUNTS.npz (stat / stat_approx / per_pass dumps, vLLM state)",
+        metavar="OUT.npz",
     )
     ti.add_argument(
         "--top-k", type=_positive_int, default=None, help="model top-k (stat dumps and vLLM do not record it)"
     )
     ti.add_argument("--trust-pickle", action="store_true", help="also unpickle non-tensor objects (runs code)")
-    ti.add_argument("--quiet", action="store_true")
+    verbosity(ti, quiet="print nothing on success (no 'wrote' line, no notes)")
     ti.set_defaults(func=cmd_trace_import)
     # the nested trace commands, listed under the top-level help too (from their parsers)
     p.epilog = (
@@ -328,9 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     engines = ("sglang", "eplb", "vllm-ascend")
     x = sub.add_parser("export", help="write a plan for a serving engine (SGLang, DeepSeek EPLB, vLLM-Ascend)")
-    x.add_argument("plan")
-    x.add_argument("--format", required=True, choices=engines)
-    x.add_argument("--output", required=True, help="sglang: .json/.pt; eplb: .npz/.pt; vllm-ascend: .json")
+    x.add_argument("plan", help="the plan JSON to export")
+    x.add_argument("--format", required=True, choices=engines, help="the engine whose file to write")
+    output_arg(x, "the engine file: sglang .json / .pt, eplb .npz / .pt, vllm-ascend .json", required=True)
     x.add_argument("--instance", help="check the plan against it and write cluster's slots_per_gpu + replica ones")
     x.add_argument("--load", help="trace or count file: picks the fill of an empty slot no neutral copy can fill")
     x.add_argument(
@@ -347,12 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="sglang (required there unless --instance sets model.dense_layers): the model's dense hidden "
         "layers, written before the MoE ones (DeepSeek-V3: 3)",
     )
-    x.add_argument("--quiet", action="store_true")
+    verbosity(x, quiet="print nothing on success (no summary, no engine settings, no notes)")
     x.set_defaults(func=cmd_export)
     im = sub.add_parser("import", help="read a serving engine's expert placement back into a plan JSON")
-    im.add_argument("file")
-    im.add_argument("--format", required=True, choices=engines)
-    im.add_argument("--output", required=True, help="plan JSON to write")
+    im.add_argument("file", help="the engine's placement file (SGLang map, EPLB tensors, vLLM-Ascend JSON)")
+    im.add_argument("--format", required=True, choices=engines, help="the engine that wrote the file")
+    output_arg(im, "the plan JSON to write", required=True, metavar="PLAN.json")
     im.add_argument("--instance", help="take gpus and experts from it and check the plan")
     im.add_argument("--gpus", type=_positive_int, default=None, help="GPU count (SGLang maps do not record it)")
     im.add_argument(
@@ -369,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="sglang: leading dense-layer rows to drop (default: --instance's model.dense_layers, else the rows "
         "beyond its MoE layers, else 0)",
     )
-    im.add_argument("--quiet", action="store_true")
+    verbosity(im, quiet="print nothing on success (no summary, no notes)")
     im.set_defaults(func=cmd_import)
 
     pr = sub.add_parser("profile", help="measure a latency profile C(n) of one MoE layer (needs torch)")
@@ -381,11 +390,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--dense", action="store_true", help="also time every n; report the step function's error")
     pr.add_argument("--repeats", type=_positive_int, default=5, help="timed runs per n (median)")
     pr.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed runs per n")
-    pr.add_argument("--output", required=True, help="profile YAML to write")
+    output_arg(pr, "the profile YAML to write", required=True, metavar="PROFILE.yaml")
     pr.set_defaults(func=cmd_profile)
 
     v = sub.add_parser("validate", help="run plans on this device as G emulated GPUs; measured vs modelled S")
-    v.add_argument("instance")
+    v.add_argument("instance", help="the instance YAML")
     v.add_argument("plans", nargs="*", help="plan JSON files (none: linear, greedy and gem solved here)")
     _harness_args(v)
     v.add_argument("--max-steps", type=_positive_int, default=None, help="measure only the first N steps")
@@ -399,9 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="time the token all-to-all (auto: NCCL when several CUDA devices are visible)",
     )
     v.add_argument("--world", type=_positive_int, default=None, help="ranks of the all-to-all")
-    v.add_argument("--seed", type=_nonneg_int, default=0)
-    v.add_argument("--report", help="report JSON to write")
-    v.add_argument("--markdown", help="report Markdown to write")
+    v.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the emulated tokens and of solved plans")
+    report_args(v, "measured and modelled latency per plan")
+    v.add_argument("--markdown", metavar="FILE.md", help="also write the report as Markdown")
     v.set_defaults(func=cmd_validate)
 
     add_replay_parser(sub)
@@ -410,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
         "plot", help="draw per-GPU loads, a frontier, or incumbent and bound over time (PNG, matplotlib)"
     )
     pl.add_argument(
-        "file", help="plan JSON, solve/compare --report JSON, frontier JSON (--output-dir), or replay --report JSON"
+        "file", help="plan JSON, solve/compare --report JSON, frontier JSON (STEM.json), or replay --report JSON"
     )
     pl.add_argument(
         "--kind",
@@ -419,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="what to draw (default: plan -> loads, frontier file -> frontier, report -> gap, "
         "replay report -> replay, replay --frontier report -> replay-frontier)",
     )
-    pl.add_argument("--output", "-o", required=True, metavar="OUT.png", help="image to write")
+    output_arg(pl, "the figure to write (its extension names the format)", required=True, metavar="OUT.png")
     pl.add_argument("--instance", help="loads: the instance whose evaluation workload is counted")
     pl.add_argument(
         "--from",
@@ -427,9 +436,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CURRENT_PLAN",
         help="loads: compare with this plan (moeopt or engine file) instead of linear",
     )
-    pl.add_argument("--from-format", choices=["plan", "sglang", "eplb", "vllm-ascend"], default=None)
+    pl.add_argument(
+        "--from-format",
+        choices=["plan", "sglang", "eplb", "vllm-ascend"],
+        default=None,
+        help="format of --from (default: from the file's content)",
+    )
     pl.add_argument("--layer", type=_nonneg_int, default=None, help="loads: layer to draw (default: the worst)")
-    pl.add_argument("--quiet", action="store_true", help="no note on stderr")
+    verbosity(pl, quiet="no note on stderr")
     pl.set_defaults(func=cmd_plot)
     return p
 
@@ -443,9 +457,10 @@ def one_line(message: str) -> str:
     return _CONTROL.sub(lambda m: " " if m.group() in "\n\r\t" else "", message).strip()
 
 
-#: options naming files a command writes, and options naming a directory it writes into
+#: options naming files a command writes (``--output`` of ``frontier`` names a folder)
 OUTPUT_FILE_OPTIONS = ("output", "report", "markdown", "plot", "graphml")
-OUTPUT_DIR_OPTIONS = ("output_dir",)
+#: commands whose ``-o/--output`` is a folder they write files into
+OUTPUT_DIR_COMMANDS = ("frontier",)
 #: arguments and options naming files a command reads, and what each is (for messages); an
 #: instance's own named files (workloads, profile) are inputs too
 INPUT_OPTIONS = {
@@ -467,7 +482,7 @@ INPUT_OPTIONS = {
 
 def _input_files(args: argparse.Namespace) -> dict[object, str]:
     """The files ``args`` names as inputs (and those each instance names), keyed as
-    :func:`moeopt.outputs.file_keys` keys them, with what each is."""
+    ``moeopt.outputs.file_keys`` keys them, with what each is."""
     from moeopt.io.instances import instance_inputs
     from moeopt.outputs import file_keys
 
@@ -488,14 +503,16 @@ def check_options(args: argparse.Namespace) -> None:
     """Refuse options that contradict each other or mean nothing here (one line each)."""
     if getattr(args, "quiet", False) and getattr(args, "verbose", False):
         raise MoeoptError("--quiet and --verbose: expected at most one of them (quiet: no progress or notes)")
+    if args.command == "frontier":
+        frontier_folder(args)
     name = getattr(args, "name", None)
     if args.command == "frontier" and name is not None:
-        if not getattr(args, "output_dir", None):
+        if not getattr(args, "output", None):
             raise MoeoptError(
-                f"--name: names the files --output-dir writes; expected --output-dir too, got --name {name!r}"
+                f"--name: names the files -o/--output writes; expected -o/--output too, got --name {name!r}"
             )
         if name in ("", ".", "..") or "/" in name or os.sep in name or (os.altsep and os.altsep in name):
-            raise MoeoptError(f"--name: expected a file stem inside --output-dir (no folder), got {name!r}")
+            raise MoeoptError(f"--name: expected a file stem inside -o/--output (no folder), got {name!r}")
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -503,15 +520,16 @@ def check_outputs(args: argparse.Namespace) -> None:
     unwritable folders) or that are one of the run's inputs (the instance, the files it names,
     plans, traces: compared as files, so ``./x``, a symlink or a hard link to an input is
     refused too), figures of an unknown format, and options that contradict each other
-    (:func:`check_options`), naming the option; two options naming one file are refused too."""
+    (``check_options``), naming the option; two options naming one file are refused too."""
     from moeopt.outputs import figure_format, input_named, refuse_input
 
     check_options(args)
     inputs = _input_files(args)
     seen: dict[str, str] = {}
+    folder = args.command in OUTPUT_DIR_COMMANDS
     for name in OUTPUT_FILE_OPTIONS:
         value = getattr(args, name, None)
-        if value is None:
+        if value is None or (folder and name == "output"):
             continue
         option = "--" + name.replace("_", "-")
         target = str(check_target(value, option))
@@ -523,9 +541,22 @@ def check_outputs(args: argparse.Namespace) -> None:
         if target in seen:
             raise MoeoptError(f"{option}: {value} is also given as {seen[target]}; expected distinct files")
         seen[target] = option
-    for name in OUTPUT_DIR_OPTIONS:
-        if getattr(args, name, None):
-            check_directory(getattr(args, name), "--" + name.replace("_", "-"))
+    if folder and getattr(args, "output", None):
+        check_directory(args.output, "--output")
+
+
+def frontier_folder(args: argparse.Namespace) -> None:
+    """``frontier --output-dir DIR``, the old spelling of ``-o/--output DIR``: taken as it, with
+    one note (refused beside ``-o/--output``)."""
+    old = getattr(args, "output_dir", None)
+    if old is None:
+        return
+    if getattr(args, "output", None) is not None:
+        raise MoeoptError("--output-dir: the old spelling of -o/--output; expected one of them, got both")
+    from moeopt import console
+
+    console.note("note: frontier --output-dir is deprecated: use -o/--output DIR")
+    args.output, args.output_dir = old, None
 
 
 @functools.cache

@@ -9,9 +9,10 @@ import yaml
 from tabulate import tabulate
 
 from moeopt import console
-from moeopt.cli.args import _nonneg_int, _number_type, _positive_int
+from moeopt.cli.args import _nonneg_int, _number_type, _positive_int, report_args, verbosity
+from moeopt.cli.reports import emit
 from moeopt.errors import MoeoptError
-from moeopt.io import load_instance, write_json
+from moeopt.io import load_instance
 from moeopt.io.files import YamlAliasError, load_yaml_text
 
 #: command-line options that set a policy parameter: (option attribute, policy field)
@@ -57,7 +58,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "made on the first --calibration steps, every later step is scored under the plan in service, and the "
         "policy re-plans as it decides. Prints one row per policy; --report writes the per-step series.",
     )
-    r.add_argument("instance")
+    r.add_argument("instance", help="the instance YAML (its calibration workload is the stream, unless --stream)")
     r.add_argument(
         "--policy",
         default=None,
@@ -113,7 +114,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     r.add_argument(
         "--window-steps", type=_positive_int, default=None, help="steps per natural window of the stream (worst window)"
     )
-    r.add_argument("--report", help="report JSON to write")
+    report_args(r, "every run's per-step series, or the frontier's points")
     r.add_argument("--plot", metavar="FILE.png", help="also draw MaxVio over time and bytes moved (or the frontier)")
     r.add_argument("--timings", action="store_true", help="put planning times in the report (not reproducible)")
     r.add_argument(
@@ -124,12 +125,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     r.add_argument("--seed", type=_nonneg_int, default=None, help="seed of every plan (default: the policy's, 0)")
     r.add_argument("--workers", type=_positive_int, default=None, metavar="N", help="plan layers in N local processes")
     r.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS", help="plan layers as Ray tasks")
-    r.add_argument(
-        "--verbose",
-        action="store_true",
-        help="when stderr is not a terminal, a progress line per bar step (default: one a minute)",
-    )
-    r.add_argument("--quiet", action="store_true", help="nothing on stderr but errors")
+    verbosity(r)
     r.set_defaults(func=cmd_replay)
     return r
 
@@ -253,10 +249,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             ray=args.ray,
             quiet=quiet,
         )
-        report = frontier_report(points, inst, stream)
-        if args.report:
-            write_json(args.report, report)
-        print(frontier_table(points))
+        report = emit(args, frontier_report(points, inst, stream), frontier_table(points))
         if args.plot:
             from moeopt import plot
 
@@ -280,10 +273,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         )
         for p in policies
     ]
-    report = runs_report(results, timings=args.timings)
-    if args.report:
-        write_json(args.report, report)
-    print(replay_table(results))
+    report = emit(args, runs_report(results, timings=args.timings), replay_table(results))
     if args.plot:
         from moeopt import plot
 

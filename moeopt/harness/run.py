@@ -550,9 +550,10 @@ def solve_here(instance: Instance, workloads: Any, *, seed: int = 0) -> list[tup
 
 def validate_command(args: Any) -> int:
     """``moeopt validate``: read instance and plans, measure, print and write the report."""
+    from moeopt.cli.reports import emit
     from moeopt.harness import require_torch
     from moeopt.harness.profile import parse_speeds
-    from moeopt.io import load_instance, read_plan, read_profile, write_json, write_text
+    from moeopt.io import load_instance, read_plan, read_profile, write_text
 
     # bad files are reported first: a user needs no torch to learn that an input is wrong
     inst = load_instance(args.instance)
@@ -587,10 +588,8 @@ def validate_command(args: Any) -> int:
         seed=args.seed,
         statistic=args.statistic,
     )
-    if args.report:
-        write_json(args.report, report)
     text = report_markdown(report)
     if args.markdown:
         write_text(args.markdown, text)
-    print(text, end="")
+    emit(args, report, text.rstrip("\n"))  # --report, and --json in place of the text
     return 0

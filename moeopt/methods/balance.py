@@ -185,7 +185,7 @@ class BalanceParams:
     # set and the plan is neither connected nor hierarchical)
     group_spread: bool | None = None
     polish: str = "none"  # cpsat: CP-SAT re-plans every small layer (counts and placement), with a proved bound
-    polish_time: float = 1.0  # seconds of CP-SAT per layer (--time-limit caps the total)
+    polish_time: float = 1.0  # seconds of CP-SAT per layer (the time limits cap the total)
     polish_slots: int = 128  # only layers of at most this many slots (G x W) are polished
 
     def __post_init__(self) -> None:

@@ -285,7 +285,7 @@ class CrossLayer:
                 given["relax_eps_load"] = True
             if kind == "hypergraph":
                 given["preset"] = params.preset
-            # the starts share 40 % of the budget (L x --time-limit); the sweeps and the certificate the rest
+            # the starts share 40 % of the budget (L x the layer limit); the sweeps and the certificate the rest
             share = None if ctx.time_limit is None else START_SHARE * ctx.time_limit / max(len(params.start_names), 1)
             sub = Context(time_limit=share, seed=ctx.seed + params.seed, quiet=True)
             own = parse_params(impl, given)

@@ -147,7 +147,7 @@ class Gem:
         return True
 
     def settings(self, params: Params, ctx: Context, layers: int) -> SearchSettings:
-        per_layer = ctx.time_limit  # --time-limit is per layer, as for every method
+        per_layer = ctx.time_limit  # the layer's limit: --layer-time-limit, or its share of --time-limit
         return SearchSettings(
             starts=params.starts,
             noise=params.noise,
@@ -241,7 +241,7 @@ class _GemExact:
     @dataclass
     class Params:
         steps: int = DEFAULT_STEPS  # utilization-trace steps T (0: every trace step)
-        time_limit: float = 30.0  # seconds per layer when the run gives no --time-limit
+        time_limit: float = 30.0  # seconds per layer when the run gives no time limit
         warm_start: bool = True  # hint the exact model with gem's plan
         threads: int = 2  # solver threads
 
@@ -261,7 +261,7 @@ class _GemExact:
         util = problem_utilization(problem, _steps_param(params.steps))
         slots = problem.instance.cluster.slots_per_gpu
         models = [layer_model(util.counts[l], problem.profile, slots, method=self.name) for l in range(problem.layers)]
-        # one budget for warm start and exact solves: --time-limit, else the method's own per layer
+        # one budget for warm start and exact solves: the run's time limits, else the method's own per layer
         budget = ctx.budget if ctx.budget.limited else Budget(params.time_limit * problem.layers)
         hints = None
         if params.warm_start:  # a fifth of the budget at most

@@ -442,7 +442,7 @@ class _Replication:
             limit = params.certificate_time_limit
             if limit is None:
                 limit = certificate_time(ctx.model_layers or problem.layers)  # the whole model's layers
-            if ctx.time_limit is not None:  # --time-limit is per layer: a fifth of it per certificate
+            if ctx.time_limit is not None:  # the layer's limit: a fifth of it per certificate
                 limit = min(limit, 0.2 * ctx.time_limit)
                 reported["certificate_time_limit"] = limit  # what the scoring's certificate_hook uses
             limit = min(limit, ctx.budget.remaining() / problem.layers)

@@ -30,7 +30,7 @@ step by step (the eps_load met is in ``stats['eps_load']``, the steps in
 ``stats['eps_load_relaxed']`` and a note); ``.inf``: no limit.
 
 Time limit: Mt-KaHyPar's call cannot be stopped, and takes seconds on a layer of 128 experts
-and 8192 tokens. Under ``--time-limit`` it runs in a forked child process killed when
+and 8192 tokens. Under a time limit it runs in a forked child process killed when
 `PARTITION_SHARE` of the layer's time is spent (`partition_within`); a layer whose
 partition did not finish starts the repair and refinement from a balanced packing instead, and
 the result says so (termination ``time_limit``, ``stats['partition_stopped_layers']`` and a

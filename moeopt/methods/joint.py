@@ -111,7 +111,7 @@ class JointParams:
         Moves priced per layer, shared by the starts: the search's work bound (same seed, same
         plan on any machine).
     time_per_layer
-        Wall cap, seconds of search per layer (``--time-limit`` caps it further); a cap that
+        Wall cap, seconds of search per layer (``--layer-time-limit`` and ``--time-limit`` cap it further); a cap that
         binds is reported (termination ``time_limit``) and makes the plan depend on the
         machine's speed.
     candidates, kicks
@@ -155,7 +155,7 @@ class JointParams:
         the input, the seed and the parameters.
     bound_time
         Outer wall-clock cap on the certificate, seconds per layer (None: none but
-        ``--time-limit``'s share of the run); a cap that stops it is reported (termination
+        the layer's share of the run's time limits); a cap that stops it is reported (termination
         ``time_limit`` and a note) and makes the bound depend on the machine's speed; 0: no
         certificate.
     hierarchical
@@ -1032,7 +1032,7 @@ class Joint:
             )
         # the dispatch is chosen for all layers at once, on the mean MaxVio over layers
         target = replace(params, eps=float(limits.mean())) if relaxed else params
-        # under a time limit each phase has its share of the run's budget (L x --time-limit), so that
+        # under a time limit each phase has its share of the run's budget (L x the layer limit), so that
         # together they keep it: the restarts (search, then dispatch choice) share 75 % of it (90 %
         # without a certificate), each search half of its restart's share; the certificate gets what
         # is left, and the rest is slack for the scoring and the steps no clock can cut (a search's
@@ -1282,8 +1282,8 @@ def _restart_rank(choice: DispatchChoice) -> tuple:
 
 @dataclass
 class JointExactParams(JointParams):
-    """``joint`` parameters plus the exact model's time limit per layer (None: ``--time-limit``
-    or 60 s) and its size limit (columns of the MILP)."""
+    """``joint`` parameters plus the exact model's time limit per layer (None: the layer's time
+    limit or 60 s) and its size limit (columns of the MILP)."""
 
     exact_time_limit: float | None = None
     max_columns: int = 60_000
@@ -1313,7 +1313,7 @@ class JointExact(Joint):
                 jm.check_exact_size(layer, params.max_columns)
             except ValueError as exc:
                 raise InputError(src, "method", f"layer {l}: {exc}") from None
-        # the exact solves share 40 % of the budget (L x --time-limit), each at most its own limit;
+        # the exact solves share 40 % of the budget (L x the layer limit), each at most its own limit;
         # the rest goes to the local search of layers without an incumbent and the dispatch choice
         own = params.exact_time_limit or (None if ctx.budget.limited else 60.0)
         exact = ctx.budget.child(0.4)

@@ -160,7 +160,7 @@ class TacgParams:
         solver gets half of each layer's time, and the certificate the rest when the solver
         leaves a gap. Every certificate is bounded by work (below), so the bound, like the
         plan, is a function of the input, the seed and the parameters; a time limit only caps
-        it (the layer's share of ``--time-limit``), and a cap that stops one is reported
+        it (the layer's time limit), and a cap that stops one is reported
         (termination ``time_limit`` and a note).
     certificate_rounds
         Column generation's work budget per layer: master LP solves, each followed by a pricing

@@ -2,7 +2,7 @@
 
 Some library calls (Mt-KaHyPar's ``partition``) run in native code with no time limit, no
 callback and no way to stop them from Python: a call that takes longer than the time left
-would overrun ``--time-limit`` by as much as it likes. :func:`call_before` runs such a call in
+would overrun the time limit by as much as it likes. :func:`call_before` runs such a call in
 a child process forked from this one (so it starts at once, with this process's memory, and
 nothing is pickled but the answer) and kills the child (``SIGKILL``) when the deadline comes:
 the caller gets no answer and carries on without it, within its limit.

@@ -80,7 +80,7 @@ def check_size(g: Grouping, time_limit: float) -> None:
             None,
             None,
             f"tacg-cpsat: E={g.experts}, G={g.groups} gives about {n} model terms, too many for a "
-            f"{time_limit:g} s limit (at most {most}); raise --time-limit or use the heuristic 'tacg'",
+            f"{time_limit:g} s limit (at most {most}); raise --layer-time-limit or use the heuristic 'tacg'",
         )
 
 

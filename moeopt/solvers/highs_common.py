@@ -302,6 +302,6 @@ def refuse_large(g: Grouping, time_limit: float, backend: str, rate: float) -> N
             None,
             None,
             f"{backend}: E={g.experts}, G={g.groups} gives about {nnz} matrix nonzeros, too many for a "
-            f"{time_limit:g} s limit (at most {int(rate * max(time_limit, 1.0))}); raise --time-limit, "
+            f"{time_limit:g} s limit (at most {int(rate * max(time_limit, 1.0))}); raise --layer-time-limit, "
             "use 'tacg-cpsat' or the heuristic 'tacg'",
         )
