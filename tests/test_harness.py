@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -301,7 +302,8 @@ def test_validate_cli_report_shape(torch, tiny_instance: Path, tmp_path: Path, c
     assert rc == 0
     printed = capsys.readouterr().out
     report = json.loads(report_path.read_text())
-    assert tuple(report) == REPORT_KEYS
+    assert tuple(k for k in report if k not in ("moeopt_version", "git_commit")) == REPORT_KEYS
+    assert report["moeopt_version"] == version("moeopt")  # every report names the version that made it
     assert report["format"] == "moeopt.validate/1" and report["device"]["type"] == "cpu"
     assert report["speed_source"] == "profile" and report["modelled_profile"]["source"] == "instance"
     assert report["steps"] == 4 and len(report["speeds"]) == G

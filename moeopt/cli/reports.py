@@ -17,8 +17,8 @@ __all__ = ["emit", "stamped", "wrote"]
 
 def stamped(report: dict[str, Any]) -> dict[str, Any]:
     """``report`` with ``moeopt_version`` and, from a git checkout, ``git_commit``
-    (``moeopt.version.provenance``) first."""
-    return {**provenance(), **report}
+    (``moeopt.version.provenance``) after its own keys (their documented order kept)."""
+    return {**report, **provenance()}
 
 
 def emit(args: argparse.Namespace, report: dict[str, Any], text: str | None) -> dict[str, Any]:
