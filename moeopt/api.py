@@ -106,8 +106,7 @@ def _workload(kind: str, value: Any, name: str, top_k: Any, experts: Any) -> Tra
     for key, v in arrays.items():
         if v is None:
             continue
-        arr = as_array(v, "topk" if key == "topk" and name != "topk" else key)
-        found[key] = arr
+        found[key] = as_array(v, name if key == "topk" else key)
     if experts is not None:
         found["num_experts"] = np.asarray(experts)
     if "topk" not in found:

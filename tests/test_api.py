@@ -252,3 +252,11 @@ def test_load_figure_reads_at_hundreds_of_gpus(tmp_path, monkeypatch):
     assert plot.scored_on(inst) == "in sample"
     held = moeopt.Instance.from_counts(counts, gpus=320, top_k=8, evaluation=counts[:, ::-1].copy())
     assert plot.scored_on(held) == "held-out workload"
+
+
+def test_in_memory_instance_runs_in_a_process_pool():
+    """An instance holding its arrays in memory solves the same in worker processes as here."""
+    inst = moeopt.Instance.from_trace(TOPK, gpus=4)
+    here = moeopt.solve(inst, method="greedy")
+    pool = moeopt.solve(inst, method="greedy", workers=2)
+    np.testing.assert_array_equal(here.plan.slots, pool.plan.slots)
