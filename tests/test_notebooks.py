@@ -20,8 +20,7 @@ SMALL = {
     "grouping-exact-vs-heuristic.ipynb": {
         "FULL": False,
         "SIZES": [[8, 2], [16, 4]],
-        "EXACT_LIMIT": 1.5,
-        "PYOMO_LIMITS": [1.5],
+        "EXACT_LIMITS": [1.5],
         "HEURISTIC_LIMIT": 1.0,
         "TOKENS": 2048,
     },
