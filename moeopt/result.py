@@ -14,6 +14,7 @@ import numpy as np
 
 from moeopt.plan import Plan
 from moeopt.services import services
+from moeopt.version import provenance
 
 
 class Termination(str, Enum):
@@ -270,8 +271,10 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         """The result as plain JSON values: the content of ``moeopt solve --report``.
 
-        Keys: ``instance``, ``method``, ``params``, ``status``, ``termination``, ``solution``, ``objective_name``,
-        ``sense``, ``objective``, ``bound``, ``gap``, ``wall_time``, ``metrics`` and ``stats``;
+        Keys: ``instance``, ``method``, ``params``, ``status``, ``termination``, ``solution``,
+        ``objective_name``, ``sense``, ``objective``, ``bound``, ``gap``, ``wall_time``,
+        ``metrics``, ``stats``, then ``moeopt_version`` and, from a git checkout,
+        ``git_commit`` (``moeopt.version.provenance``, as every report of the command line);
         numpy values become numbers and lists, NaN and infinities
         null (`jsonable`). The plan is not part of it: write it with
         `moeopt.write_plan` or `Plan.to_engine`.
@@ -293,7 +296,7 @@ class Result:
             "metrics": self.metrics,
             "stats": self.stats,
         }
-        return dict(jsonable(report))
+        return dict(jsonable({**report, **provenance()}))
 
     def to_json(self, path: str | Path | None = None) -> str:
         """The result as indented JSON text (`to_dict`); written to ``path`` (atomically)
