@@ -167,7 +167,7 @@ def test_time_limit_is_reported_alike(solver):
     g = random_grouping(rng, E=E, G=4, limited=False).replace(graph=A, load=load)
     g = g.replace(load_limit=1.1 * g.min_max_load())
     t0 = time.perf_counter()
-    out = grouping_milp.solve(g, ExactSettings(time_limit=1.0, solver=solver, refuse=False))
+    out = grouping_milp.solve(g, ExactSettings(time_limit=0.5, solver=solver, refuse=False))
     assert time.perf_counter() - t0 < 8.0
     assert out.termination in (Termination.TIME_LIMIT, Termination.OPTIMAL), out.solver_status
     if out.termination is Termination.TIME_LIMIT:
