@@ -401,7 +401,8 @@ def _solve_legacy(name: str, face: Interface, model: Any, o: SolveOptions, warm:
     for key, value in _legacy_options(name, o).items():
         opt.options[key] = value
     kwargs: dict[str, Any] = {"load_solutions": False, "tee": o.tee}
-    if face.runs == "executable" and name in ("cbc", "glpk"):
+    if face.runs == "executable":  # Pyomo passes it on (-sec, --tmlim, set timelimit) and kills the
+        # subprocess past it and a grace; GLPK takes whole seconds
         kwargs["timelimit"] = math.ceil(o.time_limit) if name == "glpk" else max(0.05, o.time_limit)
     warm = warm and bool(opt.warm_start_capable())
     if warm:
