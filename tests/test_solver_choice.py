@@ -192,15 +192,20 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def test_signal_kills_a_solver_executable(tmp_path):
-    """Ctrl-C to the run's process group while CBC runs: exit 130, 'interrupted' alone, the cbc process gone
-    (SIGTERM to the run alone takes the same path: the handler raises in the thread that waits for cbc)."""
-    signum = signal.SIGINT
+@pytest.mark.parametrize(
+    ("extra", "signum"),
+    [((), signal.SIGINT), (("--workers", "2"), signal.SIGTERM)],
+    ids=["serial SIGINT", "pool SIGTERM"],
+)
+def test_signal_kills_a_solver_executable(extra, signum, tmp_path):
+    """Ctrl-C to the run's process group while CBC runs, or SIGTERM to the run alone while CBC runs in
+    pool workers (which their parent stops with SIGTERM): exit 130 / 143, 'interrupted' alone, cbc gone."""
     if not available("cbc"):
         pytest.skip("cbc missing")
     inst = tmp_path / "cbc.yaml"
-    inst.write_text(SIGNAL_INSTANCE.replace("method: {name: greedy}", "method: {name: tacg-milp, solver: cbc}"))
-    cmd = [sys.executable, "-m", "moeopt", "solve", str(inst), "--time-limit", "60", "--quiet"]
+    text = SIGNAL_INSTANCE.replace("method: {name: greedy}", "method: {name: tacg-milp, solver: cbc}")
+    inst.write_text(text.replace("layers: 1", "layers: 2") if extra else text)
+    cmd = [sys.executable, "-m", "moeopt", "solve", str(inst), "--time-limit", "60", "--quiet", *extra]
     cmd += ["--output", str(tmp_path / "plan.json")]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -210,10 +215,16 @@ def test_signal_kills_a_solver_executable(tmp_path):
         solver = [pid for pid in _descendants(proc.pid) if _comm(pid) == "cbc"]
     assert solver, "cbc never started"
     time.sleep(0.3)
-    os.killpg(proc.pid, signum)
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signum, err[-2000:]
     assert err == "interrupted\n", err[-2000:]
+    deadline = time.monotonic() + 5.0  # a pool worker takes the solver down as it ends
+    while any(_running(pid) for pid in solver) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not any(_running(pid) for pid in solver)
     assert not (tmp_path / "plan.json").exists()
 

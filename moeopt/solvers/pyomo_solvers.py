@@ -36,10 +36,13 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import shutil
+import signal
 import subprocess
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -498,6 +501,37 @@ def _answer(
     return PyomoAnswer(termination, condition, incumbent, bound, held, warm, name, factory)
 
 
+class _Terminated(BaseException):
+    """SIGTERM came while a solver executable ran (raised so that ``subprocess.run`` kills it)."""
+
+
+@contextmanager
+def _terminate_kills_the_solver() -> Iterator[None]:
+    """In the main thread of a process that SIGTERM would end at once (a pool worker, which its
+    parent stops with SIGTERM; a library call), turn SIGTERM into an exception while a solver
+    executable runs, so that ``subprocess.run`` kills the solver, then end by SIGTERM as before.
+    Under the command line's own handling (or any other handler) the block just runs."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    came: list[int] = []
+
+    def on_term(signum: int, frame: Any) -> None:
+        came.append(signum)
+        raise _Terminated()
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    except _Terminated:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if came:  # the solver is gone: now end as SIGTERM would have
+            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(128 + signal.SIGTERM)  # not reached: the default action ends the process
+
+
 def solve_model(
     model: Any, solver: str, options: SolveOptions, *, start: Iterable[tuple[Any, float]] | None = None
 ) -> PyomoAnswer:
@@ -541,7 +575,7 @@ def solve_model(
         with interrupt.native():  # a signal that came during the solve is raised when it ends
             condition, incumbent, bound, values, warm = _run(solver, face, model, options, warm)
     else:  # an executable: Ctrl-C raises in this thread, and subprocess.run kills the solver
-        with interrupt.native():
+        with interrupt.native(), _terminate_kills_the_solver():
             condition, incumbent, bound, values, warm = _run(solver, face, model, options, warm)
     if pyomo_termination(condition) is Termination.INTERRUPTED:
         raise interrupt.Interrupted()  # the solver saw Ctrl-C itself (SCIP catches it): not a result
