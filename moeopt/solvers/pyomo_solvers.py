@@ -29,7 +29,8 @@ child process that Ctrl-C kills (``moeopt.interrupt.run_in_child``); elsewhere a
 reports as interrupted raises ``moeopt.interrupt.Interrupted``. An executable (CBC, GLPK,
 the CPLEX program) is a subprocess of this one, run by Pyomo with ``subprocess.run``, which
 kills it when Ctrl-C raises in the waiting thread, and when it outlives its time limit by Pyomo's
-grace (one second or 1 %): no solver process outlives the call.
+grace (one second or 1 %); in a pool worker, which its parent stops with SIGTERM, SIGTERM raises
+there too while the executable runs: no solver process outlives the call.
 """
 
 from __future__ import annotations
