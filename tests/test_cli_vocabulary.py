@@ -182,6 +182,16 @@ def test_the_two_time_limits_reach_every_layer(tmp_path, capsys):
     assert limits == sorted(limits) and limits[-1] > limits[0]
 
 
+def test_compare_shares_the_total_over_its_methods(capsys):
+    """compare --time-limit S: the first of two methods has at most S / 2, shared over its 4 layers."""
+    argv = ["compare", str(FOUR), "--methods", "greedy,gem", "--json", "--time-limit", "4"]
+    assert main(argv) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    first, second = (r["stats"]["layer_time_limits"] for r in results)
+    assert 0 < first[0] <= 4 / 2 / 4  # greedy: half of what was left, a quarter of that per layer
+    assert second[0] > first[0]  # gem gets what greedy left unused
+
+
 @pytest.mark.parametrize("value", ["-1", "0", "nan"])
 def test_a_bad_limit_in_the_instance_names_its_field(tmp_path, capsys, value):
     """method.time_limit / method.layer_time_limit in the YAML: one line naming the field, exit 2."""
