@@ -23,13 +23,27 @@ mixture (in distribution) and on each family's own part of it (single-family shi
 
 Run: ``python benchmarks/joint.py`` (about 18 minutes on 2 idle cores; ``--quick``: one synthetic
 instance and OLMoE, 1 slot). Writes ``benchmarks/results/joint.{json,md,png}``.
+
+``--part scale`` (:func:`scale_part`): DeepSeek-V3 shapes at production scale, 58 MoE layers x 256
+experts, top-8, group-limited routing (8 groups, the top 4 per token), on 256 GPUs (32 nodes of
+8) x (1 + 1) slots: count-sampled from the real SGLang prefill loads
+(``instances/real/deepseek_v3_prefill_in1024.json``, calibration seed 0, held-out seed 1) and
+synthetic (``moeopt.synth``, the same shape, calibration seed 0, held-out seed 1). ``joint``
+made for SGLang's ``static`` (DeepEP) and ``even`` rules at :data:`SCALE_EPS` (hierarchical:
+the default past 64 GPUs) against ``eplb`` global and hierarchical and ``balance``, each scored
+under the same rule: remote nodes and remote GPUs per token, held-out MaxVio, wall time of the
+whole model with ``--workers 2`` and the load average around it; the done-when checks of issue
+41 as met / not met; ``--ray``: the speed-up of 2 local Ray nodes over 1. Writes
+``benchmarks/results/joint_scale.{json,md}`` (about an hour on 2 cores).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -47,7 +61,8 @@ from moeopt.plan import rule_dispatch
 from moeopt.registry import Context, Problem, get_method, parse_params
 from moeopt.scoring import Workloads, score
 from moeopt.solve import load_workloads, solve
-from moeopt.synth import trace_from_counts
+from moeopt.synth import SynthSpec, synthesize, trace_from_counts
+from moeopt.trace import stats_from_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT.parent / "shared" / "data" / "real"
@@ -73,6 +88,362 @@ RULE_EPS = (0.05, 0.1, 0.2, 0.4, 0.6)
 RULE_TARGET = 1.3
 #: the eps of the default (locality) joint plan re-scored under the engines' rules
 LOCALITY_EPS = 0.06
+
+#: the scale part: DeepSeek-V3's shape (58 MoE layers x 256 experts, top-8, 8 router groups of which a
+#: token uses 4) on 256 GPUs, 8 per node, one primary and one replica slot per GPU
+SCALE_GPUS = 256
+SCALE_GPUS_PER_NODE = 8
+#: tokens per trace: at 256 GPUs a GPU sees 8 x tokens / 256 pairs, and 8192 tokens leave a held-out MaxVio of
+#: about 0.2 to sampling noise alone
+SCALE_TOKENS = 16384
+#: load limits of ``joint`` in the scale part (the comparison takes the best plan at each baseline's
+#: held-out MaxVio)
+SCALE_EPS = {"static": (0.05, 0.2), "even": (0.1,)}
+#: a run with a time limit for the whole run (seconds): joint (static, eps 0.2) on the synthetic cell
+SCALE_TIME_LIMIT = 240.0
+#: the rules the scale part plans for and scores under (SGLang with DeepEP: static; SGLang dynamic: even)
+SCALE_RULES = ("static", "even")
+#: issue 41's targets: remote nodes per token cut vs eplb global and vs eplb hierarchical, and the
+#: wall time of 58 layers with --workers 2
+SCALE_TARGETS = {"global": 20.0, "hierarchical": 10.0, "seconds": 600.0}
+
+
+def scale_cells(layers: int | None = None) -> list[tuple[str, Instance, Workloads]]:
+    """The scale part's two cells (count-sampled and synthetic DeepSeek-V3 shapes); ``layers``: the
+    first few MoE layers only (a quick run)."""
+    path = REAL / "deepseek_v3_prefill_in1024.json"
+    if not path.is_file():
+        path = ROOT / "instances" / "real" / "deepseek_v3_prefill_in1024.json"
+    counts = read_workload_file(path, top_k=8).counts
+    L = counts.shape[1] if layers is None else layers
+    groups = {"expert_groups": 8, "topk_group": 4}
+    stats = stats_from_counts(counts[:, :L], top_k=8)
+    calib = trace_from_counts(stats, tokens=SCALE_TOKENS, steps=16, seed=0, **groups)
+    held = trace_from_counts(stats, tokens=SCALE_TOKENS, steps=16, seed=1, **groups)
+    spec = SynthSpec(layers=L, experts=256, top_k=8, tokens=SCALE_TOKENS, steps=16, seed=0, **groups)
+    s_calib, s_held = synthesize(spec), synthesize(replace(spec, seed=1))
+    model = Model(L, 256, 8, expert_groups=8)
+    cluster = Cluster(gpus=SCALE_GPUS, gpus_per_node=SCALE_GPUS_PER_NODE, slots_per_gpu=1, replica_slots_per_gpu=1)
+    out = []
+    for name, (c, h) in {
+        "deepseek-v3 (count-sampled)": (calib, held),
+        "deepseek-v3 shape (synthetic)": (s_calib, s_held),
+    }.items():
+        inst = Instance(name, model, cluster, Workload(WorkloadSource()), MethodSpec("joint"))
+        out.append((name, inst, Workloads(c, h, c.stats(), None)))
+    return out
+
+
+def _load_avg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def scale_run(
+    name: str, inst: Instance, wl: Workloads, method: str, params: dict, rules: tuple[str, ...], log, **kw
+) -> list[dict]:
+    """One plan of the scale part, timed (load average before and after), scored under each of
+    ``rules`` (a plan made for a rule: under that rule alone)."""
+    before = _load_avg()
+    t0 = time.perf_counter()
+    r = solve(inst, method=method, params=params, workloads=wl, **kw)
+    wall = time.perf_counter() - t0
+    after = _load_avg()
+    made = params.get("dispatch")
+    rows = []
+    for rule in rules if made is None else (made,):
+        plan = r.plan.with_dispatch(rule_dispatch(rule, inst.model))
+        # the run's own scoring (held-out, under the plan's dispatch) where that is the rule: scoring
+        # SGLang static at 256 GPUs and 58 layers takes minutes, once is enough
+        m = r.metrics if r.plan.dispatch.kind == rule else evaluate(plan, wl.evaluation, inst.cluster)
+        cal = r.stats.get("calibration_maxvio") if made is not None else None
+        rows.append(
+            {
+                "instance": name,
+                "rule": rule,
+                "method": method,
+                "params": params,
+                "label": method + "".join(f" {k}={v}" for k, v in params.items() if k != "dispatch"),
+                "remote_nodes": float(m["comm_nodes_per_token"]),
+                "remote_gpus": float(m["comm_per_token"]),
+                "maxvio": float(m["maxvio"]),
+                "calibration_maxvio": None if cal is None else float(cal),
+                "wall_s": wall,
+                "plan_s": float(r.wall_time),
+                "load_before": before,
+                "load_after": after,
+                "executor": r.stats.get("executor"),
+                "termination": str(getattr(r.termination, "value", r.termination)),
+                "note": r.stats.get("note"),
+            }
+        )
+        log(
+            f"  {name} [{rule}] {rows[-1]['label']}: remote nodes {rows[-1]['remote_nodes']:.3f}, remote GPUs "
+            f"{rows[-1]['remote_gpus']:.3f}, MaxVio {rows[-1]['maxvio']:.3f} (calibration "
+            f"{rows[-1]['calibration_maxvio']}), {r.wall_time:.0f} s ({wall:.0f} s with scoring), "
+            f"load {before[0]:.1f} -> {after[0]:.1f}"
+        )
+    return rows
+
+
+def scale_checks(rows: list[dict]) -> list[dict]:
+    """Per (instance, rule): the best ``joint`` plan at a held-out MaxVio no worse than each EPLB
+    policy's, its cut of remote nodes per token against it, and the targets met or not."""
+    out = []
+    for name in dict.fromkeys(r["instance"] for r in rows):
+        for rule in dict.fromkeys(r["rule"] for r in rows if r["instance"] == name):
+            mine = [r for r in rows if r["instance"] == name and r["rule"] == rule]
+            joint = [r for r in mine if r["method"] == "joint"]
+            check: dict = {
+                "instance": name,
+                "rule": rule,
+                "slowest_joint_s": max((r["plan_s"] for r in joint), default=None),
+                "slowest_joint_with_scoring_s": max((r["wall_s"] for r in joint), default=None),
+            }
+            for policy in ("global", "hierarchical"):
+                base = next((r for r in mine if r["method"] == "eplb" and r["params"].get("policy") == policy), None)
+                if base is None:
+                    continue
+                ok = [r for r in joint if r["maxvio"] <= base["maxvio"] + 1e-12]
+                best = min(ok, key=lambda r: r["remote_nodes"]) if ok else None
+                cut = None if best is None else 100.0 * (1.0 - best["remote_nodes"] / base["remote_nodes"])
+                check[policy] = {
+                    "eplb": {"remote_nodes": base["remote_nodes"], "maxvio": base["maxvio"]},
+                    "joint": None
+                    if best is None
+                    else {"label": best["label"], "remote_nodes": best["remote_nodes"], "maxvio": best["maxvio"]},
+                    "cut": cut,
+                    "target": SCALE_TARGETS[policy],
+                    "met": cut is not None and cut >= SCALE_TARGETS[policy],
+                }
+            slow = check["slowest_joint_s"]
+            check["time"] = {
+                "target": SCALE_TARGETS["seconds"],
+                "met": slow is not None and slow <= SCALE_TARGETS["seconds"],
+            }
+            out.append(check)
+    return out
+
+
+def ray_speedup(layers: int, log) -> dict:
+    """``joint`` (static) on the synthetic cell's first ``layers`` layers on a local Ray cluster of 1
+    node, then 2 (``ray start`` processes on this machine, 1 CPU each, started here and stopped by
+    their process ids)."""
+    import shutil
+
+    ray = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
+    # Ray >= 2.5x turns token authentication on for `ray start` clusters: a local one needs none
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    _, sub, wl_sub = scale_cells(layers)[1]
+    port = 26379 + os.getpid() % 1000
+    address = f"127.0.0.1:{port}"
+    procs: list[subprocess.Popen] = []
+    common = ["--num-cpus", "1", "--block", "--disable-usage-stats"]
+    out: dict = {"layers": layers, "address": address, "runs": []}
+    try:
+        procs.append(
+            subprocess.Popen(
+                [ray, "start", "--head", "--port", str(port), "--include-dashboard", "false", *common],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        time.sleep(8)
+        for nodes in (1, 2):
+            if nodes == 2:
+                procs.append(
+                    subprocess.Popen(
+                        [ray, "start", "--address", address, *common],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+                time.sleep(8)
+            before = _load_avg()
+            t0 = time.perf_counter()
+            solve(sub, method="joint", params={"dispatch": "static"}, workloads=wl_sub, ray=address)
+            wall = time.perf_counter() - t0
+            out["runs"].append({"nodes": nodes, "wall_s": wall, "load_before": before, "load_after": _load_avg()})
+            log(f"  Ray, {nodes} local node(s) of 1 CPU: {wall:.1f} s for {layers} layers (load {before[0]:.1f})")
+    finally:
+        for p in reversed(procs):  # a blocking `ray start` stops its node's processes when it ends
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    if len(out["runs"]) == 2:
+        out["speedup"] = out["runs"][0]["wall_s"] / out["runs"][1]["wall_s"]
+    return out
+
+
+def scale_part(args, log) -> dict:
+    """The scale part (module docstring): every cell's baselines and ``joint`` plans, the checks and
+    the optional Ray speed-up."""
+    cells = scale_cells(args.layers)
+    rows: list[dict] = []
+    partial = args.out / "joint_scale.partial.json"  # what a run cut short leaves
+    for name, inst, wl in cells:
+        if rows:
+            write_json(partial, {"rows": rows})
+        log(f"{name}: {inst.model.layers} layers x {inst.model.experts} experts on {inst.cluster.gpus} GPUs")
+        for policy in ("global", "hierarchical"):
+            rows += scale_run(name, inst, wl, "eplb", {"policy": policy}, SCALE_RULES, log)
+        rows += scale_run(name, inst, wl, "balance", {}, SCALE_RULES, log, workers=args.workers)
+        if args.time_limit and name.endswith("(synthetic)"):
+            rows += scale_run(
+                name,
+                inst,
+                wl,
+                "joint",
+                {"dispatch": "static", "eps": 0.2},
+                SCALE_RULES,
+                log,
+                workers=args.workers,
+                time_limit=args.time_limit,
+            )
+            rows[-1]["time_limit"] = args.time_limit
+            rows[-1]["label"] += f" --time-limit {args.time_limit:g}"
+        for rule in SCALE_RULES:
+            for e in SCALE_EPS[rule]:
+                rows += scale_run(
+                    name, inst, wl, "joint", {"dispatch": rule, "eps": e}, SCALE_RULES, log, workers=args.workers
+                )
+    data: dict = {
+        "info": {
+            "machine_info": machine_info(),
+            "workers": args.workers,
+            "layers": cells[0][1].model.layers,
+            "gpus": SCALE_GPUS,
+            "gpus_per_node": SCALE_GPUS_PER_NODE,
+            "tokens": SCALE_TOKENS,
+            "eps": SCALE_EPS,
+            "targets": SCALE_TARGETS,
+            "load_end": _load_avg(),
+        },
+        "rows": rows,
+        "checks": scale_checks(rows),
+    }
+    write_json(partial, {"rows": rows})
+    if args.ray:
+        data["ray"] = ray_speedup(args.ray, log)
+    partial.unlink(missing_ok=True)
+    return data
+
+
+def scale_markdown(data: dict) -> str:
+    """The scale part's report."""
+    info = data["info"]
+    grid = "; ".join(f"{k} " + ", ".join(f"{e:g}" for e in v) for k, v in info["eps"].items())
+    lines = [
+        "# `joint` at production scale (DeepSeek-V3 shapes, 256 GPUs)",
+        "",
+        f"{info['layers']} MoE layers x 256 experts, top-8, group-limited routing (8 groups, 4 per token), "
+        f"{info['gpus']} GPUs in {info['gpus'] // info['gpus_per_node']} nodes of {info['gpus_per_node']}, one primary "
+        f"and one replica slot per GPU, {info['tokens']} tokens per trace (calibration seed 0, held-out seed 1). "
+        "Every plan scored by the one scorer under the rule named (`static`: SGLang with DeepEP; `even`: SGLang "
+        f"dynamic) on the held-out trace; `joint` made for that rule (hierarchical, the default past 64 GPUs) at "
+        f"eps {grid}; wall time with `--workers {info['workers']}` (EPLB: one "
+        "process) and the 1-minute load average before and after each run on a shared 2-core machine.",
+        "",
+    ]
+    table = [
+        [
+            r["instance"],
+            r["rule"],
+            r["label"],
+            f"{r['remote_nodes']:.3f}",
+            f"{r['remote_gpus']:.3f}",
+            f"{r['maxvio']:.3f}",
+            "-" if r["calibration_maxvio"] is None else f"{r['calibration_maxvio']:.3f}",
+            f"{r['plan_s']:.0f} / {r['wall_s']:.0f}",
+            f"{r['load_before'][0]:.1f} / {r['load_after'][0]:.1f}",
+        ]
+        for r in data["rows"]
+    ]
+    lines += [
+        tabulate(
+            table,
+            headers=[
+                "instance",
+                "rule",
+                "plan",
+                "remote nodes / token",
+                "remote GPUs / token",
+                "held-out MaxVio",
+                "calibration MaxVio",
+                "wall s: planning / with scoring",
+                "load before / after",
+            ],
+            tablefmt="github",
+        ),
+        "",
+        "## Done-when checks (issue 41)",
+        "",
+    ]
+    checks = []
+    for c in data["checks"]:
+        for policy in ("global", "hierarchical"):
+            if policy not in c:
+                continue
+            x = c[policy]
+            j = x["joint"]
+            checks.append(
+                [
+                    c["instance"],
+                    c["rule"],
+                    f"eplb {policy}: {x['eplb']['remote_nodes']:.3f} at {x['eplb']['maxvio']:.3f}",
+                    "-" if j is None else f"{j['label']}: {j['remote_nodes']:.3f} at {j['maxvio']:.3f}",
+                    "-" if x["cut"] is None else f"{x['cut']:.1f} %",
+                    f">= {x['target']:g} %",
+                    "met" if x["met"] else "not met",
+                ]
+            )
+        checks.append(
+            [
+                c["instance"],
+                c["rule"],
+                "time, 58 layers" if info["layers"] == 58 else f"time, {info['layers']} layers",
+                f"slowest joint {c['slowest_joint_s']:.0f} s ({c['slowest_joint_with_scoring_s']:.0f} s with scoring)",
+                "",
+                f"<= {c['time']['target']:g} s",
+                "met" if c["time"]["met"] else "not met",
+            ]
+        )
+    lines += [
+        tabulate(
+            checks,
+            headers=["instance", "rule", "against", "best joint at a held-out MaxVio no worse", "cut", "target", ""],
+            tablefmt="github",
+        ),
+        "",
+    ]
+    limited = [r for r in data["rows"] if r.get("time_limit")]
+    if limited:
+        lines += [
+            "## A limit for the whole run",
+            "",
+            "; ".join(
+                f"{r['instance']}, {r['label']}: {r['wall_s']:.0f} s for a limit of {r['time_limit']:g} s "
+                f"({r['termination']}; load {r['load_before'][0]:.1f} / {r['load_after'][0]:.1f})"
+                for r in limited
+            )
+            + ".",
+            "",
+        ]
+    if "ray" in data:
+        r = data["ray"]
+        runs = "; ".join(
+            f"{x['nodes']} node(s): {x['wall_s']:.1f} s (load {x['load_before'][0]:.1f})" for x in r["runs"]
+        )
+        lines += [
+            "## Ray",
+            "",
+            f"`joint` (static) on the synthetic cell's first {r['layers']} layers on a local Ray cluster (`ray start` "
+            f"processes of 1 CPU each on this 2-core machine: at most 2x): {runs}"
+            + (f"; speed-up {r['speedup']:.2f}x." if "speedup" in r else "."),
+            "",
+        ]
+    return "\n".join(lines)
 
 
 def olmoe_workloads(gpus: int = 16, tokens: int = 16384) -> tuple[Instance, Workloads] | None:
@@ -484,9 +855,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
     ap.add_argument(
         "--part",
-        choices=("all", "frontier", "rules"),
+        choices=("all", "frontier", "rules", "scale"),
         default="all",
-        help="frontier: the locality frontier; rules: the engines' rules (merged into an existing joint.json)",
+        help="frontier: the locality frontier; rules: the engines' rules (merged into an existing joint.json); "
+        "scale: DeepSeek-V3 shapes on 256 GPUs (joint_scale.json; not part of all)",
+    )
+    ap.add_argument("--layers", type=int, default=None, help="--part scale: the first N MoE layers only")
+    ap.add_argument(
+        "--time-limit",
+        type=float,
+        default=SCALE_TIME_LIMIT,
+        help="--part scale: one joint run with this limit for the whole run (0: none)",
+    )
+    ap.add_argument(
+        "--ray", type=int, default=0, help="--part scale: also time joint on N layers on 1 and 2 local Ray nodes"
     )
     ap.add_argument(
         "--only", default=None, help="comma-separated instances (e.g. olmoe,qwen1.5-moe) of a --part rules rerun"
@@ -503,6 +885,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def log(line: str) -> None:
         print(f"[{time.perf_counter() - t0:6.0f}s] {line}", flush=True)
+
+    if args.part == "scale":
+        data = scale_part(args, log)
+        data["info"]["wall_time_s"] = time.perf_counter() - t0
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_json(args.out / "joint_scale.json", data)
+        write_text(args.out / "joint_scale.md", scale_markdown(data))
+        log(f"wrote {args.out / 'joint_scale.json'} and joint_scale.md")
+        return 0
 
     instances: list[tuple[str, Instance, Workloads]] = []
     only = None if not args.only else {n.strip() for n in args.only.split(",")}

@@ -149,6 +149,7 @@ def _joint_rows(results: Path) -> list[tuple[str, str, str, str]]:
                 "joint",
             )
         )
+    out += _joint_scale_rows(results)
     out.append(
         (
             "`joint` vs `linear`, under `locality` (a research rule no engine runs)",
@@ -158,6 +159,41 @@ def _joint_rows(results: Path) -> list[tuple[str, str, str, str]]:
         )
     )
     return out
+
+
+def _joint_scale_rows(results: Path) -> list[tuple[str, str, str, str]]:
+    """The joint benchmark's scale part (``joint_scale.json``, when it has been run): per instance
+    and rule, the remote nodes per token cut against EPLB global / hierarchical at a held-out MaxVio
+    no worse, and the slowest whole-model ``joint`` run."""
+    if not (results / "joint_scale.json").is_file():
+        return []
+    d = _load(results, "joint_scale")
+    info = d["info"]
+    cells = []
+    for c in d["checks"]:
+        cuts = []
+        for policy in ("global", "hierarchical"):
+            x = c.get(policy)
+            if x is not None:
+                cut = "no plan at its MaxVio" if x["cut"] is None else f"{x['cut']:.1f} %"
+                cuts.append(f"{cut} ({'met' if x['met'] else 'not met'})")
+        short = "count-sampled" if "count-sampled" in c["instance"] else "synthetic"
+        cells.append(f"{short}, `{c['rule']}`: {' / '.join(cuts)}")
+    slow = max(c["slowest_joint_s"] for c in d["checks"])
+    load = max(r["load_before"][0] for r in d["rows"] if r["method"] == "joint")
+    t = info["targets"]
+    return [
+        (
+            "`joint` at scale (hierarchical, made for the rule) vs EPLB global / hierarchical",
+            f"DeepSeek-V3 shape ({info['layers']} layers × 256 experts, top-8, 8 groups), {info['gpus']} GPUs in "
+            f"{info['gpus'] // info['gpus_per_node']} nodes × (1+1) slots, count-sampled and synthetic, held out "
+            f"(`joint_scale.json`)",
+            f"remote nodes per token cut at a held-out MaxVio ≤ EPLB's (targets {t['global']:g} % / "
+            f"{t['hierarchical']:g} %): " + "; ".join(cells) + f"; slowest `joint` {slow:.0f} s with `--workers "
+            f"{info['workers']}` (target {t['seconds']:g} s; load average up to {load:.1f} on 2 cores)",
+            "joint",
+        )
+    ]
 
 
 def _replay_rows(results: Path) -> list[tuple[str, str, str, str]]:

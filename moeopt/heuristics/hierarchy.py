@@ -6,22 +6,22 @@ splits it:
 
 1. **Node level.** Nodes are bins of ``gpus_per_node x W`` slots, at most one copy of an expert
    per node (a second copy in a node moves no token across nodes). The joint objective is priced
-   on nodes: remote *nodes* per token under the plan's rule (:class:`~moeopt.joint.RuleCost` with
-   ``bin_size = gpus_per_node``; the locality rule's :class:`~moeopt.joint.SampleCost` on nodes),
+   on nodes: remote *nodes* per token under the plan's rule (`moeopt.joint.RuleCost` with
+   ``bin_size = gpus_per_node``; the locality rule's `moeopt.joint.SampleCost` on nodes),
    each node's load within ``(1 + eps)`` times the mean node load, and no copy hotter than a
    GPU may be: each node's copies are packed onto its GPUs as the GPU level starts, and the
    load over the GPU limit is priced too (``slot_width``). The search
-   (:func:`~moeopt.joint.local_search`) runs from the joint planner's starts on nodes:
+   (`moeopt.joint.local_search`) runs from the joint planner's starts on nodes:
    ``balance`` (the balance planner's plan of the nodes; the default) and ``grouping``
-   (:func:`node_grouping_start`: the balanced copies grouped onto nodes by co-activation).
-2. **Each copy's load** under the rule: ``1 / c`` of its expert's (:func:`node_shares`;
+   (`node_grouping_start`: the balanced copies grouped onto nodes by co-activation).
+2. **Each copy's load** under the rule: ``1 / c`` of its expert's (`node_shares`;
    ``ascend``: the rank-modulo shares), and under SGLang ``static`` exactly what the engine's
-   seeded tables deal each node (:func:`static_node_shares`).
+   seeded tables deal each node (`static_node_shares`).
 3. **GPU level.** Single-copy experts are swapped between nodes whose copies no packing of
-   their GPUs balances (:func:`rebalance_singles`: the only node-level decisions the GPU level
+   their GPUs balances (`rebalance_singles`: the only node-level decisions the GPU level
    may change, and only where the node level left a GPU over its limit), then each node's
-   copies go to its GPUs (:func:`place_in_nodes`): the grouping problem of one node
-   (:class:`~moeopt.grouping.Grouping`: the node's copies, their loads under the rule,
+   copies go to its GPUs (`place_in_nodes`): the grouping problem of one node
+   (`moeopt.grouping.Grouping`: the node's copies, their loads under the rule,
    ``gpus_per_node`` groups of ``W`` slots, a GPU load limit), solved by the grouping heuristic
    (spectral clusters, capacity and load repair, iterated swaps) for the co-activation inside
    GPUs. Copies never leave their node there.
@@ -59,17 +59,17 @@ def node_grouping_start(
 ) -> np.ndarray:
     """int ``[nodes, width]``: the copies of a balanced plan grouped onto nodes by co-activation.
 
-    The copy counts are the balance planner's (:func:`moeopt.balance.copy_counts`: water-filling
+    The copy counts are the balance planner's (`moeopt.balance.copy_counts`: water-filling
     the ``nodes * width`` slots, at most one copy per node), so no copy is hotter than the
     hottest per-copy load any plan must carry. The copies are the items of a grouping problem
-    (:class:`~moeopt.grouping.Grouping`): ``nodes`` groups of ``width`` slots, each node's load at
+    (`moeopt.grouping.Grouping`): ``nodes`` groups of ``width`` slots, each node's load at
     most ``(1 + eps)`` times the mean (relaxed to what a balanced packing reaches when needed),
     copies of ``e`` and ``e'`` attracted by ``A[e, e'] / (c_e c_e')`` (the tokens they share, split
     over the copies), solved by the grouping heuristic (spectral clusters, capacity and load
     repair, then ``iterations`` rounds of swaps, none by default: the joint search that follows
     refines the start under the rule's own cost, and the grouping's swap rounds cost seconds on
     512 copies). Two copies of one expert that land on one node are then swapped apart
-    (:func:`_separate_copies`).
+    (`_separate_copies`).
     """
     from moeopt.balance import copy_counts
 
@@ -172,7 +172,7 @@ def place_in_nodes(
     Per node, the grouping problem of its copies (their loads ``copy_load[e, n]`` under the
     rule, ``gpus_per_node`` groups of ``width`` slots, largest GPU load at most ``limit``: the
     run's GPU limit, or what a balanced packing of the node reaches when that is more) solved
-    by :func:`~moeopt.heuristics.spectral.grouping_heuristic` for the co-activation inside GPUs.
+    by `moeopt.heuristics.spectral.grouping_heuristic` for the co-activation inside GPUs.
     Every copy stays on its node.
 
     Parameters
@@ -287,7 +287,7 @@ def node_shares(
 
 def packed_max(q: np.ndarray, gpus: int, width: int) -> float:
     """The largest GPU load when loads ``q`` are packed onto ``gpus`` GPUs of ``width`` slots by
-    :func:`moeopt.packing.round_robin_lpt` (what the node level prices and the GPU level starts
+    `moeopt.packing.round_robin_lpt` (what the node level prices and the GPU level starts
     from)."""
     if not len(q):
         return 0.0
@@ -311,7 +311,7 @@ def rebalance_singles(
 
     Only single-copy experts move: their shares do not depend on the plan, and no expert's set
     of holding nodes with several copies changes, so SGLang static's seeded deals, decided by
-    those sets alone (:func:`moeopt.dispatch.static_map`), stay what ``copy_load`` was computed
+    those sets alone (`moeopt.dispatch.static_map`), stay what ``copy_load`` was computed
     from. Each step takes the node whose packing is worst and swaps one of its single-copy
     experts with a lighter one of another node: of the ``tries`` swaps leaving the two nodes'
     loads most even, the one that lowers the larger of their packed maxima the most, ties to
@@ -382,7 +382,7 @@ def static_node_shares(
     node_plans: np.ndarray, experts: int, gpus_per_node: int, width: int, dense_layers: int = 0
 ) -> np.ndarray:
     """float ``[L, E, nodes]``: the share of each expert's load each node serves under SGLang's
-    static rule, exactly as the engine's seeded tables deal it (:func:`moeopt.dispatch.static_map`,
+    static rule, exactly as the engine's seeded tables deal it (`moeopt.dispatch.static_map`,
     homes uniform over the ranks), for node plans ``[L, nodes, gpus_per_node * width]`` with at
     most one copy of an expert per node.
 

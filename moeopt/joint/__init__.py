@@ -15,7 +15,7 @@ each family's own workload (single-family workloads are the shift a deployment s
 
 Two cost objects price a plan and the moves of the local search:
 
-* :class:`SampleCost` (the search's engine): on a token sample, each token's experts go
+* `SampleCost` (the search's engine): on a token sample, each token's experts go
   *locality first*, as the online guard of SPEC 4.3 routes at small λ (an expert with one
   copy runs there; one with several on the holder with most of the token's other experts,
   ties spread evenly over the tied holders); then each GPU over its limit sheds pairs to
@@ -24,28 +24,28 @@ Two cost objects price a plan and the moves of the local search:
   ``penalty`` per pair. The sample's pairs are weighted so that each family's expert loads
   are the whole trace's. A move changes the holders of at most two experts, so only the
   tokens that chose them are routed again: gains are exact and incremental.
-* :class:`ExactCost`: the ideal dispatch as a linear program over each token pattern's
+* `ExactCost`: the ideal dispatch as a linear program over each token pattern's
   routings (every assignment of its experts to holders), for small layers; the exact MILP
-  over slot contents (:func:`solve_exact`) uses the same model with binary holders, and
-  :func:`brute_force` enumerates every plan of tiny layers to check both.
+  over slot contents (`solve_exact`) uses the same model with binary holders, and
+  `brute_force` enumerates every plan of tiny layers to check both.
 
-:func:`local_search` is one engine over slot contents with three operators: swap two slots
+`local_search` is one engine over slot contents with three operators: swap two slots
 (a swap with an empty slot moves a copy), replace a copy (an expert with spare copies gives a
 slot to another expert), and add a copy into an empty slot. On small layers each round
 prices the whole neighbourhood and applies the best improving move; on larger ones moves are
-screened by first-order gains (:meth:`SampleCost.screen`), ranked on a sub-sample
-(:meth:`SampleCost.prescreen`) and priced a chunk at a time. At a local optimum a kick of
+screened by first-order gains (`SampleCost.screen`), ranked on a sub-sample
+(`SampleCost.prescreen`) and priced a chunk at a time. At a local optimum a kick of
 random swaps restarts the descent from the best plan (iterated local search). Bounded by
 rounds, kicks and an optional deadline; a seed fixes the result when no deadline cuts it.
 
-The search runs on the package's one engine (:mod:`moeopt.moves`): :class:`SlotState` is a
-:class:`~moeopt.moves.slots.SlotTable` and :func:`local_search` is the driver's
-:func:`~moeopt.moves.driver.descend` over the joint neighbourhood plus its
-:func:`~moeopt.moves.driver.iterate` for the kicks.
+The search runs on the package's one engine (`moeopt.moves`): `SlotState` is a
+`moeopt.moves.slots.SlotTable` and `local_search` is the driver's
+`moeopt.moves.driver.descend` over the joint neighbourhood plus its
+`moeopt.moves.driver.iterate` for the kicks.
 
-Modules: :mod:`~moeopt.joint.data` (the problem), :mod:`~moeopt.joint.state` (plans and moves),
-:mod:`~moeopt.joint.costs` (sample pricing), :mod:`~moeopt.joint.exact` (exact pricing, MILP, brute
-force), :mod:`~moeopt.joint.search` (the local search).
+Modules: `moeopt.joint.data` (the problem), `moeopt.joint.state` (plans and moves),
+`moeopt.joint.costs` (sample pricing), `moeopt.joint.exact` (exact pricing, MILP, brute
+force), `moeopt.joint.search` (the local search).
 """
 
 from __future__ import annotations

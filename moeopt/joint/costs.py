@@ -1,5 +1,5 @@
 """Pricing a plan: locality-first routing on a token sample with load shedding
-(:class:`SampleCost`), with incremental move gains.
+(`SampleCost`), with incremental move gains.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from moeopt.joint.state import Move, SlotState
 
 
 class Cost(Protocol):
-    """Prices a plan (:meth:`reset`) and the change a move would make (:meth:`delta`)."""
+    """Prices a plan (`reset`) and the change a move would make (`delta`)."""
 
     def reset(self, state: SlotState) -> float: ...
 
@@ -62,8 +62,8 @@ def route_masks(
     pressure does). A pair with no holder (empty mask) runs on GPU ``(64 + rot) % G``.
 
     Counts are kept per token and GPU, updated as positions are decided: as small-int
-    arrays ``[G, rows]`` in chunks of rows when ``(k + 1) * G < 256`` (:func:`_route_dense`),
-    else bit-sliced over the uint64 masks (:func:`_route_sliced`).
+    arrays ``[G, rows]`` in chunks of rows when ``(k + 1) * G < 256`` (`_route_dense`),
+    else bit-sliced over the uint64 masks (`_route_sliced`).
 
     Returns
     -------
@@ -99,14 +99,14 @@ _CHUNK = 4096  # rows per dense pass: its [k, G, rows] temporaries stay in cache
 
 def _divert_cost(cb: np.ndarray, cab: np.ndarray) -> np.ndarray:
     """``alt`` of a pair from the pairs on its GPU ``cb`` (itself included) and on its
-    next-best holder ``cab`` (see :func:`route_masks`)."""
+    next-best holder ``cab`` (see `route_masks`)."""
     drop = cb - 1 - cab  # co-located experts lost
     return np.where((drop <= 0) & ((cab > 0) | (cb == 1)), 0.0, np.where(drop <= 1, 1.0, np.inf))
 
 
 @lru_cache(maxsize=64)
 def _dense_tables(k: int, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Decoding of :func:`_route_dense`'s best keys ``key`` (0: no holder) by rotation ``r``:
+    """Decoding of `_route_dense`'s best keys ``key`` (0: no holder) by rotation ``r``:
     the GPU ``[r * W + key]`` (``W = k * G + 1``; no holder: where an empty mask runs), the
     alternative GPU (no holder: -1) and the cost ``[S_b * W + key]`` of diverting to it."""
     W = k * G + 1
@@ -126,7 +126,7 @@ def _route_dense(
     alt_gpu: np.ndarray,
     distinct: np.ndarray,
 ) -> None:
-    """:func:`route_masks` of rows ``tok [m, k]`` into the outputs, on uint8 counts.
+    """`route_masks` of rows ``tok [m, k]`` into the outputs, on uint8 counts.
 
     ``S [G, m]`` holds ``G *`` each GPU's count; a holder's key is ``S + pri`` with ``pri``
     in ``1..G``, largest for the first GPU at or after ``rot`` (so the keys of a token's
@@ -184,7 +184,7 @@ _BIT_SHIFTS = np.arange(8, dtype=np.uint8)[None, None, :, None]
 @lru_cache(maxsize=64)
 def _sliced_tables(k: int, G: int) -> tuple[np.ndarray, np.ndarray]:
     """The GPU ``[p * G + r]`` of rotated bit ``p`` at rotation ``r`` (``p = 64``: -1), and the
-    cost ``[has * (k + 1)**2 + cb * (k + 1) + cab]`` of :func:`_divert_cost` (no ``has``: inf)."""
+    cost ``[has * (k + 1)**2 + cb * (k + 1) + cab]`` of `_divert_cost` (no ``has``: inf)."""
     p = np.arange(65)[:, None]
     gpu = np.where(p < 64, (p + np.arange(G)[None, :]) % G, -1)
     cost = _divert_cost(np.arange(k + 1)[:, None], np.arange(k + 1)[None, :])
@@ -194,7 +194,7 @@ def _sliced_tables(k: int, G: int) -> tuple[np.ndarray, np.ndarray]:
 def _route_sliced(
     tok_masks: np.ndarray, rot: np.ndarray, G: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`route_masks` on bit-sliced counts: plane ``i`` holds bit ``i`` of each GPU's
+    """`route_masks` on bit-sliced counts: plane ``i`` holds bit ``i`` of each GPU's
     count (at most ``k``). Masks are rotated to each token's frame (bit ``p``: GPU
     ``(p + rot) % G``), so the first tied GPU at or after ``rot`` is the lowest tied bit."""
     m, k = tok_masks.shape
@@ -273,7 +273,7 @@ def _count_bits(planes: list[np.ndarray], bit: np.ndarray) -> np.ndarray:
 def route_locality_first(
     topk: np.ndarray, holds: np.ndarray, rot: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`route_masks` on tokens ``topk [n, k]`` and holders ``holds [E, G]`` (ties from
+    """`route_masks` on tokens ``topk [n, k]`` and holders ``holds [E, G]`` (ties from
     ``rot``, default: the lowest GPU id); returns GPUs, alternative costs, distinct GPUs."""
     G = holds.shape[1]
     rot = np.zeros(len(topk), dtype=np.int64) if rot is None else rot
@@ -314,11 +314,11 @@ def _shed_cost(
 class SampleCost:
     """The joint objective on a token sample, with incremental move gains.
 
-    Tokens are routed locality first (:func:`route_masks`, ties spread by a fixed per-token
+    Tokens are routed locality first (`route_masks`, ties spread by a fixed per-token
     rotation); per workload (calibration and each family) a GPU over its limit sheds pairs
-    to their next-best holders, free ones first (:func:`_shed_cost`). :meth:`delta` routes
+    to their next-best holders, free ones first (`_shed_cost`). `delta` routes
     again only the tokens that chose an expert whose holders the move changes, and updates
-    the per-family aggregates by their difference, so it equals the change of :meth:`reset`'s
+    the per-family aggregates by their difference, so it equals the change of `reset`'s
     value exactly.
     """
 
@@ -349,7 +349,7 @@ class SampleCost:
         ntok = layer.family_tokens
         self._ntok = np.concatenate([[max(float(ntok.sum()), 1.0)], np.maximum(ntok, 1.0)])
         self.value = math.inf
-        #: the family cap's part of ``value`` (0 without a cap), set by :meth:`reset`
+        #: the family cap's part of ``value`` (0 without a cap), set by `reset`
         self.cap_term = 0.0
 
     def tokens_of(self, experts: tuple[int, ...]) -> np.ndarray:
@@ -425,7 +425,7 @@ class SampleCost:
         return self.value
 
     def price(self, state: SlotState) -> float:
-        """J of ``state`` without changing this cost (what :meth:`delta` adds to J)."""
+        """J of ``state`` without changing this cost (what `delta` adds to J)."""
         rows = np.arange(self.layer.tokens)
         return self._value(*self._aggregate(rows, *self._route_rows(holder_masks(state.holds), rows)))[0]
 
@@ -439,7 +439,7 @@ class SampleCost:
         return [moves[int(t)] for t in np.argsort(gains, kind="stable")]
 
     def delta(self, state: SlotState, move: Move) -> float:
-        """J after ``move`` minus J now (``state`` is the plan of the last :meth:`reset`); only
+        """J after ``move`` minus J now (``state`` is the plan of the last `reset`); only
         the tokens that chose an expert whose holders change are routed again."""
         return float(self.delta_many(state, [move])[0])
 
@@ -461,7 +461,7 @@ class SampleCost:
         return out
 
     def delta_many(self, state: SlotState, moves: list[Move]) -> np.ndarray:
-        """:meth:`delta` of several moves at once: their tokens are routed in one call."""
+        """`delta` of several moves at once: their tokens are routed in one call."""
         C = len(moves)
         if not C:
             return np.zeros(0)

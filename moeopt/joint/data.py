@@ -172,7 +172,7 @@ def layer_from_trace(
     rng: np.random.Generator | None = None,
     **kwargs,
 ) -> JointLayer:
-    """A :class:`JointLayer` on (a uniform sample of) one layer's tokens ``topk [N, k]``; a
+    """A `JointLayer` on (a uniform sample of) one layer's tokens ``topk [N, k]``; a
     sample's pairs are weighted so that each family's expert loads are the whole trace's."""
     topk = np.asarray(topk, dtype=np.int64)
     family = np.asarray(family, dtype=np.int64)

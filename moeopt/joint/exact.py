@@ -1,4 +1,4 @@
-"""Exact pricing (the ideal dispatch as an LP, :class:`ExactCost`), the exact MILP over slot
+"""Exact pricing (the ideal dispatch as an LP, `ExactCost`), the exact MILP over slot
 contents, and brute force for tiny layers.
 """
 
@@ -43,7 +43,7 @@ def ideal_dispatch(layer: JointLayer, holds: np.ndarray) -> tuple[float, np.ndar
     """The joint objective of a plan under the ideal dispatch, by one LP per workload.
 
     Variables: tokens of each pattern on each of its routings (continuous), the excess of
-    each GPU over its limit (and over the family cap, :attr:`JointLayer.cap_weights`).
+    each GPU over its limit (and over the family cap, `JointLayer.cap_weights`).
     Minimizes distinct GPUs plus ``penalty`` per excess pair, weighted as in J.
 
     Returns
@@ -152,7 +152,7 @@ def solve_exact(layer: JointLayer, *, time_limit: float | None = None, max_colum
     workload and token pattern a continuous number of tokens on each routing (an assignment
     of the pattern's experts to GPUs), allowed only onto holders (``v <= tokens * y``);
     GPU loads minus an excess variable within ``(1 + eps)`` times the mean; objective the
-    weighted distinct GPUs per token plus ``penalty`` per excess pair, as :class:`ExactCost`.
+    weighted distinct GPUs per token plus ``penalty`` per excess pair, as `ExactCost`.
     """
     from scipy.optimize import Bounds, LinearConstraint, milp
 
@@ -304,7 +304,7 @@ def fill_slots(holds: np.ndarray, width: int, load: np.ndarray) -> np.ndarray:
 def brute_force(layer: JointLayer) -> tuple[float, np.ndarray]:
     """The optimum of the joint objective by enumerating every full plan (tiny layers only):
     each GPU holds ``min(W, E)`` distinct experts (more copies never hurt the ideal dispatch),
-    every expert at least one copy; each plan priced by :func:`ideal_dispatch`."""
+    every expert at least one copy; each plan priced by `ideal_dispatch`."""
     E, G, W = layer.experts, layer.gpus, layer.width
     size = min(W, E)
     subsets = list(itertools.combinations(range(E), size))

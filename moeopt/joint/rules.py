@@ -1,8 +1,8 @@
-"""Pricing a plan under a serving engine's own dispatch rule (:class:`RuleCost`).
+"""Pricing a plan under a serving engine's own dispatch rule (`RuleCost`).
 
-The joint planner's first objective (:class:`~moeopt.joint.costs.SampleCost`) routes every token
+The joint planner's first objective (`moeopt.joint.costs.SampleCost`) routes every token
 locality first, as the ``locality`` guard does: a rule no serving engine runs. The engines pick
-a copy without looking at the token's other experts (:mod:`moeopt.dispatch`):
+a copy without looking at the token's other experts (`moeopt.dispatch`):
 
 * ``even`` (SGLang ``dynamic``): the token in row ``r`` of its batch uses copy ``r mod c``;
 * ``vllm``: copy ``hash(r) mod c``;
@@ -16,14 +16,14 @@ a copy without looking at the token's other experts (:mod:`moeopt.dispatch`):
 So copies help communication only where the rule lines them up: copies of two experts that a
 token picks by the same row (``even``, ``vllm``: experts with the same copy count on the same
 GPUs in the same order go to the same GPU for every row), a copy on the token's own GPU
-(``static``), or the same rank's pick (``ascend``). :class:`RuleCost` prices exactly that on a
+(``static``), or the same rank's pick (``ascend``). `RuleCost` prices exactly that on a
 token sample: every sampled token is routed by the rule (rows from its step, homes from the
 trace or drawn uniformly, the fair draw and ``lp``'s draw by a fixed uniform number per pair,
 ``lp``'s split taken even), and counts its
 remote GPUs as the scorer does (``distinct * (1 - 1/G)`` without homes; ``distinct - [home
 used]`` with them). GPU loads are the rule's shares of the weighted expert loads: ``1 / c`` per
 copy (``even``, ``vllm``; ``lp`` too, an upper bound for its optimal split), vLLM-Ascend's
-rank-modulo shares (:mod:`moeopt.balance.ranks`), and for ``static`` the largest share its fair
+rank-modulo shares (`moeopt.balance.ranks`), and for ``static`` the largest share its fair
 draw may give a copy (``(1 + ceil((G - c) / c)) / G``: exact when ``c`` divides ``G``; with node
 preference, ``1 / c``). The objective is the joint planner's: the
 mean remote GPUs per token of the calibration workload and (weight ``robust``) of each family's,
@@ -42,7 +42,7 @@ from moeopt.joint.search import screened_moves
 from moeopt.joint.state import Move, SlotState
 from moeopt.packing import round_robin_lpt
 
-#: the rules :class:`RuleCost` prices (``locality`` is :class:`~moeopt.joint.costs.SampleCost`'s)
+#: the rules `RuleCost` prices (``locality`` is `moeopt.joint.costs.SampleCost`'s)
 RULE_KINDS = ("even", "vllm", "static", "ascend", "lp")
 #: rules whose copy choice depends on the token's source rank
 _HOMED = ("static", "ascend")
@@ -58,7 +58,7 @@ class RuleCost:
     layer
         The layer's sample (tokens, families, weights, limits, penalty).
     rule
-        One of :data:`RULE_KINDS`.
+        One of `RULE_KINDS`.
     row
         int ``[n]``: each sampled token's row in its batch (``even``, ``vllm``).
     home
@@ -76,7 +76,7 @@ class RuleCost:
         the expectation over homes, and the others count ``distinct (1 - 1/G)``.
     bin_size
         GPUs per bin of the layer (1: the layer's "GPUs" are GPUs). The hierarchical planner's
-        node level plans nodes as bins of ``gpus_per_node`` GPUs (:mod:`moeopt.heuristics.hierarchy`):
+        node level plans nodes as bins of ``gpus_per_node`` GPUs (`moeopt.heuristics.hierarchy`):
         ``home`` stays a GPU rank (``ascend``'s modulo runs over the ``G * bin_size`` ranks), the
         token's home bin is ``home // bin_size``, ``static`` uses the copy in the home bin (its
         own GPU or node), and the objective counts remote bins: remote nodes per token.
@@ -84,7 +84,7 @@ class RuleCost:
         With ``bin_size > 1``: the slots of each GPU in a bin (W). The calibration load over the
         GPU limit, ``(1 + eps)`` times the mean GPU load, is then priced too (``penalty`` per pair),
         each bin's copies packed onto its ``bin_size`` GPUs of ``slot_width`` slots as the GPU level
-        will start (:func:`moeopt.packing.round_robin_lpt`): a node within its own limit can still
+        will start (`moeopt.packing.round_robin_lpt`): a node within its own limit can still
         hold copies no packing of its GPUs balances (one copy hotter than a GPU may be).
     """
 
@@ -205,7 +205,7 @@ class RuleCost:
 
     def _gpu_over(self, holds: np.ndarray, share: np.ndarray, bins: np.ndarray) -> np.ndarray:
         """float ``[len(bins)]``: per bin, the calibration load over the GPU limit when its copies
-        (``holds [E, G]``, shares ``[E, G]``) are packed onto its GPUs (:func:`round_robin_lpt`)."""
+        (``holds [E, G]``, shares ``[E, G]``) are packed onto its GPUs (`round_robin_lpt`)."""
         out = np.zeros(len(bins))
         if self.slot_width is None:
             return out
@@ -238,7 +238,7 @@ class RuleCost:
         return self.value
 
     def delta(self, state: SlotState, move: Move) -> float:
-        """The change of :meth:`reset`'s value if ``move`` were applied (the state is not changed)."""
+        """The change of `reset`'s value if ``move`` were applied (the state is not changed)."""
         changed = np.array(state.changed_experts(move), dtype=np.int64)
         holds = self._holds.copy()
         if move.kind == "swap":
@@ -274,7 +274,7 @@ class RuleCost:
         return [self.delta(state, m) for m in moves]
 
     def loads(self) -> np.ndarray:
-        """float ``[1 + F, G]``: the loads of the last :meth:`reset` (calibration, then families)."""
+        """float ``[1 + F, G]``: the loads of the last `reset` (calibration, then families)."""
         return self._loads
 
     def screen(self, state: SlotState, rng: np.random.Generator, count: int) -> list[Move]:

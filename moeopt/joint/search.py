@@ -1,8 +1,8 @@
 """The local search over slot contents: neighbourhoods, screening, kicks (iterated local search).
 
-The joint objective's neighbourhood and kicks (:class:`_Screened`) run on the package's one
-search driver (:mod:`moeopt.moves.driver`) over the one slot state (:class:`SlotState`, a
-:class:`~moeopt.moves.slots.SlotTable`)."""
+The joint objective's neighbourhood and kicks (`_Screened`) run on the package's one
+search driver (`moeopt.moves.driver`) over the one slot state (`SlotState`, a
+`moeopt.moves.slots.SlotTable`)."""
 
 from __future__ import annotations
 
@@ -230,8 +230,8 @@ def local_search(
 
     Small layers (a neighbourhood of at most ``exhaustive_below`` moves): each round prices
     every move and applies the best improving one. Larger layers: moves are screened (the
-    cost's ``screen`` and ``prescreen``, else :func:`screened_moves`) into a ranked queue,
-    priced ``chunk`` at a time, and the improving ones applied (:func:`_try_moves`); the
+    cost's ``screen`` and ``prescreen``, else `screened_moves`) into a ranked queue,
+    priced ``chunk`` at a time, and the improving ones applied (`_try_moves`); the
     queue is rebuilt when used up, wider (``candidates * 2**misses``) after a queue built on
     the current plan held no improving move. After ``patience`` such misses (one on small
     layers) the plan is a local optimum: a kick of ``kick_swaps`` random swaps from the best
@@ -240,8 +240,8 @@ def local_search(
     seed; ``deadline`` (a ``time.perf_counter()`` value) is only a cap, and ``stats.capped``
     says when it ended the search. Returns the best plan, its value and the search's counters.
 
-    The descent is :func:`moeopt.moves.driver.descend` over :class:`_Screened`, the kicks and
-    acceptance :func:`moeopt.moves.driver.iterate` (kicks from the best plan).
+    The descent is `moeopt.moves.driver.descend` over `_Screened`, the kicks and
+    acceptance `moeopt.moves.driver.iterate` (kicks from the best plan).
     """
     t0 = time.perf_counter()
     stats = SearchStats()
@@ -272,10 +272,10 @@ def local_search(
 
 
 class _Screened:
-    """The joint search as a :class:`~moeopt.moves.driver.Neighbourhood` (screened, priced
+    """The joint search as a `moeopt.moves.driver.Neighbourhood` (screened, priced
     moves; a step is the re-priced plan after one or several of them) and a
-    :class:`~moeopt.moves.driver.Landscape` (:func:`descend` over it, :func:`kick` of random
-    swaps, the cost's value). Keeps the counters of :class:`SearchStats`; ``stopped()`` once
+    `moeopt.moves.driver.Landscape` (`descend` over it, `kick` of random
+    swaps, the cost's value). Keeps the counters of `SearchStats`; ``stopped()`` once
     rounds, evaluations or the deadline are spent."""
 
     def __init__(

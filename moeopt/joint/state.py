@@ -1,4 +1,4 @@
-"""A plan's slot contents as a mutable state (a :class:`~moeopt.moves.slots.SlotTable`), and its moves."""
+"""A plan's slot contents as a mutable state (a `moeopt.moves.slots.SlotTable`), and its moves."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from moeopt.moves.slots import SlotTable
 
 class SlotState(SlotTable):
     """Slot contents ``[G, W]`` (``-1``: empty) of the joint planner: a
-    :class:`~moeopt.moves.slots.SlotTable` with its moves as :class:`Move` records."""
+    `moeopt.moves.slots.SlotTable` with its moves as `Move` records."""
 
     __slots__ = ()
 

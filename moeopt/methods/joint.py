@@ -1,6 +1,6 @@
 """``joint`` and ``joint-exact``: slot contents and dispatch chosen for communication and balance.
 
-The joint planner of SPEC section 11 (the model and the search are in :mod:`moeopt.joint`).
+The joint planner of SPEC section 11 (the model and the search are in `moeopt.joint`).
 Per layer, on a sample of the calibration tokens, it minimizes the distinct GPUs per token
 of the ideal dispatch subject to every GPU's load within ``(1 + eps)`` times the mean, on the
 calibration workload and (weight ``robust``) on every family's own workload, by local search
@@ -8,7 +8,7 @@ over slot contents (swap two slots, replace a copy, move a copy) from two starts
 task-agnostic grouping plus hottest-first copies, and the balance planner's plan.
 
 The plan's dispatch is then chosen on the whole calibration trace by the one scorer
-(:func:`moeopt.evaluate.evaluate`, what ``solve`` and ``evaluate`` report): the online guard
+(`moeopt.evaluate.evaluate`, what ``solve`` and ``evaluate`` report): the online guard
 (``locality``) with the smallest λ whose calibration MaxVio is within ``eps`` (fewest remote
 GPUs), else the most balanced of the guard and ``lp``. ``joint-exact`` solves the same model
 exactly (a MILP over slot contents with the dispatch as continuous flow) on small layers.
@@ -117,10 +117,10 @@ class JointParams:
     candidates, kicks
         Moves screened per round; random-swap kicks of the iterated search.
     dispatch
-        The rule the plan is made for and runs under. A serving engine's (:mod:`moeopt.dispatch`):
+        The rule the plan is made for and runs under. A serving engine's (`moeopt.dispatch`):
         ``even`` (SGLang dynamic), ``static`` (SGLang static, the model's dense rows), ``lp``
         (SGLang lp), ``vllm``, ``ascend`` (vLLM-Ascend): the search then prices the rule itself
-        (:class:`moeopt.joint.RuleCost`: which copy each token really gets, the rule's loads).
+        (`moeopt.joint.RuleCost`: which copy each token really gets, the rule's loads).
         Or the research rule no engine runs: ``locality`` (the load-guarded nearest copy, λ
         chosen on the calibration trace); ``auto``: the instance's engine rule
         (``cluster.engine``), else as ``locality``, with ``lp`` when no λ meets ``eps``.
@@ -148,9 +148,9 @@ class JointParams:
         (benchmark: deepseek-moe-16b, 1 replica slot, eps 0.06, seeds 0-3: 25.9, 22.5, 24.6,
         25.5 % fewer held-out remote GPUs, in the order of their calibration figures).
     bound_rounds
-        Work budget of the certificate (:mod:`moeopt.colgen.cover`: a lower bound on the remote
+        Work budget of the certificate (`moeopt.colgen.cover`: a lower bound on the remote
         GPUs per token of any plan, the result's ``bound``): master LP solves of its column
-        generation per layer (None: by the layer's size, :func:`moeopt.colgen.cover.cover_rounds`;
+        generation per layer (None: by the layer's size, `moeopt.colgen.cover.cover_rounds`;
         its LPs are bounded by iterations too), so that the bound, like the plan, is a function of
         the input, the seed and the parameters.
     bound_time
@@ -159,7 +159,7 @@ class JointParams:
         ``time_limit`` and a note) and makes the bound depend on the machine's speed; 0: no
         certificate.
     hierarchical
-        Plan nodes first, then GPUs inside each node (:mod:`moeopt.heuristics.hierarchy`): the
+        Plan nodes first, then GPUs inside each node (`moeopt.heuristics.hierarchy`): the
         node level minimizes remote *nodes* per token at balanced node loads (and GPU loads each
         node's copies can be packed to), the GPU level places each node's copies on its GPUs.
         None (default): on when the cluster has more than one node and more than 64 GPUs; true
@@ -245,7 +245,7 @@ class JointParams:
 
     @property
     def engine_rule(self) -> str | None:
-        """The engine rule the search prices (:data:`moeopt.joint.RULE_KINDS`), None for the guard."""
+        """The engine rule the search prices (`moeopt.joint.RULE_KINDS`), None for the guard."""
         return self.dispatch if self.dispatch in jm.RULE_KINDS else None
 
     def resolved(self, problem: Problem) -> JointParams:
@@ -268,7 +268,7 @@ class JointParams:
         return DEFAULT_RESTARTS if self.restarts is None else self.restarts
 
     def rule_dispatch(self, problem: Problem) -> Dispatch:
-        """The plan's :class:`Dispatch` under an engine rule (SGLang static with the model's dense rows)."""
+        """The plan's `Dispatch` under an engine rule (SGLang static with the model's dense rows)."""
         assert self.engine_rule is not None
         if self.engine_rule == "ascend":
             return Dispatch(kind="ascend", tp_size=self.tp_size)
@@ -286,7 +286,7 @@ def layer_problems(
     eps: np.ndarray | None = None,
     bins: tuple[int, int] | None = None,
 ) -> list[jm.JointLayer]:
-    """One :class:`~moeopt.joint.JointLayer` per layer on a sample of the calibration trace
+    """One `moeopt.joint.JointLayer` per layer on a sample of the calibration trace
     (``eps``: each layer's load limit, default ``params.eps`` everywhere; ``bins``: ``(nodes,
     slots per node)`` for the hierarchical planner's node level, else the cluster's GPUs)."""
     trace = problem.trace
@@ -403,7 +403,7 @@ def choose_dispatch(
     plan: Plan, trace: Trace, problem: Problem, params: JointParams, budget: Budget | None = None
 ) -> DispatchChoice:
     """The plan's dispatch: fewest remote GPUs per token on the calibration trace subject to
-    calibration MaxVio <= ``eps``, both scored by :func:`~moeopt.evaluate.evaluate`.
+    calibration MaxVio <= ``eps``, both scored by `moeopt.evaluate.evaluate`.
 
     The guard's MaxVio falls and its communication rises with λ, so the smallest feasible λ
     of the grid is found by bisection, then refined by bisection on log λ; without a feasible
@@ -496,7 +496,7 @@ def _family_guard(
     guard at that λ can leave a GPU far hotter than a larger λ would, for little communication
     (benchmark: qwen1.5-moe, 2 replica slots, eps 0.06: worst held-out family MaxVio 1.44 at
     λ = 1, 1.03 at λ = 4, remote GPUs per token +0.3 %). ``late()``: whether the time left is too
-    short for another scoring (:func:`choose_dispatch`).
+    short for another scoring (`choose_dispatch`).
     """
     names = trace.family_names if len(trace.family_names) > 1 else []
     families = [f for f in (trace.only_family(n) for n in names) if f.tokens > 0]
@@ -715,7 +715,7 @@ def unplannable(problem: Problem, params: JointParams | None = None) -> tuple[st
     flat locality routing), as ``(field, message)``; None when it can.
 
     The ``locality`` routing holds ``MAX_GPUS`` GPUs per layer (one bit mask word per expert):
-    past that ``joint`` plans for an engine rule (:class:`moeopt.joint.RuleCost`, any size) or
+    past that ``joint`` plans for an engine rule (`moeopt.joint.RuleCost`, any size) or
     hierarchically, where the locality routing runs on nodes (at most ``MAX_GPUS`` of them)."""
     c = problem.instance.cluster
     if params is not None and params.hierarchical:
@@ -738,8 +738,8 @@ def unplannable(problem: Problem, params: JointParams | None = None) -> tuple[st
 
 
 def _need_routing(problem: Problem, name: str, params: JointParams | None = None) -> Trace:
-    """:func:`_need_trace`, and a one-line error when ``joint`` (``params``, resolved) or the
-    exact model (None) cannot plan the cluster (:func:`unplannable`)."""
+    """`_need_trace`, and a one-line error when ``joint`` (``params``, resolved) or the
+    exact model (None) cannot plan the cluster (`unplannable`)."""
     why = unplannable(problem, params)
     if why is not None:
         src = str(problem.instance.source) if problem.instance.source else None
@@ -814,7 +814,7 @@ def search_layer(
     the family-cap repair share ``per_layer`` counted from the layer's start, so that a start that
     ran over leaves the next less rather than the run more); the best plan and the run's statistics. Seeded by
     ``(seed, l)`` alone: the same plan in this process, a worker or a Ray task. ``rule``: the
-    engine rule's inputs of :class:`moeopt.joint.RuleCost` (its ``rule``, the sample's ``row``,
+    engine rule's inputs of `moeopt.joint.RuleCost` (its ``rule``, the sample's ``row``,
     ``home`` and ``draw``, ``gpus_per_node``, ``tp_size``); None: the locality-first cost."""
     runs: dict[str, tuple[float, jm.SlotState, Any]] = {}
     weight = {"grouping": 2.0, "balance": 1.0, "hint": 1.0}
@@ -891,11 +891,11 @@ def search_nodes(
     rule: dict | None,
     strict: bool = False,
 ) -> dict:
-    """Layer ``l``'s node level in hierarchical mode: :func:`search_layer` on ``layer`` (nodes as
+    """Layer ``l``'s node level in hierarchical mode: `search_layer` on ``layer`` (nodes as
     bins) from the starts of ``params.starts`` (``grouping``:
-    :func:`moeopt.heuristics.hierarchy.node_grouping_start`; ``balance``: the balance planner's
-    plan of the nodes) and ``starts`` (a hint), in :data:`NODE_SEARCH_SHARE` of ``per_layer``
-    (``strict``: under a run's time limit, as :func:`search_layer`'s). Seeded by ``(seed, l)`` alone."""
+    `moeopt.heuristics.hierarchy.node_grouping_start`; ``balance``: the balance planner's
+    plan of the nodes) and ``starts`` (a hint), in `NODE_SEARCH_SHARE` of ``per_layer``
+    (``strict``: under a run's time limit, as `search_layer`'s). Seeded by ``(seed, l)`` alone."""
     began = time.perf_counter()
     capped = 0
     mine: dict[str, np.ndarray] = {}
@@ -927,8 +927,8 @@ def place_layer(
     seconds: float,
 ) -> dict:
     """Layer ``l``'s GPU level in hierarchical mode: single-copy experts swapped between nodes
-    whose copies pack over the GPU limit (:func:`moeopt.heuristics.hierarchy.rebalance_singles`),
-    then each node's copies on its GPUs (:func:`moeopt.heuristics.hierarchy.place_in_nodes`); the
+    whose copies pack over the GPU limit (`moeopt.heuristics.hierarchy.rebalance_singles`),
+    then each node's copies on its GPUs (`moeopt.heuristics.hierarchy.place_in_nodes`); the
     GPU limit is ``(1 + eps)`` times the mean GPU load, the copies' loads ``copy_load [E, nodes]``."""
     began = time.perf_counter()
     nodes = node_slots.shape[0]
@@ -964,7 +964,7 @@ def repair_family_cap(
     layer: jm.JointLayer, state: jm.SlotState, params: JointParams, seed: int, l: int, per_layer: float
 ) -> tuple[jm.SlotState, dict | None]:
     """The search's second phase: where the plan puts some family over ``family_cap``, a
-    descent on the objective with the cap priced (:attr:`JointLayer.cap_weights`), from the
+    descent on the objective with the cap priced (`JointLayer.cap_weights`), from the
     plan, with ``REPAIR_SHARE`` of the search's evaluations and time.
 
     The cap is left out of the first phase on purpose: from the grouping start (one task's
@@ -1185,18 +1185,18 @@ class Joint:
         search: Budget,
         bar: Any,
     ) -> tuple[np.ndarray, int, list[dict]]:
-        """:meth:`_search` in hierarchical mode (:mod:`moeopt.heuristics.hierarchy`), in three steps,
+        """`_search` in hierarchical mode (`moeopt.heuristics.hierarchy`), in three steps,
         the first and last per layer on the run's executor:
 
         1. the node level's search from its starts (``grouping``: the balanced copies grouped
            onto nodes by co-activation; ``balance``: the balance planner's plan of the nodes),
-           :func:`search_nodes`;
+           `search_nodes`;
         2. each copy's load under the rule: ``1 / c`` of its expert's (``ascend``: the rank-modulo
            shares), and under SGLang ``static`` exactly what the engine's seeded tables deal each
-           node (:func:`~moeopt.heuristics.hierarchy.static_node_shares`: they depend on every
+           node (`moeopt.heuristics.hierarchy.static_node_shares`: they depend on every
            layer's nodes, not on the GPUs inside them);
         3. single-copy experts swapped between nodes whose copies no packing balances, then each
-           node's copies placed on its GPUs (:func:`place_layer`)."""
+           node's copies placed on its GPUs (`place_layer`)."""
         c = problem.instance.cluster
         nodes, gpn, per_node = c.nodes, c.gpus_per_node, c.gpus_per_node * c.width
         L = problem.layers
@@ -1236,9 +1236,9 @@ class Joint:
 def rule_inputs(
     problem: Problem, params: JointParams, layers: list[jm.JointLayer], seed: int, nodes: bool = False
 ) -> list[dict | None]:
-    """Per layer, :class:`moeopt.joint.RuleCost`'s inputs on the layer's sample (None under the
-    guard): each sampled token's row in its batch (:func:`moeopt.dispatch.batch_rows`), its home
-    (the trace's, else drawn uniformly with :data:`moeopt.dispatch.HOME_SEED`, as the scorer's
+    """Per layer, `moeopt.joint.RuleCost`'s inputs on the layer's sample (None under the
+    guard): each sampled token's row in its batch (`moeopt.dispatch.batch_rows`), its home
+    (the trace's, else drawn uniformly with `moeopt.dispatch.HOME_SEED`, as the scorer's
     ``previous-layer`` homes are) and a fair-draw number per pair (seeded by ``(seed, l)``); with
     ``nodes``, for the hierarchical node level (``bin_size``: the cluster's GPUs per node,
     ``slot_width``: its slots per GPU)."""
