@@ -114,8 +114,9 @@ def _git_head() -> str | None:
         ["solve", str(QUICKSTART), "--method", "greedy"],
         ["evaluate", str(QUICKSTART), "PLAN"],
         ["compare", str(QUICKSTART), "--methods", "linear,greedy"],
+        ["methods"],
     ],
-    ids=["solve", "evaluate", "compare"],
+    ids=["solve", "evaluate", "compare", "methods"],
 )
 def test_json_prints_the_report_alone(tmp_path, capsys, argv):
     """--json: stdout is the JSON report alone, equal to what --report writes; it carries the

@@ -207,20 +207,46 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     return 0
 
 
+def _default(field: Any) -> Any:
+    """A parameter's default as JSON holds it (its ``repr`` when JSON has no such value)."""
+    import dataclasses
+    import json
+
+    value = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    try:
+        json.dumps(value, allow_nan=False)  # inf (an unbounded default) as its repr, not null
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
 def cmd_methods(args: argparse.Namespace) -> int:
     from moeopt.registry import get_method, method_names, param_fields
-
-    rows = []
-    for name in method_names():
-        m = get_method(name)
-        params = ", ".join(f"{f}={v.default!r}" for f, v in param_fields(m).items())
-        rows.append([name, "yes" if m.available() else "no", m.summary, params or "-"])
-    print(tabulate(rows, headers=["method", "available", "what it does", "parameters"], tablefmt="plain"))
     from moeopt.solvers.pyomo_solvers import availability
 
-    print("\nMILP solvers of the Pyomo models (tacg-milp, gem-milp: parameter solver; docs/guides/solvers.md):")
-    for solver, ok, how in availability():
-        print(f"  {solver:<7} {'yes' if ok else 'no':<4} {how}")
+    rows, listed = [], []
+    for name in method_names():
+        m = get_method(name)
+        fields = param_fields(m)
+        params = ", ".join(f"{f}={v.default!r}" for f, v in fields.items())
+        rows.append([name, "yes" if m.available() else "no", m.summary, params or "-"])
+        listed.append(
+            {
+                "name": name,
+                "available": bool(m.available()),
+                "summary": m.summary,
+                "parameters": {f: _default(v) for f, v in fields.items()},
+            }
+        )
+    solvers = availability()
+    lines = [tabulate(rows, headers=["method", "available", "what it does", "parameters"], tablefmt="plain")]
+    lines.append("\nMILP solvers of the Pyomo models (tacg-milp, gem-milp: parameter solver; docs/guides/solvers.md):")
+    lines += [f"  {solver:<7} {'yes' if ok else 'no':<4} {how}" for solver, ok, how in solvers]
+    report = {
+        "methods": listed,
+        "solvers": [{"name": solver, "available": bool(ok), "how": how} for solver, ok, how in solvers],
+    }
+    emit(args, report, "\n".join(lines))
     return 0
 
 

@@ -173,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     fr_.set_defaults(func=cmd_frontier)
 
     m = sub.add_parser("methods", help="list registered methods and whether they are available")
+    report_args(m, "every method with its parameters' defaults, every MILP solver")
     verbosity(m)
     m.set_defaults(func=cmd_methods)
 
