@@ -526,7 +526,7 @@ def ray_map(
                 started = True
                 if executor.ray == "local":
                     cpus = executor.workers if executor.workers > 1 else (os.cpu_count() or 2)
-                    ray.init(num_cpus=cpus, **opts)
+                    ray.init(address="local", num_cpus=cpus, **opts)  # a new Ray, even beside a running cluster
                 else:
                     if executor.ray is not None:
                         _check_reachable(executor.ray)

@@ -124,7 +124,7 @@ def test_joint_certificate_on_workers_is_the_serial_one():
 def local_ray():
     """One local Ray (2 CPUs) for the module's Ray tests; solve() uses it as it is."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield ray
     ray.shutdown()
 

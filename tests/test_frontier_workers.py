@@ -153,7 +153,7 @@ def test_ray_gives_the_serial_points(serial, monkeypatch):
     ray = pytest.importorskip("ray")
     inst, wl, points = serial
     monkeypatch.setattr(fr, "_solve_point", _not_here)  # the Ray workers import their own copy
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         lines: list[str] = []
         on_ray = frontier(
