@@ -377,6 +377,30 @@ def _limits_rows(results: Path) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _install_rows(results: Path) -> list[tuple[str, str, str, str]]:
+    if not (results / "install.json").exists():
+        return []
+    d = _load(results, "install")
+    core, full = d["summary"]
+    cpus = d["info"]["machine"].get("cpus", "?")
+
+    def cell(s: dict) -> str:
+        return (
+            f"{s['size_mb']} MB, {s['packages']} packages, pip CPU {s['cpu_s']:.0f} s "
+            f"(wall {s['wall_s']:.0f} s, median of {s['runs']})"
+        )
+
+    return [
+        (
+            "Core install",
+            f"`pip install -e .` vs `.[plot,sdp]` (the core before matplotlib and CVXPY became extras), fresh "
+            f"venv, Python {d['info']['python']}, {cpus} cores",
+            f"{cell(core)} vs {cell(full)}",
+            "install",
+        )
+    ]
+
+
 SECTIONS: tuple[Callable[[Path], list[tuple[str, str, str, str]]], ...] = (
     _balance_rows,
     _joint_rows,
@@ -387,6 +411,7 @@ SECTIONS: tuple[Callable[[Path], list[tuple[str, str, str, str]]], ...] = (
     _crosslayer_rows,
     _scale_rows,
     _limits_rows,
+    _install_rows,
 )
 
 

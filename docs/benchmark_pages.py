@@ -688,6 +688,45 @@ def render_limits(d: dict) -> str:
     return body.split("\n", 1)[1].lstrip("\n")  # the page has its own title
 
 
+# --------------------------------------------------------------------------- install
+def render_install(d: dict) -> str:
+    summary = d["summary"]
+    out = [
+        "The core install (`pip install -e .`) beside the core with the extras `plot` and `sdp`, whose",
+        "matplotlib and CVXPY were core dependencies before they moved to those extras: each run a fresh",
+        "virtual environment, no pip cache, the variants alternating. pip's CPU time is user + system of",
+        "pip and every process it starts; the wall time follows the machine's load.",
+        "",
+    ]
+    body = [
+        [
+            s["variant"],
+            f"`{s['install']}`",
+            s["size_mb"],
+            s["packages"],
+            num(s["cpu_s"], 1),
+            f"{num(s['wall_s'], 1)} ({num(s['wall_min_s'], 1)} to {num(s['wall_max_s'], 1)})",
+            s["runs"],
+        ]
+        for s in summary
+    ]
+    heads = ["variant", "install", "site-packages (MB)", "packages", "pip CPU (s, median)", "wall (s, median, range)"]
+    out += [table(body, heads + ["runs"]), ""]
+    if d["info"].get("index"):
+        out += [f"Packages from {d['info']['index']}.", ""]
+    if d["info"].get("note"):
+        out += [d["info"]["note"], ""]
+    extra = summary[-1].get("extra_packages") or []
+    if extra:
+        out += [f"The packages `plot` and `sdp` add ({len(extra)}): " + ", ".join(f"`{n}`" for n in extra) + ".", ""]
+    runs = [
+        [r["variant"], r["run"], r["size_mb"], r["packages"], num(r["cpu_s"], 1), num(r["wall_s"], 1)]
+        for r in d["rows"]
+    ]
+    out += ["## Every run", "", table(runs, ["variant", "run", "MB", "packages", "pip CPU (s)", "wall (s)"]), ""]
+    return "\n".join(out)
+
+
 BENCHMARKS = (
     Benchmark(
         "balance",
@@ -731,6 +770,7 @@ BENCHMARKS = (
     ),
     Benchmark("scale", "Scaling out", "python benchmarks/scale.py", render_scale, ("scale.png",)),
     Benchmark("limits", "Time limits and reproducible certificates", "python benchmarks/limits.py", render_limits),
+    Benchmark("install", "Install size and time", "python benchmarks/install.py", render_install),
     Benchmark("harness-cpu", "GPU validation harness, CPU run", "bash benchmarks/harness_gpu.sh cpu", render_harness),
     Benchmark("harness-gpu", "GPU validation harness, GPU run", "bash benchmarks/harness_gpu.sh", render_harness),
 )

@@ -4,9 +4,9 @@ The core install solves, evaluates and writes plans; the heavy parts that only s
 come with extras (``pip install 'moeopt[plot]'``): matplotlib draws the figures (``plot``), CVXPY
 solves the semidefinite certificate (``sdp``), pyscipopt brings SCIP for the Pyomo models
 (``scip``), Ray runs layers as Ray tasks (``ray``) and torch runs the GPU harness (``torch``).
-Every place that needs one loads its module with :func:`load`, never at import time of moeopt or
+Every place that needs one loads its module with ``load``, never at import time of moeopt or
 its command line, so a missing extra costs nothing until it is needed, and then says which extra
-to install in one line (:class:`MissingExtra`: exit 2 on the command line).
+to install in one line (``MissingExtra``: exit 2 on the command line).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class MissingExtra(MoeoptError):
     Parameters
     ----------
     extra
-        The extra that brings it (a key of :data:`EXTRAS`).
+        The extra that brings it (a key of ``EXTRAS``).
     what
         What needed it (``moeopt plot``, ``certificate: sdp``, ...).
     """
@@ -44,7 +44,7 @@ class MissingExtra(MoeoptError):
 
 
 def load(module: str, extra: str, what: str) -> ModuleType:
-    """Import ``module`` (a module of the extra ``extra``), or raise :class:`MissingExtra`.
+    """Import ``module`` (a module of the extra ``extra``), or raise ``MissingExtra``.
 
     Parameters
     ----------
@@ -77,7 +77,7 @@ def installed(extra: str) -> bool:
     Parameters
     ----------
     extra
-        A key of :data:`EXTRAS`.
+        A key of ``EXTRAS``.
     """
     from importlib.util import find_spec
 
