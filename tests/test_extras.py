@@ -49,7 +49,7 @@ def test_load_names_the_extra(monkeypatch):
 
 
 def test_plot_without_matplotlib_exits_2(monkeypatch, tmp_path, capsys):
-    """moeopt plot and solve --plot without matplotlib: one line naming the 'plot' extra, exit 2, no file."""
+    """plot and solve --plot without matplotlib: one line naming the 'plot' extra, exit 2; solve alone runs."""
     plan = tmp_path / "plan.json"
     assert main(["solve", str(QUICKSTART), "--method", "greedy", "--output", str(plan), "--quiet"]) == 0
     capsys.readouterr()
@@ -60,6 +60,7 @@ def test_plot_without_matplotlib_exits_2(monkeypatch, tmp_path, capsys):
     assert main(["solve", str(QUICKSTART), "--method", "greedy", "--plot", str(out), "--quiet"]) == 2
     assert "needs the 'plot' extra: pip install 'moeopt[plot]'" in _one_error_line(capsys)
     assert not out.exists()
+    assert main(["solve", str(QUICKSTART), "--method", "greedy", "--quiet"]) == 0  # no figure asked: no need
 
 
 def test_sdp_certificate_without_cvxpy_exits_2(monkeypatch, tmp_path, capsys):
