@@ -198,8 +198,7 @@ def _comm(pid: int) -> str:
     ids=["serial SIGINT", "pool SIGTERM"],
 )
 def test_signal_kills_a_solver_executable(extra, signum, tmp_path):
-    """Ctrl-C to the run's process group while CBC runs, or SIGTERM to the run alone while CBC runs in
-    pool workers (which their parent stops with SIGTERM): exit 130 / 143, 'interrupted' alone, cbc gone."""
+    """Ctrl-C (serial run) or SIGTERM (pool workers) while CBC runs: exit 130 / 143, 'interrupted', cbc gone."""
     if not available("cbc"):
         pytest.skip("cbc missing")
     inst = tmp_path / "cbc.yaml"
