@@ -8,7 +8,7 @@ Methods registered here:
 - ``speed-greedy``: LPT on mean loads weighted by GPU speed (a GEM baseline).
 
 Every method's objective is ``S(M) = sum_l sum_t max_g C_g(n_g(M, t))`` on the calibration
-utilization trace (T step groups), recomputed by :func:`moeopt.evaluate.layer_straggler`.
+utilization trace (T step groups), recomputed by [`moeopt.evaluate.layer_straggler`][].
 Importing this module also registers two hooks: every result with a latency profile gets
 ``metrics.straggler_lower_bound`` and ``metrics.gap_to_bound``, and ``trace stats`` shows
 GEM's expert classification.
@@ -86,7 +86,7 @@ def plan_straggler(home: np.ndarray, util: Utilization, problem: Problem) -> flo
     -------
     float
         ``sum_l sum_t max_g C_g(n_g(M, t))``, from the evaluator's
-        :func:`~moeopt.evaluate.layer_straggler` per layer.
+        [`layer_straggler`][moeopt.evaluate.layer_straggler] per layer.
     """
     assert problem.profile is not None
     return float(sum(layer_straggler(util.counts[l], home[l], problem.profile) for l in range(len(home))))
@@ -105,7 +105,7 @@ def utilization_bound(util: Utilization, problem: Problem) -> float:
     Returns
     -------
     float
-        The sum over layers and steps of :func:`~moeopt.utilization.step_lower_bound`.
+        The sum over layers and steps of `step_lower_bound`.
     """
     assert problem.profile is not None
     slots = problem.instance.cluster.slots_per_gpu

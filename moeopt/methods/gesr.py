@@ -5,13 +5,13 @@ every family uses (the hot spots a task-aware grouping cannot spread), the top `
 above a centrality floor each get ``r`` replicas, placed by *structural fit* (coactivation
 with the experts homed on the candidate GPU), ties broken by the lower estimated load, in the
 cluster's ``replica_slots_per_gpu`` and never two copies of one expert on one GPU. At serving
-time the online guard of :func:`moeopt.dispatch.guard_layer` picks a copy per token (λ, δ);
+time the online guard of [`moeopt.dispatch.guard_layer`][] picks a copy per token (λ, δ);
 the evaluator simulates it, so the result's metrics are measured.
 
 Methods: ``gesr`` (base plan + GESR replicas; default base ``tacg``), and on the same base and
 budget ``hottest-replication`` (EPLB's idea: give the hottest expert per copy another copy on
 the least loaded GPU) and ``random-replication``. Every result carries the exact replication
-certificate of :mod:`moeopt.solvers.replication` (the lowest MaxVio any replica choice within
+certificate of `moeopt.solvers.replication` (the lowest MaxVio any replica choice within
 the budget could reach with a perfect split) on the calibration loads; the evaluation metrics
 get it through a metric hook (``replication_bound_maxvio``, ``replication_gap``).
 

@@ -123,7 +123,7 @@ class TacgParams:
         stays reachable; ``.inf``: no limit.
         Hard either way: when repair finds no plan within it, solving fails and says which
         eps_load would do (the rule of every grouping method, see
-        :mod:`moeopt.heuristics.local_search`).
+        `moeopt.heuristics.local_search`).
     relax_eps_load
         Heuristics only: relax a limit that repair cannot meet by ``x1.1`` steps (at most 10)
         instead of failing; ``stats.eps_load`` then holds the limits met,
@@ -145,14 +145,14 @@ class TacgParams:
         misses the per-GPU load limit.
     certificate
         The bound reported (heuristic methods): ``"cheap"`` (default) the tightest of the
-        bounds of :func:`moeopt.bounds.grouping_bound`, milliseconds; ``"colgen"`` also the
-        set-partitioning bound by column generation (:func:`moeopt.colgen.column_generation`,
+        bounds of `moeopt.bounds.grouping_bound`, milliseconds; ``"colgen"`` also the
+        set-partitioning bound by column generation (`moeopt.colgen.column_generation`,
         formulations/tacg.md section 7) in the rest of the layer's time, whose restricted
         master MILP replaces the plan when it finds a better one; ``"triangle"`` also the pair
         LP with triangle and star cuts
-        (:func:`moeopt.solvers.grouping_triangle.triangle_bound`, section 8), the one that
+        (`moeopt.solvers.grouping_triangle.triangle_bound`, section 8), the one that
         closes for large groups (cap 8 and more); ``"sdp"`` also the semidefinite relaxation
-        (:func:`moeopt.solvers.grouping_sdp.sdp_bound`, section 9), tighter still on groups
+        (`moeopt.solvers.grouping_sdp.sdp_bound`, section 9), tighter still on groups
         of 8 and 16 at E = 128 and 256; ``"both"`` colgen and triangle, each in half the
         time, the smaller bound reported; ``"auto"`` colgen in at most half the time (it stops
         at its first unproved exact pricing), then, unless it proved its LP, the SDP in the
@@ -164,9 +164,9 @@ class TacgParams:
         (termination ``time_limit`` and a note).
     certificate_rounds
         Column generation's work budget per layer: master LP solves, each followed by a pricing
-        (:func:`moeopt.colgen.column_generation`).
+        (`moeopt.colgen.column_generation`).
     sdp_iterations
-        The SDP's work budget per layer: SCS iterations (:func:`moeopt.solvers.grouping_sdp.sdp_bound`;
+        The SDP's work budget per layer: SCS iterations (`moeopt.solvers.grouping_sdp.sdp_bound`;
         at E = 256 about 35 ms each on a 2-core machine).
     """
 
@@ -240,7 +240,7 @@ class MilpParams(ExactParams):
 
 
 def layer_problems(problem: Problem, params: TacgParams) -> tuple[np.ndarray, list[Grouping], list[float]]:
-    """The graph ``[L, E, E]``, one :class:`Grouping` per layer and each layer's eps_load.
+    """The graph ``[L, E, E]``, one `Grouping` per layer and each layer's eps_load.
 
     Raises
     ------
@@ -283,7 +283,7 @@ def heuristic_home(
     g
         The layer's grouping problem.
     params
-        ``repair`` false replaces the affinity-aware repair by :func:`first_fit`; ``refine``
+        ``repair`` false replaces the affinity-aware repair by `first_fit`; ``refine``
         false skips the swap search.
     rng
         Seeded generator (k-means initialization and kicks).
@@ -311,14 +311,14 @@ def relaxed_heuristic(
     hint: np.ndarray | None,
     deadline: float | None,
 ) -> tuple[Grouping, float, int, tuple[np.ndarray, dict]]:
-    """:func:`heuristic_home` under ``relax_eps_load``: when repair cannot meet the limit,
-    retry with it relaxed (:func:`moeopt.heuristics.local_search.relax_until_met`).
+    """`heuristic_home` under ``relax_eps_load``: when repair cannot meet the limit,
+    retry with it relaxed (`moeopt.heuristics.local_search.relax_until_met`).
 
     Returns
     -------
     tuple
         The layer's problem with the limit met, that eps_load, the relaxation steps and
-        :func:`heuristic_home`'s plan and counters.
+        `heuristic_home`'s plan and counters.
     """
 
     def attempt(eps: float) -> tuple[Grouping, tuple[np.ndarray, dict]] | None:
@@ -372,7 +372,7 @@ def strong_certificate(
     g: Grouping, home: np.ndarray, ctx: Context, layers_left: int, params: TacgParams
 ) -> tuple[np.ndarray, float, str, dict]:
     """The ``certificate`` bound (``colgen``, ``triangle``, ``sdp``, ``both`` or ``auto``) for one
-    layer, within its work budgets and capped by its share of the time left: see :func:`certify`."""
+    layer, within its work budgets and capped by its share of the time left: see `certify`."""
     return certify(
         g,
         home,
@@ -395,7 +395,7 @@ def certify(
     sdp_iterations: int | None = None,
 ) -> tuple[np.ndarray, float, str, dict]:
     """The ``kind`` certificate of plan ``home`` (``colgen``, ``triangle``, ``sdp``, ``both`` or
-    ``auto``; see :class:`TacgParams`): returns the plan (column generation's MILP may improve it),
+    ``auto``; see `TacgParams`): returns the plan (column generation's MILP may improve it),
     the bound, the name of the method that gave it and a record per method.
 
     Each bound is bounded by work (column generation's ``rounds`` of pricing, the SDP's SCS

@@ -1,6 +1,6 @@
 """Solvers: building blocks used by the methods (no registration here).
 
-:func:`available` tells whether an optional solver backend can be used: every backend module
+`available` tells whether an optional solver backend can be used: every backend module
 and method asks it rather than trying the import itself.
 """
 
@@ -27,8 +27,8 @@ def available(backend: str) -> bool:
     Parameters
     ----------
     backend
-        :data:`PYOMO_HIGHS` (Pyomo's solver API v2 with a usable HiGHS), or the name of the
-        module the backend needs (:data:`CPSAT`, :data:`HIGHSPY`, ``"pymetis"``, ...).
+        `PYOMO_HIGHS` (Pyomo's solver API v2 with a usable HiGHS), or the name of the
+        module the backend needs (`CPSAT`, `HIGHSPY`, ``"pymetis"``, ...).
 
     Returns
     -------
@@ -59,7 +59,7 @@ class ExactSettings:
         Seconds for build and search.
     hint
         A feasible plan (expert -> group), renumbered by the backend with
-        :meth:`~moeopt.grouping.Grouping.canonical` so that it satisfies the symmetry breaking,
+        `canonical` so that it satisfies the symmetry breaking,
         and passed as the solver's start or hint; None for none.
     threads, seed, log
         Solver threads (CP-SAT workers), random seed and console log.

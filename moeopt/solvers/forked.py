@@ -2,15 +2,15 @@
 
 Some library calls (Mt-KaHyPar's ``partition``) run in native code with no time limit, no
 callback and no way to stop them from Python: a call that takes longer than the time left
-would overrun the time limit by as much as it likes. :func:`call_before` runs such a call in
+would overrun the time limit by as much as it likes. `call_before` runs such a call in
 a child process forked from this one (so it starts at once, with this process's memory, and
 nothing is pickled but the answer) and kills the child (``SIGKILL``) when the deadline comes:
 the caller gets no answer and carries on without it, within its limit.
 
-It is :func:`moeopt.interrupt.run_in_child` (the child that Ctrl-C kills) with a deadline: the
+It is `moeopt.interrupt.run_in_child` (the child that Ctrl-C kills) with a deadline: the
 same precautions (signals blocked across the fork, the child ignores Ctrl-C and ends in
-:func:`os._exit`), and the kill is registered as the stop hook of an
-:class:`moeopt.interrupt.native` block, so that Ctrl-C or SIGTERM kills the child too and
+`os._exit`), and the kill is registered as the stop hook of an
+`moeopt.interrupt.native` block, so that Ctrl-C or SIGTERM kills the child too and
 nothing is left behind.
 
 Forking is safe only when the library has not started its own threads in this process (a
@@ -37,7 +37,7 @@ T = TypeVar("T")
 
 
 def can_fork() -> bool:
-    """Whether :func:`call_before` can run a call in a forked child here (POSIX)."""
+    """Whether `call_before` can run a call in a forked child here (POSIX)."""
     return sys.platform != "win32" and hasattr(os, "fork")
 
 
@@ -50,7 +50,7 @@ def _kill(pid: int) -> None:
 
 def _child(fn: Callable[..., Any], args: tuple, kwargs: dict, read_fd: int, write_fd: int, mask: set[int]) -> None:
     """Body of the forked child: run the call, send back ``("ok", value)`` or ``("error", exc)``,
-    end in :func:`os._exit` (never run on into the parent's code)."""
+    end in `os._exit` (never run on into the parent's code)."""
     status = 1
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides, and kills this process
@@ -76,11 +76,11 @@ def _child(fn: Callable[..., Any], args: tuple, kwargs: dict, read_fd: int, writ
 
 def call_before(deadline: float, fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T | None, bool]:
     """``fn(*args, **kwargs)`` in a forked child: ``(value, True)`` if it answered before
-    ``deadline`` (a :func:`time.perf_counter` value), ``(None, False)`` if it was killed then.
+    ``deadline`` (a `time.perf_counter` value), ``(None, False)`` if it was killed then.
 
     An exception in the child is raised again here; a child that ends without an answer raises
     RuntimeError. A signal while waiting kills the child and raises
-    :class:`moeopt.interrupt.Interrupted` (through :class:`moeopt.interrupt.native`).
+    `moeopt.interrupt.Interrupted` (through `moeopt.interrupt.native`).
     """
     read_fd, write_fd = os.pipe()
     # no signal handler may run in the child before it has its own: SIGINT and SIGTERM wait,

@@ -8,7 +8,7 @@ Two backends, each with ``build_*`` kept apart from ``solve_*``:
   constraint on the tile count for general monotone ones; latencies scaled to integers.
 
 Both take the search's plan as a warm start (HiGHS ``setSolution``, CP-SAT hints), add the
-per-step lower bound of :func:`moeopt.utilization.step_lower_bound` as a bound on ``z_t``,
+per-step lower bound of `moeopt.utilization.step_lower_bound` as a bound on ``z_t``,
 and refuse sizes whose model cannot be built and searched in reasonable time. Symmetry is
 broken only among GPUs with identical profiles (``symmetry_pairs``), and hints are
 relabelled to satisfy it (``canonical_home``), since CP-SAT silently drops a hint that
@@ -89,7 +89,7 @@ class LayerModel:
 
 
 def layer_model(n: np.ndarray, profile: Profile, slots: int, *, method: str = "gem") -> LayerModel:
-    """Prepare one layer's exact model; raise :class:`InputError` when it is too large.
+    """Prepare one layer's exact model; raise `InputError` when it is too large.
 
     Parameters
     ----------
@@ -153,7 +153,7 @@ def symmetry_pairs(model: LayerModel) -> list[tuple[int, int]]:
 
 def canonical_home(model: LayerModel, home: np.ndarray) -> np.ndarray:
     """``home`` relabelled within each class of identical GPUs so that it satisfies
-    :func:`symmetry_pairs` (a hint violating them would be dropped by CP-SAT); S is unchanged."""
+    `symmetry_pairs` (a hint violating them would be dropped by CP-SAT); S is unchanged."""
     home = np.asarray(home, dtype=np.int64).copy()
     out = home.copy()
     big = model.experts
@@ -415,7 +415,7 @@ def solve_cpsat(
     seed, workers
         CP-SAT's random seed and number of workers.
     denominator
-        See :func:`build_cpsat`.
+        See `build_cpsat`.
 
     Returns
     -------
@@ -481,9 +481,9 @@ def per_step_bound(
     """Lower bound on each step's own optimum ``min_M max_g C_g(n_g(M, t))``, by CP-SAT per step.
 
     Every plan's step latency is at least the optimum of that step alone, so the sum over
-    steps is a valid lower bound on S; it can only exceed :func:`step_lower_bound` where the
+    steps is a valid lower bound on S; it can only exceed `step_lower_bound` where the
     integral placement of one step cannot reach the fractional balance. Each step is one-step
-    CP-SAT model whose bound carries the rounding correction of :func:`solve_cpsat`; the
+    CP-SAT model whose bound carries the rounding correction of `solve_cpsat`; the
     result is never below ``model.step_bound``.
 
     Parameters
@@ -495,7 +495,7 @@ def per_step_bound(
     hint
         Optional home vector ``[E]`` given to every step's model.
     denominator, seed, workers
-        See :func:`solve_cpsat`.
+        See `solve_cpsat`.
 
     Returns
     -------

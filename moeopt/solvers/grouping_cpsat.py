@@ -65,7 +65,7 @@ class CpsatModel:
 
 
 def model_terms(g: Grouping) -> int:
-    """Linear terms and clause literals of :func:`build_model`."""
+    """Linear terms and clause literals of `build_model`."""
     E, G = g.experts, g.groups
     P = len(pairs(g.graph)[0])
     return int(E * G * (12 + g.limited) + P * (3 + 2 * g.limited))
@@ -152,7 +152,7 @@ def build_model(g: Grouping) -> CpsatModel:
 
 
 def solve(g: Grouping, settings: ExactSettings) -> ExactOutcome:
-    """Solve ``g`` with CP-SAT under ``settings`` (:class:`~moeopt.solvers.ExactSettings`).
+    """Solve ``g`` with CP-SAT under ``settings`` (`ExactSettings`).
 
     CP-SAT ignores a hint that violates a constraint: the hint is renumbered to satisfy the
     symmetry breaking first.

@@ -6,7 +6,7 @@ each pair p = (i, j) with positive affinity. Rows: assignment, slots, load limit
 linearization ``y[p, k] <= x[i, k]``, ``y[p, k] <= x[j, k]``, star cuts (``cap - 1``
 partners, load of partners within ``L - w[e]``) and value precedence
 ``x[e, k] <= sum_{e' < e} x[e', k-1]``. The matrix is assembled with numpy in one go.
-:mod:`moeopt.solvers.grouping_milp` states the same model algebraically in Pyomo.
+`moeopt.solvers.grouping_milp` states the same model algebraically in Pyomo.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def build_model(g: Grouping, arrays: MilpArrays | None = None) -> Any:
 
 
 def solve(g: Grouping, settings: ExactSettings) -> ExactOutcome:
-    """Solve ``g`` with HiGHS through highspy under ``settings`` (:class:`~moeopt.solvers.ExactSettings`)."""
+    """Solve ``g`` with HiGHS through highspy under ``settings`` (`ExactSettings`)."""
     time_limit, hint = settings.time_limit, settings.hint
     if settings.refuse:
         check_size(g, time_limit)

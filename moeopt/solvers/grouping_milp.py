@@ -1,6 +1,6 @@
 """The grouping MILP stated algebraically in Pyomo, solved by HiGHS (formulations/tacg.md, §4).
 
-Same model as :mod:`moeopt.solvers.grouping_highs` (binaries ``x[e, k]``, pair variables
+Same model as `moeopt.solvers.grouping_highs` (binaries ``x[e, k]``, pair variables
 ``y[p, k]``, slots, load limit, pair linearization, star cuts, value-precedence symmetry
 breaking), solved through Pyomo's solver API v2 (``pyomo.contrib.solver``), which reports the
 termination condition, incumbent and proved bound. The heuristic plan is passed as HiGHS's
@@ -107,7 +107,7 @@ def start_values(m: Any, home: np.ndarray) -> Iterator[tuple[Any, float]]:
 
 def solve(g: Grouping, settings: ExactSettings) -> ExactOutcome:
     """Solve ``g`` through Pyomo with ``settings.solver`` (HiGHS by default) under ``settings``
-    (:class:`~moeopt.solvers.ExactSettings`)."""
+    (`ExactSettings`)."""
     time_limit, hint = settings.time_limit, settings.hint
     import pyomo.environ as pyo
 

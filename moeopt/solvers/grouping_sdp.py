@@ -22,7 +22,7 @@ rows) and any ``mu``, with ``M = W / 2 + N - sym(y 1ᵀ) - sym(z wᵀ) - Diag(mu
 is valid whatever the solver's accuracy or a time limit that stops it early; it is close to
 the SDP value when the multipliers are near optimal.
 
-Where the triangle LP (:mod:`moeopt.solvers.grouping_triangle`) needs many cutting rounds on
+Where the triangle LP (`moeopt.solvers.grouping_triangle`) needs many cutting rounds on
 groups of 8 and 16 experts, the semidefinite constraint captures much of the same structure in
 one solve: on the count-sampled DeepSeek-V3 layer at E = 128, G = 16, the gap to the best
 plan is 4.1 % in 9 s against the triangle LP's 6.3 % in 60 s.
@@ -48,7 +48,7 @@ SCS_EPS = 1e-5
 #: at 1000 iterations was 4.84 % (synthetic) and 7.73 % (count-sampled) above the best plan, at
 #: 2000 iterations 4.10 % and 7.73 %
 SCS_ITERATIONS = 1500
-#: L-BFGS-B iterations of each stage of the multipliers' polish (:func:`polish`), by default
+#: L-BFGS-B iterations of each stage of the multipliers' polish (`polish`), by default
 POLISH_ITERATIONS = 200
 #: under a time limit, the share of it SCS may use (model building included); the polish the rest
 SCS_SHARE = 0.5
@@ -160,7 +160,7 @@ def _add_pairs(A: np.ndarray, i: np.ndarray, j: np.ndarray, c: np.ndarray) -> No
 
 @dataclass
 class StructureDuals:
-    """Multipliers of the load-structure rows (shapes from :class:`LoadStructure`; ``m`` edges,
+    """Multipliers of the load-structure rows (shapes from `LoadStructure`; ``m`` edges,
     ``k`` labels): ``zero`` of ``X_ij <= 0`` per conflicting pair ``i < j``; ``gamma`` of
     ``X_ab <= sum_h T_abh + T_ab0`` per edge; ``alpha``, ``beta`` (``[m, k]``) of
     ``T_abh <= X_ah`` and ``T_abh <= X_bh``; ``alpha0``, ``beta0`` of ``T_ab0 <= 1 - s_a`` and
@@ -179,7 +179,7 @@ class StructureDuals:
 
 def structure_terms(problem: Grouping, structure: LoadStructure, duals: StructureDuals) -> tuple[np.ndarray, float]:
     """The load-structure rows' part of the Lagrangian: ``(A, constant)``, ``A`` added to
-    ``M`` and ``constant`` to the bound of :func:`dual_bound`. Valid for every choice of
+    ``M`` and ``constant`` to the bound of `dual_bound`. Valid for every choice of
     ``duals``: signs are clipped, and ``alpha``, ``alpha0`` are raised until the lifted
     ``T >= 0`` drop out (their coefficients ``gamma - alpha - beta`` must be ``<= 0``)."""
     E = problem.experts
@@ -221,7 +221,7 @@ def dual_bound(
 ) -> float:
     """The bound for given multipliers: ``y`` of the row sums (free when ``full``, else >= 0),
     ``z >= 0`` of the load rows, ``N >= 0`` of ``X >= 0``, ``mu`` of the diagonal (free), and
-    the load-structure rows' ``extra`` and ``constant`` (:func:`structure_terms`). Valid for
+    the load-structure rows' ``extra`` and ``constant`` (`structure_terms`). Valid for
     every choice (multipliers of the wrong sign are clipped)."""
     y = np.asarray(y, dtype=np.float64) if full else np.maximum(np.asarray(y, dtype=np.float64), 0.0)
     z = np.maximum(np.asarray(z, dtype=np.float64), 0.0)
@@ -281,7 +281,7 @@ def polish(
     report: dict | None = None,
 ) -> float:
     """Improve the multipliers ``y, z, N, mu`` (the structure rows' part ``extra, constant``
-    kept) by minimizing the bound of :func:`dual_bound` from the solver's, ``iterations`` L-BFGS-B
+    kept) by minimizing the bound of `dual_bound` from the solver's, ``iterations`` L-BFGS-B
     iterations per stage (the work budget), ``deadline`` (``time.perf_counter()``) an outer cap;
     ``report`` (a dict, if given) gets ``capped``: whether the deadline stopped a stage.
 
@@ -291,7 +291,7 @@ def polish(
     of the eigenvalues (the temperature lowered in stages), ``N >= 0`` and ``z >= 0`` as box
     constraints, and ``N`` of any sign on the ``conflict`` pairs (``X = 0`` there). Every
     evaluation also gives the exact bound at its point; the least is returned, recomputed by
-    :func:`dual_bound` (so the bound stays valid however the search went)."""
+    `dual_bound` (so the bound stays valid however the search went)."""
     from scipy.optimize import minimize
 
     w, G, cap = problem.load, problem.groups, problem.cap
@@ -368,7 +368,7 @@ def polish(
 
 
 def _structure_rows(X, structure: LoadStructure, E: int) -> dict[str, list]:
-    """The load-structure rows of :class:`StructureDuals` as CVXPY constraints, all of the
+    """The load-structure rows of `StructureDuals` as CVXPY constraints, all of the
     form ``expression <= 0`` or ``>= 0`` (no equality: their multipliers' signs are then
     CVXPY's documented ones)."""
     cp = extras.load("cvxpy", "sdp", "the SDP certificate (certificate: sdp or auto)")
@@ -400,7 +400,7 @@ def _structure_rows(X, structure: LoadStructure, E: int) -> dict[str, list]:
 
 
 def _structure_duals(rows: dict[str, list], structure: LoadStructure) -> StructureDuals:
-    """The solver's multipliers of :func:`_structure_rows` (zeros where a row is absent or
+    """The solver's multipliers of `_structure_rows` (zeros where a row is absent or
     the solver returned none)."""
     m, k = len(structure.edges[0]), len(structure.labels)
     rest = structure.conflict.shape[0] - k
@@ -442,14 +442,14 @@ def sdp_bound(
         The grouping problem (E experts, G groups of at most ``cap``, optional load limit).
     seconds
         Outer wall-clock cap of the whole bound (None: none): model building (about a second at
-        E = 256), SCS (:data:`SCS_SHARE` of it, at least :data:`MIN_SCS_SECONDS`) and the polish
+        E = 256), SCS (`SCS_SHARE` of it, at least `MIN_SCS_SECONDS`) and the polish
         of its multipliers. ``capped`` in the result when it stopped SCS or the polish.
     iterations
         SCS iterations at most: the bound's work budget (the same bound on any machine).
     polish_iterations
-        L-BFGS-B iterations of each stage of the polish (:func:`polish`).
+        L-BFGS-B iterations of each stage of the polish (`polish`).
     structured
-        Add the load structure's rows (:func:`load_structure`: conflicting pairs apart, one
+        Add the load structure's rows (`load_structure`: conflicting pairs apart, one
         label per GPU); ``False`` gives the plain relaxation, for comparison.
 
     Returns

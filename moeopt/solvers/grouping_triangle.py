@@ -21,7 +21,7 @@ from the LP's row duals in numpy, ``sum_j max(0, c_j - A_j^T l) + sum_r l_r b_r`
 row bound on ``l_r``'s side), valid for any multipliers, so solver tolerances or a solve cut
 short by the clock cannot make it too small.
 
-The pair model complements column generation (:mod:`moeopt.colgen`): the set-partitioning LP
+The pair model complements column generation (`moeopt.colgen`): the set-partitioning LP
 is the stronger relaxation but its pricing is a quadratic knapsack over groups of ``cap``
 experts, which stops being exact in time past cap 8; the triangle LP does not grow with cap.
 """
@@ -281,7 +281,7 @@ def triangle_bound(
         Outer wall-clock cap (None: none); the best bound so far is returned when it runs out
         (``capped``).
     rounds
-        Cutting rounds at most (each LP within :data:`TRIANGLE_LP_ITERATIONS`): the work budget,
+        Cutting rounds at most (each LP within `TRIANGLE_LP_ITERATIONS`): the work budget,
         so that the bound is the same on any machine.
     weights
         Star-cut weights (empty: triangles only).

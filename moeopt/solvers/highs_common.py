@@ -1,25 +1,25 @@
 """Shared HiGHS plumbing: silent construction and the process-wide thread scheduler.
 
 HiGHS prints a banner on file descriptor 1 when a ``Highs`` object is first built: every
-HiGHS user in moeopt builds its solver with :func:`new_highs`, which hides it.
+HiGHS user in moeopt builds its solver with `new_highs`, which hides it.
 
 HiGHS's thread scheduler is global to the process.
 
 The first HiGHS solve sizes it; a later solve asking for another thread count fails inside
 HiGHS ("the scheduler has already been initialized") and comes back as a time limit without
 a solution. Anything may have sized it before (another backend, the user's own HiGHS
-code), so every HiGHS call in moeopt goes through :func:`highs_threads`, which resets the
+code), so every HiGHS call in moeopt goes through `highs_threads`, which resets the
 scheduler first; rebuilding a thread pool costs far less than any solve.
 
-The assembly of a MILP from arrays (:func:`highs_milp`), the hand-over of a starting plan
-(:func:`set_start`, and :func:`pyomo_highs_start` for Pyomo's HiGHS interface), the grouping
-MILP's options and its size check (:func:`refuse_large`) live here too, so the backends share
+The assembly of a MILP from arrays (`highs_milp`), the hand-over of a starting plan
+(`set_start`, and `pyomo_highs_start` for Pyomo's HiGHS interface), the grouping
+MILP's options and its size check (`refuse_large`) live here too, so the backends share
 them without importing each other.
 
-Ctrl-C: every HiGHS MILP runs through :func:`run_highs` (highspy) or
-:func:`pyomo_highs_solve` (Pyomo), which run it where a signal stops it at once: a child
+Ctrl-C: every HiGHS MILP runs through `run_highs` (highspy) or
+`pyomo_highs_solve` (Pyomo), which run it where a signal stops it at once: a child
 process under the command line, or here with HiGHS's interrupt callback and ``cancelSolve``
-(:mod:`moeopt.interrupt`).
+(`moeopt.interrupt`).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def pyomo_highs_start(opt: Any, model: Any, values: Iterable[tuple[Any, float]])
 @dataclass(frozen=True)
 class SolvedHighs:
     """What a ``Highs`` holds after ``run()``, read in the child process that ran it
-    (:func:`run_highs`): the same four methods callers read, with the same values."""
+    (`run_highs`): the same four methods callers read, with the same values."""
 
     model_status: Any  # highspy.HighsModelStatus
     status_text: str
@@ -191,7 +191,7 @@ class SolvedHighs:
 
 
 def _run_and_read(h: Any) -> SolvedHighs:
-    """Run ``h`` and read its answer (in the child process of :func:`run_highs`)."""
+    """Run ``h`` and read its answer (in the child process of `run_highs`)."""
     h.run()
     info = h.getInfo()
     status = h.getModelStatus()
@@ -206,11 +206,11 @@ def _run_and_read(h: Any) -> SolvedHighs:
 
 def run_highs(h: Any) -> Any:
     """``h.run()`` such that Ctrl-C stops it; returns what to read the answer from (``h``, or
-    a :class:`SolvedHighs` with ``getModelStatus``, ``getInfo``, ``getSolution``).
+    a `SolvedHighs` with ``getModelStatus``, ``getInfo``, ``getSolution``).
 
     HiGHS's interrupt callback (``cancelSolve``) is not consulted while a MIP solves its root
     LP, which can take most of the time limit. Under the command line the run therefore goes
-    to a child process that Ctrl-C kills (:func:`moeopt.interrupt.run_in_child`); elsewhere
+    to a child process that Ctrl-C kills (`moeopt.interrupt.run_in_child`); elsewhere
     (a library call; pool and Ray workers are stopped by their parent) it runs here with the
     interrupt callback on (highspy's ``HandleUserInterrupt``: a flag check, the search is
     unchanged) and ``cancelSolve`` as the stop hook. Same model, options and seed: same answer.
@@ -225,7 +225,7 @@ def run_highs(h: Any) -> Any:
 @dataclass(frozen=True)
 class _VarValues:
     """Loads variable values into a Pyomo model, in ``component_data_objects`` order (the
-    ``solution_loader`` of :class:`SolvedPyomo`)."""
+    ``solution_loader`` of `SolvedPyomo`)."""
 
     model: Any
     values: list[float | None] | None
@@ -242,7 +242,7 @@ class _VarValues:
 @dataclass(frozen=True)
 class SolvedPyomo:
     """The fields of a Pyomo v2 ``Results`` that moeopt reads, from the child process that solved
-    (:func:`pyomo_highs_solve`); ``solution_loader.load_vars()`` sets the model's values here."""
+    (`pyomo_highs_solve`); ``solution_loader.load_vars()`` sets the model's values here."""
 
     termination_condition: Any
     solution_status: Any
@@ -252,7 +252,7 @@ class SolvedPyomo:
 
 
 def _solve_and_read(opt: Any, model: Any, options: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
-    """Solve with Pyomo's HiGHS and read the answer (in the child process of :func:`pyomo_highs_solve`)."""
+    """Solve with Pyomo's HiGHS and read the answer (in the child process of `pyomo_highs_solve`)."""
     import pyomo.environ as pyo
     from pyomo.contrib.solver.common.results import SolutionStatus
 
@@ -268,8 +268,8 @@ def _solve_and_read(opt: Any, model: Any, options: dict[str, Any]) -> tuple[Any,
 def pyomo_highs_solve(opt: Any, model: Any, **options: Any) -> Any:
     """``opt.solve(model, load_solutions=False, **options)`` with Pyomo's HiGHS, such that
     Ctrl-C stops it: in a child process that Ctrl-C kills under the command line (HiGHS does
-    not look at its interrupt callback during a MIP's root LP; see :func:`run_highs`), whose
-    answer comes back as a :class:`SolvedPyomo`; elsewhere here, with :func:`cancel_pyomo_highs`
+    not look at its interrupt callback during a MIP's root LP; see `run_highs`), whose
+    answer comes back as a `SolvedPyomo`; elsewhere here, with `cancel_pyomo_highs`
     as the stop hook, returning Pyomo's own results."""
     if interrupt.active() and threading.current_thread() is threading.main_thread():
         term, status, incumbent, bound, values = interrupt.run_in_child(_solve_and_read, opt, model, options)
@@ -287,7 +287,7 @@ def cancel_pyomo_highs(opt) -> None:
 
 # ----------------------------------------------------------------------------- grouping MILP size
 def estimate_nonzeros(g: Grouping) -> int:
-    """Nonzeros of :func:`moeopt.solvers.grouping_highs.build_arrays` without building it."""
+    """Nonzeros of `moeopt.solvers.grouping_highs.build_arrays` without building it."""
     P = len(pairs(g.graph)[0])
     E, G = g.experts, g.groups
     star = 2 if g.limited else 1

@@ -2,7 +2,7 @@
 METIS (edge cut on the coactivation graph).
 
 Each returns a start ``home [E]`` whose block sizes may exceed the slots per GPU by the
-partitioner's imbalance; :func:`moeopt.heuristics.local_search.local_search` repairs it.
+partitioner's imbalance; `moeopt.heuristics.local_search.local_search` repairs it.
 Both libraries are optional: they are imported on first use.
 """
 
@@ -20,7 +20,7 @@ from moeopt.errors import InputError
 if TYPE_CHECKING:
     from moeopt.heuristics.hyperedges import Hyperedges
 
-#: Mt-KaHyPar presets accepted by :func:`mtkahypar_partition`.
+#: Mt-KaHyPar presets accepted by `mtkahypar_partition`.
 PRESETS = ("default", "quality", "highest_quality", "deterministic", "large_k")
 
 _INIT: dict[int, object] = {}
@@ -39,7 +39,7 @@ def _mtkahypar(threads: int) -> tuple[Any, Any]:
 
 def initialized() -> bool:
     """Whether Mt-KaHyPar (and its thread pool) was initialized in this process: a process forked
-    from this one could then not run it (:mod:`moeopt.solvers.forked`)."""
+    from this one could then not run it (`moeopt.solvers.forked`)."""
     return bool(_INIT)
 
 
@@ -51,7 +51,7 @@ def mtkahypar_partition(
     Parameters
     ----------
     edges
-        Weighted hyperedges of one layer (:func:`token_hyperedges`).
+        Weighted hyperedges of one layer (`token_hyperedges`).
     gpus, slots
         k = G blocks, each with target weight ``slots`` (exact slot balance).
     seed, preset, threads
@@ -68,7 +68,7 @@ def mtkahypar_partition(
     Notes
     -----
     Mt-KaHyPar's call cannot be interrupted; under the command line it runs in a child process
-    that Ctrl-C kills (:func:`stoppable`).
+    that Ctrl-C kills (`stoppable`).
     """
     E = edges.experts
     if gpus == 1:
@@ -89,7 +89,7 @@ def fixed_home_partition(
     Returns
     -------
     numpy.ndarray
-        int ``[E]`` blocks of the experts (repair follows, as for :func:`mtkahypar_partition`).
+        int ``[E]`` blocks of the experts (repair follows, as for `mtkahypar_partition`).
     """
     _check_preset(preset)
     weights = np.rint(edges.weight).astype(np.int64).tolist()
@@ -102,7 +102,7 @@ def fixed_home_partition(
 
 def stoppable(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)``, a Mt-KaHyPar call, where Ctrl-C can stop it: in a child process that a
-    signal kills under the command line (:func:`moeopt.interrupt.run_in_child`), here otherwise
+    signal kills under the command line (`moeopt.interrupt.run_in_child`), here otherwise
     (a library call, a pool or Ray worker, which its parent stops), and here too once this
     process has started Mt-KaHyPar's threads itself (a forked child would not have them)."""
     if interrupt.active() and not _INIT:

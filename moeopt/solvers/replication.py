@@ -10,8 +10,8 @@ chooses which experts to copy where (binary ``y``) and how to split each expert'
 among its copies (continuous ``x``). Its optimum ``z*`` is the lowest maximum GPU load any
 replica choice within the budget can reach, even with a perfect (fractional) token split, so
 ``z* / mean - 1`` is a lower bound on the MaxVio of every plan with those homes and that
-budget: the guard's integral, online split can only do worse. :func:`build_model` returns
-the arrays, :func:`solve_replication_bound` hands them to HiGHS (highspy's array API) and
+budget: the guard's integral, online split can only do worse. `build_model` returns
+the arrays, `solve_replication_bound` hands them to HiGHS (highspy's array API) and
 reads the proved bound, so a time limit still leaves a valid lower bound.
 """
 
@@ -151,7 +151,7 @@ def solve_replication_bound(
     Parameters
     ----------
     home, load, gpus, slots
-        As in :func:`build_model`.
+        As in `build_model`.
     time_limit
         Seconds for HiGHS; at the limit the proved dual bound is returned (still valid).
     hint
@@ -449,8 +449,8 @@ def solve_replication_bound_pyomo(
     `moeopt.solvers.pyomo_solvers.SOLVERS`).
 
     A second, independently built backend: no count bound, no incumbent heuristics, so it
-    cross-checks :func:`build_model`'s arrays (``tests/test_gesr.py``). Meant for small
-    layers; :func:`solve_replication_bound` is the fast path.
+    cross-checks `build_model`'s arrays (``tests/test_gesr.py``). Meant for small
+    layers; `solve_replication_bound` is the fast path.
     """
     import pyomo.environ as pyo
 
