@@ -171,6 +171,8 @@ def _joint_scale_rows(results: Path) -> list[tuple[str, str, str, str]]:
     info = d["info"]
     cells = []
     for c in d["checks"]:
+        if "time" in c:
+            continue
         cuts = []
         for policy in ("global", "hierarchical"):
             x = c.get(policy)
@@ -179,18 +181,25 @@ def _joint_scale_rows(results: Path) -> list[tuple[str, str, str, str]]:
                 cuts.append(f"{cut} ({'met' if x['met'] else 'not met'})")
         short = "count-sampled" if "count-sampled" in c["instance"] else "synthetic"
         cells.append(f"{short}, `{c['rule']}`: {' / '.join(cuts)}")
-    slow = max(c["slowest_joint_s"] for c in d["checks"])
-    load = max(r["load_before"][0] for r in d["rows"] if r["method"] == "joint")
+    times = [
+        f"`{c['rule']}` {c['time']['plan_s']:.0f} s ({'met' if c['time']['met'] else 'not met'})"
+        for c in d["checks"]
+        if "time" in c
+    ]
+    load = max((c["time"]["load"][0] for c in d["checks"] if "time" in c), default=0.0)
     t = info["targets"]
     return [
         (
             "`joint` at scale (hierarchical, made for the rule) vs EPLB global / hierarchical",
-            f"DeepSeek-V3 shape ({info['layers']} layers × 256 experts, top-8, 8 groups), {info['gpus']} GPUs in "
+            f"DeepSeek-V3 shape (first {info['layers']} layers × 256 experts, top-8, 8 groups), {info['gpus']} GPUs in "
             f"{info['gpus'] // info['gpus_per_node']} nodes × (1+1) slots, count-sampled and synthetic, held out "
             f"(`joint_scale.json`)",
             f"remote nodes per token cut at a held-out MaxVio ≤ EPLB's (targets {t['global']:g} % / "
-            f"{t['hierarchical']:g} %): " + "; ".join(cells) + f"; slowest `joint` {slow:.0f} s with `--workers "
-            f"{info['workers']}` (target {t['seconds']:g} s; load average up to {load:.1f} on 2 cores)",
+            f"{t['hierarchical']:g} %): "
+            + "; ".join(cells)
+            + f"; {info['timing_layers']} layers planned with `--workers {info['workers']}`: "
+            + ", ".join(times)
+            + f" (target {t['seconds']:g} s; load average {load:.1f} on 2 cores)",
             "joint",
         )
     ]

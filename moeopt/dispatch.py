@@ -58,7 +58,9 @@ expert to one physical slot, so what a token costs depends on where it lives (it
 
 from __future__ import annotations
 
+import hashlib
 import random
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -77,7 +79,13 @@ STATIC_SEED = 42
 
 
 # ----------------------------------------------------------------------------- static (SGLang)
-@lru_cache(maxsize=8)  # plans hash by identity; scoring asks for the same plan's map twice
+#: the last few [`static_map`][moeopt.dispatch.static_map] tables by the plan's contents: a plan is
+#: scored several times (choosing its dispatch, then on each workload), each time as another
+#: object, and replaying SGLang's seeded streams takes seconds per layer at 256 GPUs
+_STATIC_CACHE: OrderedDict[tuple, np.ndarray] = OrderedDict()
+_STATIC_CACHE_SIZE = 4  # a table is G x L x E int64: 30 MB at 256 GPUs, 58 layers, 256 experts
+
+
 def static_map(
     plan: Plan, gpus_per_node: int | None = None, seed: int = STATIC_SEED, dense_layers: int = 0
 ) -> np.ndarray:
@@ -101,13 +109,22 @@ def static_map(
     """
     L, G, W = plan.slots.shape
     E = plan.experts
+    slots = np.ascontiguousarray(plan.slots, dtype=np.int64)
+    key = (hashlib.blake2b(slots.tobytes(), digest_size=16).digest(), slots.shape, E, gpus_per_node, seed, dense_layers)
+    hit = _STATIC_CACHE.get(key)
+    if hit is not None:
+        _STATIC_CACHE.move_to_end(key)
+        return hit
     if dense_layers:
         trivial = np.arange(G * W) % E
-        rows = np.concatenate([np.tile(trivial, (dense_layers, 1)), plan.slots.reshape(L, G * W)])
+        rows = np.concatenate([np.tile(trivial, (dense_layers, 1)), slots.reshape(L, G * W)])
     else:
-        rows = plan.slots.reshape(L, G * W)
+        rows = slots.reshape(L, G * W)
     out = _static_rows(rows, G, W, E, gpus_per_node, seed)[:, dense_layers:]
     out.setflags(write=False)
+    _STATIC_CACHE[key] = out
+    while len(_STATIC_CACHE) > _STATIC_CACHE_SIZE:
+        _STATIC_CACHE.popitem(last=False)
     return out
 
 
