@@ -26,6 +26,17 @@ DATA = Path(__file__).resolve().parent / "data"
 REAL = ROOT.parent / "shared" / "data" / "real"
 
 
+@pytest.fixture(autouse=True)
+def _console_mode():
+    """Every test starts with the console in its default mode (a command run in-process with
+    ``--quiet`` sets the module's mode for the rest of the process)."""
+    from moeopt import console
+
+    console.configure()
+    yield
+    console.configure()
+
+
 @pytest.fixture(scope="session")
 def quickstart_path() -> Path:
     """The bundled quickstart instance."""
