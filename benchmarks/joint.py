@@ -355,6 +355,26 @@ def scale_part(args, log) -> dict:
     return data
 
 
+def scale_add(args, log) -> dict:
+    """``joint`` plans at more (rule, eps) pairs (``args.add``: ``RULE:EPS,...``) on the comparison cells
+    of an existing ``joint_scale.json`` (the same traces: same seeds), added to its rows; the checks
+    recomputed."""
+    import json
+
+    data = json.loads((args.out / "joint_scale.json").read_text())
+    pairs = [(r.strip(), float(e)) for r, e in (x.split(":") for x in args.add.split(","))]
+    for name, inst, wl in scale_cells(data["info"]["layers"]):
+        for rule, e in pairs:
+            data["rows"] += scale_run(
+                name, inst, wl, "joint", {"dispatch": rule, "eps": e}, SCALE_RULES, log, workers=args.workers
+            )
+            data["info"]["eps"].setdefault(rule, [])
+            if e not in data["info"]["eps"][rule]:
+                data["info"]["eps"][rule] = sorted([*data["info"]["eps"][rule], e])
+    data["checks"] = scale_checks(data["rows"], data.get("timing", []))
+    return data
+
+
 def scale_markdown(data: dict) -> str:
     """The scale part's report."""
     info = data["info"]
@@ -909,6 +929,11 @@ def main(argv: list[str] | None = None) -> int:
         "--layers", type=int, default=SCALE_LAYERS, help="--part scale: the comparisons on the first N MoE layers"
     )
     ap.add_argument(
+        "--add",
+        default=None,
+        help="--part scale: more joint plans (RULE:EPS,...) on the comparison cells, added to joint_scale.json",
+    )
+    ap.add_argument(
         "--timing", type=int, default=58, help="--part scale: time joint on the synthetic cell's first N layers (0: no)"
     )
     ap.add_argument(
@@ -936,6 +961,12 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(f"[{time.perf_counter() - t0:6.0f}s] {line}", flush=True)
 
+    if args.part == "scale" and args.add:
+        data = scale_add(args, log)
+        write_json(args.out / "joint_scale.json", data)
+        write_text(args.out / "joint_scale.md", scale_markdown(data))
+        log(f"added to {args.out / 'joint_scale.json'} and joint_scale.md")
+        return 0
     if args.part == "scale":
         data = scale_part(args, log)
         data["info"]["wall_time_s"] = time.perf_counter() - t0
