@@ -263,3 +263,25 @@ def test_place_layer_keeps_the_node_level_decisions():
     gone = left(out["slots"])
     assert sum(len(g) for g in gone) <= 2 * out["stats"]["single_swaps"]
     assert all(copies[e] == 1 for g in gone for e in g)
+
+
+def test_hierarchical_by_default_from_64_gpus_on_several_nodes():
+    """hierarchical left to its default: on from 64 GPUs on several nodes, off below 64 or in one node."""
+    from types import SimpleNamespace
+
+    from moeopt.methods.joint import JointParams
+
+    def resolved(gpus: int, gpn: int) -> bool | None:
+        cluster = Cluster(gpus=gpus, gpus_per_node=gpn, slots_per_gpu=1)
+        return JointParams().resolved(SimpleNamespace(instance=SimpleNamespace(cluster=cluster))).hierarchical
+
+    assert resolved(64, 8) and resolved(256, 8)
+    assert not resolved(32, 8) and not resolved(64, 64) and not resolved(72, 72)
+    assert (
+        JointParams(hierarchical=False)
+        .resolved(
+            SimpleNamespace(instance=SimpleNamespace(cluster=Cluster(gpus=256, gpus_per_node=8, slots_per_gpu=1)))
+        )
+        .hierarchical
+        is False
+    )

@@ -55,6 +55,8 @@ REFINE_STEPS = 2
 FAMILY_SLACK = 0.1
 #: ... but not past this much more communication (relative) than the mixture's choice
 FAMILY_COMM_SLACK = 0.02
+#: ``hierarchical`` by default from this many GPUs on a cluster of several nodes
+HIERARCHICAL_GPUS = 64
 #: the joint search's starts when ``starts`` is not given (``balance`` alone in hierarchical mode)
 DEFAULT_STARTS = "grouping,balance"
 #: whole searches when ``restarts`` is not given (one in hierarchical mode)
@@ -162,9 +164,11 @@ class JointParams:
         Plan nodes first, then GPUs inside each node (`moeopt.heuristics.hierarchy`): the
         node level minimizes remote *nodes* per token at balanced node loads (and GPU loads each
         node's copies can be packed to), the GPU level places each node's copies on its GPUs.
-        None (default): on when the cluster has more than one node and more than 64 GPUs; true
-        needs more than one node; false plans GPUs directly (past 64 GPUs only under an engine
-        rule: the ``locality`` routing holds at most 64 GPUs, or 64 nodes in hierarchical mode).
+        None (default): on when the cluster has more than one node and at least 64 GPUs (at 64
+        GPUs in 8 nodes it planned DeepSeek-V3-shaped layers with fewer remote nodes and GPUs
+        than the flat search, in a third to a ninth of the time); true needs more than one node;
+        false plans GPUs directly (past 64 GPUs only under an engine rule: the ``locality``
+        routing holds at most 64 GPUs, or 64 nodes in hierarchical mode).
     """
 
     eps: float = 0.05
@@ -257,7 +261,7 @@ class JointParams:
             out = replace(out, dispatch=rule)
         if out.hierarchical is None:
             c = problem.instance.cluster
-            out = replace(out, hierarchical=c.nodes > 1 and c.gpus > MAX_GPUS)
+            out = replace(out, hierarchical=c.nodes > 1 and c.gpus >= HIERARCHICAL_GPUS)
         if out.restarts is None:
             out = replace(out, restarts=1 if out.hierarchical else DEFAULT_RESTARTS)
         return out
@@ -1360,7 +1364,7 @@ class AutoParams:
 @register
 class Auto:
     """The default when an instance names no method: ``joint`` on a token trace (communication
-    and balance; hierarchical past 64 GPUs on several nodes, and made for SGLang's ``even``
+    and balance; hierarchical from 64 GPUs on several nodes, and made for SGLang's ``even``
     rule where neither the engine's rule nor the locality routing can plan the cluster),
     ``balance`` on count-only workloads (balance alone: communication needs tokens). The result
     is the chosen method's, under its name."""
