@@ -3,6 +3,7 @@ method family at once (exit 130 / 143, no files, no process left)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -141,20 +142,26 @@ def test_time_limit_stops_mt_kahypar(tmp_path):
     the layer's deadline, the layer starts from a balanced packing, and the result says so."""
     path = tmp_path / "partition.yaml"
     path.write_text(PARTITION_INSTANCE)
-    inst = load_instance(path)
-    wl = load_workloads(inst)
     limit = 0.25
+    report = tmp_path / "report.json"
+    # a fresh process, as the command line runs: a process that has started Mt-KaHyPar's threads
+    # itself (an earlier test's in-process call) cannot fork it and runs the call here, unstopped
     t0 = time.perf_counter()
-    r = solve(inst, method="hypergraph", layer_time_limit=limit, workloads=wl)
+    cmd = [sys.executable, "-m", "moeopt", "solve", str(path), "--method", "hypergraph"]
+    cmd += ["--layer-time-limit", str(limit), "--quiet", "--report", str(report), "-o", str(tmp_path / "plan.json")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     wall = time.perf_counter() - t0
+    assert done.returncode == 0, done.stderr
+    r = json.loads(report.read_text())
     # the solve itself (scoring apart) within 1.1 x T x L plus the allowance (the call alone takes
     # longer than that: a second or more per layer)
-    assert r.wall_time <= 2 * limit * 1.1 + ALLOWANCE, r.wall_time
-    assert r.plan is not None and wall < 10.0
-    stopped = r.stats.get("partition_stopped_layers", 0)
+    assert r["wall_time"] <= 2 * limit * 1.1 + ALLOWANCE, r["wall_time"]
+    assert (tmp_path / "plan.json").exists()
+    assert wall < 30.0
+    stopped = r["stats"].get("partition_stopped_layers", 0)
     if stopped:  # the usual case: no partition of this size takes under 0.2 s
-        assert r.termination.value == "time_limit"
-        assert "Mt-KaHyPar" in str(r.stats.get("note"))
+        assert r["termination"] == "time_limit"
+        assert "Mt-KaHyPar" in str(r["stats"].get("note"))
 
 
 #: Four layers, so that a total of T seconds and T seconds per layer differ by 3 T
