@@ -137,7 +137,8 @@ def test_family_cap_term_by_hand():
 def test_family_cap_repair_only_touches_plans_over_the_cap():
     """The repair phase lowers the priced objective of a plan over the family cap and leaves a
     plan within it alone."""
-    from moeopt.methods.joint import JointParams, repair_family_cap
+    from moeopt.joint.layers import repair_family_cap
+    from moeopt.methods.joint import JointParams
 
     layer = tiny_layer(2, E=12, G=4, W=4, k=3, tokens=400, families=3, eps=0.2, family_cap=0.2)
     params = JointParams(eps=0.2, coarse_tokens=None, evaluations=400)
@@ -225,7 +226,7 @@ def test_restarts_keep_the_best_calibration_plan(small_instance):
     """Each restart's plan gets its own dispatch choice; the kept plan is the one with the
     fewest calibration remote GPUs per token within eps, as the one scorer measures it, and the
     first restart is the one-search plan of the run's seed."""
-    from moeopt.methods.joint import restart_seed
+    from moeopt.joint.choice import restart_seed
 
     inst, wl = small_instance
     # bounded by evaluations, not the clock: the same plans on any machine
@@ -249,7 +250,7 @@ def test_restarts_keep_the_best_calibration_plan(small_instance):
 def test_restart_ranking_prefers_plans_within_eps():
     """A restart within eps beats any over it; among those within, fewer remote GPUs win;
     among those over, the more balanced wins."""
-    from moeopt.methods.joint import DispatchChoice, _restart_rank
+    from moeopt.joint.choice import DispatchChoice, _restart_rank
     from moeopt.plan import Dispatch
 
     def c(comm, maxvio, met):
@@ -292,7 +293,7 @@ def test_family_guard_raises_lambda_only_as_far_as_needed(small_instance):
     falls, and it stops at the first λ whose worst single-family calibration MaxVio is within
     10 % of the most balanced guard's (or at the largest λ, or where the next doubling would
     break eps or the communication cap)."""
-    from moeopt.methods.joint import FAMILY_COMM_SLACK, FAMILY_SLACK, LAM_GRID, choose_dispatch
+    from moeopt.joint.choice import FAMILY_COMM_SLACK, FAMILY_SLACK, LAM_GRID, choose_dispatch
     from moeopt.registry import Problem
 
     inst, wl = small_instance

@@ -240,7 +240,7 @@ def test_place_layer_keeps_the_node_level_decisions():
     at most one per node and swap."""
     from moeopt import joint as jm
     from moeopt.heuristics.hierarchy import node_shares
-    from moeopt.methods.joint import place_layer
+    from moeopt.joint.layers import place_layer
 
     rng = np.random.default_rng(1)
     nodes, gpn, width, E = 4, 2, 2, 12

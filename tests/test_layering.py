@@ -68,9 +68,20 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     (
         "search",
-        ["heuristics", "heuristics.*", "solvers", "solvers.*", "colgen", "colgen.*", "crosslayer", "crosslayer.*"],
+        [
+            "heuristics",
+            "heuristics.*",
+            "solvers",
+            "solvers.*",
+            "colgen",
+            "colgen.*",
+            "crosslayer",
+            "crosslayer.*",
+            "joint.layers",  # joint's per-layer search (hierarchical mode uses heuristics.hierarchy)
+        ],
     ),
-    ("methods", ["registry", "execute", "methods", "methods.*"]),
+    # joint.certify: joint's certificate, run per layer on the executor
+    ("methods", ["registry", "execute", "methods", "methods.*", "joint.certify"]),
     ("files", ["io", "io.*", "interop", "interop.*", "outputs"]),
     ("api", ["solve", "frontier", "replay", "replay.*", "api"]),
     ("front", ["", "__main__", "cli", "cli.*", "plot", "harness", "harness.*"]),

@@ -240,7 +240,7 @@ class CrossLayer:
         """A lower bound on every plan's calibration objective (mean over layers of the remote
         GPUs per token) and its per-layer figures; ``(None, {})`` when ``bound_time`` is 0. Bounded by
         ``bound_rounds`` (work), capped by ``bound_time`` and the layer's share of the budget left."""
-        from moeopt.methods.joint import certificate_cap, layer_certificates
+        from moeopt.joint.certify import certificate_cap, layer_certificates
 
         if params.bound_time == 0:
             return None, {}
@@ -371,7 +371,7 @@ def maxvio_budget_bound(
     ``bound_time`` seconds per layer an outer cap (None: none).
     """
     from moeopt.evaluate import evaluate
-    from moeopt.methods.joint import layer_certificates
+    from moeopt.joint.certify import layer_certificates
 
     if levels < 2:
         raise ValueError(f"levels must be >= 2, got {levels}")

@@ -29,9 +29,22 @@ from moeopt import joint as jm
 from moeopt.budget import Budget
 from moeopt.dispatch import HOME_SEED, batch_rows
 from moeopt.errors import InputError
-from moeopt.evaluate import evaluate, maxvio
+from moeopt.evaluate import maxvio
 from moeopt.heuristics import hierarchy as hier
+from moeopt.joint.certify import _need_trace, certificate
+from moeopt.joint.choice import (
+    DispatchChoice,
+    _restart_rank,
+    choose_dispatch,
+    restart_seed,
+)
 from moeopt.joint.costs import MAX_GPUS
+from moeopt.joint.layers import (
+    NODE_SEARCH_SHARE,
+    place_layer,
+    search_layer,
+    search_nodes,
+)
 from moeopt.methods.balance import balance_bound_hook
 from moeopt.methods.baselines import hottest_replicas
 from moeopt.plan import Dispatch, Plan, rule_dispatch
@@ -44,17 +57,6 @@ from moeopt.trace import Trace
 #: machine, so that it does not decide the plan (at 30 s it did, beside a CPU hog, on 64 experts)
 DEFAULT_TIME_PER_LAYER = 300.0
 DEFAULT_EVALUATIONS = 2400
-#: λ values of the guard tried when ``lam`` is not fixed (ascending). Not below 1: at λ < 1
-#: the guard hardly reacts to load, and a shift to one task family stays unbalanced
-#: (benchmark: worst single-family MaxVio 1.1-1.7 at λ 0.25-0.5, mostly 0.6-1.2 at λ >= 1)
-LAM_GRID = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
-#: bisection steps on log λ between two grid values
-REFINE_STEPS = 2
-#: the family guard raises λ while a single family's calibration MaxVio exceeds the most
-#: balanced guard's by more than this fraction (``family_guard``) ...
-FAMILY_SLACK = 0.1
-#: ... but not past this much more communication (relative) than the mixture's choice
-FAMILY_COMM_SLACK = 0.02
 #: ``hierarchical`` by default from this many GPUs on a cluster of several nodes
 HIERARCHICAL_GPUS = 64
 #: the joint search's starts when ``starts`` is not given (``balance`` alone in hierarchical mode)
@@ -69,8 +71,6 @@ MAX_RESTARTS = 64
 #: the plan without it groups one domain's experts on one GPU, 3.5x that domain's mean). Tighter
 #: caps cost communication (cap 1.0: 0.5-1.8 points of reduction on the synthetic instances)
 DEFAULT_FAMILY_CAP = 1.75
-#: share of a search's evaluations (and time) the family-cap repair may use
-REPAIR_SHARE = 0.5
 
 
 @dataclass
@@ -379,341 +379,6 @@ def balance_starts(problem: Problem, seed: int) -> np.ndarray:
     return np.stack([core.plan_layer(load[l], c.gpus, c.width, seed=seed + l) for l in range(problem.layers)])
 
 
-def _fill(slots: np.ndarray, load: np.ndarray) -> np.ndarray:
-    """Empty slots of a start get copies of the heaviest experts their GPU lacks."""
-    if (slots >= 0).all():
-        return slots
-    holds = np.zeros((len(load), slots.shape[0]), dtype=bool)
-    g, w = np.nonzero(slots >= 0)
-    holds[slots[g, w], g] = True
-    return jm.fill_slots(holds, slots.shape[1], load)
-
-
-@dataclass
-class DispatchChoice:
-    """The dispatch picked for a plan and what each rule tried scored on calibration."""
-
-    dispatch: Dispatch
-    comm: float
-    maxvio: float
-    met: bool
-    tried: list[dict]
-    worst_family_maxvio: float | None = None  # on the calibration trace's families (family guard)
-    #: the budget, not the search's own end, stopped the choice (the λ then depends on the machine)
-    capped: bool = False
-
-
-def choose_dispatch(
-    plan: Plan, trace: Trace, problem: Problem, params: JointParams, budget: Budget | None = None
-) -> DispatchChoice:
-    """The plan's dispatch: fewest remote GPUs per token on the calibration trace subject to
-    calibration MaxVio <= ``eps``, both scored by `moeopt.evaluate.evaluate`.
-
-    The guard's MaxVio falls and its communication rises with λ, so the smallest feasible λ
-    of the grid is found by bisection, then refined by bisection on log λ; without a feasible
-    one, the most balanced of the largest λ and ``lp`` is kept. Once ``budget`` has too little
-    left for another scoring (as long as the last one took) the bisection stops at the best λ
-    found so far (``capped``).
-    """
-    budget = budget or Budget()
-    cluster = problem.instance.cluster
-    tried: list[dict] = []
-    cache: dict[tuple, dict] = {}
-    pace = {"seconds": 0.0, "capped": False}  # the last scoring's wall time
-
-    def late() -> bool:
-        """No time left for another scoring: the choice stops here (and says so)."""
-        if budget.remaining() < pace["seconds"]:
-            pace["capped"] = True
-        return bool(pace["capped"])
-
-    def score(d: Dispatch) -> dict:
-        key = (d.kind, d.lam, d.dense_layers, d.tp_size)
-        if key not in cache:
-            t0 = time.perf_counter()
-            m = evaluate(plan.with_dispatch(d), trace, cluster)
-            pace["seconds"] = time.perf_counter() - t0
-            cache[key] = {
-                "kind": d.kind,
-                "lam": d.lam if d.kind == "locality" else None,
-                "comm_per_token": m["comm_per_token"],
-                "maxvio": m["maxvio"],
-                "dispatch": d,
-            }
-            tried.append({k: v for k, v in cache[key].items() if k != "dispatch"})
-        return cache[key]
-
-    tol = 1e-9
-    if params.engine_rule is not None:  # the engine's rule: nothing to choose
-        r = score(params.rule_dispatch(problem))
-        return DispatchChoice(r["dispatch"], r["comm_per_token"], r["maxvio"], r["maxvio"] <= params.eps + tol, tried)
-    if params.lam is not None:
-        r = score(params.guard(params.lam))
-        return DispatchChoice(r["dispatch"], r["comm_per_token"], r["maxvio"], r["maxvio"] <= params.eps + tol, tried)
-    lo, hi = 0, len(LAM_GRID) - 1
-    if score(params.guard(LAM_GRID[hi]))["maxvio"] <= params.eps + tol:
-        while lo < hi and not late():  # smallest feasible index
-            mid = (lo + hi) // 2
-            if score(params.guard(LAM_GRID[mid]))["maxvio"] <= params.eps + tol:
-                hi = mid
-            else:
-                lo = mid + 1
-        if hi > 0:  # refine in log space between the last infeasible and the first feasible λ
-            a, b = float(LAM_GRID[hi - 1]), float(LAM_GRID[hi])
-            for _ in range(REFINE_STEPS):
-                if late():
-                    break
-                geo = math.sqrt(a * b)
-                if score(params.guard(geo))["maxvio"] <= params.eps + tol:
-                    b = geo
-                else:
-                    a = geo
-    elif params.dispatch == "auto":
-        score(Dispatch(kind="lp"))
-    feasible = [r for r in cache.values() if r["maxvio"] <= params.eps + tol]
-    if feasible:
-        best = min(feasible, key=lambda r: (r["comm_per_token"], r["maxvio"]))
-        if params.family_guard and best["kind"] == "locality":
-            best = _family_guard(plan, best, trace, cluster, params, score, late)
-    else:
-        best = min(cache.values(), key=lambda r: (r["maxvio"], r["comm_per_token"]))
-    return DispatchChoice(
-        best["dispatch"],
-        best["comm_per_token"],
-        best["maxvio"],
-        bool(feasible),
-        tried,
-        best.get("worst_family_maxvio"),
-        bool(pace["capped"]),
-    )
-
-
-def _family_guard(
-    plan: Plan, best: dict, trace: Trace, cluster: Any, params: JointParams, score: Any, late: Any
-) -> dict:
-    """Raise the guard's λ (doubling) while a single family's calibration MaxVio stays more than
-    ``FAMILY_SLACK`` (relative) above the most balanced guard's (the largest λ of the grid), as
-    long as the mixture stays within ``eps`` and the calibration communication within
-    ``FAMILY_COMM_SLACK`` of the mixture's choice.
-
-    λ is chosen on the mixture; on one family's own tokens (the shift a deployment sees) the
-    guard at that λ can leave a GPU far hotter than a larger λ would, for little communication
-    (benchmark: qwen1.5-moe, 2 replica slots, eps 0.06: worst held-out family MaxVio 1.44 at
-    λ = 1, 1.03 at λ = 4, remote GPUs per token +0.3 %). ``late()``: whether the time left is too
-    short for another scoring (`choose_dispatch`).
-    """
-    names = trace.family_names if len(trace.family_names) > 1 else []
-    families = [f for f in (trace.only_family(n) for n in names) if f.tokens > 0]
-    if not families or late():  # nothing to guard, or no time left to score the families
-        return best
-    worst_of: dict[float, float] = {}
-
-    def worst(lam: float) -> float:
-        if lam not in worst_of:
-            p = plan.with_dispatch(params.guard(lam))
-            worst_of[lam] = max(float(evaluate(p, f, cluster)["maxvio"]) for f in families)
-        return worst_of[lam]
-
-    top = float(LAM_GRID[-1])
-    ref = worst(top)
-    lam = float(best["lam"])
-    comm_cap = (1.0 + FAMILY_COMM_SLACK) * best["comm_per_token"]
-    while worst(lam) > (1.0 + FAMILY_SLACK) * ref + 1e-9 and lam < top and not late():
-        lam = min(2.0 * lam, top)
-        r = score(params.guard(lam))
-        if r["maxvio"] > params.eps + 1e-9 or r["comm_per_token"] > comm_cap:
-            break
-        best = r
-    best["worst_family_maxvio"] = worst(float(best["lam"]))
-    return best
-
-
-def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: Context) -> tuple[float, dict] | None:
-    """A lower bound on the calibration remote GPUs per token (mean over layers) of every plan,
-    and its per-layer figures (:func:`moeopt.colgen.cover.distinct_lower_bound` on each layer's
-    whole calibration trace, seeded with the plan's GPUs); None when ``bound_time`` is 0.
-
-    Under uniform token homes the evaluator counts ``distinct (1 - 1/G)`` remote GPUs per token
-    (the expectation over the home); with known homes (``trace`` homes, ``previous-layer``) a
-    home saves at most one GPU: ``distinct - 1``, and under ``previous-layer`` homes only for the
-    share of tokens :func:`moeopt.colgen.cover.stay_upper_bound` allows.
-
-    Bounded by work (``bound_rounds``, LP iterations); the cap is ``bound_time`` and the layer's
-    share of what is left of the run's budget (:func:`certificate_cap`)."""
-    if params.bound_time == 0:
-        return None
-    if params.engine_rule in ("static", "ascend"):
-        # a copy on the token's own GPU costs nothing there: the distinct-GPU bound does not hold
-        return None
-    trace = _need_trace(problem, "joint")
-    c = problem.instance.cluster
-    uniform = getattr(c, "token_home", "uniform") == "uniform" and trace.home is None
-    previous = getattr(c, "token_home", "uniform") == "previous-layer"
-    # most of what is left of the run's budget (the scoring of the plan follows)
-    limit = certificate_cap(ctx.budget.child(0.8), problem.layers, params.bound_time, previous)
-    lower, stats = layer_certificates(
-        problem, slots, limit, [uniform] * problem.layers, ctx, "joint", previous, rounds=params.bound_rounds
-    )
-    stats["bound_token_homes"] = "uniform" if uniform else "known"
-    return float(np.mean(lower)), stats
-
-
-def certificate_cap(budget: Budget, layers: int, bound_time: float | None, previous_layer: bool) -> float | None:
-    """The certificate's outer wall-clock cap per layer: ``bound_time`` (None: none) and, under a
-    time limit, each layer's share of what is left of ``budget`` (halved with ``previous_layer``
-    homes: the stay LP gets as much again); None: no cap (the work budgets alone bound it)."""
-    if not budget.limited:
-        return bound_time
-    share = budget.remaining() / (layers * (2 if previous_layer else 1))
-    return max(share if bound_time is None else min(bound_time, share), 0.05)
-
-
-def layer_certificates(
-    problem: Problem,
-    slots: np.ndarray,
-    limit: float | None,
-    uniform: list[bool],
-    ctx: Context,
-    name: str,
-    previous_layer: bool = False,
-    loads: list[np.ndarray] | None = None,
-    load_limits: list[float | None] | None = None,
-    rounds: int | None = None,
-) -> tuple[list[float], dict]:
-    """Per layer, a lower bound on the calibration remote GPUs per token of every plan: the
-    bound on distinct GPUs per token of :func:`bound_layer` (``rounds`` of column generation,
-    capped at ``limit`` seconds, seeded with ``slots[l]``; the stay LP gets as many again) times
-    ``1 - 1/G`` where the layer's token
-    homes are ``uniform``, else less the share of tokens that can stay (1; with
-    ``previous_layer`` homes, at layers >= 1, the bound of
-    :func:`moeopt.colgen.cover.stay_upper_bound`; :func:`moeopt.colgen.cover.remote_lower_bound`).
-    With ``loads`` and ``load_limits`` (per layer; single-copy planners only), the bound holds for
-    every single-copy plan within those limits (tighter; see
-    :func:`moeopt.colgen.cover.distinct_lower_bound`). Independent per layer: on the run's
-    executor (--workers, Ray) when there is one. Returns the bounds and the per-layer stats."""
-    from moeopt.colgen.cover import remote_lower_bound, stay_upper_bound
-
-    trace = _need_trace(problem, name)
-    c = problem.instance.cluster
-    items = [
-        (
-            trace.topk[:, l],
-            problem.experts,
-            c.gpus,
-            c.width,
-            limit,
-            slots[l],
-            ctx.seed,
-            None if loads is None else loads[l],
-            None if load_limits is None else load_limits[l],
-            rounds,
-        )
-        for l in range(problem.layers)
-    ]
-    stays_too = previous_layer and not all(uniform[1:])
-    # under a time limit, serially: the certificate's whole time, and the longest layer so far (a
-    # layer's LPs take some time to set up whatever their cap): a layer that would not fit gets the
-    # trivial bound (every token uses at least one GPU), so that the limit is kept (and it says so)
-    end = None if limit is None else time.perf_counter() + limit * problem.layers * (2 if stays_too else 1)
-    serial = ctx.executor is None or getattr(ctx.executor, "kind", "serial") == "serial"
-    if end is None or not serial:
-        found = execute.map_items(bound_layer, items, ctx.executor)
-    else:
-        found, took = [], 0.0
-        for item in items:
-            began = time.perf_counter()
-            if found and end - began < took * (2 if stays_too else 1):
-                found.append((1.0, 0.0, False, False, True))  # no time for it: the trivial bound
-                continue
-            found.append(bound_layer(*item))
-            took = max(took, time.perf_counter() - began)
-
-    def within(l: int) -> tuple[tuple[np.ndarray, np.ndarray] | None, tuple[float, float] | None]:
-        """Layers l - 1 and l's loads and limits when both bounds held within them (single copy)."""
-        if loads is None or load_limits is None or not (found[l][3] and found[l - 1][3]):
-            return None, None
-        a, b = load_limits[l - 1], load_limits[l]
-        return (None, None) if a is None or b is None else ((loads[l - 1], loads[l]), (a, b))
-
-    stay_reports: list[dict] = [{} for _ in range(problem.layers)]
-    stays: list[float] = []
-    took = 0.0
-    for l in range(problem.layers):
-        if not (previous_layer and l > 0 and not uniform[l]):
-            stays.append(1.0)
-            continue
-        began = time.perf_counter()
-        if end is not None and took > 0 and end - began < took:  # no time for it: every token may stay
-            stays.append(1.0)
-            stay_reports[l]["capped"] = True
-            continue
-        stays.append(
-            stay_upper_bound(
-                trace.topk[:, l - 1, 0],
-                trace.topk[:, l],
-                problem.experts,
-                c.gpus,
-                c.width,
-                *within(l),
-                limit,
-                report=stay_reports[l],
-            )
-        )
-        took = max(took, time.perf_counter() - began)
-    lower = [remote_lower_bound(d, c.gpus, uniform[l], stays[l]) for l, (d, *_) in enumerate(found)]
-    capped = [bool(f[4]) or bool(r.get("capped")) for f, r in zip(found, stay_reports, strict=True)]
-    for l, (d, sec, ok, limited, _) in enumerate(found):
-        ctx.say(
-            f"{name} layer {l}: communication lower bound {lower[l]:.4f} remote GPUs per token "
-            f"(distinct GPUs >= {d:.4f}{' within the load limit' if limited else ''}, "
-            f"LP {'solved' if ok else 'not solved'}), {sec:.2f} s"
-        )
-    return lower, {
-        "communication_lower_bound_per_layer": lower,
-        "distinct_lower_bound_per_layer": [d for d, *_ in found],
-        "bound_seconds_per_layer": [f[1] for f in found],
-        "bound_lp_solved_per_layer": [f[2] for f in found],
-        "bound_load_limited_per_layer": [f[3] for f in found],
-        "stay_upper_bound_per_layer": stays,
-        "bound_rounds": rounds,
-        "bound_capped_layers": sum(capped),
-    }
-
-
-def bound_layer(
-    topk: np.ndarray,
-    experts: int,
-    gpus: int,
-    width: int,
-    limit: float | None,
-    start: np.ndarray,
-    seed: int,
-    load: np.ndarray | None = None,
-    load_limit: float | None = None,
-    rounds: int | None = None,
-) -> tuple[float, float, bool, bool, bool]:
-    """One layer's certificate (:func:`moeopt.colgen.cover.distinct_lower_bound`, ``rounds`` of
-    column generation, ``limit`` seconds an outer cap): the bound on its distinct GPUs per token,
-    the seconds taken, whether the LP was solved, whether the bound holds only within the load
-    limit (single-copy plans) and whether the cap stopped it."""
-    from moeopt.colgen.cover import distinct_lower_bound
-
-    b = distinct_lower_bound(
-        topk,
-        experts,
-        gpus,
-        width,
-        time_limit=limit,
-        rounds=rounds,
-        start_slots=start,
-        seed=seed,
-        load=load,
-        load_limit=load_limit,
-    )
-    info = b.info
-    return float(b.distinct), float(b.seconds), bool(b.proven), bool(info.get("load_limited")), bool(info.get("capped"))
-
-
 def unplannable(problem: Problem, params: JointParams | None = None) -> tuple[str, str] | None:
     """Why ``joint`` cannot plan this cluster with ``params`` (resolved; None: the exact model's
     flat locality routing), as ``(field, message)``; None when it can.
@@ -749,16 +414,6 @@ def _need_routing(problem: Problem, name: str, params: JointParams | None = None
         src = str(problem.instance.source) if problem.instance.source else None
         raise InputError(src, why[0], f"method {name!r}: {why[1]}")
     return _need_trace(problem, name)
-
-
-def _need_trace(problem: Problem, name: str) -> Trace:
-    """The problem's token trace, or a one-line error naming the method that needs it."""
-    if problem.trace is None:
-        src = str(problem.instance.source) if problem.instance.source else None
-        raise InputError(
-            src, "workload.calibration", f"method {name!r} needs a token trace; this workload is count-only"
-        )
-    return problem.trace
 
 
 def finish(
@@ -799,205 +454,6 @@ def finish(
         params=dict(vars(params)),
         stats=stats,
     )
-
-
-def search_layer(
-    layer: jm.JointLayer,
-    starts: dict[str, np.ndarray],
-    load: np.ndarray,
-    experts: int,
-    params: JointParams,
-    seed: int,
-    l: int,
-    per_layer: float,
-    rule: dict | None = None,
-    strict: bool = False,
-) -> dict:
-    """Layer ``l``'s search from each start (a share of ``per_layer`` seconds and of the
-    evaluations each, by start weight; with ``strict``, under a run's time limit, the starts and
-    the family-cap repair share ``per_layer`` counted from the layer's start, so that a start that
-    ran over leaves the next less rather than the run more); the best plan and the run's statistics. Seeded by
-    ``(seed, l)`` alone: the same plan in this process, a worker or a Ray task. ``rule``: the
-    engine rule's inputs of `moeopt.joint.RuleCost` (its ``rule``, the sample's ``row``,
-    ``home`` and ``draw``, ``gpus_per_node``, ``tp_size``); None: the locality-first cost."""
-    runs: dict[str, tuple[float, jm.SlotState, Any]] = {}
-    weight = {"grouping": 2.0, "balance": 1.0, "hint": 1.0}
-    total = sum(weight[k] for k in starts)
-    capped = 0
-    # strict: the family-cap repair may follow (locality cost only) and its time comes out of the
-    # layer's too, and the starts' shares count from the layer's start
-    searching = per_layer / (1.0 + REPAIR_SHARE) if strict and rule is None and layer.has_cap else per_layer
-    begun, given = time.perf_counter(), 0.0
-    for label, s in starts.items():
-        share = searching * weight[label] / total
-        given += share
-        if not strict:  # no time limit: each start's cap (time_per_layer's share) from its own start
-            begun, given = time.perf_counter(), share
-        try:
-            state = jm.SlotState(_fill(s, load), experts)
-        except ValueError:  # e.g. a hint with colocated copies: not a joint start
-            continue
-        rng = np.random.default_rng([seed, l, len(runs)])
-        cost: Any = (
-            jm.SampleCost(layer, params.coarse_tokens, seed=seed + l, family_cap=False)
-            if rule is None
-            else jm.RuleCost(layer, **rule)
-        )
-        best, value, st = jm.local_search(
-            state,
-            cost,
-            rng,
-            candidates=params.candidates,
-            kicks=params.kicks,
-            deadline=begun + given,
-            evaluations=max(1, round(params.evaluations * weight[label] / total)),
-        )
-        capped += int(st.capped)
-        runs[label] = (value, best, st)
-    label, (value, best, st) = min(runs.items(), key=lambda kv: kv[1][0])
-    repair = None
-    if rule is None:  # the family cap is priced by the locality-first cost only
-        best, repair = repair_family_cap(layer, best, params, seed, l, searching)
-    stats = {
-        "start": label,
-        "value": value,
-        "family_cap_repair": repair,
-        "starts": {
-            k: {
-                "start_value": v[2].start_value,
-                "value": v[0],
-                "moves": v[2].moves,
-                "rounds": v[2].rounds,
-                "kicks": v[2].kicks,
-                "evaluated": v[2].evaluated,
-            }
-            for k, v in runs.items()
-        },
-    }
-    return {"slots": best.slots, "capped": capped, "stats": stats}
-
-
-#: shares of a layer's time in hierarchical mode: the node level's grouping start, the node level
-#: in all (start and search); the rest goes to placing the copies on GPUs
-NODE_START_SHARE = 0.2
-NODE_SEARCH_SHARE = 0.8
-
-
-def search_nodes(
-    layer: jm.JointLayer,
-    starts: dict[str, np.ndarray],
-    load: np.ndarray,
-    experts: int,
-    params: JointParams,
-    seed: int,
-    l: int,
-    per_layer: float,
-    rule: dict | None,
-    strict: bool = False,
-) -> dict:
-    """Layer ``l``'s node level in hierarchical mode: `search_layer` on ``layer`` (nodes as
-    bins) from the starts of ``params.starts`` (``grouping``:
-    `moeopt.heuristics.hierarchy.node_grouping_start`; ``balance``: the balance planner's
-    plan of the nodes) and ``starts`` (a hint), in `NODE_SEARCH_SHARE` of ``per_layer``
-    (``strict``: under a run's time limit, as `search_layer`'s). Seeded by ``(seed, l)`` alone."""
-    began = time.perf_counter()
-    capped = 0
-    mine: dict[str, np.ndarray] = {}
-    if "grouping" in params.start_list:
-        rng = np.random.default_rng([seed, l, 3])
-        deadline = began + NODE_START_SHARE * per_layer
-        grouped = hier.node_grouping_start(
-            load, layer.coactivation(), layer.gpus, layer.width, rng, eps=layer.eps, deadline=deadline
-        )
-        capped += int(time.perf_counter() > deadline)
-        mine["grouping"] = grouped
-    if "balance" in params.start_list:
-        mine["balance"] = core.plan_layer(load, layer.gpus, layer.width, seed=seed + l)
-    starts = {**mine, **starts}
-    left = max(NODE_SEARCH_SHARE * per_layer - (time.perf_counter() - began), 0.05)
-    found = search_layer(layer, starts, load, experts, params, seed, l, left, rule, strict)
-    return {"slots": np.asarray(found["slots"]), "capped": found["capped"] + capped, "stats": found["stats"]}
-
-
-def place_layer(
-    layer: jm.JointLayer,
-    node_slots: np.ndarray,
-    copy_load: np.ndarray,
-    gpus_per_node: int,
-    width: int,
-    eps: float,
-    seed: int,
-    l: int,
-    seconds: float,
-) -> dict:
-    """Layer ``l``'s GPU level in hierarchical mode: single-copy experts swapped between nodes
-    whose copies pack over the GPU limit (`moeopt.heuristics.hierarchy.rebalance_singles`),
-    then each node's copies on its GPUs (`moeopt.heuristics.hierarchy.place_in_nodes`); the
-    GPU limit is ``(1 + eps)`` times the mean GPU load, the copies' loads ``copy_load [E, nodes]``."""
-    began = time.perf_counter()
-    nodes = node_slots.shape[0]
-    total = float(copy_load.sum())
-    limit = (1.0 + eps) * total / (nodes * gpus_per_node)
-    affinity = layer.coactivation()
-    node_slots, copy_load, swaps = hier.rebalance_singles(node_slots, copy_load, affinity, gpus_per_node, width, limit)
-    deadline = began + seconds
-    gpu_slots, worst = hier.place_in_nodes(
-        node_slots,
-        copy_load,
-        affinity,
-        gpus_per_node,
-        width,
-        limit,
-        np.random.default_rng([seed, l, 5]),
-        deadline=deadline,
-    )
-    if not (gpu_slots >= 0).all():  # a node level with empty slots: copies of the heaviest experts
-        holds = np.zeros((copy_load.shape[0], nodes * gpus_per_node), dtype=bool)
-        g, w = np.nonzero(gpu_slots >= 0)
-        holds[gpu_slots[g, w], g] = True
-        gpu_slots = jm.fill_slots(holds, width, copy_load.sum(axis=1))
-    stats = {
-        "level": "nodes",
-        "single_swaps": swaps,
-        "gpu_maxvio": worst * nodes * gpus_per_node / max(total, 1e-300) - 1.0,
-    }
-    return {"slots": gpu_slots, "capped": int(time.perf_counter() > deadline), "stats": stats}
-
-
-def repair_family_cap(
-    layer: jm.JointLayer, state: jm.SlotState, params: JointParams, seed: int, l: int, per_layer: float
-) -> tuple[jm.SlotState, dict | None]:
-    """The search's second phase: where the plan puts some family over ``family_cap``, a
-    descent on the objective with the cap priced (`JointLayer.cap_weights`), from the
-    plan, with ``REPAIR_SHARE`` of the search's evaluations and time.
-
-    The cap is left out of the first phase on purpose: from the grouping start (one task's
-    experts together, as the communication wants) every family is far over it, and pricing
-    it there steers the whole search (benchmark, kappa = 1.5 priced from the start: 0.5-1.4
-    points less held-out reduction on the synthetic instances, 1 replica slot, eps 0.06).
-    Returns the plan and what the repair did (None: nothing to repair)."""
-    if not layer.has_cap:
-        return state, None
-    cost = jm.SampleCost(layer, params.coarse_tokens, seed=seed + l)
-    cost.reset(state)
-    over = cost.cap_term
-    if over <= jm.TOL:
-        return state, None
-    best, _, st = jm.local_search(
-        state,
-        cost,
-        np.random.default_rng([seed, l, 1 << 16]),
-        candidates=params.candidates,
-        kicks=0,
-        deadline=time.perf_counter() + per_layer * REPAIR_SHARE,
-        evaluations=max(1, round(params.evaluations * REPAIR_SHARE)),
-    )
-    return best, {  # local_search leaves ``cost`` priced on ``best``
-        "cap_term_before": over,
-        "cap_term_after": cost.cap_term,
-        "moves": st.moves,
-        "evaluated": st.evaluated,
-    }
 
 
 # ----------------------------------------------------------------------------- methods
@@ -1271,17 +727,6 @@ def rule_inputs(
             }
         )
     return out
-
-
-def restart_seed(seed: int, r: int) -> int:
-    """The seed of ``joint``'s restart ``r`` (the run's own seed for the first)."""
-    return seed if r == 0 else int(np.random.SeedSequence([seed, r]).generate_state(1)[0])
-
-
-def _restart_rank(choice: DispatchChoice) -> tuple:
-    """Restarts are ranked: within ``eps`` first, then fewest calibration remote GPUs per token
-    (within) or the smallest MaxVio (over)."""
-    return (0, choice.comm, choice.maxvio) if choice.met else (1, choice.maxvio, choice.comm)
 
 
 @dataclass
