@@ -267,7 +267,7 @@ def test_unreachable_limit_is_planned_above_the_least_reachable(small_instance):
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from moeopt.methods.joint import reachable_limits
+    from moeopt.joint.planner import reachable_limits
 
     inst, wl = small_instance
     bare = inst.replace(cluster=replace(inst.cluster, replica_slots_per_gpu=0))
@@ -402,7 +402,7 @@ def test_frontier_rejects_bad_eps(tmp_path, capsys):
 
 def test_grouping_start_uses_the_replica_slots(small_instance):
     """The grouping start fills the replica slots with hottest-first copies."""
-    from moeopt.methods.joint import grouping_starts
+    from moeopt.joint.planner import grouping_starts
     from moeopt.registry import Context, Problem
 
     inst, wl = small_instance

@@ -80,8 +80,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "joint.layers",  # joint's per-layer search (hierarchical mode uses heuristics.hierarchy)
         ],
     ),
-    # joint.certify: joint's certificate, run per layer on the executor
-    ("methods", ["registry", "execute", "methods", "methods.*", "joint.certify"]),
+    # joint.certify and joint.planner: joint's certificate and pipeline, run on the executor
+    ("methods", ["registry", "execute", "methods", "methods.*", "joint.certify", "joint.planner"]),
     ("files", ["io", "io.*", "interop", "interop.*", "outputs"]),
     ("api", ["solve", "frontier", "replay", "replay.*", "api"]),
     ("front", ["", "__main__", "cli", "cli.*", "plot", "harness", "harness.*"]),

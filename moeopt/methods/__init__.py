@@ -1,6 +1,7 @@
 """Built-in methods; importing this package registers them."""
 
 from moeopt.methods import (
+    auto,  # noqa: F401
     balance,  # noqa: F401
     baselines,  # noqa: F401
     crosslayer,  # noqa: F401
