@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,12 @@ settings.register_profile("ci", max_examples=BASE_EXAMPLES, derandomize=True, da
 settings.register_profile("explore", max_examples=3 * BASE_EXAMPLES, derandomize=False, **_common)
 settings.register_profile("dev", max_examples=4 * BASE_EXAMPLES, derandomize=False, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# A shell starts a background job (``pytest ... &``) with SIGINT ignored, and an ignored signal stays
+# ignored (moeopt keeps it so, as a command should); the Ctrl-C tests send SIGINT as a terminal
+# would, so the suite takes Python's own handler back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTANCES = ROOT / "instances"
