@@ -451,6 +451,11 @@ class _Replication:
             )
             stats.update(certificate_stats(bounds, objective, prefix="calibration_replication"))
             bound = stats["calibration_replication_bound_maxvio"]
+            if ctx.time_limit is not None:
+                # the scoring's certificate (certificate_hook) runs after the solve: it gets what is
+                # left of the run's budget, shared over the layers, so that the run keeps its limit
+                left = max(ctx.budget.remaining(), 0.0) / problem.layers
+                reported["certificate_time_limit"] = max(min(limit, left), 1e-3)
         return Result(
             method=self.name,
             status=combine_status([base.status, Status.FEASIBLE]),
