@@ -305,6 +305,8 @@ CASES: dict[str, Case] = {
     "joint": Case("joint", cue=1.5, params=(("evaluations", 10**7),)),
     "tacg-cpsat --workers 2": Case("tacg-cpsat", extra=_POOL, cue="layer", instance=EXECUTOR_INSTANCE),
     "tacg-cpsat --ray": Case("tacg-cpsat", extra=_RAY, cue="layer", instance=EXECUTOR_INSTANCE),
+    "gem-cpsat": Case("gem-cpsat"),
+    "gem-milp": Case("gem-milp"),
     "gem-cpsat SIGTERM": Case("gem-cpsat", signal.SIGTERM),
     "gem-milp SIGTERM": Case("gem-milp", signal.SIGTERM),
     "gem-milp --workers 2 SIGTERM": Case(
