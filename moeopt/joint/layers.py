@@ -189,11 +189,7 @@ def place_layer(
         np.random.default_rng([seed, l, 5]),
         deadline=deadline,
     )
-    if not (gpu_slots >= 0).all():  # a node level with empty slots: copies of the heaviest experts
-        holds = np.zeros((copy_load.shape[0], nodes * gpus_per_node), dtype=bool)
-        g, w = np.nonzero(gpu_slots >= 0)
-        holds[gpu_slots[g, w], g] = True
-        gpu_slots = jm.fill_slots(holds, width, copy_load.sum(axis=1))
+    gpu_slots = _fill(gpu_slots, copy_load.sum(axis=1))  # a node level with empty slots: the heaviest experts
     stats = {
         "level": "nodes",
         "single_swaps": swaps,
