@@ -83,6 +83,9 @@ RULES = ("even", "static", "lp")
 #: load limits of ``joint`` made for an engine rule; each rule is also planned at agnostic's own
 #: calibration MaxVio (rounded to 0.05), the load the comparison allows
 RULE_EPS = (0.05, 0.1, 0.2, 0.4, 0.6)
+#: ... and at agnostic's calibration MaxVio times these (unrounded: the load the comparison allows, a
+#: little less for the held-out noise, a little more where the rule balances below the limit, as ``lp`` does)
+RULE_MATCH = (0.8, 1.0, 1.3)
 #: the engine-rule target: remote GPUs per token cut by this times what ``agnostic`` cuts, at a
 #: held-out MaxVio no worse than agnostic's
 RULE_TARGET = 1.3
@@ -639,13 +642,31 @@ def joint_points(
     return pts
 
 
+def rule_grid(cal: float) -> list[float]:
+    """The load limits ``joint`` is made at under each rule: agnostic's calibration MaxVio ``cal`` (the
+    load the comparison allows) times :data:`RULE_MATCH`, and those of :data:`RULE_EPS` between
+    ``0.4 cal`` and ``max(RULE_MATCH) cal`` that are not within 0.02 of one of them (a plan made far
+    looser than agnostic cannot come in under its MaxVio; a far tighter one cuts less)."""
+    matched = [round(f * cal, 4) for f in RULE_MATCH if f * cal > 0]
+    top = max(RULE_MATCH) * cal
+    fixed = [e for e in RULE_EPS if 0.4 * cal <= e <= top + 1e-12 and all(abs(e - m) > 0.02 for m in matched)]
+    return sorted({*matched, *fixed})
+
+
 def rule_part(
-    name: str, inst: Instance, wl: Workloads, families: dict, log, seconds: float, workers: int = 1
+    name: str,
+    inst: Instance,
+    wl: Workloads,
+    families: dict,
+    log,
+    seconds: float,
+    workers: int = 1,
+    rules: tuple[str, ...] = RULES,
 ) -> list[dict]:
-    """Under each engine rule: ``agnostic`` (one copy each: every rule routes it alike), ``joint``
-    made for the rule at :data:`RULE_EPS`, and the default ``joint`` (``locality``, a rule no
-    engine runs) re-scored under the rule; the best rule-made plan at a held-out MaxVio no worse
-    than agnostic's against :data:`RULE_TARGET`."""
+    """Under each engine rule of ``rules``: ``agnostic`` (one copy each: every rule routes it alike),
+    ``joint`` made for the rule at the load limits of `rule_grid`, and the default ``joint``
+    (``locality``, a rule no engine runs) re-scored under the rule; the best rule-made plan at a
+    held-out MaxVio no worse than agnostic's against :data:`RULE_TARGET`."""
     base = solve(inst, method="agnostic", workloads=wl, workers=workers)
     ag = score(base.plan, inst, wl)
     agnostic = {"reduction": ag["comm_reduction_vs_linear"], "maxvio": float(ag["maxvio"])}
@@ -654,10 +675,10 @@ def rule_part(
         inst, method="joint", params={"eps": LOCALITY_EPS, "time_per_layer": seconds}, workloads=wl, workers=workers
     )
     cal = float(evaluate(base.plan, wl.calibration, inst.cluster)["maxvio"])
-    matched = round(cal * 20) / 20
-    grid = sorted({*RULE_EPS, matched} if matched > 0 else set(RULE_EPS))
+    grid = rule_grid(cal)
+    commit = machine_info()["git_commit"]
     out = []
-    for rule in RULES:
+    for rule in rules:
         pts = []
         for e in grid:
             params = {"dispatch": rule, "eps": e, "time_per_layer": seconds}
@@ -688,10 +709,32 @@ def rule_part(
                     "maxvio": float(under["maxvio"]),
                 },
                 "points": [p.to_json() for p in pts],
+                "eps_grid": grid,
+                "commit": commit,
             }
         )
         log(f"  {rule}: best {out[-1]['best']}, ratio {ratio}")
     return out
+
+
+def _provenance(rows: list[dict]) -> list[str]:
+    """One line per commit the rows were planned at, when they were not all planned at one (a
+    ``--rules`` or ``--only`` rerun keeps the other rows), with each row's load limits."""
+    commits = {r.get("commit") for r in rows}
+    if len(commits) <= 1:
+        return []
+    lines = ["Rows planned at different commits (a partial rerun keeps the others):", ""]
+    for c in sorted(commits, key=str):
+        part = [r for r in rows if r.get("commit") == c]
+        which = sorted({f"{r['rule']}" for r in part})
+        grids = sorted(
+            {", ".join(f"{e:g}" for e in r.get("eps_grid") or [p["eps"] for p in r["points"]]) for r in part}
+        )
+        lines.append(
+            f"- {'an earlier commit' if c is None else c[:7]}: rules {', '.join(which)} ({len(part)} rows; "
+            f"eps {' / '.join(grids)})"
+        )
+    return [*lines, ""]
 
 
 def rules_markdown(rows: list[dict]) -> list[str]:
@@ -715,12 +758,14 @@ def rules_markdown(rows: list[dict]) -> list[str]:
         "",
         f"Each plan is scored under the rule an engine runs (`even`: SGLang dynamic; `static`: SGLang static; "
         f"`lp`: SGLang lp). `agnostic` places one copy per expert, which every rule routes alike. `joint made for "
-        f"the rule` plans with `dispatch: RULE` at eps {', '.join(f'{e:g}' for e in RULE_EPS)} and at "
-        "agnostic's calibration MaxVio; the best of them "
+        f"the rule` plans with `dispatch: RULE` at agnostic's calibration MaxVio times "
+        f"{', '.join(f'{e:g}' for e in RULE_MATCH)} and at those of eps {', '.join(f'{e:g}' for e in RULE_EPS)} "
+        "in between 0.4 and 1.3 times it; the best of them "
         f"whose held-out MaxVio is no worse than agnostic's is compared with agnostic's cut (target "
         f"{RULE_TARGET:g}x). The last column is the default `joint` (the `locality` rule, which no engine runs; "
         f"eps {LOCALITY_EPS:g}) scored under the engine's rule instead.",
         "",
+        *_provenance(rows),
         tabulate(
             table,
             headers=[
@@ -948,6 +993,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--only", default=None, help="comma-separated instances (e.g. olmoe,qwen1.5-moe) of a --part rules rerun"
     )
+    ap.add_argument(
+        "--rules",
+        default=",".join(RULES),
+        help=f"comma-separated engine rules of a --part rules rerun (default {','.join(RULES)}; "
+        "the others' rows are kept)",
+    )
     args = ap.parse_args(argv)
     if args.report_only:
         import json
@@ -978,6 +1029,9 @@ def main(argv: list[str] | None = None) -> int:
 
     instances: list[tuple[str, Instance, Workloads]] = []
     only = None if not args.only else {n.strip() for n in args.only.split(",")}
+    which = tuple(r.strip() for r in args.rules.split(",") if r.strip())
+    if not which or any(r not in RULES for r in which):
+        ap.error(f"--rules: expected a comma-separated subset of {', '.join(RULES)}, got {args.rules!r}")
     for name in SYNTHETIC[:1] if args.quick else SYNTHETIC:
         if only is None or name in only:
             inst = load_instance(ROOT / "instances" / f"{name}.yaml")
@@ -993,7 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
             for S in slots:
                 inst_s = inst.replace(cluster=replace(inst.cluster, replica_slots_per_gpu=S))
                 log(f"{name}, {S} replica slot(s): engine rules")
-                rules += rule_part(name, inst_s, wl, families, log, args.seconds, args.workers)
+                rules += rule_part(name, inst_s, wl, families, log, args.seconds, args.workers, which)
         if args.part == "rules":
             continue
         log(f"{name}: grouping")
@@ -1019,14 +1073,30 @@ def main(argv: list[str] | None = None) -> int:
         "target_maxvio": TARGET_MAXVIO,
         "target_share": TARGET_SHARE,
     }
-    rules_info = {"rule_eps": RULE_EPS, "rule_target": RULE_TARGET, "rules_wall_time_s": time.perf_counter() - t0}
+    rules_info = {
+        "rule_eps": RULE_EPS,
+        "rule_match": RULE_MATCH,
+        "rule_target": RULE_TARGET,
+        "rules_wall_time_s": time.perf_counter() - t0,
+        "rules_seconds_per_layer": args.seconds,
+        "rules_machine": machine_info(),
+    }
     if args.part == "rules":  # merge into the frontier's results
         import json
 
         data = json.loads((args.out / "joint.json").read_text())
         data["info"].update(rules_info)
-        redone = {r["instance"] for r in rules}  # --only: the other instances' rows are kept
-        data["rules"] = [r for r in data.get("rules", []) if only is not None and r["instance"] not in redone] + rules
+        redone = {(r["instance"], r["replica_slots"], r["rule"]) for r in rules}  # --only / --rules: the rest is kept
+        kept = [r for r in data.get("rules", []) if (r["instance"], r["replica_slots"], r["rule"]) not in redone]
+        order = {
+            (n, s, r): i
+            for i, (n, s, r) in enumerate(
+                (n, s, r) for n in [*SYNTHETIC, "olmoe (count-sampled)"] for s in SLOTS for r in RULES
+            )
+        }
+        data["rules"] = sorted(
+            kept + rules, key=lambda r: order.get((r["instance"], r["replica_slots"], r["rule"]), 1 << 30)
+        )
     else:
         data = {"info": {**info, **rules_info}, "summary": summary, "frontiers": frontiers, "rules": rules}
         if args.part == "frontier":
