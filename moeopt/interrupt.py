@@ -49,13 +49,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType, TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 __all__ = [
     "POLL",
     "Interrupted",
     "active",
     "call",
+    "call_in_child",
     "check",
     "deferred",
     "exit_code",
@@ -435,7 +436,9 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _child(fn: Callable[..., Any], args: tuple[Any, ...], read_fd: int, write_fd: int, mask: set[int]) -> None:
+def _child(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], read_fd: int, write_fd: int, mask: set[int]
+) -> None:
     """Body of the forked child: run ``fn``, send back ``("ok", value)`` or ``("error", exc)``.
     Never returns (the child must not run on into the parent's code): it ends in `os._exit`."""
     status = 1
@@ -448,7 +451,7 @@ def _child(fn: Callable[..., Any], args: tuple[Any, ...], read_fd: int, write_fd
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(read_fd)
         try:
-            reply: tuple[str, Any] = ("ok", fn(*args))
+            reply: tuple[str, Any] = ("ok", fn(*args, **kwargs))
         except BaseException as exc:  # noqa: BLE001  (raised again in the parent)
             reply = ("error", exc)
         try:
@@ -466,12 +469,30 @@ def _child(fn: Callable[..., Any], args: tuple[Any, ...], read_fd: int, write_fd
 
 def run_in_child(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in a forked child process that a signal kills (SIGKILL), for a native call
-    that cannot be stopped otherwise.
+    that cannot be stopped otherwise: `call_in_child` without a deadline.
+
+    Raises
+    ------
+    Interrupted
+        On a signal.
+    RuntimeError
+        When the child ended without an answer (killed from outside, out of memory).
+    """
+    value, _ = call_in_child(fn, *args)  # no deadline: it answered, or this raised
+    return cast(T, value)
+
+
+def call_in_child(
+    fn: Callable[..., T], *args: Any, deadline: float | None = None, **kwargs: Any
+) -> tuple[T | None, bool]:
+    """``fn(*args, **kwargs)`` in a forked child process: ``(value, True)`` when it answered
+    (before ``deadline``, a `time.perf_counter` value, if one is given), ``(None, False)`` when
+    the deadline came first and the child was killed.
 
     The child gets everything by inheritance (nothing is pickled on the way in), runs the call
-    with no thread of this process, sends the value (or the exception) back pickled and leaves
-    with `os._exit`. On a signal the child is killed and reaped and `Interrupted`
-    is raised here; it leaves no process and no file behind.
+    with no thread of this process, sends the value (or the exception, raised again here) back
+    pickled and leaves with `os._exit`. A signal while waiting kills the child (SIGKILL), reaps
+    it and raises `Interrupted` here (through `native`); it leaves no process and no file behind.
 
     Raises
     ------
@@ -484,31 +505,40 @@ def run_in_child(fn: Callable[..., T], *args: Any) -> T:
     # no signal handler may run in the child before it has its own (it would run on into this
     # process's code): SIGINT and SIGTERM wait, blocked in this thread, until the fork is done
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    pid, status, done = -1, 0, False
+    pid, status, answered = -1, 0, False
     chunks: list[bytes] = []
     try:
         pid = os.fork()
         if pid == 0:  # pragma: no cover  (the child: coverage does not follow it)
-            _child(fn, args, read_fd, write_fd, mask)
+            _child(fn, args, kwargs, read_fd, write_fd, mask)
         os.close(write_fd)
         write_fd = -1
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal that came meanwhile acts now
         with native(lambda: _kill(pid)):
             while True:
+                if deadline is not None:
+                    left = deadline - time.perf_counter()
+                    if left <= 0:
+                        break
+                    ready, _, _ = select.select([read_fd], [], [], min(left, POLL))
+                    if not ready:
+                        continue
                 data = os.read(read_fd, 1 << 20)
                 if not data:
+                    answered = True
                     break
                 chunks.append(data)
-        done = True
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if write_fd >= 0:
             os.close(write_fd)
         os.close(read_fd)
         if pid > 0:
-            if not done:  # interrupted (or failed) while the child runs: it goes now
+            if not answered:  # the deadline came, a signal, or a failure while the child runs: it goes now
                 _kill(pid)
             _, status = os.waitpid(pid, 0)
+    if not answered:
+        return None, False
     if not chunks:
         name = getattr(fn, "__name__", "a call")
         raise RuntimeError(f"the child process that ran {name} ended without an answer (wait status {status})")
@@ -516,4 +546,4 @@ def run_in_child(fn: Callable[..., T], *args: Any) -> T:
     if kind == "error":
         raise value
     result: T = value
-    return result
+    return result, True
