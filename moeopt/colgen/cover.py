@@ -42,7 +42,9 @@ the bound (on real DeepSeek-V3 layers of 256 experts on 64 GPUs, where the colum
 does not reach an exact pricing in seconds, it is within a few percent; milliseconds to a
 second).
 
-The bound on the mean distinct GPUs per token is ``(sum_t w_t k_t - LP) / sum_t w_t``; the
+The bound on the mean distinct GPUs per token is ``(sum_t w_t k_t - LP) / sum_t w_t``, and never
+less than ``sum_t w_t ceil(k_t / W) / sum_t w_t`` (a GPU holds at most ``W`` distinct experts: a
+token of ``k`` experts with ``W < k`` uses at least two, whatever the plan); the
 evaluator's remote GPUs per token under uniform token homes are ``distinct (1 - 1/G)`` (its
 expectation over the home), and ``>= distinct - 1`` when homes are known.
 """
@@ -764,9 +766,11 @@ def distinct_lower_bound(
         load = load_limit = None
     pricer = HypergraphPricer(pats, w, experts, width, load, load_limit)
     pricer.deadline = None if time_limit is None else t0 + time_limit
-    trivial = need - total  # every token uses at least one GPU
+    # every token uses at least ceil(k / W) GPUs (a GPU holds at most W distinct experts)
+    least = float(np.ceil(ksize / max(width, 1)) @ w)
+    trivial = need - least
     if min(width, experts) <= 1 or trivial <= 0:
-        return JointBound(max(need / total, 1.0), 0.0, 0.0, True, time.perf_counter() - t0, 0, 0)
+        return JointBound(max(need, least) / total, 0.0, 0.0, True, time.perf_counter() - t0, 0, 0)
     deadline = None if time_limit is None else t0 + time_limit
     lp_report: dict = {}
     pair = pair_saving_bound(
@@ -805,7 +809,7 @@ def distinct_lower_bound(
     )
     saving = min(gen.bound, trivial, pair)
     return JointBound(
-        distinct=max((need - saving) / total, 1.0),
+        distinct=max(need - saving, least) / total,
         saving=saving,
         lp_value=gen.lp_value,
         proven=gen.proven,
