@@ -166,20 +166,48 @@ def classify_experts(
     return ExpertClasses(consistent, temporal, pairs.astype(np.int64), values)
 
 
-def classification_lines(stats: object, steps: int | None = DEFAULT_STEPS) -> list[str]:
-    """``trace stats`` section: GEM's expert classes per layer (needs per-step counts)."""
+def classification_report(stats: object, steps: int | None = DEFAULT_STEPS) -> dict | None:
+    """GEM's expert classes per layer as data (None without per-step counts): the steps used
+    (``steps``, ``aggregated_from`` when steps were merged) and per layer the ``consistent`` and
+    ``temporal`` experts and the correlated temporal ``pairs``."""
     step_counts = getattr(stats, "step_counts", None)
     if step_counts is None:
-        return ["GEM classification: needs per-step counts (a trace with 'step'); none here"]
+        return None
     util = utilization_trace(step_counts, steps)
-    rows = []
+    layers = []
     for l in range(util.counts.shape[0]):
         c = classify_experts(util.counts[l])
-        shown = ", ".join(f"{a}-{b}" for a, b in c.pairs[:6]) + (" ..." if len(c.pairs) > 6 else "")
-        rows.append(f"| {l} | {int(c.consistent.sum())} | {int(c.temporal.sum())} | {len(c.pairs)} | {shown or '-'} |")
+        layers.append(
+            {
+                "consistent": np.nonzero(c.consistent)[0].tolist(),
+                "temporal": np.nonzero(c.temporal)[0].tolist(),
+                "pairs": [[int(a), int(b)] for a, b in c.pairs],
+            }
+        )
+    return {
+        "steps": util.steps,
+        "aggregated_from": len(util.group) if util.aggregated else None,
+        "layers": layers,
+    }
+
+
+def classification_lines(stats: object, steps: int | None = DEFAULT_STEPS) -> list[str]:
+    """``trace stats`` section: GEM's expert classes per layer (needs per-step counts)."""
+    return classification_text(classification_report(stats, steps))
+
+
+def classification_text(report: dict | None) -> list[str]:
+    """The lines of `classification_lines` from a `classification_report`."""
+    if report is None:
+        return ["GEM classification: needs per-step counts (a trace with 'step'); none here"]
+    rows = []
+    for l, c in enumerate(report["layers"]):
+        pairs = c["pairs"]
+        shown = ", ".join(f"{a}-{b}" for a, b in pairs[:6]) + (" ..." if len(pairs) > 6 else "")
+        rows.append(f"| {l} | {len(c['consistent'])} | {len(c['temporal'])} | {len(pairs)} | {shown or '-'} |")
     head = (
-        f"GEM classification ({util.steps} steps"
-        + (f", aggregated from {len(util.group)}" if util.aggregated else "")
+        f"GEM classification ({report['steps']} steps"
+        + (f", aggregated from {report['aggregated_from']}" if report["aggregated_from"] else "")
         + "; consistent: above the step mean in >= 50 % of steps; temporal: >= 90th percentile in"
         " some but < 50 % of steps; pairs: Pearson >= 0.5)"
     )

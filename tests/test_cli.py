@@ -157,6 +157,19 @@ def test_trace_synth_and_stats(tmp_path, capsys):
     assert set(np.unique(tr.family)) == {tr.family_names.index("math")}
     assert main(["trace", "stats", str(path)]) == 0
     assert "math 100.0 %" in capsys.readouterr().out
+    # --json: the same summary as data, each figure recomputed here from the trace itself
+    assert main(["trace", "stats", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["kind"], report["tokens"], report["experts"], report["top_k"]) == ("trace", 500, 8, 2)
+    assert report["families"]["math"] == 1.0
+    for l, row in enumerate(report["per_layer"]):
+        load = np.bincount(tr.topk[:, l, :].reshape(-1), minlength=8).astype(float)
+        assert row["busiest_over_mean"] == pytest.approx(load.max() / load.mean())
+        assert row["idlest_over_mean"] == pytest.approx(load.min() / load.mean())
+        together = np.zeros((8, 8), dtype=bool)
+        a, b = tr.topk[:, l, 0], tr.topk[:, l, 1]
+        together[a, b] = together[b, a] = True
+        assert row["coactivation_density"] == pytest.approx(together.mean())
 
 
 def test_evaluate_rejects_wrong_plan(tmp_path, capsys, quickstart_path):

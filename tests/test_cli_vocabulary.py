@@ -115,8 +115,9 @@ def _git_head() -> str | None:
         ["evaluate", str(QUICKSTART), "PLAN"],
         ["compare", str(QUICKSTART), "--methods", "linear,greedy"],
         ["methods"],
+        ["trace", "stats", str(INSTANCES / "traces" / "quickstart-calib.npz")],
     ],
-    ids=["solve", "evaluate", "compare", "methods"],
+    ids=["solve", "evaluate", "compare", "methods", "trace-stats"],
 )
 def test_json_prints_the_report_alone(tmp_path, capsys, argv):
     """--json: stdout is the JSON report alone, equal to what --report writes; it carries the

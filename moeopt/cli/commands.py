@@ -20,6 +20,7 @@ from moeopt.cli.tables import (
     metrics_table,
     migration_table,
     report_dict,
+    trace_report,
     trace_summary,
 )
 from moeopt.errors import InputError, MoeoptError
@@ -380,14 +381,16 @@ def cmd_trace_stream(args: argparse.Namespace) -> int:
 def cmd_trace_stats(args: argparse.Namespace) -> int:
     workload = read_workload_file(args.trace, top_k=args.top_k, select=args.select)
     graph = _coactivation_graph(args, workload) if args.graphml else None  # refuse before printing
-    print(trace_summary(workload))
+    report = trace_report(workload)
+    emit(args, {"trace": str(args.trace), **report}, trace_summary(workload, report))
     if graph is not None:
         from moeopt.io import write_graphml
 
         write_graphml(args.graphml, graph)
-        print(
+        wrote(
+            args,
             f"wrote {args.graphml}: layer {args.layer}, {graph.number_of_nodes()} experts, "
-            f"{graph.number_of_edges()} coactivation edges"
+            f"{graph.number_of_edges()} coactivation edges",
         )
     return 0
 

@@ -308,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--graphml", default=None, help="write a layer's coactivation graph as GraphML")
     tt.add_argument("--layer", type=_nonneg_int, default=0, help="the layer --graphml writes (default 0)")
     tt.add_argument("--plan", default=None, help="plan file: each expert's GPU as a --graphml node attribute")
+    report_args(tt, "shape, families, per-layer skew and coactivation density, GEM classification")
     verbosity(tt)
     tt.set_defaults(func=cmd_trace_stats)
     ti = tsub.add_parser(

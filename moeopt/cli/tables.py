@@ -95,31 +95,55 @@ def migration_table(stats: dict) -> str:
     return "\n".join([head, "migration frontier (calibration, even split):", table])
 
 
-def trace_summary(workload: Any) -> str:
+def trace_report(workload: Any) -> dict[str, Any]:
+    """``trace stats`` as data (the ``--json`` / ``--report`` content): the shape, the family
+    shares, per layer the busiest and idlest expert's load over the mean (and the coactivation
+    density where there are tokens), and GEM's classification (None without per-step counts)."""
+    from moeopt.utilization import classification_report
+
     stats = workload.stats() if isinstance(workload, Trace) else workload
-    lines = []
-    if isinstance(workload, Trace):
-        lines.append(
-            f"tokens {workload.tokens}, layers {workload.layers}, experts {workload.num_experts}, "
-            f"top-{workload.top_k}, steps {workload.steps}"
-        )
-    else:
-        lines.append(f"count-only statistics: layers {stats.layers}, experts {stats.experts}, top-{stats.top_k}")
-    share = ", ".join(f"{n} {100 * s:.1f} %" for n, s in zip(stats.family_names, stats.family_share, strict=True))
-    lines.append(f"families: {share}")
-    rows = []
+    trace = isinstance(workload, Trace)
+    layers = []
     for l in range(stats.layers):
         load = stats.expert_load[l]
-        row = [l, f"{load.max() / max(load.mean(), 1e-12):.2f}", f"{load.min() / max(load.mean(), 1e-12):.2f}"]
+        mean = max(float(load.mean()), 1e-12)
+        row = {"layer": l, "busiest_over_mean": float(load.max()) / mean, "idlest_over_mean": float(load.min()) / mean}
         if stats.affinity is not None:
-            a = stats.affinity[l]
-            row.append(f"{(a > 0).mean():.2f}")
-        rows.append(row)
-    headers = ["layer", "busiest/mean", "idlest/mean"] + (
-        ["coactivation density"] if stats.affinity is not None else []
-    )
-    lines.append(tabulate(rows, headers=headers, tablefmt="github"))
-    from moeopt.utilization import classification_lines
+            row["coactivation_density"] = float((stats.affinity[l] > 0).mean())
+        layers.append(row)
+    return {
+        "kind": "trace" if trace else "counts",
+        "tokens": workload.tokens if trace else None,
+        "layers": stats.layers,
+        "experts": stats.experts,
+        "top_k": stats.top_k,
+        "steps": workload.steps if trace else None,
+        "families": {n: float(s) for n, s in zip(stats.family_names, stats.family_share, strict=True)},
+        "per_layer": layers,
+        "classification": classification_report(stats),
+    }
 
-    lines.extend(classification_lines(stats))
+
+def trace_summary(workload: Any, report: dict[str, Any] | None = None) -> str:
+    """The human-readable ``trace stats`` (from ``report``, `trace_report` of ``workload`` when None)."""
+    from moeopt.utilization import classification_text
+
+    r = trace_report(workload) if report is None else report
+    lines = []
+    if r["kind"] == "trace":
+        lines.append(
+            f"tokens {r['tokens']}, layers {r['layers']}, experts {r['experts']}, top-{r['top_k']}, steps {r['steps']}"
+        )
+    else:
+        lines.append(f"count-only statistics: layers {r['layers']}, experts {r['experts']}, top-{r['top_k']}")
+    lines.append("families: " + ", ".join(f"{n} {100 * s:.1f} %" for n, s in r["families"].items()))
+    density = any("coactivation_density" in x for x in r["per_layer"])
+    rows = [
+        [x["layer"], f"{x['busiest_over_mean']:.2f}", f"{x['idlest_over_mean']:.2f}"]
+        + ([f"{x['coactivation_density']:.2f}"] if density else [])
+        for x in r["per_layer"]
+    ]
+    headers = ["layer", "busiest/mean", "idlest/mean"] + (["coactivation density"] if density else [])
+    lines.append(tabulate(rows, headers=headers, tablefmt="github"))
+    lines.extend(classification_text(r["classification"]))
     return "\n".join(lines)
