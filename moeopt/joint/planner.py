@@ -22,6 +22,7 @@ from moeopt.errors import InputError
 from moeopt.evaluate import maxvio
 from moeopt.heuristics import hierarchy as hier
 from moeopt.joint.layers import NODE_SEARCH_SHARE, place_layer, search_layer, search_nodes
+from moeopt.joint.rules import rule_gpu_loads
 from moeopt.methods.baselines import hottest_replicas
 from moeopt.registry import Context, Problem, get_method, parse_params
 
@@ -64,11 +65,15 @@ def layer_problems(
     ]
 
 
-def reachable_limits(problem: Problem, balanced: np.ndarray, eps: float) -> tuple[np.ndarray, list[int]]:
+def reachable_limits(
+    problem: Problem, balanced: np.ndarray, eps: float, rule: str | None = None, tp_size: int | None = None
+) -> tuple[np.ndarray, list[int]]:
     """Each layer's load limit: ``eps``, or, on a layer where no plan in these slots comes near
     it (the balance planner's plan ``balanced [L, G, W]`` misses it on the calibration loads:
-    an expert hotter than a GPU's share with no slot to copy it into), ``eps`` above what that
-    plan reaches. Returns the limits and the relaxed layers.
+    an expert hotter than a GPU's share with no slot to copy it into; under an engine ``rule``,
+    its loads as the search prices them, `moeopt.joint.rules.rule_gpu_loads`: SGLang ``static``'s
+    fair draw deals copies unequal shares), ``eps`` above what that plan reaches. Returns the
+    limits and the relaxed layers.
 
     A target below the least reachable MaxVio leaves the search nothing but the penalty to
     minimize: it ends near the most balanced plan and gives up the communication saving
@@ -76,7 +81,15 @@ def reachable_limits(problem: Problem, balanced: np.ndarray, eps: float) -> tupl
     0.4 % fewer remote GPUs per token at MaxVio 0.375; planned at 0.39: both axes better).
     """
     load = problem.stats.expert_load
-    reached = np.array([float(maxvio(core.gpu_loads(balanced[l], load[l]))) for l in range(problem.layers)])
+    if rule is None:
+        loads = [core.gpu_loads(balanced[l], load[l]) for l in range(problem.layers)]
+    else:
+        node = problem.instance.cluster.gpus_per_node
+        loads = [
+            rule_gpu_loads(balanced[l], load[l], rule, gpus_per_node=node, tp_size=tp_size)
+            for l in range(problem.layers)
+        ]
+    reached = np.array([float(maxvio(x)) for x in loads])
     relaxed = [l for l in range(problem.layers) if reached[l] > eps]
     limits = np.where(reached > eps, reached + eps, eps)
     return limits, relaxed

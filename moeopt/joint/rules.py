@@ -50,6 +50,42 @@ _HOMED = ("static", "ascend")
 _HASH = 2654435769
 
 
+def rule_shares(
+    holds: np.ndarray, experts: np.ndarray, rule: str, *, node: int | None = None, table: np.ndarray | None = None
+) -> np.ndarray:
+    """float ``[m, G]``: the share of each expert's load (``experts [m]``, holding GPUs ``holds
+    [m, G]``) each GPU serves under ``rule`` as `RuleCost` prices it: ``1 / c`` per copy, for
+    ``static`` without a node preference (``node`` None) the largest share SGLang's fair draw may
+    deal a copy, for ``ascend`` the rank-modulo shares of ``table`` (`moeopt.balance.ranks.share_table`)."""
+    c = np.maximum(holds.sum(axis=1), 1)
+    if rule == "static" and node is None:
+        # SGLang's fair draw deals the G - c ranks without a copy over the c copies: floor or
+        # ceil of (G - c) / c each, which ones by its seeded stream (not known per layer).
+        # Priced at the ceil: copy counts that divide G are exact, the others carry the
+        # share the draw may give them, so a plan within the limit here stays within it
+        G = holds.shape[1]
+        return holds * ((1.0 + np.ceil((G - c) / c)) / G)[:, None]
+    if table is None or rule != "ascend":
+        return holds / c[:, None]
+    rank = np.clip(np.cumsum(holds, axis=1) - 1, 0, holds.shape[1] - 1)
+    return np.where(holds, table[experts[:, None], c[:, None], rank], 0.0)
+
+
+def rule_gpu_loads(
+    slots: np.ndarray, load: np.ndarray, rule: str, *, gpus_per_node: int | None = None, tp_size: int | None = None
+) -> np.ndarray:
+    """float ``[G]``: one layer's GPU loads under ``rule`` as `RuleCost` prices them, for the plan
+    ``slots [G, W]`` (-1 empty) and expert loads ``load [E]``."""
+    G, E = slots.shape[0], len(load)
+    holds = np.zeros((E, G), dtype=bool)
+    g, _ = np.nonzero(slots >= 0)
+    holds[slots[slots >= 0], g] = True
+    node = None if gpus_per_node is None or gpus_per_node >= G else int(gpus_per_node)
+    table = share_table(G, E, tp_size)[:, : G + 1] if rule == "ascend" else None
+    share = rule_shares(holds, np.arange(E), rule, node=node, table=table)
+    return np.asarray(np.asarray(load, dtype=np.float64) @ share)
+
+
 class RuleCost:
     """The joint objective of one layer under an engine's dispatch rule, on a token sample.
 
@@ -146,18 +182,7 @@ class RuleCost:
 
     def _shares(self, holds: np.ndarray, experts: np.ndarray) -> np.ndarray:
         """float ``[m, G]``: the share of each expert's load each GPU serves under the rule."""
-        c = np.maximum(holds.sum(axis=1), 1)
-        if self.rule == "static" and self.node is None:
-            # SGLang's fair draw deals the G - c ranks without a copy over the c copies: floor or
-            # ceil of (G - c) / c each, which ones by its seeded stream (not known per layer).
-            # Priced at the ceil: copy counts that divide G are exact, the others carry the
-            # share the draw may give them, so a plan within the limit here stays within it
-            G = holds.shape[1]
-            return holds * ((1.0 + np.ceil((G - c) / c)) / G)[:, None]
-        if self.table is None:
-            return holds / c[:, None]
-        rank = np.clip(np.cumsum(holds, axis=1) - 1, 0, holds.shape[1] - 1)
-        return np.where(holds, self.table[experts[:, None], c[:, None], rank], 0.0)
+        return rule_shares(holds, experts, self.rule, node=self.node, table=self.table)
 
     def _route(self, tokens: np.ndarray, copies: np.ndarray, c: np.ndarray, holds: np.ndarray) -> np.ndarray:
         """float ``[m]``: remote GPUs of each token of ``tokens`` under the rule."""

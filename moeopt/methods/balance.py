@@ -56,6 +56,7 @@ from moeopt.balance.bound import lower_bound_batch
 from moeopt.balance.groups import expert_groups
 from moeopt.balance.loads import _cap, _node_shape
 from moeopt.balance.ranks import polish_rank_modulo, rank_modulo_bound, rank_modulo_loads, share_table
+from moeopt.balance.seeded import polish_static_positions, static_trials
 from moeopt.balance.shift import shrink_loads
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.evaluate import maxvio
@@ -520,6 +521,17 @@ class Balance:
                 stats["ascend_swaps"] = int(sum(swaps))
             else:  # a swap moves two expert weights: a re-plan keeps its budget instead
                 stats["ascend_swaps"] = 0
+        if rule.kind == "static" and current is None:  # SGLang's seeded draw: GPU positions that suit it
+            slots, drawn = polish_static_positions(
+                slots,
+                true_load,
+                gpus_per_node=problem.instance.cluster.gpus_per_node,
+                dense_layers=rule.dense_layers,
+                trials=static_trials(G, problem.experts),
+                seed=ctx.seed,
+                deadline=ctx.budget.child(0.5).deadline,
+            )
+            stats.update(drawn)
         plan = Plan(slots=slots, experts=problem.experts, dispatch=rule)
         stats["plan_time"] = time.perf_counter() - t_plan  # the planner alone, bounds and scoring excluded
         if table is not None:  # the rule's own loads and bound

@@ -25,6 +25,7 @@ import numpy as np
 
 from moeopt import console
 from moeopt import joint as jm
+from moeopt.balance.seeded import polish_static_positions, static_trials
 from moeopt.budget import Budget
 from moeopt.errors import InputError
 from moeopt.joint.certify import _need_trace, certificate
@@ -355,6 +356,30 @@ def finish(
     )
 
 
+def static_positions(
+    problem: Problem, slots: np.ndarray, seed: int, budget: Budget, layer_stats: list[dict]
+) -> np.ndarray:
+    """The searched plan with each layer's GPUs permuted (within nodes) for SGLang's seeded draw
+    (`moeopt.balance.seeded.polish_static_positions`): the search prices a copy's share by its
+    expectation, the engine deals the ranks without a near copy by each rank's own stream. Every
+    GPU keeps its contents; the realized MaxVio before and after goes into ``layer_stats``."""
+    dispatch = rule_dispatch("static", problem.instance.model)
+    out, drawn = polish_static_positions(
+        slots,
+        problem.stats.expert_load,
+        gpus_per_node=problem.instance.cluster.gpus_per_node,
+        dense_layers=dispatch.dense_layers,
+        trials=static_trials(problem.instance.cluster.gpus, problem.experts),
+        seed=seed,
+        deadline=budget.child(0.25).deadline,
+    )
+    if drawn:
+        for l, ls in enumerate(layer_stats):
+            ls["static_maxvio_before"] = drawn["static_maxvio_before"][l]
+            ls["static_maxvio_after"] = drawn["static_maxvio_after"][l]
+    return out
+
+
 # ----------------------------------------------------------------------------- methods
 @register
 class Joint:
@@ -383,7 +408,7 @@ class Joint:
         trace = _need_routing(problem, self.name, params)
         restarts = params.restart_count
         balanced = balance_starts(problem, ctx.seed)
-        limits, relaxed = reachable_limits(problem, balanced, params.eps)
+        limits, relaxed = reachable_limits(problem, balanced, params.eps, params.engine_rule, params.tp_size)
         if relaxed:
             ctx.say(
                 f"{self.name}: eps {params.eps:g} is below the least MaxVio any plan in these slots reaches on "
@@ -421,6 +446,8 @@ class Joint:
                 search = restart.child(0.5)
                 searcher = search_hierarchical if params.hierarchical else search_flat
                 slots, capped, layer_stats = searcher(problem, params, ctx, seed, balanced, limits, search, bar)
+                if params.engine_rule == "static" and ctx.current is None:
+                    slots = static_positions(problem, slots, seed, restart, layer_stats)
                 plan = Plan(slots=slots, experts=problem.experts)
                 choice = choose_dispatch(plan, trace, problem, target, restart)
                 capped += int(choice.capped)

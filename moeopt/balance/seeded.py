@@ -1,0 +1,245 @@
+"""Balance under SGLang's ``static`` rule: its seeded draw, replayed one layer at a time, and a
+polish of the GPUs' positions for it.
+
+SGLang's static dispatch (`moeopt.dispatch.static_map`) sends a rank's tokens for expert ``e``
+to the copy on its own GPU, else to the first copy in its node when only some copies are there,
+else to the copy its *own* seeded stream deals it: every rank builds its own table with its own
+``random.Random(42)``, consumed only by the experts it has no near copy of, in layer-then-expert
+order, and takes its place in its own deal. Ranks whose streams have diverged (they skipped
+different experts, as ranks holding different copies do) draw independently, so the ``G - c``
+ranks without a near copy do not split evenly over the ``c`` copies: at 16 GPUs a copy of a
+two-copy expert serves 5 or 9 of the 14 other ranks as often as 7 (a ``balance`` plan packed for
+the even split, MaxVio 0.0005 on count-sampled OLMoE loads, runs at 0.14 to 0.27 there).
+
+The draw is fixed by the map: which GPU holds which contents decides which ranks draw for which
+expert and how far each stream has run. `StaticStreams` replays it layer by layer (each rank's
+stream state carried from one layer to the next, the model's dense rows first, as the engine's
+map has them), and `polish_static_positions` uses it: layer by layer, in the order the streams
+run, it tries seeded permutations of the layer's GPUs (within each node, so that the node of
+every copy stays the same) and keeps the one whose replayed shares give the smallest largest
+GPU load on the calibration loads. The contents of every GPU are unchanged (and so is every
+token's set of GPUs up to their labels); only the draw they get changes.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+
+from moeopt.dispatch import STATIC_SEED, _fair_choices
+
+__all__ = [
+    "STATIC_WORK",
+    "StaticStreams",
+    "polish_static_positions",
+    "realized_maxvio",
+    "static_layer_share",
+    "static_trials",
+]
+
+#: the polish's work per layer in rank x expert draws (a trial replays about ``G x E`` of them):
+#: 64 trials at 16 GPUs x 64 experts (a fraction of a second per layer), 1 at 256 x 256
+STATIC_WORK = 65_536
+#: most permutations tried per layer
+STATIC_TRIALS = 64
+
+
+def static_trials(gpus: int, experts: int) -> int:
+    """Permutations `polish_static_positions` tries per layer for ``gpus`` GPUs and ``experts``
+    experts (`STATIC_WORK` over ``G x E``, between 1 and `STATIC_TRIALS`): work, not
+    the clock, fixes the plan."""
+    return int(max(1, min(STATIC_TRIALS, STATIC_WORK // max(gpus * experts, 1))))
+
+
+class StaticStreams:
+    """Every rank's seeded stream of SGLang's static rule, replayed one layer at a time.
+
+    Parameters
+    ----------
+    gpus, width, experts
+        G, W (slots per GPU) and E.
+    gpus_per_node
+        SGLang's node size (None or >= G: one node, no node preference).
+    dense_layers
+        Dense rows of the trivial layout ``p mod E`` that come first in the engine's map (they
+        consume draws before the MoE layers do).
+    seed
+        The engine's seed (`moeopt.dispatch.STATIC_SEED`).
+    """
+
+    def __init__(
+        self,
+        gpus: int,
+        width: int,
+        experts: int,
+        gpus_per_node: int | None = None,
+        dense_layers: int = 0,
+        seed: int = STATIC_SEED,
+    ) -> None:
+        self.G, self.W, self.E = gpus, width, experts
+        self.node = None if gpus_per_node is None or gpus_per_node >= gpus else int(gpus_per_node)
+        self.streams = [random.Random(seed) for _ in range(gpus)]
+        trivial = np.arange(gpus * width) % experts
+        for _ in range(dense_layers):
+            self.advance(trivial)
+
+    def table(self, row: np.ndarray, commit: bool = False) -> np.ndarray:
+        """int ``[G, E]``: the physical slot each rank sends each expert's tokens to, for one layer's
+        physical-to-logical ``row [G * W]`` (-1 empty), from the streams as they stand; with
+        ``commit`` the streams advance past the layer, else they are left as they were."""
+        G, W, E = self.G, self.W, self.E
+        row = np.asarray(row, dtype=np.int64)
+        out = np.full((G, E), -1, dtype=np.int64)
+        order = np.argsort(row, kind="stable")
+        valid = row[order] >= 0
+        order, ids = order[valid], row[order][valid]
+        start = np.searchsorted(ids, np.arange(E + 1))
+        streams = self.streams if commit else [_copy(s) for s in self.streams]
+        ranks = np.arange(G)
+        for e in range(E):
+            cand = order[start[e] : start[e + 1]]  # ascending physical ids
+            if len(cand) == 0:
+                continue
+            if len(cand) == 1:
+                out[:, e] = cand[0]
+                continue
+            gpu_of = cand // W
+            chosen = np.full(G, -1, dtype=np.int64)
+            gs, at = np.unique(gpu_of, return_index=True)
+            chosen[gs] = cand[at]  # the first copy on the rank's own GPU
+            if self.node is not None:
+                node_of = cand // (self.node * W)
+                first = np.full(G // self.node, -1, dtype=np.int64)
+                ns, at = np.unique(node_of, return_index=True)
+                first[ns] = cand[at]
+                per_node = np.bincount(node_of, minlength=G // self.node)
+                rank_node = ranks // self.node
+                narrower = (per_node[rank_node] > 0) & (per_node[rank_node] < len(cand))
+                use = (chosen < 0) & narrower
+                chosen[use] = first[rank_node[use]]
+            left = np.nonzero(chosen < 0)[0]
+            items = cand.tolist()
+            for i, r in enumerate(left):  # each rank its own deal, from its own stream
+                chosen[r] = _fair_choices(items, len(left), streams[r])[i]
+            out[:, e] = chosen
+        return out
+
+    def advance(self, row: np.ndarray) -> None:
+        """Run every stream past one layer's ``row [G * W]``."""
+        self.table(row, commit=True)
+
+
+def _copy(stream: random.Random) -> random.Random:
+    out = random.Random()
+    out.setstate(stream.getstate())
+    return out
+
+
+def static_layer_share(table: np.ndarray, width: int, experts: int) -> np.ndarray:
+    """float ``[E, G]``: the share of each expert's tokens each GPU serves under one layer's
+    per-rank ``table [G, E]`` (physical slots), token homes uniform over the G ranks."""
+    G = table.shape[0]
+    share = np.zeros((experts, G))
+    e = np.broadcast_to(np.arange(experts)[None, :], table.shape)
+    ok = table >= 0
+    np.add.at(share, (e[ok], table[ok] // width), 1.0 / G)
+    return share
+
+
+def _maxvio(loads: np.ndarray) -> float:
+    mean = float(loads.mean())
+    return float(loads.max()) / mean - 1.0 if mean > 0 else 0.0
+
+
+def polish_static_positions(
+    slots: np.ndarray,
+    load: np.ndarray,
+    *,
+    gpus_per_node: int | None = None,
+    dense_layers: int = 0,
+    trials: int = 64,
+    seed: int = 0,
+    deadline: float | None = None,
+) -> tuple[np.ndarray, dict]:
+    """Permute each layer's GPUs (within nodes) for SGLang's static draw.
+
+    Parameters
+    ----------
+    slots
+        int ``[L, G, W]``: the plan (-1 empty).
+    load
+        float ``[L, E]``: the calibration loads the largest GPU load is measured on.
+    gpus_per_node, dense_layers
+        As `StaticStreams`.
+    trials
+        Seeded permutations tried per layer (the identity is always one).
+    seed
+        Seed of the permutations.
+    deadline
+        ``time.perf_counter()`` value after which every remaining layer keeps its positions
+        (the streams still run past it).
+
+    Returns
+    -------
+    slots, stats
+        The permuted plan (same contents per GPU, relabelled) and per layer the MaxVio under the
+        replayed draw of the plan given and of the plan returned (``static_maxvio_before`` /
+        ``_after``) and the layers the deadline left as they were (``static_polish_skipped``).
+        Layer by layer each permutation is judged after the layers before it as chosen (a layer's
+        draw depends on every stream's past), so a later layer can lose what an earlier one won:
+        when the mean over layers would rise, the plan given is returned. With ``trials <= 1``,
+        the plan as it was and no statistics.
+    """
+    slots = np.array(slots, dtype=np.int64, copy=True)
+    if trials <= 1:  # the identity alone: nothing to choose (nor to replay)
+        return slots, {}
+    L, G, W = slots.shape
+    E = load.shape[1]
+    loads = np.asarray(load, dtype=np.float64)
+    before = realized_maxvio(slots, loads, gpus_per_node=gpus_per_node, dense_layers=dense_layers)
+    streams = StaticStreams(G, W, E, gpus_per_node, dense_layers)
+    node = streams.node or G
+    rng = np.random.default_rng([seed, 42])
+    out = slots.copy()
+    after, skipped = [], []
+
+    def value(rows: np.ndarray, layer_load: np.ndarray) -> float:
+        share = static_layer_share(streams.table(rows.reshape(-1)), W, E)
+        return _maxvio(layer_load @ share)
+
+    for l in range(L):
+        best, best_v = slots[l], value(slots[l], loads[l])  # the layer as it was, after the layers before
+        if deadline is not None and time.perf_counter() >= deadline:
+            skipped.append(l)
+        else:
+            for _ in range(trials - 1):
+                if deadline is not None and time.perf_counter() >= deadline:
+                    break
+                perm = np.concatenate([b + rng.permutation(node) for b in range(0, G, node)])
+                cand = slots[l][perm]
+                v = value(cand, loads[l])
+                if v < best_v - 1e-12:
+                    best, best_v = cand, v
+        out[l] = best
+        after.append(best_v)
+        streams.advance(best.reshape(-1))
+    if float(np.mean(after)) > float(np.mean(before)):  # a later layer's new draw cost more than was won
+        out, after = slots, list(before)
+    return out, {"static_maxvio_before": list(before), "static_maxvio_after": after, "static_polish_skipped": skipped}
+
+
+def realized_maxvio(
+    slots: np.ndarray, load: np.ndarray, *, gpus_per_node: int | None = None, dense_layers: int = 0
+) -> list[float]:
+    """Per layer, the MaxVio of ``load [L, E]`` under SGLang's static draw of the plan ``slots
+    [L, G, W]`` (token homes uniform), replayed layer by layer."""
+    L, G, W = slots.shape
+    E = load.shape[1]
+    streams = StaticStreams(G, W, E, gpus_per_node, dense_layers)
+    out = []
+    for l in range(L):
+        table = streams.table(slots[l].reshape(-1), commit=True)
+        out.append(_maxvio(np.asarray(load[l], dtype=np.float64) @ static_layer_share(table, W, E)))
+    return out
