@@ -91,6 +91,10 @@ RULE_MATCH = (0.8, 1.0, 1.3)
 RULE_TARGET = 1.3
 #: the eps of the default (locality) joint plan re-scored under the engines' rules
 LOCALITY_EPS = 0.06
+#: the ``lp-replicas`` part: a grouping (``agnostic`` at these load limits) with the hottest experts'
+#: replicas added (these many per layer), scored under ``lp``: what copies do to the cut under that rule
+LP_BASE_EPS = (0.5, 0.75, 1.0, 1.5)
+LP_REPLICAS = (0, 2, 4, 8, 16)
 
 #: the scale part: DeepSeek-V3's shape (58 MoE layers x 256 experts, top-8, 8 router groups of which a
 #: token uses 4) on 256 GPUs, 8 per node, one primary and one replica slot per GPU
@@ -717,6 +721,93 @@ def rule_part(
     return out
 
 
+def lp_replicas_part(name: str, inst: Instance, wl: Workloads, log, workers: int = 1) -> dict:
+    """Under ``lp``: ``agnostic`` groupings at :data:`LP_BASE_EPS` with :data:`LP_REPLICAS` replicas of
+    the hottest experts (``hottest-replication``, ``dispatch: lp``, the rest of the replica slots
+    empty), each scored on the held-out split; with agnostic's own point and the best cut at a held-out
+    MaxVio no worse than agnostic's."""
+    base = solve(inst, method="agnostic", workloads=wl, workers=workers)
+    ag = score(base.plan, inst, wl)
+    agnostic = {"reduction": ag["comm_reduction_vs_linear"], "maxvio": float(ag["maxvio"])}
+    cap = inst.cluster.gpus * inst.cluster.replica_slots_per_gpu
+    points = []
+    for eb in LP_BASE_EPS:
+        for n in (r for r in LP_REPLICAS if r <= cap):
+            params = {
+                "base": "agnostic",
+                "base_params": {"eps_load": eb},
+                "replicas": n,
+                "dispatch": "lp",
+                "certificate": False,
+            }
+            r = solve(inst, method="hottest-replication", params=params, workloads=wl, workers=workers)
+            sc = score(r.plan, inst, wl)
+            points.append(
+                {
+                    "base_eps": eb,
+                    "replicas": n,
+                    "reduction": sc["comm_reduction_vs_linear"],
+                    "maxvio": float(sc["maxvio"]),
+                }
+            )
+            log(
+                f"  lp, agnostic eps {eb:g} + {n} replicas: comm {points[-1]['reduction']:.2f} %, "
+                f"MaxVio {points[-1]['maxvio']:.4f}"
+            )
+    ok = [p for p in points if p["maxvio"] <= agnostic["maxvio"] + 1e-12]
+    best = max(ok, key=lambda p: p["reduction"]) if ok else None
+    return {
+        "instance": name,
+        "replica_slots": inst.cluster.replica_slots_per_gpu,
+        "agnostic": agnostic,
+        "points": points,
+        "best": best,
+        "commit": machine_info()["git_commit"],
+    }
+
+
+def lp_replicas_markdown(rows: list[dict]) -> list[str]:
+    """The ``lp-replicas`` section: per instance, the cut and held-out MaxVio of each grouping with
+    0 .. N replicas under ``lp``."""
+    out = [
+        "## Copies under `lp`",
+        "",
+        "SGLang's `lp` dispatch draws each (token, expert) pair's copy independently by the batch's split. "
+        "A token's expected GPU count is then linear in each expert's split, so over all splits it is "
+        "smallest at a vertex (every expert's tokens on one of its copies): under `lp` no plan's expected "
+        "communication is below that of the best single-copy plan among its own copies. Copies can only "
+        "balance, and every copy the split uses scatters the tokens of its expert. Measured: an `agnostic` "
+        "grouping at a load limit (eps) with the hottest experts' replicas added (`hottest-replication`, "
+        "`dispatch: lp`), held-out cut of remote GPUs per token / held-out MaxVio; `best` is the largest cut "
+        "at a held-out MaxVio no worse than `agnostic`'s (its automatic load limit, no copies).",
+        "",
+    ]
+    for r in rows:
+        reps = sorted({p["replicas"] for p in r["points"]})
+        table = []
+        for eb in sorted({p["base_eps"] for p in r["points"]}):
+            cells = {p["replicas"]: p for p in r["points"] if p["base_eps"] == eb}
+            table.append(
+                [f"eps {eb:g}"]
+                + ["-" if n not in cells else f"{cells[n]['reduction']:.1f} % / {cells[n]['maxvio']:.3f}" for n in reps]
+            )
+        a, b = r["agnostic"], r["best"]
+        out += [
+            f"**{r['instance']}, {r['replica_slots']} replica slot(s)**: agnostic {a['reduction']:.1f} % at "
+            f"{a['maxvio']:.3f}; best "
+            + (
+                "-"
+                if b is None
+                else f"{b['reduction']:.1f} % at {b['maxvio']:.3f} (eps {b['base_eps']:g}, {b['replicas']} replicas)"
+            )
+            + f"; the 1.3x target {RULE_TARGET * a['reduction']:.1f} %.",
+            "",
+            tabulate(table, headers=["grouping", *(f"{n} replicas" for n in reps)], tablefmt="github"),
+            "",
+        ]
+    return out
+
+
 def _provenance(rows: list[dict]) -> list[str]:
     """One line per commit the rows were planned at, when they were not all planned at one (a
     ``--rules`` or ``--only`` rerun keeps the other rows), with each row's load limits."""
@@ -889,6 +980,8 @@ def markdown(data: dict) -> str:
     )
     if data.get("rules"):
         lines += ["", *rules_markdown(data["rules"])]
+    if data.get("lp_replicas"):
+        lines += ["", *lp_replicas_markdown(data["lp_replicas"])]
     for block in data["frontiers"]:
         pts = [FrontierPoint(**{k: v for k, v in p.items() if k != "worst_family_maxvio"}) for p in block["points"]]
         lines += [
@@ -965,9 +1058,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
     ap.add_argument(
         "--part",
-        choices=("all", "frontier", "rules", "scale"),
+        choices=("all", "frontier", "rules", "lp-replicas", "scale"),
         default="all",
         help="frontier: the locality frontier; rules: the engines' rules (merged into an existing joint.json); "
+        "lp-replicas: groupings with 0 .. 16 replicas under lp, 1 replica slot (merged likewise); "
         "scale: DeepSeek-V3 shapes on 256 GPUs (joint_scale.json; not part of all)",
     )
     ap.add_argument(
@@ -1040,6 +1134,24 @@ def main(argv: list[str] | None = None) -> int:
     if ol is not None:
         instances.append(("olmoe (count-sampled)", ol[0], ol[1]))
     slots = (1,) if args.quick else SLOTS
+    if args.part == "lp-replicas":  # merged into the frontier's results
+        import json
+
+        data = json.loads((args.out / "joint.json").read_text())
+        rows = []
+        for name, inst, wl in instances:
+            log(f"{name}, 1 replica slot: copies under lp")
+            rows.append(
+                lp_replicas_part(
+                    name, inst.replace(cluster=replace(inst.cluster, replica_slots_per_gpu=1)), wl, log, args.workers
+                )
+            )
+        redone = {r["instance"] for r in rows}
+        data["lp_replicas"] = [r for r in data.get("lp_replicas", []) if r["instance"] not in redone] + rows
+        write_json(args.out / "joint.json", data)
+        write_text(args.out / "joint.md", markdown(data))
+        log(f"wrote {args.out / 'joint.json'} and joint.md")
+        return 0
     frontiers, summary, rules = [], [], []
     for name, inst, wl in instances:
         families = family_workloads(wl.evaluation)
