@@ -52,6 +52,7 @@ from pathlib import Path
 from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
+from moeopt.errors import InfeasibleError
 from moeopt.evaluate import evaluate
 from moeopt.frontier import FrontierPoint, family_workloads, mark_pareto
 from moeopt.frontier import table as frontier_table
@@ -740,7 +741,11 @@ def lp_replicas_part(name: str, inst: Instance, wl: Workloads, log, workers: int
                 "dispatch": "lp",
                 "certificate": False,
             }
-            r = solve(inst, method="hottest-replication", params=params, workloads=wl, workers=workers)
+            try:
+                r = solve(inst, method="hottest-replication", params=params, workloads=wl, workers=workers)
+            except InfeasibleError as exc:  # a limit below the hottest expert's load: no grouping there
+                log(f"  lp, agnostic eps {eb:g}: no grouping ({exc})")
+                break
             sc = score(r.plan, inst, wl)
             points.append(
                 {
