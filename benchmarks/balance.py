@@ -71,7 +71,7 @@ from moeopt.evaluate import evaluate
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
 from moeopt.io import read_workload_file, write_json, write_text
 from moeopt.methods.balance import layer_bounds
-from moeopt.plan import Dispatch, Plan
+from moeopt.plan import Dispatch, Plan, rule_dispatch
 from moeopt.registry import get_method
 from moeopt.solve import Workloads, load_workloads, solve
 from moeopt.synth import trace_from_counts
@@ -298,6 +298,89 @@ def ascend_rows(log, workers: int = 1) -> list[dict]:
                 )
                 log(f"ascend {G}x({W}+1) {calib} {label}: ascend {under:.4f}, even {even:.4f} ({wall:.2f} s)")
     return rows
+
+
+#: the plans scored under SGLang's static rule: (label, method, params)
+STATIC = (
+    ("balance (even)", "balance", {}),
+    ("balance (static)", "balance", {"dispatch": "static"}),
+    ("eplb-global", "eplb", {"policy": "global"}),
+    ("eplb-hierarchical", "eplb", {"policy": "hierarchical"}),
+)
+
+
+def static_rows(log, workers: int = 1) -> list[dict]:
+    """DeepSeek-V3 in sample (its 3 dense rows in the map) and OLMoE pooled counts under SGLang's
+    static rule (`moeopt.dispatch.static_map`: each rank's own seeded draw for the copies it has
+    none of nearby): each plan's MaxVio under the rule and under ``even``; ``balance (static)`` is
+    planned for the rule (its GPUs permuted for the draw, `moeopt.balance.seeded`)."""
+    cells = [
+        (f"DeepSeek-V3 {calib}", Model(layers=58, experts=256, top_k=8, expert_groups=8, dense_layers=3), G, W, path)
+        for G, W in SHAPES["deepseek"]
+        for calib, path in DEEPSEEK.items()
+    ] + [("OLMoE pooled", Model(layers=3, experts=64, top_k=8), G, W, OLMOE) for G, W in SHAPES["olmoe"]]
+    rows = []
+    for name, model, G, W, path in cells:
+        src = (
+            WorkloadSource(path=OLMOE, format="olmoe-domains", select="olmoe")
+            if path == OLMOE
+            else WorkloadSource(path=path)
+        )
+        for label, method, params in STATIC:
+            if not get_method(method).available():
+                continue
+            inst = instance(model, G, W, src, method, params)
+            load = load_workloads(inst).calibration
+            t0 = time.perf_counter()
+            r = solve(inst, workloads=load_workloads(inst), workers=workers)
+            wall = time.perf_counter() - t0
+            c = inst.cluster
+            under = evaluate(r.plan.with_dispatch(rule_dispatch("static", model)), load, c)["maxvio"]
+            even = evaluate(r.plan.with_dispatch(Dispatch("even")), load, c)["maxvio"]
+            rows.append(
+                {
+                    "calibration": name,
+                    "gpus": G,
+                    "slots": f"{W}+1",
+                    "gpus_per_node": c.gpus_per_node,
+                    "method": label,
+                    "maxvio_static": float(under),
+                    "maxvio_even": float(even),
+                    "wall_s": wall,
+                }
+            )
+            log(f"static {G}x({W}+1) {name} {label}: static {under:.4f}, even {even:.4f} ({wall:.2f} s)")
+    return rows
+
+
+def static_markdown(rows: list[dict]) -> list[str]:
+    body = [
+        [
+            r["calibration"],
+            f"{r['gpus']} × ({r['slots']}), {r['gpus'] // r['gpus_per_node']} node(s)",
+            r["method"],
+            _maxvio(r["maxvio_static"]),
+            _maxvio(r["maxvio_even"]),
+            f"{r['wall_s']:.2f}",
+        ]
+        for r in rows
+    ]
+    return [
+        "## Under SGLang's static rule",
+        "",
+        "In sample; every plan scored under `static` (SGLang with DeepEP: a rank uses the copy on its GPU, else in "
+        "its node when only some nodes hold one, else the copy its own seeded stream deals it; DeepSeek-V3's map "
+        "with its 3 dense rows) and under `even`. `balance (static)` is planned for the rule: the even plan with "
+        "each layer's GPUs permuted within their nodes for the replayed draw.",
+        "",
+        tabulate(
+            body,
+            headers=["loads", "GPUs × slots", "plan", "MaxVio (static)", "MaxVio (even)", "wall (s)"],
+            tablefmt="github",
+            disable_numparse=True,
+        ),
+        "",
+    ]
 
 
 def ascend_markdown(rows: list[dict]) -> list[str]:
@@ -578,7 +661,7 @@ def policies_markdown(rows: list[dict]) -> list[str]:
     ]
 
 
-def markdown(rows: list[dict], info: dict, ascend: list[dict] | None = None) -> str:
+def markdown(rows: list[dict], info: dict, ascend: list[dict] | None = None, static: list[dict] | None = None) -> str:
     head = [
         "workload",
         "calibration → evaluation",
@@ -722,6 +805,7 @@ def markdown(rows: list[dict], info: dict, ascend: list[dict] | None = None) -> 
             *stepped,
             "",
             *(ascend_markdown(ascend) if ascend else []),
+            *(static_markdown(static) if static else []),
         ]
     )
 
@@ -751,7 +835,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
-    ap.add_argument("--part", choices=("all", "ascend"), default="all", help="ascend: only vLLM-Ascend's rule, merged")
+    ap.add_argument(
+        "--part",
+        choices=("all", "ascend", "static"),
+        default="all",
+        help="ascend / static: only vLLM-Ascend's / SGLang static's rule, merged into balance.json",
+    )
     args = ap.parse_args()
     log = (lambda *_: None) if args.quiet else print
     # every row records the policy EPLB's auto resolved to; its note would repeat it per run
@@ -760,25 +849,28 @@ def main() -> int:
     if len(methods) < len(METHODS):
         log(f"note: EPLB is not installed here; running {', '.join(methods)}")
     t0 = time.perf_counter()
-    if args.part == "ascend":
+    if args.part in ("ascend", "static"):
         import json
 
         data = json.loads((OUT / "balance.json").read_text())
-        data["ascend"] = ascend_rows(log, args.workers)
-        data["info"]["ascend_wall_s"] = time.perf_counter() - t0
+        data[args.part] = (ascend_rows if args.part == "ascend" else static_rows)(log, args.workers)
+        data["info"][f"{args.part}_wall_s"] = time.perf_counter() - t0
+        data["info"][f"{args.part}_machine"] = machine()
         write_json(OUT / "balance.json", data)
-        write_text(OUT / "balance.md", markdown(data["rows"], data["info"], data["ascend"]))
+        write_text(OUT / "balance.md", markdown(data["rows"], data["info"], data.get("ascend"), data.get("static")))
         return 0
     pooled_only = [m for m in methods if m != "balance-pooled"]  # the same plans as balance without steps
     rows, per_layer = deepseek_rows(pooled_only, log, args.workers)
     rows += olmoe_rows(pooled_only, log, args.workers)
     rows += stepped_rows(methods, log)
     ascend = ascend_rows(log, args.workers)
+    static = static_rows(log, args.workers)
     info = {"machine": machine(), "wall_s": time.perf_counter() - t0}
     write_json(
-        OUT / "balance.json", {"info": info, "rows": rows, "per_layer_prefill_64x5": per_layer, "ascend": ascend}
+        OUT / "balance.json",
+        {"info": info, "rows": rows, "per_layer_prefill_64x5": per_layer, "ascend": ascend, "static": static},
     )
-    write_text(OUT / "balance.md", markdown(rows, info, ascend))
+    write_text(OUT / "balance.md", markdown(rows, info, ascend, static))
     plot(per_layer, OUT / "balance.png")
     log(f"wrote {OUT / 'balance.json'}, balance.md, balance.png ({info['wall_s']:.0f} s)")
     return 0
