@@ -86,6 +86,27 @@ def _balance_rows(results: Path) -> list[tuple[str, str, str, str]]:
                 "balance",
             )
         )
+    static = _load(results, "balance").get("static", [])
+    if static:
+        at = {(r["calibration"], r["gpus"], r["method"]): r for r in static}
+        cells = sorted({(r["calibration"], r["gpus"]) for r in static})
+
+        def span(method: str) -> str:
+            v = [at[c + (method,)]["maxvio_static"] for c in cells if c + (method,) in at]
+            return f"{min(v):.3f} to {max(v):.3f}" if v else "-"
+
+        out.append(
+            (
+                "`balance` for SGLang's `static` rule (DeepEP)",
+                f"{len(cells)} cells in sample (DeepSeek-V3 prefill and decode at 64 × (4+1) and 32 × (8+1), 8 GPUs "
+                "a node, 3 dense rows; OLMoE at 16 × (4+1) and 8 × (8+1)), scored under `static` (SGLang's "
+                "seeded draw replayed)",
+                f"MaxVio {span('balance (static)')} (`dispatch: static`: GPU positions for the draw) vs "
+                f"{span('balance (even)')} (the `even` plan), EPLB global {span('eplb-global')}, "
+                f"hierarchical {span('eplb-hierarchical')}",
+                "balance",
+            )
+        )
     stepped = [r for r in rows if "maxvio_step_even" in r]
 
     def of(method: str) -> dict:
