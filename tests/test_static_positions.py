@@ -113,6 +113,35 @@ def test_polish_keeps_contents_and_lowers_the_realized_maxvio(case):
     assert (same == slots).all() and none == {}
 
 
+@settings(max_examples=40)
+@given(polish_cases(), st.booleans())
+def test_repack_moves_only_single_copy_experts(case, grouped):
+    """With repack, every replicated expert's copies stay in their slots (so the draw is the same),
+    the single-copy experts and empty slots only trade places (within their router group when
+    groups are given), the realized MaxVio of every layer does not rise, and the reported figures
+    are the scorer's (count_loads under static)."""
+    slots, load, gpn, dense, _, _ = case
+    L, G, W = slots.shape
+    E = load.shape[1]
+    groups = np.arange(E) % 2 if grouped else None
+    out, stats = polish_static_positions(slots, load, gpus_per_node=gpn, dense_layers=dense, repack=True, groups=groups)
+    for l in range(L):
+        multi = np.bincount(slots[l].ravel(), minlength=E) > 1
+        fixed = multi[slots[l]]
+        assert (out[l][fixed] == slots[l][fixed]).all()
+        assert sorted(out[l][~fixed].tolist()) == sorted(slots[l][~fixed].tolist())
+        if groups is not None:  # each GPU keeps its count of each group's single-copy experts
+            for g in range(G):
+                was = np.bincount(groups[slots[l][g][~fixed[g]]], minlength=2)
+                now = np.bincount(groups[out[l][g][~fixed[g]]], minlength=2)
+                assert (was == now).all()
+    assert all(a <= b + 1e-9 for a, b in zip(stats["static_maxvio_after"], stats["static_maxvio_before"], strict=True))
+    cluster = Cluster(gpus=G, gpus_per_node=gpn, slots_per_gpu=W)
+    for plan, key in ((Plan(slots=slots, experts=E), "before"), (Plan(slots=out, experts=E), "after")):
+        plan = plan.with_dispatch(Dispatch(kind="static", dense_layers=dense))
+        np.testing.assert_allclose(maxvio(count_loads(plan, load, cluster)), stats[f"static_maxvio_{key}"], atol=1e-9)
+
+
 def test_layer_share_sums_to_one():
     """Each expert's shares over the GPUs sum to 1 (every rank sends its tokens somewhere)."""
     rng = np.random.default_rng(3)
@@ -142,12 +171,13 @@ def skewed() -> tuple[Instance, np.ndarray]:
 
 
 def test_balance_for_static_is_polished(skewed):
-    """balance for SGLang static (cluster.engine) reports the draw's MaxVio before and after the
-    polish, lower after, and the scorer agrees with the reported figure."""
+    """balance for SGLang static (cluster.engine) re-deals its single-copy experts for the draw:
+    the MaxVio under the draw, reported before and after, is lower after (here below 0.01 from
+    above 0.05), and the scorer agrees with the reported figure."""
     inst, counts = skewed
     r = solve(inst, method="balance")
     before, after = r.stats["static_maxvio_before"], r.stats["static_maxvio_after"]
-    assert sum(after) < sum(before)
+    assert sum(after) < sum(before) and max(after) < 0.01 < max(before)
     assert r.plan.dispatch.kind == "static"
     loads = count_loads(r.plan, counts, inst.cluster)
     np.testing.assert_allclose(maxvio(loads), after, atol=1e-9)

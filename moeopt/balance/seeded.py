@@ -35,6 +35,7 @@ __all__ = [
     "StaticStreams",
     "polish_static_positions",
     "realized_maxvio",
+    "repack_singles",
     "static_layer_share",
     "static_trials",
 ]
@@ -162,8 +163,11 @@ def polish_static_positions(
     trials: int = 64,
     seed: int = 0,
     deadline: float | None = None,
+    repack: bool = False,
+    groups: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict]:
-    """Permute each layer's GPUs (within nodes) for SGLang's static draw.
+    """Permute each layer's GPUs (within nodes) for SGLang's static draw; with ``repack``, instead
+    re-deal each layer's single-copy experts for the draw's loads (`repack_singles`).
 
     Parameters
     ----------
@@ -180,6 +184,10 @@ def polish_static_positions(
     deadline
         ``time.perf_counter()`` value after which every remaining layer keeps its positions
         (the streams still run past it).
+    repack, groups
+        Re-deal the single-copy experts (`repack_singles`, within router ``groups [E]`` when
+        given) instead of permuting: GPU contents change, the draw does not (one replay per
+        layer; ``trials`` unused).
 
     Returns
     -------
@@ -193,6 +201,8 @@ def polish_static_positions(
         the plan as it was and no statistics.
     """
     slots = np.array(slots, dtype=np.int64, copy=True)
+    if repack:
+        return _repack_layers(slots, np.asarray(load, dtype=np.float64), gpus_per_node, dense_layers, groups, deadline)
     if trials <= 1:  # the identity alone: nothing to choose (nor to replay)
         return slots, {}
     L, G, W = slots.shape
@@ -228,6 +238,110 @@ def polish_static_positions(
     if float(np.mean(after)) > float(np.mean(before)):  # a later layer's new draw cost more than was won
         out, after = slots, list(before)
     return out, {"static_maxvio_before": list(before), "static_maxvio_after": after, "static_polish_skipped": skipped}
+
+
+def _repack_layers(
+    slots: np.ndarray,
+    loads: np.ndarray,
+    gpus_per_node: int | None,
+    dense_layers: int,
+    groups: np.ndarray | None,
+    deadline: float | None,
+) -> tuple[np.ndarray, dict]:
+    """`polish_static_positions` with ``repack``: one replay per layer (the single-copy experts
+    change no draw, so the layer's table before the repack is its table after, the singles'
+    slots renamed), then `repack_singles` on the draw's loads."""
+    L, G, W = slots.shape
+    E = loads.shape[1]
+    streams = StaticStreams(G, W, E, gpus_per_node, dense_layers)
+    out = slots.copy()
+    before, after, skipped = [], [], []
+    for l in range(L):
+        table = streams.table(slots[l].reshape(-1), commit=True)
+        share = static_layer_share(table, W, E)
+        before.append(_maxvio(loads[l] @ share))
+        if deadline is not None and time.perf_counter() >= deadline:
+            skipped.append(l)
+            after.append(before[-1])
+            continue
+        multi = np.bincount(slots[l][slots[l] >= 0], minlength=E) > 1
+        out[l] = repack_singles(slots[l], loads[l], (loads[l] * multi) @ share, groups=groups)
+        flat = out[l].reshape(-1)
+        single = np.nonzero((flat >= 0) & ~multi[np.maximum(flat, 0)])[0]
+        table[:, flat[single]] = single[None, :]  # every rank sends a single-copy expert to its one slot
+        after.append(_maxvio(loads[l] @ static_layer_share(table, W, E)))
+    return out, {"static_maxvio_before": before, "static_maxvio_after": after, "static_polish_skipped": skipped}
+
+
+def repack_singles(
+    slots: np.ndarray,
+    load: np.ndarray,
+    pre: np.ndarray,
+    *,
+    groups: np.ndarray | None = None,
+    iterations: int = 2_000,
+) -> np.ndarray:
+    """One layer's single-copy experts re-dealt over the slots they hold, for the smallest largest
+    GPU load given the load ``pre [G]`` the replicated experts' copies already put on each GPU.
+
+    The static draw concerns only experts with several copies: a single-copy expert's tokens all
+    go to its one slot, and where it sits changes no rank's stream. So with the copies of the
+    replicated experts left in their slots (their draw as it was), the single-copy experts
+    (and the empty slots) can trade places freely. A descent: the most loaded GPU's single
+    (or empty) slot swaps with the one elsewhere that lowers the larger of the two GPUs' loads
+    most, until no swap lowers it (at most ``iterations`` swaps). With ``groups [E]`` (router
+    groups) a swap stays inside one group, so every GPU keeps its count of each group's experts.
+
+    Parameters
+    ----------
+    slots
+        int ``[G, W]``: the layer (-1 empty).
+    load
+        float ``[E]``: the expert loads.
+    pre
+        float ``[G]``: each GPU's load from the replicated experts (their realized shares).
+
+    Returns
+    -------
+    int ``[G, W]``: the layer with its single-copy experts moved.
+    """
+    slots = np.array(slots, dtype=np.int64, copy=True)
+    G, W = slots.shape
+    E = len(load)
+    held = slots[slots >= 0]
+    count = np.bincount(held, minlength=E)
+    free = (slots < 0) | (count[np.maximum(slots, 0)] == 1)  # single-copy or empty: movable
+    pos = np.argwhere(free)  # [m, 2]: (gpu, slot)
+    item = slots[pos[:, 0], pos[:, 1]]
+    a = np.where(item >= 0, np.asarray(load, dtype=np.float64)[np.maximum(item, 0)], 0.0)
+    gid = np.full(len(item), -1) if groups is None else np.where(item >= 0, groups[np.maximum(item, 0)], -1)
+    gpu = pos[:, 0]
+    total = pre + np.bincount(gpu, weights=a, minlength=G)
+    for _ in range(iterations):
+        h = int(np.argmax(total))
+        mine = np.nonzero(gpu == h)[0]
+        if not len(mine):
+            break
+        other = np.nonzero(gpu != h)[0]
+        if not len(other):
+            break
+        d = a[mine][:, None] - a[other][None, :]  # load leaving h for each pair
+        new_h = total[h] - d
+        new_g = total[gpu[other]][None, :] + d
+        worse = np.maximum(new_h, new_g)
+        same = gid[mine][:, None] == gid[other][None, :]
+        worse = np.where(same & (d > 0), worse, np.inf)
+        i, j = np.unravel_index(int(np.argmin(worse)), worse.shape)
+        if not worse[i, j] < total[h] - 1e-12:
+            break
+        p, q = mine[i], other[j]
+        total[h] -= d[i, j]
+        total[gpu[q]] += d[i, j]
+        item[p], item[q] = item[q], item[p]
+        a[p], a[q] = a[q], a[p]
+        gid[p], gid[q] = gid[q], gid[p]
+    slots[pos[:, 0], pos[:, 1]] = item
+    return slots
 
 
 def realized_maxvio(

@@ -56,7 +56,7 @@ from moeopt.balance.bound import lower_bound_batch
 from moeopt.balance.groups import expert_groups
 from moeopt.balance.loads import _cap, _node_shape
 from moeopt.balance.ranks import polish_rank_modulo, rank_modulo_bound, rank_modulo_loads, share_table
-from moeopt.balance.seeded import polish_static_positions, static_trials
+from moeopt.balance.seeded import polish_static_positions
 from moeopt.balance.shift import shrink_loads
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.evaluate import maxvio
@@ -521,15 +521,18 @@ class Balance:
                 stats["ascend_swaps"] = int(sum(swaps))
             else:  # a swap moves two expert weights: a re-plan keeps its budget instead
                 stats["ascend_swaps"] = 0
-        if rule.kind == "static" and current is None:  # SGLang's seeded draw: GPU positions that suit it
+        if rule.kind == "static" and current is None:
+            # SGLang's seeded draw deals the copies unevenly: the single-copy experts, which no draw
+            # concerns, are re-dealt for the draw's loads (within router groups when they were spread)
+            spread = n_groups if stats.get("group_spread") and n_groups else None
             slots, drawn = polish_static_positions(
                 slots,
                 true_load,
                 gpus_per_node=problem.instance.cluster.gpus_per_node,
                 dense_layers=rule.dense_layers,
-                trials=static_trials(G, problem.experts),
-                seed=ctx.seed,
                 deadline=ctx.budget.child(0.5).deadline,
+                repack=True,
+                groups=None if spread is None else expert_groups(problem.experts, spread),
             )
             stats.update(drawn)
         plan = Plan(slots=slots, experts=problem.experts, dispatch=rule)
