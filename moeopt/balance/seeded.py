@@ -23,6 +23,7 @@ token's set of GPUs up to their labels); only the draw they get changes.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -166,7 +167,7 @@ def polish_static_positions(
     repack: bool = False,
     groups: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict]:
-    """Permute each layer's GPUs (within nodes) for SGLang's static draw; with ``repack``, instead
+    """Permute each layer's GPUs (within nodes) for SGLang's static draw; with ``repack``, also
     re-deal each layer's single-copy experts for the draw's loads (`repack_singles`).
 
     Parameters
@@ -185,9 +186,9 @@ def polish_static_positions(
         ``time.perf_counter()`` value after which every remaining layer keeps its positions
         (the streams still run past it).
     repack, groups
-        Re-deal the single-copy experts (`repack_singles`, within router ``groups [E]`` when
-        given) instead of permuting: GPU contents change, the draw does not (one replay per
-        layer; ``trials`` unused).
+        After each permutation, re-deal the single-copy experts (`repack_singles`, within router
+        ``groups [E]`` when given) for the permutation's draw, and judge it by the result: GPU
+        contents change, no draw does.
 
     Returns
     -------
@@ -202,7 +203,8 @@ def polish_static_positions(
     """
     slots = np.array(slots, dtype=np.int64, copy=True)
     if repack:
-        return _repack_layers(slots, np.asarray(load, dtype=np.float64), gpus_per_node, dense_layers, groups, deadline)
+        loads = np.asarray(load, dtype=np.float64)
+        return _repack_layers(slots, loads, gpus_per_node, dense_layers, groups, deadline, trials, seed)
     if trials <= 1:  # the identity alone: nothing to choose (nor to replay)
         return slots, {}
     L, G, W = slots.shape
@@ -247,30 +249,49 @@ def _repack_layers(
     dense_layers: int,
     groups: np.ndarray | None,
     deadline: float | None,
+    trials: int,
+    seed: int,
 ) -> tuple[np.ndarray, dict]:
-    """`polish_static_positions` with ``repack``: one replay per layer (the single-copy experts
-    change no draw, so the layer's table before the repack is its table after, the singles'
-    slots renamed), then `repack_singles` on the draw's loads."""
+    """`polish_static_positions` with ``repack``: per layer, the identity and ``trials - 1`` seeded
+    permutations within nodes, each followed by `repack_singles` on its draw's loads (the
+    single-copy experts change no draw, so a layer's table before the repack is its table after,
+    the singles' slots renamed); the best is kept and the streams run past it."""
     L, G, W = slots.shape
     E = loads.shape[1]
+    before = realized_maxvio(slots, loads, gpus_per_node=gpus_per_node, dense_layers=dense_layers)
     streams = StaticStreams(G, W, E, gpus_per_node, dense_layers)
+    node = streams.node or G
+    rng = np.random.default_rng([seed, 43])
     out = slots.copy()
-    before, after, skipped = [], [], []
+    after, skipped = [], []
     for l in range(L):
-        table = streams.table(slots[l].reshape(-1), commit=True)
-        share = static_layer_share(table, W, E)
-        before.append(_maxvio(loads[l] @ share))
-        if deadline is not None and time.perf_counter() >= deadline:
-            skipped.append(l)
-            after.append(before[-1])
-            continue
         multi = np.bincount(slots[l][slots[l] >= 0], minlength=E) > 1
-        out[l] = repack_singles(slots[l], loads[l], (loads[l] * multi) @ share, groups=groups)
-        flat = out[l].reshape(-1)
-        single = np.nonzero((flat >= 0) & ~multi[np.maximum(flat, 0)])[0]
-        table[:, flat[single]] = single[None, :]  # every rank sends a single-copy expert to its one slot
-        after.append(_maxvio(loads[l] @ static_layer_share(table, W, E)))
-    return out, {"static_maxvio_before": before, "static_maxvio_after": after, "static_polish_skipped": skipped}
+        best, best_v = slots[l], math.inf
+        for t in range(max(trials, 1)):
+            if t and deadline is not None and time.perf_counter() >= deadline:
+                break
+            if t == 0 and deadline is not None and time.perf_counter() >= deadline:
+                skipped.append(l)  # past the deadline: the layer as it is, its draw replayed
+                table = streams.table(slots[l].reshape(-1))
+                best, best_v = slots[l], _maxvio(loads[l] @ static_layer_share(table, W, E))
+                break
+            cand = (
+                slots[l] if t == 0 else slots[l][np.concatenate([b + rng.permutation(node) for b in range(0, G, node)])]
+            )
+            table = streams.table(cand.reshape(-1))
+            packed = repack_singles(cand, loads[l], (loads[l] * multi) @ static_layer_share(table, W, E), groups=groups)
+            flat = packed.reshape(-1)
+            single = np.nonzero((flat >= 0) & ~multi[np.maximum(flat, 0)])[0]
+            table[:, flat[single]] = single[None, :]  # every rank sends a single-copy expert to its one slot
+            v = _maxvio(loads[l] @ static_layer_share(table, W, E))
+            if v < best_v - 1e-12:
+                best, best_v = packed, v
+        out[l] = best
+        after.append(best_v)
+        streams.advance(best.reshape(-1))
+    if float(np.mean(after)) > float(np.mean(before)):  # a later layer's new draw cost more than was won
+        out, after = slots.copy(), list(before)
+    return out, {"static_maxvio_before": list(before), "static_maxvio_after": after, "static_polish_skipped": skipped}
 
 
 def repack_singles(

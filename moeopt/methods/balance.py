@@ -56,7 +56,7 @@ from moeopt.balance.bound import lower_bound_batch
 from moeopt.balance.groups import expert_groups
 from moeopt.balance.loads import _cap, _node_shape
 from moeopt.balance.ranks import polish_rank_modulo, rank_modulo_bound, rank_modulo_loads, share_table
-from moeopt.balance.seeded import polish_static_positions
+from moeopt.balance.seeded import polish_static_positions, static_trials
 from moeopt.balance.shift import shrink_loads
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.evaluate import maxvio
@@ -530,6 +530,8 @@ class Balance:
                 true_load,
                 gpus_per_node=problem.instance.cluster.gpus_per_node,
                 dense_layers=rule.dense_layers,
+                trials=max(1, static_trials(G, problem.experts) // 4),
+                seed=ctx.seed,
                 deadline=ctx.budget.child(0.5).deadline,
                 repack=True,
                 groups=None if spread is None else expert_groups(problem.experts, spread),
