@@ -313,7 +313,7 @@ def static_rows(log, workers: int = 1) -> list[dict]:
     """DeepSeek-V3 in sample (its 3 dense rows in the map) and OLMoE pooled counts under SGLang's
     static rule (`moeopt.dispatch.static_map`: each rank's own seeded draw for the copies it has
     none of nearby): each plan's MaxVio under the rule and under ``even``; ``balance (static)`` is
-    planned for the rule (its GPUs permuted for the draw, `moeopt.balance.seeded`)."""
+    planned for the rule (`moeopt.balance.seeded`: GPUs permuted, single-copy experts re-dealt)."""
     cells = [
         (f"DeepSeek-V3 {calib}", Model(layers=58, experts=256, top_k=8, expert_groups=8, dense_layers=3), G, W, path)
         for G, W in SHAPES["deepseek"]
@@ -370,8 +370,9 @@ def static_markdown(rows: list[dict]) -> list[str]:
         "",
         "In sample; every plan scored under `static` (SGLang with DeepEP: a rank uses the copy on its GPU, else in "
         "its node when only some nodes hold one, else the copy its own seeded stream deals it; DeepSeek-V3's map "
-        "with its 3 dense rows) and under `even`. `balance (static)` is planned for the rule: the even plan with "
-        "each layer's GPUs permuted within their nodes for the replayed draw.",
+        "with its 3 dense rows) and under `even`. `balance (static)` is planned for the rule: the even plan, "
+        "each layer's GPUs permuted within their nodes and its single-copy experts re-dealt for the replayed "
+        "draw (within router groups where balance spreads them).",
         "",
         tabulate(
             body,

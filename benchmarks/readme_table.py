@@ -93,7 +93,7 @@ def _balance_rows(results: Path) -> list[tuple[str, str, str, str]]:
 
         def span(method: str) -> str:
             v = [at[c + (method,)]["maxvio_static"] for c in cells if c + (method,) in at]
-            return f"{min(v):.3f} to {max(v):.3f}" if v else "-"
+            return f"{min(v):.4f} to {max(v):.4f}" if v else "-"
 
         out.append(
             (
@@ -101,7 +101,7 @@ def _balance_rows(results: Path) -> list[tuple[str, str, str, str]]:
                 f"{len(cells)} cells in sample (DeepSeek-V3 prefill and decode at 64 × (4+1) and 32 × (8+1), 8 GPUs "
                 "a node, 3 dense rows; OLMoE at 16 × (4+1) and 8 × (8+1)), scored under `static` (SGLang's "
                 "seeded draw replayed)",
-                f"MaxVio {span('balance (static)')} (`dispatch: static`: GPU positions for the draw) vs "
+                f"MaxVio {span('balance (static)')} (`dispatch: static`: planned for the draw) vs "
                 f"{span('balance (even)')} (the `even` plan), EPLB global {span('eplb-global')}, "
                 f"hierarchical {span('eplb-hierarchical')}",
                 "balance",
