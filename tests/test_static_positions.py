@@ -214,6 +214,18 @@ def test_balance_for_static_is_polished(skewed):
     assert "static_maxvio_after" not in again.stats
 
 
+def test_no_replay_past_the_size_limit(skewed, monkeypatch):
+    """Past STATIC_REPLAY_LIMIT (seconds a layer: 256 GPUs x 256 experts) the plan keeps its
+    positions and says why; 64 x 256 is replayed."""
+    from moeopt.balance import seeded
+
+    assert seeded.static_replay_fits(64, 256) and not seeded.static_replay_fits(256, 256)
+    monkeypatch.setattr(seeded, "STATIC_REPLAY_LIMIT", 100)
+    inst, _ = skewed
+    r = solve(inst, method="balance")
+    assert r.stats["static_polish"].startswith("skipped") and "static_maxvio_after" not in r.stats
+
+
 def test_no_polish_under_another_rule(skewed):
     """Under even the positions are the planner's own: nothing is replayed."""
     inst, counts = skewed

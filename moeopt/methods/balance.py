@@ -56,7 +56,7 @@ from moeopt.balance.bound import lower_bound_batch
 from moeopt.balance.groups import expert_groups
 from moeopt.balance.loads import _cap, _node_shape
 from moeopt.balance.ranks import polish_rank_modulo, rank_modulo_bound, rank_modulo_loads, share_table
-from moeopt.balance.seeded import polish_static_positions, static_trials
+from moeopt.balance.seeded import polish_static_positions, static_replay_fits, static_trials
 from moeopt.balance.shift import shrink_loads
 from moeopt.errors import InfeasibleError, InputError
 from moeopt.evaluate import maxvio
@@ -521,7 +521,11 @@ class Balance:
                 stats["ascend_swaps"] = int(sum(swaps))
             else:  # a swap moves two expert weights: a re-plan keeps its budget instead
                 stats["ascend_swaps"] = 0
-        if rule.kind == "static" and current is None:
+        if rule.kind == "static" and current is None and not static_replay_fits(G, problem.experts):
+            stats["static_polish"] = (
+                f"skipped: replaying SGLang's draw at {G} GPUs x {problem.experts} experts takes seconds a layer"
+            )
+        elif rule.kind == "static" and current is None:
             # SGLang's seeded draw deals the copies unevenly: the single-copy experts, which no draw
             # concerns, are re-dealt for the draw's loads (within router groups when they were spread)
             spread = n_groups if stats.get("group_spread") and n_groups else None

@@ -25,7 +25,7 @@ import numpy as np
 
 from moeopt import console
 from moeopt import joint as jm
-from moeopt.balance.seeded import polish_static_positions, static_trials
+from moeopt.balance.seeded import polish_static_positions, static_replay_fits, static_trials
 from moeopt.budget import Budget
 from moeopt.errors import InputError
 from moeopt.joint.certify import _need_trace, certificate
@@ -446,7 +446,12 @@ class Joint:
                 search = restart.child(0.5)
                 searcher = search_hierarchical if params.hierarchical else search_flat
                 slots, capped, layer_stats = searcher(problem, params, ctx, seed, balanced, limits, search, bar)
-                if params.engine_rule == "static" and ctx.current is None:
+                c = problem.instance.cluster
+                if (
+                    params.engine_rule == "static"
+                    and ctx.current is None
+                    and static_replay_fits(c.gpus, problem.experts)
+                ):
                     slots = static_positions(problem, slots, seed, restart, layer_stats)
                 plan = Plan(slots=slots, experts=problem.experts)
                 choice = choose_dispatch(plan, trace, problem, target, restart)
