@@ -209,6 +209,8 @@ def test_balance_for_static_is_polished(skewed):
     assert r.plan.dispatch.kind == "static"
     loads = count_loads(r.plan, counts, inst.cluster)
     np.testing.assert_allclose(maxvio(loads), after, atol=1e-9)
+    # the result's objective is the plan's peak / mean load under the rule, as the scorer has it
+    assert r.objective == pytest.approx(1.0 + float(np.mean(after))) and r.bound == 1.0
     # a re-plan from a plan in service keeps its positions (a relabelling would move every weight)
     again = solve(inst, method="balance", current=r.plan)
     assert "static_maxvio_after" not in again.stats

@@ -554,6 +554,10 @@ class Balance:
             bounds = layer_bounds(true_load, G, W, allow, counts)
         if exact_bounds is not None and table is None:  # CP-SAT's proved bounds (even split), where higher
             bounds = np.maximum(bounds, exact_bounds)
+        if rule.kind == "static":  # the rule's own loads (the draw replayed); only total / G bounds every plan
+            if "static_maxvio_after" in stats:
+                per_layer = np.asarray(stats["static_maxvio_after"], dtype=np.float64)
+            bounds = np.zeros(L)
         stats["calibration_maxvio_per_layer"] = per_layer.tolist()
         stats["bound_maxvio_per_layer"] = bounds.tolist()
         stats["gap_per_layer"] = (per_layer - bounds).tolist()
