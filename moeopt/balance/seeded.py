@@ -213,10 +213,7 @@ def polish_static_positions(
         the plan as it was and no statistics.
     """
     slots = np.array(slots, dtype=np.int64, copy=True)
-    if repack:
-        loads = np.asarray(load, dtype=np.float64)
-        return _repack_layers(slots, loads, gpus_per_node, dense_layers, groups, deadline, trials, seed)
-    if trials <= 1:  # the identity alone: nothing to choose (nor to replay)
+    if trials <= 1 and not repack:  # the identity alone: nothing to choose (nor to replay)
         return slots, {}
     L, G, W = slots.shape
     E = load.shape[1]
@@ -227,76 +224,30 @@ def polish_static_positions(
     rng = np.random.default_rng([seed, 42])
     out = slots.copy()
     after, skipped = [], []
-
-    def value(rows: np.ndarray, layer_load: np.ndarray) -> float:
-        share = static_layer_share(streams.table(rows.reshape(-1)), W, E)
-        return _maxvio(layer_load @ share)
-
-    for l in range(L):
-        best, best_v = slots[l], value(slots[l], loads[l])  # the layer as it was, after the layers before
-        if deadline is not None and time.perf_counter() >= deadline:
-            skipped.append(l)
-        else:
-            for _ in range(trials - 1):
-                if deadline is not None and time.perf_counter() >= deadline:
-                    break
-                perm = np.concatenate([b + rng.permutation(node) for b in range(0, G, node)])
-                cand = slots[l][perm]
-                v = value(cand, loads[l])
-                if v < best_v - 1e-12:
-                    best, best_v = cand, v
-        out[l] = best
-        after.append(best_v)
-        streams.advance(best.reshape(-1))
-    if float(np.mean(after)) > float(np.mean(before)):  # a later layer's new draw cost more than was won
-        out, after = slots, list(before)
-    return out, {"static_maxvio_before": list(before), "static_maxvio_after": after, "static_polish_skipped": skipped}
-
-
-def _repack_layers(
-    slots: np.ndarray,
-    loads: np.ndarray,
-    gpus_per_node: int | None,
-    dense_layers: int,
-    groups: np.ndarray | None,
-    deadline: float | None,
-    trials: int,
-    seed: int,
-) -> tuple[np.ndarray, dict]:
-    """`polish_static_positions` with ``repack``: per layer, the identity and ``trials - 1`` seeded
-    permutations within nodes, each followed by `repack_singles` on its draw's loads (the
-    single-copy experts change no draw, so a layer's table before the repack is its table after,
-    the singles' slots renamed); the best is kept and the streams run past it."""
-    L, G, W = slots.shape
-    E = loads.shape[1]
-    before = realized_maxvio(slots, loads, gpus_per_node=gpus_per_node, dense_layers=dense_layers)
-    streams = StaticStreams(G, W, E, gpus_per_node, dense_layers)
-    node = streams.node or G
-    rng = np.random.default_rng([seed, 43])
-    out = slots.copy()
-    after, skipped = [], []
     for l in range(L):
         multi = np.bincount(slots[l][slots[l] >= 0], minlength=E) > 1
         best, best_v = slots[l], math.inf
         for t in range(max(trials, 1)):
-            if t and deadline is not None and time.perf_counter() >= deadline:
+            late = deadline is not None and time.perf_counter() >= deadline
+            if late and t:
                 break
-            if t == 0 and deadline is not None and time.perf_counter() >= deadline:
-                skipped.append(l)  # past the deadline: the layer as it is, its draw replayed
-                table = streams.table(slots[l].reshape(-1))
-                best, best_v = slots[l], _maxvio(loads[l] @ static_layer_share(table, W, E))
-                break
-            cand = (
-                slots[l] if t == 0 else slots[l][np.concatenate([b + rng.permutation(node) for b in range(0, G, node)])]
-            )
+            perm = np.arange(G) if t == 0 else np.concatenate([b + rng.permutation(node) for b in range(0, G, node)])
+            cand = slots[l][perm]
             table = streams.table(cand.reshape(-1))
-            packed = repack_singles(cand, loads[l], (loads[l] * multi) @ static_layer_share(table, W, E), groups=groups)
-            flat = packed.reshape(-1)
-            single = np.nonzero((flat >= 0) & ~multi[np.maximum(flat, 0)])[0]
-            table[:, flat[single]] = single[None, :]  # every rank sends a single-copy expert to its one slot
+            if repack and not late:
+                # the single-copy experts change no draw: the table stands, their slots renamed
+                cand = repack_singles(
+                    cand, loads[l], (loads[l] * multi) @ static_layer_share(table, W, E), groups=groups
+                )
+                flat = cand.reshape(-1)
+                single = np.nonzero((flat >= 0) & ~multi[np.maximum(flat, 0)])[0]
+                table[:, flat[single]] = single[None, :]  # every rank sends a single-copy expert to its one slot
             v = _maxvio(loads[l] @ static_layer_share(table, W, E))
             if v < best_v - 1e-12:
-                best, best_v = packed, v
+                best, best_v = cand, v
+            if late:  # past the deadline: the layer as it is, its draw replayed
+                skipped.append(l)
+                break
         out[l] = best
         after.append(best_v)
         streams.advance(best.reshape(-1))
