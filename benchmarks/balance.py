@@ -249,13 +249,30 @@ def deepseek_rows(methods: list[str], log, workers: int = 1) -> tuple[list[dict]
     return rows, per_layer
 
 
+def rule_plans(rule: str) -> tuple[tuple[str, str, dict], ...]:
+    """The plans scored under an engine's ``rule``: (label, method, params): ``balance`` for
+    ``even`` and for the rule, EPLB global and hierarchical."""
+    return (
+        ("balance (even)", "balance", {}),
+        (f"balance ({rule})", "balance", {"dispatch": rule}),
+        ("eplb-global", "eplb", {"policy": "global"}),
+        ("eplb-hierarchical", "eplb", {"policy": "hierarchical"}),
+    )
+
+
+def under_rule(inst: Instance, load, rule: Dispatch, workers: int) -> tuple[float, float, float]:
+    """Solve ``inst``; the plan's MaxVio on ``load`` under ``rule`` and under ``even``, and the wall time."""
+    t0 = time.perf_counter()
+    r = solve(inst, workloads=load_workloads(inst), workers=workers)
+    wall = time.perf_counter() - t0
+    c = inst.cluster
+    under = evaluate(r.plan.with_dispatch(rule), load, c)["maxvio"]
+    even = evaluate(r.plan.with_dispatch(Dispatch("even")), load, c)["maxvio"]
+    return float(under), float(even), wall
+
+
 #: the plans scored under vLLM-Ascend's rule: (label, method, params)
-ASCEND = (
-    ("balance (even)", "balance", {}),
-    ("balance (ascend)", "balance", {"dispatch": "ascend"}),
-    ("eplb-global", "eplb", {"policy": "global"}),
-    ("eplb-hierarchical", "eplb", {"policy": "hierarchical"}),
-)
+ASCEND = rule_plans("ascend")
 
 
 def ascend_rows(log, workers: int = 1) -> list[dict]:
@@ -278,12 +295,7 @@ def ascend_rows(log, workers: int = 1) -> list[dict]:
                 if not get_method(method).available():
                     continue
                 inst = instance(model, G, W, src, method, params)
-                t0 = time.perf_counter()
-                r = solve(inst, workloads=load_workloads(inst), workers=workers)
-                wall = time.perf_counter() - t0
-                c = inst.cluster
-                under = evaluate(r.plan.with_dispatch(Dispatch("ascend")), load, c)["maxvio"]
-                even = evaluate(r.plan.with_dispatch(Dispatch("even")), load, c)["maxvio"]
+                under, even, wall = under_rule(inst, load, Dispatch("ascend"), workers)
                 rows.append(
                     {
                         "calibration": calib,
@@ -301,12 +313,7 @@ def ascend_rows(log, workers: int = 1) -> list[dict]:
 
 
 #: the plans scored under SGLang's static rule: (label, method, params)
-STATIC = (
-    ("balance (even)", "balance", {}),
-    ("balance (static)", "balance", {"dispatch": "static"}),
-    ("eplb-global", "eplb", {"policy": "global"}),
-    ("eplb-hierarchical", "eplb", {"policy": "hierarchical"}),
-)
+STATIC = rule_plans("static")
 
 
 def static_rows(log, workers: int = 1) -> list[dict]:
@@ -331,18 +338,13 @@ def static_rows(log, workers: int = 1) -> list[dict]:
                 continue
             inst = instance(model, G, W, src, method, params)
             load = load_workloads(inst).calibration
-            t0 = time.perf_counter()
-            r = solve(inst, workloads=load_workloads(inst), workers=workers)
-            wall = time.perf_counter() - t0
-            c = inst.cluster
-            under = evaluate(r.plan.with_dispatch(rule_dispatch("static", model)), load, c)["maxvio"]
-            even = evaluate(r.plan.with_dispatch(Dispatch("even")), load, c)["maxvio"]
+            under, even, wall = under_rule(inst, load, rule_dispatch("static", model), workers)
             rows.append(
                 {
                     "calibration": name,
                     "gpus": G,
                     "slots": f"{W}+1",
-                    "gpus_per_node": c.gpus_per_node,
+                    "gpus_per_node": inst.cluster.gpus_per_node,
                     "method": label,
                     "maxvio_static": float(under),
                     "maxvio_even": float(even),
