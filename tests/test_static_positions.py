@@ -6,6 +6,7 @@ realized MaxVio, and its figures are the scorer's (`count_loads` under ``static`
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -170,6 +171,18 @@ def test_repack_after_permutations(case):
         np.testing.assert_allclose(maxvio(count_loads(plan, load, cluster)), stats[f"static_maxvio_{key}"], atol=1e-9)
 
 
+def test_a_deadline_leaves_the_plan_as_given():
+    """When the deadline passes before the last layer, the plan comes back as given (a plan
+    polished part way has no known figures for the rest), saying where it stopped."""
+    rng = np.random.default_rng(5)
+    G, W, E, L = 8, 3, 20, 3
+    slots = np.stack([rng.permutation(np.concatenate([np.arange(E), rng.integers(0, E, G * W - E)])) for _ in range(L)])
+    slots = slots.reshape(L, G, W)
+    load = rng.random((L, E))
+    out, stats = polish_static_positions(slots, load, repack=True, deadline=time.perf_counter() - 1.0)
+    assert (out == slots).all() and stats == {"static_polish_cut": 0}
+
+
 def test_layer_share_sums_to_one():
     """Each expert's shares over the GPUs sum to 1 (every rank sends its tokens somewhere)."""
     rng = np.random.default_rng(3)
@@ -214,6 +227,23 @@ def test_balance_for_static_is_polished(skewed):
     # a re-plan from a plan in service keeps its positions (a relabelling would move every weight)
     again = solve(inst, method="balance", current=r.plan)
     assert "static_maxvio_after" not in again.stats
+
+
+def test_balance_under_a_spent_time_limit_keeps_its_positions(skewed, monkeypatch):
+    """A time limit that has passed when the polish starts leaves the balance plan as it was, and
+    the run says the time limit cut it."""
+    from moeopt.balance import seeded
+
+    inst, _ = skewed
+    real = seeded.polish_static_positions
+
+    def late(*args, **kwargs):
+        return real(*args, **{**kwargs, "deadline": time.perf_counter() - 1.0})
+
+    monkeypatch.setattr("moeopt.methods.balance.polish_static_positions", late)
+    r = solve(inst, method="balance")
+    assert r.stats["static_polish"].startswith("cut by the time limit") and r.termination.value == "time_limit"
+    assert "static_maxvio_after" not in r.stats
 
 
 def test_no_replay_past_the_size_limit(skewed, monkeypatch):

@@ -35,7 +35,6 @@ __all__ = [
     "STATIC_WORK",
     "StaticStreams",
     "polish_static_positions",
-    "realized_maxvio",
     "repack_singles",
     "static_layer_share",
     "static_replay_fits",
@@ -194,8 +193,8 @@ def polish_static_positions(
     seed
         Seed of the permutations.
     deadline
-        ``time.perf_counter()`` value after which every remaining layer keeps its positions
-        (the streams still run past it).
+        ``time.perf_counter()`` value: when it passes before the last layer, the plan given is
+        returned as it was, with only ``static_polish_cut`` (the layer reached) in the statistics.
     repack, groups
         After each permutation, re-deal the single-copy experts (`repack_singles`, within router
         ``groups [E]`` when given) for the permutation's draw, and judge it by the result: GPU
@@ -206,7 +205,7 @@ def polish_static_positions(
     slots, stats
         The permuted plan (same contents per GPU, relabelled) and per layer the MaxVio under the
         replayed draw of the plan given and of the plan returned (``static_maxvio_before`` /
-        ``_after``) and the layers the deadline left as they were (``static_polish_skipped``).
+        ``_after``).
         Layer by layer each permutation is judged after the layers before it as chosen (a layer's
         draw depends on every stream's past), so a later layer can lose what an earlier one won:
         when the mean over layers would rise, the plan given is returned. With ``trials <= 1``,
@@ -218,42 +217,43 @@ def polish_static_positions(
     L, G, W = slots.shape
     E = load.shape[1]
     loads = np.asarray(load, dtype=np.float64)
-    before = realized_maxvio(slots, loads, gpus_per_node=gpus_per_node, dense_layers=dense_layers)
-    streams = StaticStreams(G, W, E, gpus_per_node, dense_layers)
+    given = StaticStreams(G, W, E, gpus_per_node, dense_layers)  # the plan as given, for its figures
+    streams = StaticStreams(G, W, E, gpus_per_node, dense_layers)  # the plan as polished
     node = streams.node or G
     rng = np.random.default_rng([seed, 42])
     out = slots.copy()
-    after, skipped = [], []
+    before: list[float] = []
+    after: list[float] = []
     for l in range(L):
+        if deadline is not None and time.perf_counter() >= deadline:
+            # a layer's draw depends on every layer before it: a plan polished part way has no known
+            # figures for the rest (and could lose there what it won): the plan given, as it was
+            return slots.copy(), {"static_polish_cut": l}
+        before.append(_maxvio(loads[l] @ static_layer_share(given.table(slots[l].reshape(-1), commit=True), W, E)))
         multi = np.bincount(slots[l][slots[l] >= 0], minlength=E) > 1
         best, best_v = slots[l], math.inf
         for t in range(max(trials, 1)):
-            late = deadline is not None and time.perf_counter() >= deadline
-            if late and t:
+            if t and deadline is not None and time.perf_counter() >= deadline:
                 break
             perm = np.arange(G) if t == 0 else np.concatenate([b + rng.permutation(node) for b in range(0, G, node)])
             cand = slots[l][perm]
             table = streams.table(cand.reshape(-1))
-            if repack and not late:
+            if repack:
                 # the single-copy experts change no draw: the table stands, their slots renamed
-                cand = repack_singles(
-                    cand, loads[l], (loads[l] * multi) @ static_layer_share(table, W, E), groups=groups
-                )
+                pre = (loads[l] * multi) @ static_layer_share(table, W, E)
+                cand = repack_singles(cand, loads[l], pre, groups=groups)
                 flat = cand.reshape(-1)
                 single = np.nonzero((flat >= 0) & ~multi[np.maximum(flat, 0)])[0]
                 table[:, flat[single]] = single[None, :]  # every rank sends a single-copy expert to its one slot
             v = _maxvio(loads[l] @ static_layer_share(table, W, E))
             if v < best_v - 1e-12:
                 best, best_v = cand, v
-            if late:  # past the deadline: the layer as it is, its draw replayed
-                skipped.append(l)
-                break
         out[l] = best
         after.append(best_v)
         streams.advance(best.reshape(-1))
     if float(np.mean(after)) > float(np.mean(before)):  # a later layer's new draw cost more than was won
         out, after = slots.copy(), list(before)
-    return out, {"static_maxvio_before": list(before), "static_maxvio_after": after, "static_polish_skipped": skipped}
+    return out, {"static_maxvio_before": before, "static_maxvio_after": after}
 
 
 def repack_singles(
@@ -325,18 +325,3 @@ def repack_singles(
         gid[p], gid[q] = gid[q], gid[p]
     slots[pos[:, 0], pos[:, 1]] = item
     return slots
-
-
-def realized_maxvio(
-    slots: np.ndarray, load: np.ndarray, *, gpus_per_node: int | None = None, dense_layers: int = 0
-) -> list[float]:
-    """Per layer, the MaxVio of ``load [L, E]`` under SGLang's static draw of the plan ``slots
-    [L, G, W]`` (token homes uniform), replayed layer by layer."""
-    L, G, W = slots.shape
-    E = load.shape[1]
-    streams = StaticStreams(G, W, E, gpus_per_node, dense_layers)
-    out = []
-    for l in range(L):
-        table = streams.table(slots[l].reshape(-1), commit=True)
-        out.append(_maxvio(np.asarray(load[l], dtype=np.float64) @ static_layer_share(table, W, E)))
-    return out

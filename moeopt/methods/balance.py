@@ -63,7 +63,7 @@ from moeopt.evaluate import maxvio
 from moeopt.instance import Instance
 from moeopt.plan import Dispatch, Plan, rule_dispatch
 from moeopt.registry import Context, Problem, register
-from moeopt.result import Result, Status, bound_closes
+from moeopt.result import Result, Status, Termination, bound_closes
 from moeopt.schema import check_size
 from moeopt.utilization import utilization_trace
 
@@ -541,6 +541,10 @@ class Balance:
                 groups=None if spread is None else expert_groups(problem.experts, spread),
             )
             stats.update(drawn)
+            if "static_polish_cut" in drawn:
+                stats["static_polish"] = (
+                    f"cut by the time limit at layer {drawn['static_polish_cut']}: the plan keeps its positions"
+                )
         plan = Plan(slots=slots, experts=problem.experts, dispatch=rule)
         stats["plan_time"] = time.perf_counter() - t_plan  # the planner alone, bounds and scoring excluded
         if table is not None:  # the rule's own loads and bound
@@ -593,4 +597,6 @@ class Balance:
             wall_time=time.perf_counter() - t0,
             params=dict(vars(params)),
             stats=stats,
+            # the time limit cut the static polish short: the plan depends on the machine's speed
+            termination=Termination.TIME_LIMIT if "static_polish_cut" in stats else None,
         )

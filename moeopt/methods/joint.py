@@ -373,7 +373,7 @@ def static_positions(
         seed=seed,
         deadline=budget.child(0.25).deadline,
     )
-    if drawn:
+    if "static_maxvio_after" in drawn:  # else the time limit cut it: the plan as searched
         for l, ls in enumerate(layer_stats):
             ls["static_maxvio_before"] = drawn["static_maxvio_before"][l]
             ls["static_maxvio_after"] = drawn["static_maxvio_after"][l]
