@@ -132,8 +132,6 @@ def _static_rows(rows: np.ndarray, G: int, W: int, E: int, gpus_per_node: int | 
     """[`static_map`][moeopt.dispatch.static_map] of a physical-to-logical map ``rows [layers, G * W]``."""
     L = rows.shape[0]
     out = np.full((G, L, E), -1, dtype=np.int64)
-    node_slots = None if gpus_per_node is None or gpus_per_node >= G else gpus_per_node * W
-    ranks = np.arange(G)
     drawn: list[tuple[int, int, list[int], np.ndarray]] = []  # (l, e, copies, ranks left to draw)
     for l in range(L):
         phys = rows[l]
@@ -146,20 +144,7 @@ def _static_rows(rows: np.ndarray, G: int, W: int, E: int, gpus_per_node: int | 
             if len(cand) == 1:
                 out[:, l, e] = cand[0]
                 continue
-            gpu_of = cand // W  # ascending, like cand
-            chosen = np.full(G, -1, dtype=np.int64)
-            gs, at = np.unique(gpu_of, return_index=True)
-            chosen[gs] = cand[at]  # first copy on the rank's own GPU
-            if node_slots is not None and gpus_per_node is not None:
-                node_of = cand // node_slots
-                first_in_node = np.full(G // gpus_per_node, -1, dtype=np.int64)
-                ns, at = np.unique(node_of, return_index=True)
-                first_in_node[ns] = cand[at]
-                per_node = np.bincount(node_of, minlength=G // gpus_per_node)
-                rank_node = ranks // gpus_per_node
-                narrower = (per_node[rank_node] > 0) & (per_node[rank_node] < len(cand))
-                use_node = (chosen < 0) & narrower
-                chosen[use_node] = first_in_node[rank_node[use_node]]
+            chosen = near_copies(cand, G, W, gpus_per_node)
             out[:, l, e] = chosen
             left = np.nonzero(chosen < 0)[0]
             if len(left):
@@ -184,6 +169,26 @@ def _static_rows(rows: np.ndarray, G: int, W: int, E: int, gpus_per_node: int | 
             picks = np.asarray(_fair_choices(slots_of_e, len(left), rng))
             out[members, l, e] = picks[np.searchsorted(left, members)]
     return out
+
+
+def near_copies(cand: np.ndarray, G: int, W: int, gpus_per_node: int | None) -> np.ndarray:
+    """int ``[G]``: the physical slot each rank takes of an expert's copies ``cand`` (ascending
+    physical ids) before any draw: the first copy on its own GPU, else (``gpus_per_node`` below
+    G) the first in its node when only some copies are there; -1 where the rank draws."""
+    chosen = np.full(G, -1, dtype=np.int64)
+    gs, at = np.unique(cand // W, return_index=True)
+    chosen[gs] = cand[at]  # first copy on the rank's own GPU
+    if gpus_per_node is not None and gpus_per_node < G:
+        node_of = cand // (gpus_per_node * W)
+        first_in_node = np.full(G // gpus_per_node, -1, dtype=np.int64)
+        ns, at = np.unique(node_of, return_index=True)
+        first_in_node[ns] = cand[at]
+        per_node = np.bincount(node_of, minlength=G // gpus_per_node)
+        rank_node = np.arange(G) // gpus_per_node
+        narrower = (per_node[rank_node] > 0) & (per_node[rank_node] < len(cand))
+        use_node = (chosen < 0) & narrower
+        chosen[use_node] = first_in_node[rank_node[use_node]]
+    return chosen
 
 
 def _fair_choices(items: list[int], k: int, rng: random.Random) -> list[int]:

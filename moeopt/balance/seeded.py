@@ -29,7 +29,8 @@ import time
 
 import numpy as np
 
-from moeopt.dispatch import STATIC_SEED, _fair_choices
+from moeopt.dispatch import STATIC_SEED, _fair_choices, _uniform_home_share, near_copies
+from moeopt.evaluate import maxvio
 
 __all__ = [
     "STATIC_WORK",
@@ -109,7 +110,6 @@ class StaticStreams:
         order, ids = order[valid], row[order][valid]
         start = np.searchsorted(ids, np.arange(E + 1))
         streams = self.streams if commit else [_copy(s) for s in self.streams]
-        ranks = np.arange(G)
         for e in range(E):
             cand = order[start[e] : start[e + 1]]  # ascending physical ids
             if len(cand) == 0:
@@ -117,20 +117,7 @@ class StaticStreams:
             if len(cand) == 1:
                 out[:, e] = cand[0]
                 continue
-            gpu_of = cand // W
-            chosen = np.full(G, -1, dtype=np.int64)
-            gs, at = np.unique(gpu_of, return_index=True)
-            chosen[gs] = cand[at]  # the first copy on the rank's own GPU
-            if self.node is not None:
-                node_of = cand // (self.node * W)
-                first = np.full(G // self.node, -1, dtype=np.int64)
-                ns, at = np.unique(node_of, return_index=True)
-                first[ns] = cand[at]
-                per_node = np.bincount(node_of, minlength=G // self.node)
-                rank_node = ranks // self.node
-                narrower = (per_node[rank_node] > 0) & (per_node[rank_node] < len(cand))
-                use = (chosen < 0) & narrower
-                chosen[use] = first[rank_node[use]]
+            chosen = near_copies(cand, G, W, self.node)
             left = np.nonzero(chosen < 0)[0]
             items = cand.tolist()
             for i, r in enumerate(left):  # each rank its own deal, from its own stream
@@ -152,17 +139,11 @@ def _copy(stream: random.Random) -> random.Random:
 def static_layer_share(table: np.ndarray, width: int, experts: int) -> np.ndarray:
     """float ``[E, G]``: the share of each expert's tokens each GPU serves under one layer's
     per-rank ``table [G, E]`` (physical slots), token homes uniform over the G ranks."""
-    G = table.shape[0]
-    share = np.zeros((experts, G))
-    e = np.broadcast_to(np.arange(experts)[None, :], table.shape)
-    ok = table >= 0
-    np.add.at(share, (e[ok], table[ok] // width), 1.0 / G)
-    return share
+    return np.asarray(_uniform_home_share(table[:, None, :] // width, experts)[0])
 
 
 def _maxvio(loads: np.ndarray) -> float:
-    mean = float(loads.mean())
-    return float(loads.max()) / mean - 1.0 if mean > 0 else 0.0
+    return float(maxvio(loads))
 
 
 def polish_static_positions(
