@@ -495,3 +495,19 @@ def test_missing_pt_is_file_not_found_even_without_torch(work, capsys, monkeypat
     ):
         err = _one_line(capsys, argv)
         assert "missing.pt: file not found" in err and "torch" not in err, (argv, err)
+
+
+def test_trace_stats_with_an_unwritable_graphml_prints_nothing(tmp_path, capsys):
+    """A --graphml file that cannot be written: exit 2, one line naming it, nothing on stdout
+    (the summary and the --json report come after the file)."""
+    trace = ROOT / "instances" / "traces" / "quickstart-calib.npz"
+    target = tmp_path / "file"
+    target.write_text("")
+    bad = str(target / "x.graphml")  # under a file: no directory can hold it
+    for extra in ([], ["--json"]):
+        try:
+            code = main(["trace", "stats", str(trace), "--graphml", bad, *extra])
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "" and err.count("\n") == 1 and "x.graphml" in err

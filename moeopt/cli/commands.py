@@ -381,12 +381,13 @@ def cmd_trace_stream(args: argparse.Namespace) -> int:
 def cmd_trace_stats(args: argparse.Namespace) -> int:
     workload = read_workload_file(args.trace, top_k=args.top_k, select=args.select)
     graph = _coactivation_graph(args, workload) if args.graphml else None  # refuse before printing
-    report = trace_report(workload)
-    emit(args, {"trace": str(args.trace), **report}, trace_summary(workload, report))
-    if graph is not None:
+    if graph is not None:  # written before anything is printed: a file that cannot be written prints nothing
         from moeopt.io import write_graphml
 
         write_graphml(args.graphml, graph)
+    report = trace_report(workload)
+    emit(args, {"trace": str(args.trace), **report}, trace_summary(workload, report))
+    if graph is not None:
         wrote(
             args,
             f"wrote {args.graphml}: layer {args.layer}, {graph.number_of_nodes()} experts, "
