@@ -195,8 +195,40 @@ def _fair_choices(items: list[int], k: int, rng: random.Random) -> list[int]:
     """``k`` picks from ``items``: each ``k // n`` times, the remainder sampled, then shuffled."""
     whole, rest = divmod(k, len(items))
     picks = items * whole + rng.sample(items, k=rest)
-    rng.shuffle(picks)
+    if _INLINE_SHUFFLE:
+        _shuffle(picks, rng.getrandbits)
+    else:
+        rng.shuffle(picks)
     return picks
+
+
+def _shuffle(x: list[int], getrandbits) -> None:  # type: ignore[no-untyped-def]
+    """``random.Random.shuffle(x)`` with its bounded draws written out: the same words of the
+    stream, the same permutation, no Python call per draw (the static map makes millions of
+    them at 256 GPUs). `_INLINE_SHUFFLE` says whether this interpreter's shuffle agrees."""
+    for i in range(len(x) - 1, 0, -1):
+        n = i + 1
+        bits = n.bit_length()
+        r = getrandbits(bits)
+        while r >= n:  # rejection, as random's _randbelow_with_getrandbits
+            r = getrandbits(bits)
+        x[i], x[r] = x[r], x[i]
+
+
+def _shuffle_agrees() -> bool:
+    """Whether `_shuffle` draws as this interpreter's ``random.shuffle`` (the stream after, too)."""
+    a, b = random.Random(STATIC_SEED), random.Random(STATIC_SEED)
+    for n in (1, 2, 3, 5, 17, 64, 257, 1000):
+        x, y = list(range(n)), list(range(n))
+        a.shuffle(x)
+        _shuffle(y, b.getrandbits)
+        if x != y:
+            return False
+    return a.getrandbits(32) == b.getrandbits(32)
+
+
+#: `_shuffle` is used only where it draws exactly as ``random.shuffle`` (checked once at import)
+_INLINE_SHUFFLE = _shuffle_agrees()
 
 
 @lru_cache(maxsize=8)

@@ -227,3 +227,21 @@ def test_guard_over_all_layers_equals_layer_by_layer(case, lam, decay, batch, ho
         assert np.array_equal(alone, expected)
         holds = plan.copies_on_gpu[l] > 0
         assert holds[topk[:, l, :], together[:, l, :]].all()  # every slot served by a copy of its expert
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 300))
+def test_inline_shuffle_draws_as_random_shuffle(seed, n):
+    """The static map's written-out shuffle gives random.shuffle's permutation and leaves the
+    stream where random.shuffle leaves it (SGLang's ranks each draw from their own stream)."""
+    import random
+
+    from moeopt.dispatch import _INLINE_SHUFFLE, _shuffle
+
+    assert _INLINE_SHUFFLE  # this interpreter's shuffle is the one written out
+    a, b = random.Random(seed), random.Random(seed)
+    x, y = list(range(n)), list(range(n))
+    a.shuffle(x)
+    _shuffle(y, b.getrandbits)
+    assert x == y
+    assert a.random() == b.random()
