@@ -227,6 +227,11 @@ def _layer_trace(trace: Trace, l: int) -> Trace:
     )
 
 
+def layer_workload(workload: Trace | Stats, l: int) -> Trace | Stats:
+    """Layer ``l`` of a trace or of count statistics, as a one-layer workload."""
+    return _layer_trace(workload, l) if isinstance(workload, Trace) else _layer_stats(workload, l)
+
+
 def _layer_plan(plan: Plan | None, l: int) -> Plan | None:
     return None if plan is None else Plan(slots=plan.slots[l : l + 1], experts=plan.experts, dispatch=plan.dispatch)
 

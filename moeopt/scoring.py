@@ -8,13 +8,17 @@ the metrics the plan's method declares (``metric_hooks``: lower bounds, gaps, ce
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from moeopt.evaluate import evaluate, linear_plan
+from moeopt.execute import layer_workload
 from moeopt.instance import Instance
-from moeopt.plan import Plan
+from moeopt.plan import Dispatch, Plan
 from moeopt.profile import Profile
 from moeopt.trace import Stats, Trace
 
@@ -98,3 +102,48 @@ def add_relative_metrics(metrics: dict, base: dict) -> None:
         metrics["straggler_improvement_vs_linear"] = pct("straggler_latency")
         metrics["p90_improvement_vs_linear"] = pct("straggler_p90")
     metrics["linear"] = {k: v for k, v in base.items() if not isinstance(v, list)}
+
+
+def probe_plan(instance: Instance, rule: Dispatch, load: np.ndarray | None = None) -> Plan:
+    """A one-layer plan of the instance's shape to time scoring on: vLLM's linear placement,
+    its replica slots holding copies of the experts in proportion to ``load`` (float ``[E]``;
+    None: evenly), each expert's copies on consecutive GPUs, as balancing planners spread the
+    hottest experts' copies."""
+    cluster = instance.cluster
+    G, E, R = cluster.gpus, instance.model.experts, cluster.replica_slots_per_gpu
+    base = linear_plan(1, E, G, cluster.width)
+    if not R:
+        return base.with_dispatch(rule)
+    n = G * R
+    w = np.ones(E) if load is None or float(np.sum(load)) <= 0 else np.asarray(load, dtype=np.float64)
+    exact = w / w.sum() * n
+    copies = np.floor(exact).astype(np.int64)
+    copies[np.argsort(copies - exact, kind="stable")[: n - int(copies.sum())]] += 1  # largest remainders
+    seq = np.repeat(np.arange(E), copies)  # the i-th copy on GPU i mod G, replica slot i div G
+    slots = base.slots.copy()
+    slots[0, np.arange(n) % G, cluster.width - R + np.arange(n) // G] = seq
+    return Plan(slots=slots, experts=E, dispatch=rule)
+
+
+def scoring_seconds(
+    instance: Instance, workload: Trace | Stats, rule: Dispatch, *, baseline: bool = False, layer: int = 0
+) -> float:
+    """Seconds [`evaluate`][moeopt.evaluate.evaluate] takes on ``workload`` for a plan of the
+    instance's shape under ``rule`` (and with ``baseline``, the linear plan too, as `score`
+    does), measured on one layer with `probe_plan` and times the layers.
+
+    What a time-limited run keeps free for the scoring still to come: under SGLang's ``static``
+    rule at 256 GPUs each rank's seeded table and the expectation over the token homes take about
+    half a second per layer, after the method has used its time.
+    """
+    one = layer_workload(workload, layer)
+    if isinstance(one, Trace):
+        load = np.bincount(one.topk.ravel(), minlength=instance.model.experts).astype(np.float64)
+    else:
+        load = np.asarray(one.counts, dtype=np.float64).sum(axis=0)[0]
+    probe = probe_plan(instance, rule, load)
+    t0 = time.perf_counter()
+    evaluate(probe, one, instance.cluster)
+    if baseline:
+        evaluate(linear_plan(1, instance.model.experts, instance.cluster.gpus), one, instance.cluster)
+    return (time.perf_counter() - t0) * instance.model.layers

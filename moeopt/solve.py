@@ -10,12 +10,12 @@ from moeopt import console, execute
 from moeopt.errors import InputError, PlanError
 from moeopt.instance import Instance
 from moeopt.io import load_workload, resolve_profile
-from moeopt.plan import Dispatch, Plan, engine_dispatch
+from moeopt.plan import DISPATCH_KINDS, Dispatch, Plan, engine_dispatch, rule_dispatch
 from moeopt.registry import Context, Problem, get_method, method_names, param_fields, parse_params
 from moeopt.relabel import relabel_gpus
 from moeopt.result import Result
 from moeopt.schema import check_homes
-from moeopt.scoring import Workloads, add_relative_metrics, score
+from moeopt.scoring import Workloads, add_relative_metrics, score, scoring_seconds
 from moeopt.trace import Trace
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "check_requirements",
     "load_workloads",
     "run_limits",
+    "scoring_reserve",
     "solve",
 ]
 
@@ -198,12 +199,18 @@ def solve(
         current = current.padded(instance.cluster.width)
     ctx = Context(time_limit=layer_time_limit, seed=seed, hint=hint, quiet=quiet, current=current)
     deadline = None if time_limit is None else started + time_limit  # loading the workloads counts too
+    reserve = 0.0
+    if deadline is not None:  # the scoring after the method is part of the run: keep its time free
+        rule = dispatch or engine_dispatch(instance.model, instance.cluster) or _planned_rule(params_obj, instance)
+        reserve = scoring_reserve(instance, wl, rule)
     t0 = time.perf_counter()
     note = console.note  # a note is shown even when progress is not (unless --quiet)
     profile_note = wl.profile.meta.get("note") if wl.profile is not None else None
     if profile_note:  # e.g. "profile: one GPU broadcast to 8 identical GPUs"
         note(f"note: {profile_note}")
-    result = execute.run(impl, problem, params_obj, ctx, executor, note=note, deadline=deadline)
+    result = execute.run(
+        impl, problem, params_obj, ctx, executor, note=note, deadline=None if deadline is None else deadline - reserve
+    )
     for line in console.result_notes(result.stats, result.method):  # what to act on, not only in the report
         note(line)
     wall = time.perf_counter() - t0
@@ -238,4 +245,33 @@ def solve(
     metrics = score(plan, instance, wl, hooks=getattr(impl, "metric_hooks", ()), params=result.params)
     if rule_note:
         stats = {**stats, "engine_rule": rule_note.removeprefix("note: ")}
+    if time_limit is not None:  # under a total limit the overrun is the whole run's, the scoring included
+        over = time.time() - started - time_limit
+        stats = {k: v for k, v in stats.items() if k != "time_limit_exceeded_s"}
+        if over > 0:
+            stats["time_limit_exceeded_s"] = round(over, 3)
     return result.replace(plan=plan, metrics=metrics, wall_time=wall, stats=stats, instance=instance.name)
+
+
+#: the scoring reserve's margin over its measurement
+RESERVE_MARGIN = 1.1
+
+
+def _planned_rule(params: Any, instance: Instance) -> Dispatch:
+    """The rule the method's plan will most likely be scored under: its ``dispatch`` parameter
+    when that names a rule, else the default (``even``)."""
+    kind = getattr(params, "dispatch", None)
+    return rule_dispatch(kind, instance.model) if kind in DISPATCH_KINDS else Dispatch()
+
+
+def scoring_reserve(instance: Instance, workloads: Workloads, rule: Dispatch) -> float:
+    """Seconds to keep free at the end of a time-limited run for scoring its plan: the plan
+    under ``rule`` and the linear baseline on the evaluation workload, as
+    [`moeopt.scoring.scoring_seconds`][] measures them, times `RESERVE_MARGIN`.
+
+    Scoring takes seconds at scale (under SGLang's ``static`` rule at 256 GPUs, each rank's
+    seeded table and the expectation over the token homes: about half a second per layer) after
+    the method has used its time.
+    """
+    seconds = scoring_seconds(instance, workloads.evaluation, rule, baseline=True)
+    return seconds * RESERVE_MARGIN

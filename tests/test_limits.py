@@ -195,6 +195,32 @@ def test_total_time_limit_bounds_the_whole_run(name):
         assert all(x * (4 - l) <= total for l, x in enumerate(limits))
 
 
+def test_total_time_limit_keeps_the_scoring_time_free(monkeypatch):
+    """Under a total limit the method's deadline comes before the run's by the scoring still to do
+    (measured on one layer: ``scoring_reserve``), so that the plan's scoring fits in the limit too."""
+    import importlib
+
+    execute = importlib.import_module("moeopt.execute")
+    solve_mod = importlib.import_module("moeopt.solve")  # the package exports the function of that name
+    seen = {}
+    run = execute.run
+
+    def spy(*args, deadline=None, **kwargs):
+        seen["deadline"] = deadline
+        return run(*args, deadline=deadline, **kwargs)
+
+    monkeypatch.setattr(solve_mod, "scoring_seconds", lambda *a, **k: 2.0)
+    monkeypatch.setattr(execute, "run", spy)
+    inst = load_instance(FOUR_LAYERS)
+    t0 = time.time()
+    result = solve(inst, method="balance", time_limit=30.0)
+    assert result.plan is not None
+    reserve = 2.0 * solve_mod.RESERVE_MARGIN
+    assert seen["deadline"] is not None and seen["deadline"] <= t0 + 30.0 - reserve + 0.5
+    assert seen["deadline"] >= t0 + 30.0 - reserve - 5.0
+    assert solve_mod.scoring_reserve(inst, load_workloads(inst), solve_mod.Dispatch()) == pytest.approx(reserve)
+
+
 def test_the_instance_method_mapping_carries_the_limits(tmp_path):
     """method: {time_limit, layer_time_limit} set the run's limits (arguments override them); a
     method's own parameter of that name (gem-milp's time_limit) stays its parameter."""

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from moeopt.cli import main
+from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
+from moeopt.plan import Dispatch
 from moeopt.registry import get_method, method_names
+from moeopt.scoring import probe_plan, scoring_seconds
+from moeopt.trace import Trace
 from tests.conftest import INSTANCES
 
 
@@ -33,3 +38,39 @@ def test_solve_then_evaluate_agree(name, tmp_path, capsys):
     evaluated = capsys.readouterr().out.splitlines()
     assert evaluated == solved
     assert json.loads(again.read_text())["metrics"] == json.loads(report.read_text())["metrics"]
+
+
+def _probe_instance(gpus: int = 8, experts: int = 16, replicas: int = 1) -> Instance:
+    model = Model(2, experts, 2)
+    cluster = Cluster(gpus=gpus, gpus_per_node=4, slots_per_gpu=experts // gpus, replica_slots_per_gpu=replicas)
+    return Instance("probe", model, cluster, Workload(WorkloadSource()), MethodSpec("balance"))
+
+
+def test_probe_plan_spreads_copies_by_load():
+    """The timing probe has the instance's shape, every expert once in the primary slots, and
+    its replica slots' copies in proportion to the load (largest remainders), one expert's copies
+    on consecutive GPUs."""
+    inst = _probe_instance()
+    load = np.zeros(16)
+    load[[3, 7]] = [3.0, 1.0]
+    plan = probe_plan(inst, Dispatch(kind="static"), load)
+    assert plan.slots.shape == (1, 8, 3) and plan.dispatch.kind == "static"
+    assert sorted(plan.slots[0, :, :2].ravel().tolist()) == list(range(16))
+    assert np.bincount(plan.slots[0, :, 2], minlength=16)[[3, 7]].tolist() == [6, 2]
+    assert plan.slots[0, :6, 2].tolist() == [3] * 6
+    even = probe_plan(inst, Dispatch(), None)
+    assert sorted(even.slots[0, :, 2].tolist()) == list(range(8))  # 8 copies over 16 experts: the first 8
+    assert probe_plan(_probe_instance(replicas=0), Dispatch(), load).slots.shape == (1, 8, 2)
+
+
+def test_scoring_seconds_is_measured_on_one_layer():
+    """``scoring_seconds`` times one layer of the workload (a trace or counts) under each rule."""
+    rng = np.random.default_rng(0)
+    inst = _probe_instance()
+    topk = np.stack([rng.permutation(16)[:2] for _ in range(200 * 2)]).reshape(200, 2, 2)
+    zeros = np.zeros(200, np.int32)
+    trace = Trace(topk=topk, family=zeros, step=zeros, family_names=("a",), num_experts=16)
+    for rule in ("even", "static", "lp"):
+        seconds = scoring_seconds(inst, trace, Dispatch(kind=rule), baseline=True)
+        assert 0.0 < seconds < 60.0
+    assert scoring_seconds(inst, trace.stats(), Dispatch()) > 0.0

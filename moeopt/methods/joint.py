@@ -46,6 +46,7 @@ from moeopt.joint.planner import (
 from moeopt.plan import Dispatch, Plan, rule_dispatch
 from moeopt.registry import Context, Problem, register
 from moeopt.result import Result, Status, Termination, combine_status
+from moeopt.scoring import scoring_seconds
 from moeopt.trace import Trace
 
 #: wall cap (seconds of search per layer) when the caller gives no time limit: a safety net only,
@@ -423,6 +424,14 @@ class Joint:
         # first round). Without a limit, work alone bounds every phase.
         certifying = params.bound_time != 0 and params.engine_rule not in ("static", "ascend")
         planning = ctx.budget.child(0.75 if certifying else 0.9)
+        # under an engine rule each restart's dispatch choice is one scoring of the calibration trace, which at
+        # scale takes as long as a search (SGLang static at 256 GPUs: half a second per layer): measured on one
+        # layer, it is kept free of the search's share
+        scoring = (
+            scoring_seconds(problem.instance, trace, params.rule_dispatch(problem))
+            if planning.limited and params.engine_rule is not None
+            else 0.0
+        )
         L = problem.layers
         bar = console.bar(
             total=L * restarts,
@@ -443,7 +452,7 @@ class Joint:
                 began = time.perf_counter()
                 seed = restart_seed(ctx.seed, r)
                 restart = planning.child(1.0 / (restarts - r))  # this restart's share of what is left
-                search = restart.child(0.5)
+                search = restart.child(0.5, most=max(0.0, restart.remaining() - scoring))
                 searcher = search_hierarchical if params.hierarchical else search_flat
                 slots, capped, layer_stats = searcher(problem, params, ctx, seed, balanced, limits, search, bar)
                 c = problem.instance.cluster
