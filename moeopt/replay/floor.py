@@ -7,8 +7,10 @@ no plan made before the step can remove. [`noise_floor`][moeopt.replay.floor.noi
 a held-out reference: every scored step is served by a plan made on the pooled counts of the
 *other* steps of its block of ``interval`` steps (leave one step out). That plan knows the
 block's traffic (its mix, its drift), never the step itself. A causal policy that reaches the
-floor's time average would plan as well as one that knew the window in advance; a target
-below the floor is out of reach of any plan that does not know each step's noise.
+floor's time average would plan as well as one that knew the window in advance. The floor is a
+measured reference, not a bound: a target below it lies below what planning on the rest of the
+window reaches (on the bundled synthetic streams, planning robustly over those steps one by
+one instead of on their pooled counts does slightly worse).
 """
 
 from __future__ import annotations
