@@ -523,8 +523,8 @@ def scale_markdown(data: dict) -> str:
             "## A limit for the whole run",
             "",
             "; ".join(
-                f"{r['instance']}, {r['label']}: {r['wall_s']:.0f} s for a limit of {r['time_limit']:g} s "
-                f"({r['termination']}; load {r['load_before'][0]:.1f} / {r['load_after'][0]:.1f})"
+                f"{r['instance']} [{r['rule']}], {r['label']}: {r['wall_s']:.0f} s for a limit of "
+                f"{r['time_limit']:g} s ({r['termination']}; load {r['load_before'][0]:.1f} / {r['load_after'][0]:.1f})"
                 for r in limited
             )
             + ".",
