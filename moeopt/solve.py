@@ -273,5 +273,8 @@ def scoring_reserve(instance: Instance, workloads: Workloads, rule: Dispatch) ->
     seeded table and the expectation over the token homes: about half a second per layer) after
     the method has used its time.
     """
-    seconds = scoring_seconds(instance, workloads.evaluation, rule, baseline=True)
+    try:
+        seconds = scoring_seconds(instance, workloads.evaluation, rule, baseline=True)
+    except (PlanError, InputError, ValueError):  # a shape the probe cannot take: the plan's own scoring will say
+        return 0.0
     return seconds * RESERVE_MARGIN
