@@ -56,7 +56,7 @@ from moeopt.plan import Plan
 from moeopt.profile import Profile
 from moeopt.registry import Context, Problem
 from moeopt.result import Result, Status, combine_status, combine_termination
-from moeopt.trace import Stats, Trace
+from moeopt.trace import Stats, Trace, layer_stats, layer_trace
 
 __all__ = [
     "RAY_INSTALL_HINT",
@@ -201,37 +201,6 @@ class LayerOutcome:
         return self.result
 
 
-def _layer_stats(stats: Stats, l: int, coactivation: bool = True) -> Stats:
-    """Layer ``l`` of ``stats`` as one-layer statistics (family token totals unchanged)."""
-    if not coactivation:
-        stats = replace(stats, coactivation=None)
-    return Stats(
-        family_names=stats.family_names,
-        counts=np.ascontiguousarray(stats.counts[:, l : l + 1]),
-        family_tokens=stats.family_tokens,
-        top_k=stats.top_k,
-        step_counts=None if stats.step_counts is None else np.ascontiguousarray(stats.step_counts[l : l + 1]),
-        coactivation=None if stats.coactivation is None else np.ascontiguousarray(stats.coactivation[:, l : l + 1]),
-    )
-
-
-def _layer_trace(trace: Trace, l: int) -> Trace:
-    return Trace(
-        topk=np.ascontiguousarray(trace.topk[:, l : l + 1]),
-        family=trace.family,
-        step=trace.step,
-        family_names=trace.family_names,
-        num_experts=trace.num_experts,
-        weights=None if trace.weights is None else np.ascontiguousarray(trace.weights[:, l : l + 1]),
-        home=trace.home,
-    )
-
-
-def layer_workload(workload: Trace | Stats, l: int) -> Trace | Stats:
-    """Layer ``l`` of a trace or of count statistics, as a one-layer workload."""
-    return _layer_trace(workload, l) if isinstance(workload, Trace) else _layer_stats(workload, l)
-
-
 def _layer_plan(plan: Plan | None, l: int) -> Plan | None:
     return None if plan is None else Plan(slots=plan.slots[l : l + 1], experts=plan.experts, dispatch=plan.dispatch)
 
@@ -241,8 +210,8 @@ def layer_problem(problem: Problem, l: int, *, with_trace: bool = True, with_coa
     when the method does not read them: less to ship)."""
     inst = problem.instance
     sub = inst.replace(model=replace(inst.model, layers=1))
-    trace = _layer_trace(problem.trace, l) if (with_trace and problem.trace is not None) else None
-    return Problem(sub, _layer_stats(problem.stats, l, with_coactivation), trace, problem.profile)
+    trace = layer_trace(problem.trace, l) if (with_trace and problem.trace is not None) else None
+    return Problem(sub, layer_stats(problem.stats, l, with_coactivation), trace, problem.profile)
 
 
 def layer_tasks(

@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 
 from moeopt.evaluate import evaluate, linear_plan
-from moeopt.execute import layer_workload
 from moeopt.instance import Instance
 from moeopt.plan import Dispatch, Plan
 from moeopt.profile import Profile
-from moeopt.trace import Stats, Trace
+from moeopt.trace import Stats, Trace, layer_workload
 
 
 @dataclass(frozen=True, eq=False)

@@ -9,7 +9,7 @@ coactivation is absent and only count-based methods apply.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -267,3 +267,37 @@ def stats_from_counts(
         top_k=top_k,
         step_counts=None if step_counts is None else np.asarray(step_counts, dtype=np.float64),
     )
+
+
+# ----------------------------------------------------------------------------- one layer
+def layer_stats(stats: Stats, l: int, coactivation: bool = True) -> Stats:
+    """Layer ``l`` of ``stats`` as one-layer statistics (family token totals unchanged;
+    without ``coactivation``, none)."""
+    if not coactivation:
+        stats = replace(stats, coactivation=None)
+    return Stats(
+        family_names=stats.family_names,
+        counts=np.ascontiguousarray(stats.counts[:, l : l + 1]),
+        family_tokens=stats.family_tokens,
+        top_k=stats.top_k,
+        step_counts=None if stats.step_counts is None else np.ascontiguousarray(stats.step_counts[l : l + 1]),
+        coactivation=None if stats.coactivation is None else np.ascontiguousarray(stats.coactivation[:, l : l + 1]),
+    )
+
+
+def layer_trace(trace: Trace, l: int) -> Trace:
+    """Layer ``l`` of ``trace`` as a one-layer trace (the same tokens, steps and homes)."""
+    return Trace(
+        topk=np.ascontiguousarray(trace.topk[:, l : l + 1]),
+        family=trace.family,
+        step=trace.step,
+        family_names=trace.family_names,
+        num_experts=trace.num_experts,
+        weights=None if trace.weights is None else np.ascontiguousarray(trace.weights[:, l : l + 1]),
+        home=trace.home,
+    )
+
+
+def layer_workload(workload: Trace | Stats, l: int) -> Trace | Stats:
+    """Layer ``l`` of a trace or of count statistics, as a one-layer workload."""
+    return layer_trace(workload, l) if isinstance(workload, Trace) else layer_stats(workload, l)
