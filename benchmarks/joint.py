@@ -1143,17 +1143,11 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(f"[{time.perf_counter() - t0:6.0f}s] {line}", flush=True)
 
-    if args.part == "scale" and args.limit_only:
-        data = scale_limit(args, log)
+    if args.part == "scale" and (args.limit_only or args.add):  # into the existing results
+        data = scale_limit(args, log) if args.limit_only else scale_add(args, log)
         write_json(args.out / "joint_scale.json", data)
         write_text(args.out / "joint_scale.md", scale_markdown(data))
-        log(f"time-limit rows replaced in {args.out / 'joint_scale.json'} and joint_scale.md")
-        return 0
-    if args.part == "scale" and args.add:
-        data = scale_add(args, log)
-        write_json(args.out / "joint_scale.json", data)
-        write_text(args.out / "joint_scale.md", scale_markdown(data))
-        log(f"added to {args.out / 'joint_scale.json'} and joint_scale.md")
+        log(f"{'time-limit rows replaced' if args.limit_only else 'added'} in {args.out / 'joint_scale.json'} and .md")
         return 0
     if args.part == "scale":
         data = scale_part(args, log)
