@@ -245,3 +245,22 @@ def test_inline_shuffle_draws_as_random_shuffle(seed, n):
     _shuffle(y, b.getrandbits)
     assert x == y
     assert a.random() == b.random()
+
+
+@settings(max_examples=examples(25), deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_static_expectations_over_homes_on_two_nodes(seed):
+    """Without token homes, every static communication metric (remote GPUs, topology-weighted
+    cost, remote nodes, GPUs per token) is the exact mean of the same metric with every token
+    homed on each of the G GPUs in turn (the bit-mask expectation against brute force)."""
+    rng = np.random.default_rng(seed)
+    E, G, W, N = 8, 4, 3, 40
+    plan = Plan(slots=random_slots(E, G, W, 1, rng, fill=1.0), experts=E, dispatch=Dispatch(kind="static"))
+    cluster = Cluster(gpus=G, gpus_per_node=2, slots_per_gpu=2, replica_slots_per_gpu=1, inter_node_weight=4.0)
+    topk = np.argsort(rng.random((N, 1, E)), axis=2)[:, :, :3].astype(np.int16)
+    base = dict(topk=topk, family=np.zeros(N, np.int32), step=np.zeros(N, np.int32), family_names=("a",), num_experts=E)
+    avg = evaluate(plan, Trace(**base), cluster)
+    per_home = [evaluate(plan, Trace(**base, home=np.full(N, h)), cluster) for h in range(G)]
+    for key in ("comm_per_token", "comm_weighted_per_token", "comm_nodes_per_token", "gpus_per_token"):
+        assert avg[key] == pytest.approx(np.mean([m[key] for m in per_home])), key
+    assert np.allclose(avg["loads"], np.mean([m["loads"] for m in per_home], axis=0))
