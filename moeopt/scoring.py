@@ -124,9 +124,7 @@ def probe_plan(instance: Instance, rule: Dispatch, load: np.ndarray | None = Non
     return Plan(slots=slots, experts=E, dispatch=rule)
 
 
-def scoring_seconds(
-    instance: Instance, workload: Trace | Stats, rule: Dispatch, *, baseline: bool = False, layer: int = 0
-) -> float:
+def scoring_seconds(instance: Instance, workload: Trace | Stats, rule: Dispatch, *, baseline: bool = False) -> float:
     """Seconds [`evaluate`][moeopt.evaluate.evaluate] takes on ``workload`` for a plan of the
     instance's shape under ``rule`` (and with ``baseline``, the linear plan too, as `score`
     does), measured on one layer with `probe_plan` and times the layers.
@@ -135,12 +133,8 @@ def scoring_seconds(
     rule at 256 GPUs each rank's seeded table and the expectation over the token homes take about
     half a second per layer, after the method has used its time.
     """
-    one = layer_workload(workload, layer)
-    if isinstance(one, Trace):
-        load = np.bincount(one.topk.ravel(), minlength=instance.model.experts).astype(np.float64)
-    else:
-        load = np.asarray(one.counts, dtype=np.float64).sum(axis=0)[0]
-    probe = probe_plan(instance, rule, load)
+    one = layer_workload(workload, 0)
+    probe = probe_plan(instance, rule, np.asarray(one.expert_load[0], dtype=np.float64))
     t0 = time.perf_counter()
     evaluate(probe, one, instance.cluster)
     if baseline:
