@@ -1143,6 +1143,12 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(f"[{time.perf_counter() - t0:6.0f}s] {line}", flush=True)
 
+    if not (math.isfinite(args.time_limit) and args.time_limit >= 0):
+        ap.error(f"--time-limit: expected a finite number of seconds >= 0 (0: none), got {args.time_limit!r}")
+    if args.limit_only and not args.time_limit:
+        ap.error("--limit-only: needs a --time-limit above 0 (the limit the runs are made under)")
+    if args.part == "scale" and (args.limit_only or args.add) and not (args.out / "joint_scale.json").is_file():
+        ap.error(f"--limit-only / --add: no {args.out / 'joint_scale.json'} to add to (run --part scale first)")
     if args.part == "scale" and (args.limit_only or args.add):  # into the existing results
         data = scale_limit(args, log) if args.limit_only else scale_add(args, log)
         write_json(args.out / "joint_scale.json", data)
