@@ -397,17 +397,24 @@ def scale_add(args, log) -> dict:
     import json
 
     data = json.loads((args.out / "joint_scale.json").read_text())
-    pairs = [(r.strip(), float(e)) for r, e in (x.split(":") for x in args.add.split(","))]
+    pairs = [_added(x) for x in args.add.split(",")]
     for name, inst, wl in scale_cells(data["info"]["layers"]):
-        for rule, e in pairs:
-            data["rows"] += scale_run(
-                name, inst, wl, "joint", {"dispatch": rule, "eps": e}, SCALE_RULES, log, workers=args.workers
-            )
+        for rule, e, starts in pairs:
+            params = {"dispatch": rule, "eps": e, **({"starts": starts} if starts else {})}
+            data["rows"] += scale_run(name, inst, wl, "joint", params, SCALE_RULES, log, workers=args.workers)
             data["info"]["eps"].setdefault(rule, [])
             if e not in data["info"]["eps"][rule]:
                 data["info"]["eps"][rule] = sorted([*data["info"]["eps"][rule], e])
     data["checks"] = scale_checks(data["rows"], data.get("timing", []))
     return data
+
+
+def _added(text: str) -> tuple[str, float, str | None]:
+    """One ``--add`` item: ``RULE:EPS`` or ``RULE:EPS:STARTS`` (starts joined by ``+``)."""
+    parts = [p.strip() for p in text.split(":")]
+    if len(parts) not in (2, 3):
+        raise ValueError(f"--add: expected RULE:EPS or RULE:EPS:STARTS, got {text!r}")
+    return parts[0], float(parts[1]), parts[2].replace("+", ",") if len(parts) == 3 else None
 
 
 def scale_markdown(data: dict) -> str:
@@ -422,7 +429,8 @@ def scale_markdown(data: dict) -> str:
         f"and one replica slot per GPU, {info['tokens']} tokens per trace (calibration seed 0, held-out seed 1). "
         "Every plan scored by the one scorer under the rule named (`static`: SGLang with DeepEP; `even`: SGLang "
         f"dynamic) on the held-out trace; `joint` made for that rule (hierarchical, the default past 64 GPUs) at "
-        f"eps {grid}; wall time with `--workers {info['workers']}` (EPLB: one "
+        f"eps {grid} (rows `starts=balance,groups`: the node level also starts from the router groups laid out on "
+        f"nodes, the `groups` start); wall time with `--workers {info['workers']}` (EPLB: one "
         "process) and the 1-minute load average before and after each run on a shared 2-core machine.",
         "",
     ]
@@ -1102,7 +1110,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--add",
         default=None,
-        help="--part scale: more joint plans (RULE:EPS,...) on the comparison cells, added to joint_scale.json",
+        help="--part scale: more joint plans (RULE:EPS or RULE:EPS:STARTS with starts joined by +, comma-separated) "
+        "on the comparison cells, added to joint_scale.json",
     )
     ap.add_argument(
         "--timing", type=int, default=58, help="--part scale: time joint on the synthetic cell's first N layers (0: no)"
@@ -1147,6 +1156,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--time-limit: expected a finite number of seconds >= 0 (0: none), got {args.time_limit!r}")
     if args.limit_only and not args.time_limit:
         ap.error("--limit-only: needs a --time-limit above 0 (the limit the runs are made under)")
+    if args.add:
+        try:
+            added = [_added(x) for x in args.add.split(",")]
+        except ValueError as e:
+            ap.error(str(e))
+        for rule, _e, _s in added:
+            if rule not in SCALE_RULES:
+                ap.error(f"--add: rule {rule!r} is not one of {', '.join(SCALE_RULES)}")
     if args.part == "scale" and (args.limit_only or args.add) and not (args.out / "joint_scale.json").is_file():
         ap.error(f"--limit-only / --add: no {args.out / 'joint_scale.json'} to add to (run --part scale first)")
     if args.part == "scale" and (args.limit_only or args.add):  # into the existing results

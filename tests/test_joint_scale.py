@@ -285,3 +285,79 @@ def test_hierarchical_by_default_from_64_gpus_on_several_nodes():
         .hierarchical
         is False
     )
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(
+    st.integers(2, 6),
+    st.integers(2, 8),
+    st.integers(2, 6),
+    st.integers(1, 4),
+    st.floats(0.3, 3.0),
+    st.integers(0, 2**16),
+)
+def test_group_node_start_is_a_plan_of_the_nodes(groups, nodes, gpn, width, skew, seed):
+    """The router groups' layout on nodes: every slot filled, every expert once at least, never
+    twice on one node; without hot copies to spill, each node holds at most two groups (the end
+    of one, the start of the next); None exactly where it cannot apply."""
+    from moeopt.balance import copy_counts
+    from moeopt.heuristics.hierarchy import group_node_start
+
+    per_node = gpn * width
+    per = max(per_node, 2)
+    E = groups * per
+    if nodes * per_node < E:
+        assert group_node_start(np.ones(E), groups, nodes, per_node) is None
+        return
+    load = np.random.default_rng(seed).pareto(skew, E) + 0.01
+    slots = group_node_start(load, groups, nodes, per_node)
+    assert slots is not None and slots.shape == (nodes, per_node)
+    assert (slots >= 0).all() and set(slots.ravel().tolist()) == set(range(E))
+    for row in slots:
+        assert len(set(row.tolist())) == len(row)
+    counts = np.bincount(slots.ravel(), minlength=E)
+    balanced = copy_counts(load / load.sum(), nodes * per_node, max_copies=nodes)
+    assert (counts == balanced).all()  # the balance planner's copy counts, placed
+    if (balanced == 1).all():
+        assert max(len(set((row // per).tolist())) for row in slots) <= 2
+
+
+def test_group_node_start_does_not_apply():
+    """No groups, or groups that do not divide the experts."""
+    from moeopt.heuristics.hierarchy import group_node_start
+
+    assert group_node_start(np.ones(16), 1, 4, 4) is None
+    assert group_node_start(np.ones(15), 4, 4, 4) is None
+
+
+def test_joint_groups_start(tmp_path):
+    """starts: balance,groups on a model with expert groups: a feasible plan; the groups start
+    alone without groups, or outside hierarchical mode: one-line input errors naming the field."""
+    from moeopt.errors import InputError
+    from moeopt.solve import solve
+
+    path = tmp_path / "grouped.yaml"
+    path.write_text(
+        "model: {layers: 1, experts: 64, top_k: 4, expert_groups: 4}\n"
+        "cluster: {gpus: 64, gpus_per_node: 4, replica_slots_per_gpu: 1}\n"
+        "workload:\n  synthetic: {tokens: 2048, steps: 4, structure_seed: 1, expert_groups: 4, topk_group: 2}\n"
+    )
+    from moeopt.io import load_instance
+
+    inst = load_instance(path)
+    for starts in ("groups", "balance,groups"):
+        res = solve(
+            inst,
+            method="joint",
+            params={"dispatch": "static", "starts": starts, "evaluations": 200, "hierarchical": True},
+            layer_time_limit=2.0,
+        )
+        _feasible(res, inst)
+        assert set(res.stats["search"][0]["starts"]) == set(starts.split(","))
+    with pytest.raises(InputError) as err:
+        solve(inst, method="joint", params={"starts": "groups", "hierarchical": False}, layer_time_limit=1.0)
+    assert err.value.field == "method.starts" and "\n" not in str(err.value)
+    plain = _wide(tmp_path)
+    with pytest.raises(InputError) as err:
+        solve(plain, method="joint", params={"starts": "groups"}, layer_time_limit=1.0)
+    assert err.value.field == "method.starts" and "expert_groups" in str(err.value)

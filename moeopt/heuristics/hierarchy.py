@@ -12,8 +12,10 @@ splits it:
    GPU may be: each node's copies are packed onto its GPUs as the GPU level starts, and the
    load over the GPU limit is priced too (``slot_width``). The search
    (`moeopt.joint.local_search`) runs from the joint planner's starts on nodes:
-   ``balance`` (the balance planner's plan of the nodes; the default) and ``grouping``
-   (`node_grouping_start`: the balanced copies grouped onto nodes by co-activation).
+   ``balance`` (the balance planner's plan of the nodes; the default), ``grouping``
+   (`node_grouping_start`: the balanced copies grouped onto nodes by co-activation) and, for
+   routers with expert groups, ``groups`` (`group_node_start`: each group on as few nodes as
+   its load allows).
 2. **Each copy's load** under the rule: ``1 / c`` of its expert's (`node_shares`;
    ``ascend``: the rank-modulo shares), and under SGLang ``static`` exactly what the engine's
    seeded tables deal each node (`static_node_shares`).
@@ -94,6 +96,111 @@ def node_grouping_start(
         slots[n, fill[n]] = expert[i]
         fill[n] += 1
     return slots
+
+
+def group_node_start(load: np.ndarray, groups: int, nodes: int, width: int) -> np.ndarray | None:
+    """int ``[nodes, width]``: the router's expert groups laid out on nodes, each group on as few
+    nodes as its load allows; None where the layout does not apply.
+
+    Under group-limited routing (DeepSeek-V3 / R1: a token's experts lie in ``topk_group`` of
+    ``groups`` groups of consecutive ids) a token that touches a group touches only the nodes
+    holding that group. EPLB's hierarchical policy exploits this with a fixed number of nodes
+    per group, which leaves the nodes as unequal as the groups' loads. Here the copy counts are
+    the balance planner's (`moeopt.balance.copy_counts` over the ``nodes * width`` slots, at
+    most one copy per node), so that each group's slots follow its load; the groups lie one
+    after the other on the nodes (a node may hold the end of one group and the start of the
+    next), each with as many copies of an expert as the nodes it spans, and the copies a hot
+    expert has beyond those fill the last slots. Each group's copies go, the experts with most
+    copies first and the hottest first among them, to the node share of its slots furthest
+    below its share of the group's load, never two copies of an expert on one node.
+
+    None: the groups do not divide the experts, the slots cannot hold each expert once, or a
+    node's share of a group has more slots than the group has experts."""
+    from moeopt.balance import copy_counts
+
+    load = np.asarray(load, dtype=np.float64)
+    E = len(load)
+    total = nodes * width
+    if groups < 2 or E % groups or total < E:
+        return None
+    per = E // groups
+    w = load / load.sum() if load.sum() > 0 else np.full(E, 1.0 / E)
+    c = np.asarray(copy_counts(w, total, max_copies=nodes), dtype=np.int64)
+    per_copy = w / c
+
+    def touched(offset: int, size: int) -> int:
+        return (offset + size - 1) // width - offset // width + 1
+
+    slots = np.full((nodes, width), -1, dtype=np.int64)
+    spill: list[int] = []
+    offset = 0
+    for g in range(groups):
+        ids = np.arange(g * per, (g + 1) * per)
+        size = int(c[ids].sum())
+        while True:  # as many copies of an expert as the nodes its group's slots span
+            fit = int(np.minimum(c[ids], touched(offset, size)).sum())
+            if fit == size:
+                break
+            size = fit
+        first = offset // width
+        span = touched(offset, size)
+        share = np.array(
+            [min((n + 1) * width, offset + size) - max(n * width, offset) for n in range(first, first + span)]
+        )
+        if share.max() > per:
+            return None
+        kept = np.minimum(c[ids], span)
+        for j, e in enumerate(ids.tolist()):
+            spill += [e] * int(c[e] - kept[j])
+        target = share / share.sum() * float((kept * per_copy[ids]).sum())
+        have = np.zeros(span)
+        free = share.copy()
+        held: list[list[int]] = [[] for _ in range(span)]
+        # most copies first, each to the shares with the most free slots (so that every expert
+        # finds as many shares as it has copies where any assignment can), then the furthest
+        # below their target; a copy no share can take joins the spilled ones
+        for i in sorted(range(per), key=lambda i: (-kept[i], -per_copy[ids[i]], i)):
+            open_ = sorted((p for p in range(span) if free[p] > 0), key=lambda p: (-free[p], have[p] - target[p], p))
+            for p in open_[: int(kept[i])]:
+                held[p].append(int(ids[i]))
+                have[p] += per_copy[ids[i]]
+                free[p] -= 1
+            spill += [int(ids[i])] * max(int(kept[i]) - len(open_), 0)
+        for p, row in enumerate(held):
+            n = first + p
+            start = max(n * width, offset) - n * width
+            slots[n, start : start + len(row)] = sorted(row, key=lambda e: (-per_copy[e], e))
+            # a share left with free slots (its copies spilled) keeps them for the spilled copies
+        offset += size
+    # the hot experts' copies beyond their groups' nodes: the last slots, hottest first, each on
+    # the least loaded node with a free slot that does not hold the expert yet
+    node_load = np.array([per_copy[r[r >= 0]].sum() for r in slots])
+    many = np.bincount(np.asarray(spill, dtype=np.int64), minlength=E)
+    for e in sorted(spill, key=lambda e: (-many[e], -per_copy[e], e)):
+        ok = [n for n in range(nodes) if (slots[n] < 0).any() and e not in slots[n]]
+        if not ok:  # every free slot lies on a node holding e: move a copy from a node without e
+            room = _make_room(slots, e)
+            if room is None:
+                return None
+            node_load = np.array([per_copy[r[r >= 0]].sum() for r in slots])
+            ok = [room]
+        n = min(ok, key=lambda n: (node_load[n], n))
+        slots[n, int(np.argmax(slots[n] < 0))] = e
+        node_load[n] += per_copy[e]
+    return slots
+
+
+def _make_room(slots: np.ndarray, e: int) -> int | None:
+    """Move one copy from a node without ``e`` to a free slot of a node with ``e``, so that the
+    first node has a free slot for ``e``; that node, or None where no such move exists."""
+    for a in np.flatnonzero((slots < 0).any(axis=1)):
+        for b in np.flatnonzero(~(slots == e).any(axis=1)):
+            for j, x in enumerate(slots[b]):
+                if x >= 0 and x not in slots[a]:
+                    slots[a, int(np.argmax(slots[a] < 0))] = x
+                    slots[b, j] = -1
+                    return int(b)
+    return None
 
 
 def _grouped(

@@ -57,7 +57,7 @@ def search_layer(
     engine rule's inputs of `moeopt.joint.RuleCost` (its ``rule``, the sample's ``row``,
     ``home`` and ``draw``, ``gpus_per_node``, ``tp_size``); None: the locality-first cost."""
     runs: dict[str, tuple[float, jm.SlotState, Any]] = {}
-    weight = {"grouping": 2.0, "balance": 1.0, "hint": 1.0}
+    weight = {"grouping": 2.0, "balance": 1.0, "groups": 1.0, "hint": 1.0}
     total = sum(weight[k] for k in starts)
     capped = 0
     # strict: the family-cap repair may follow (locality cost only) and its time comes out of the

@@ -160,6 +160,13 @@ def search_flat(
         starts["balance"] = balanced
     if ctx.hint is not None:
         starts["hint"] = ctx.hint.padded(problem.instance.cluster.width).slots
+    if not starts:  # starts: groups alone
+        raise InputError(
+            _source(problem),
+            "method.starts",
+            f"the groups start needs hierarchical mode (hierarchical: true, the default from {jm_hierarchical_gpus()} "
+            "GPUs on several nodes); add balance or grouping",
+        )
     rules = rule_inputs(problem, params, layers, seed)
     # each layer's share of what the starts left (serial: a pool only finishes sooner)
     per_layer = min(params.time_per_layer, search.remaining() / problem.layers)
@@ -214,6 +221,17 @@ def search_hierarchical(
     starts: dict[str, np.ndarray] = {}
     if ctx.hint is not None:
         starts["hint"] = hier.node_slots(ctx.hint.padded(c.width).slots, gpn)
+    if "groups" in params.start_list:
+        grouped = group_starts(problem, nodes, per_node)
+        if grouped is not None:
+            starts["groups"] = grouped
+        elif params.start_list == ["groups"] and ctx.hint is None:
+            raise InputError(
+                _source(problem),
+                "method.starts",
+                "the groups start needs model.expert_groups dividing the experts, and nodes with no more "
+                "slots than a group has experts; add balance",
+            )
     rules = rule_inputs(problem, params, layers, seed, nodes=True)
     per_layer = min(params.time_per_layer, search.remaining() / L)
     items = [
@@ -240,6 +258,35 @@ def search_hierarchical(
     slots = np.stack([out["slots"] for out in placed])
     stats = [{**f["stats"], **p["stats"]} for f, p in zip(found, placed, strict=True)]
     return slots, sum(out["capped"] for out in found) + sum(out["capped"] for out in placed), stats
+
+
+def _source(problem: Problem) -> str | None:
+    """The instance's file, for an error's first words."""
+    src = problem.instance.source
+    return str(src) if src else None
+
+
+def jm_hierarchical_gpus() -> int:
+    """The GPU count past which `joint` plans hierarchically by default."""
+    from moeopt.methods.joint import HIERARCHICAL_GPUS
+
+    return HIERARCHICAL_GPUS
+
+
+def group_starts(problem: Problem, nodes: int, per_node: int) -> np.ndarray | None:
+    """int ``[L, nodes, per_node]``: every layer's router groups laid out on the nodes
+    (`moeopt.heuristics.hierarchy.group_node_start`); None where the model has no expert
+    groups or the layout does not apply to some layer."""
+    groups = problem.instance.model.expert_groups
+    if groups is None or groups < 2:
+        return None
+    out = []
+    for l in range(problem.layers):
+        s = hier.group_node_start(problem.stats.expert_load[l], groups, nodes, per_node)
+        if s is None:
+            return None
+        out.append(s)
+    return np.stack(out)
 
 
 def rule_inputs(

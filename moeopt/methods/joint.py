@@ -58,6 +58,8 @@ DEFAULT_EVALUATIONS = 2400
 HIERARCHICAL_GPUS = 64
 #: the joint search's starts when ``starts`` is not given (``balance`` alone in hierarchical mode)
 DEFAULT_STARTS = "grouping,balance"
+#: the starts in hierarchical mode when ``starts`` is not given
+HIERARCHICAL_STARTS = "balance"
 #: whole searches when ``restarts`` is not given (one in hierarchical mode)
 DEFAULT_RESTARTS = 2
 #: most whole searches ``restarts`` runs (each is a full search of every layer; past a few, the
@@ -100,9 +102,14 @@ class JointParams:
     starts
         Comma-separated starts: ``grouping`` (agnostic grouping + hottest-first copies; in
         hierarchical mode the balanced copies grouped onto nodes by co-activation),
-        ``balance`` (the balance planner's plan; of the nodes in hierarchical mode). None: both,
-        and ``balance`` alone in hierarchical mode (measured on DeepSeek-V3-shaped layers at 256
-        GPUs: the search from it alone, with all the evaluations, ends as low or lower).
+        ``balance`` (the balance planner's plan; of the nodes in hierarchical mode), ``groups``
+        (hierarchical mode, models with ``expert_groups``: each router group on as few nodes as
+        its load allows, `moeopt.heuristics.hierarchy.group_node_start`). None: ``grouping``
+        and ``balance``, and ``balance`` alone in hierarchical mode (measured on
+        DeepSeek-V3-shaped layers at 256 GPUs: the search from it alone, with all the
+        evaluations, ends as low or lower; ``balance,groups`` is lower under SGLang ``static``
+        on count-sampled loads, but under ``even`` the GPU level cannot always balance the
+        nodes it leaves, so it is not the default).
     grouping_eps
         ``eps_load`` of the grouping start (default ``.inf``: the unconstrained grouping, whose
         locality the search then trades for balance; None: the grouping's automatic limit).
@@ -209,9 +216,11 @@ class JointParams:
             raise ValueError(f"sample_tokens must be >= 1, got {self.sample_tokens}")
         if self.coarse_tokens is not None and self.coarse_tokens < 1:
             raise ValueError(f"coarse_tokens must be >= 1, got {self.coarse_tokens}")
-        unknown = set(self.start_list) - {"grouping", "balance"}
+        unknown = set(self.start_list) - {"grouping", "balance", "groups"}
         if unknown or not self.start_list:
-            raise ValueError(f"starts: expected a comma-separated subset of grouping,balance, got {self.starts!r}")
+            raise ValueError(
+                f"starts: expected a comma-separated subset of grouping,balance,groups, got {self.starts!r}"
+            )
         if not self.time_per_layer > 0:
             raise ValueError(f"time_per_layer must be > 0, got {self.time_per_layer}")
         if self.evaluations < 1:
@@ -241,7 +250,9 @@ class JointParams:
     def start_list(self) -> list[str]:
         """The starts (``starts``, else the default: ``grouping,balance``; ``balance`` in
         hierarchical mode)."""
-        given = self.starts if self.starts is not None else ("balance" if self.hierarchical else DEFAULT_STARTS)
+        given = (
+            self.starts if self.starts is not None else (HIERARCHICAL_STARTS if self.hierarchical else DEFAULT_STARTS)
+        )
         return [s.strip() for s in given.split(",") if s.strip()]
 
     @property
