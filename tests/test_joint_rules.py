@@ -157,3 +157,18 @@ def test_static_loads_bound_the_fair_draw(case):
     c = plan.copy_counts[0]
     if (G % c == 0).all():
         np.testing.assert_allclose(cost.loads()[0], real, atol=1e-9)
+
+
+@settings(max_examples=examples(60))
+@given(case=cases(rules=("even", "vllm", "ascend")))
+def test_over_share_is_the_largest_excess_over_the_limit(case):
+    """RuleCost.over_share on GPUs (no bins): the hottest GPU's load over (1 + eps) times the
+    mean, in units of the mean; 0 within the limit."""
+    slots, topk, step, home, rule, _ = case
+    cost, _, E = _cost(slots, topk, step, home, rule, None)
+    cost.reset(SlotState(slots, E))
+    loads = cost.loads()[0]
+    mean = loads.mean()
+    eps = float(cost._eps[0])
+    expected = max(loads.max() / mean - (1.0 + eps), 0.0) if mean > 0 else 0.0
+    assert cost.over_share() == pytest.approx(expected, abs=1e-12)

@@ -48,6 +48,7 @@ def search_layer(
     per_layer: float,
     rule: dict | None = None,
     strict: bool = False,
+    within: bool = False,
 ) -> dict:
     """Layer ``l``'s search from each start (a share of ``per_layer`` seconds and of the
     evaluations each, by start weight; with ``strict``, under a run's time limit, the starts and
@@ -55,8 +56,13 @@ def search_layer(
     ran over leaves the next less rather than the run more); the best plan and the run's statistics. Seeded by
     ``(seed, l)`` alone: the same plan in this process, a worker or a Ray task. ``rule``: the
     engine rule's inputs of `moeopt.joint.RuleCost` (its ``rule``, the sample's ``row``,
-    ``home`` and ``draw``, ``gpus_per_node``, ``tp_size``); None: the locality-first cost."""
+    ``home`` and ``draw``, ``gpus_per_node``, ``tp_size``); None: the locality-first cost.
+    ``within`` (the hierarchical node level, engine rules): of the starts' plans, only those
+    over the limits by at most `WITHIN_SLACK` of the load more than the least over them compete
+    on value (the penalty prices load over the limits softly, and a start far from balance can
+    win on value while no GPU packing of its nodes keeps the limit)."""
     runs: dict[str, tuple[float, jm.SlotState, Any]] = {}
+    over: dict[str, float] = {}
     weight = {"grouping": 2.0, "balance": 1.0, "groups": 1.0, "hint": 1.0}
     total = sum(weight[k] for k in starts)
     capped = 0
@@ -90,7 +96,14 @@ def search_layer(
         )
         capped += int(st.capped)
         runs[label] = (value, best, st)
-    label, (value, best, st) = min(runs.items(), key=lambda kv: kv[1][0])
+        if within and hasattr(cost, "over_share"):
+            cost.reset(best)
+            over[label] = cost.over_share()
+    pool = runs
+    if over:  # the starts whose plans lie within the limits as far as the best does, then the lowest value
+        least = min(over.values())
+        pool = {k: v for k, v in runs.items() if over.get(k, 0.0) <= least + WITHIN_SLACK}
+    label, (value, best, st) = min(pool.items(), key=lambda kv: kv[1][0])
     repair = None
     if rule is None:  # the family cap is priced by the locality-first cost only
         best, repair = repair_family_cap(layer, best, params, seed, l, searching)
@@ -106,11 +119,18 @@ def search_layer(
                 "rounds": v[2].rounds,
                 "kicks": v[2].kicks,
                 "evaluated": v[2].evaluated,
+                **({"over_limit": over[k]} if k in over else {}),
             }
             for k, v in runs.items()
         },
     }
     return {"slots": best.slots, "capped": capped, "stats": stats}
+
+
+#: node level (``within``): a start's plan competes on its value only if its largest load over a
+#: limit (`moeopt.joint.RuleCost.over_share`, in units of the mean load under that limit) is at
+#: most this much above the least of all the starts' plans
+WITHIN_SLACK = 0.02
 
 
 #: shares of a layer's time in hierarchical mode: the node level's grouping start, the node level
@@ -153,7 +173,7 @@ def search_nodes(
         mine["balance"] = core.plan_layer(load, layer.gpus, layer.width, seed=seed + l)
     starts = {**mine, **starts}
     left = max(NODE_SEARCH_SHARE * per_layer - (time.perf_counter() - began), 0.05)
-    found = search_layer(layer, starts, load, experts, params, seed, l, left, rule, strict)
+    found = search_layer(layer, starts, load, experts, params, seed, l, left, rule, strict, within=True)
     return {"slots": np.asarray(found["slots"]), "capped": found["capped"] + capped, "stats": found["stats"]}
 
 

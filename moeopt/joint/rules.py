@@ -228,6 +228,18 @@ class RuleCost:
         per = (remote_sum + self.layer.penalty * over) / self._ntok
         return float((self._wts * per).sum())
 
+    def over_share(self) -> float:
+        """How far the plan `reset` last priced lies over its limits: the largest load over the
+        limit of one bin (``(1 + eps)`` times the mean) or, summed, of one bin's GPUs (packed),
+        over the mean load of what it is over (a bin's, a GPU's); 0 within them."""
+        loads = self._loads[0]
+        mean = float(loads.mean())
+        if mean <= 0:
+            return 0.0
+        bins = float(np.maximum(loads - (1.0 + self._eps[0]) * mean, 0.0).max(initial=0.0)) / mean
+        gpus = float(self._gpu.max(initial=0.0)) / (mean / self.bin) if self.slot_width is not None else 0.0
+        return max(bins, gpus)
+
     def _gpu_over(self, holds: np.ndarray, share: np.ndarray, bins: np.ndarray) -> np.ndarray:
         """float ``[len(bins)]``: per bin, the calibration load over the GPU limit when its copies
         (``holds [E, G]``, shares ``[E, G]``) are packed onto its GPUs (`round_robin_lpt`)."""

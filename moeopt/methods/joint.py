@@ -60,6 +60,10 @@ HIERARCHICAL_GPUS = 64
 DEFAULT_STARTS = "grouping,balance"
 #: the starts in hierarchical mode when ``starts`` is not given
 HIERARCHICAL_STARTS = "balance"
+#: ... and under SGLang ``static`` (``groups`` only where the model has expert groups): on the
+#: scale benchmark's cells as low or lower than ``balance`` alone at every eps, while under
+#: ``even`` it lost on the synthetic cell (benchmarks/results/joint_scale.md)
+HIERARCHICAL_STATIC_STARTS = "balance,groups"
 #: whole searches when ``restarts`` is not given (one in hierarchical mode)
 DEFAULT_RESTARTS = 2
 #: most whole searches ``restarts`` runs (each is a full search of every layer; past a few, the
@@ -105,11 +109,11 @@ class JointParams:
         ``balance`` (the balance planner's plan; of the nodes in hierarchical mode), ``groups``
         (hierarchical mode, models with ``expert_groups``: each router group on as few nodes as
         its load allows, `moeopt.heuristics.hierarchy.group_node_start`). None: ``grouping``
-        and ``balance``, and ``balance`` alone in hierarchical mode (measured on
-        DeepSeek-V3-shaped layers at 256 GPUs: the search from it alone, with all the
-        evaluations, ends as low or lower; ``balance,groups`` is lower under SGLang ``static``
-        on count-sampled loads, but under ``even`` the GPU level cannot always balance the
-        nodes it leaves, so it is not the default).
+        and ``balance``; in hierarchical mode ``balance`` (measured on DeepSeek-V3-shaped layers
+        at 256 GPUs: the search from it alone, with all the evaluations, ends as low or lower
+        than with ``grouping`` too), and ``balance,groups`` under SGLang ``static`` (as low or
+        lower than ``balance`` alone on both scale cells at every eps; under ``even`` it lost
+        on the synthetic cell).
     grouping_eps
         ``eps_load`` of the grouping start (default ``.inf``: the unconstrained grouping, whose
         locality the search then trades for balance; None: the grouping's automatic limit).
@@ -248,11 +252,14 @@ class JointParams:
 
     @property
     def start_list(self) -> list[str]:
-        """The starts (``starts``, else the default: ``grouping,balance``; ``balance`` in
-        hierarchical mode)."""
-        given = (
-            self.starts if self.starts is not None else (HIERARCHICAL_STARTS if self.hierarchical else DEFAULT_STARTS)
-        )
+        """The starts (``starts``, else the default: ``grouping,balance``; in hierarchical mode
+        ``balance``, and ``balance,groups`` under SGLang ``static``)."""
+        if self.starts is not None:
+            given = self.starts
+        elif not self.hierarchical:
+            given = DEFAULT_STARTS
+        else:
+            given = HIERARCHICAL_STATIC_STARTS if self.engine_rule == "static" else HIERARCHICAL_STARTS
         return [s.strip() for s in given.split(",") if s.strip()]
 
     @property
