@@ -10,19 +10,29 @@ notice. In three lines, counts in and an SGLang placement file out::
     result.plan.to_engine("sglang", "expert-location.json", instance=inst)
 """
 
-from moeopt.api import evaluate, method_available, read_workload
-from moeopt.errors import InfeasibleError, InputError, MoeoptError, PlanError
-from moeopt.frontier import FrontierPoint, mark_pareto
-from moeopt.frontier import frontier as sweep_frontier
-from moeopt.instance import Cluster, Instance, InstanceOptions, Model
-from moeopt.io import load_instance, read_plan, read_trace, write_plan, write_trace
-from moeopt.plan import Dispatch, Plan
-from moeopt.profile import Profile, synthetic_profile
-from moeopt.registry import method_names
-from moeopt.result import Result, Status, Termination
-from moeopt.solve import solve
-from moeopt.synth import SynthSpec, synthesize
-from moeopt.trace import Stats, Trace
+import sys as _sys
+
+try:
+    from moeopt.api import evaluate, method_available, read_workload
+    from moeopt.errors import InfeasibleError, InputError, MoeoptError, PlanError
+    from moeopt.frontier import FrontierPoint, mark_pareto
+    from moeopt.frontier import frontier as sweep_frontier
+    from moeopt.instance import Cluster, Instance, InstanceOptions, Model
+    from moeopt.io import load_instance, read_plan, read_trace, write_plan, write_trace
+    from moeopt.plan import Dispatch, Plan
+    from moeopt.profile import Profile, synthetic_profile
+    from moeopt.registry import method_names
+    from moeopt.result import Result, Status, Termination
+    from moeopt.solve import solve
+    from moeopt.synth import SynthSpec, synthesize
+    from moeopt.trace import Stats, Trace
+except KeyboardInterrupt:
+    # Ctrl-C while `python -m moeopt` imports the package (sys.argv[0] is "-m" until its
+    # __main__ runs): the command line's answer (moeopt.cli.main), not a traceback
+    if _sys.argv[:1] == ["-m"]:
+        print("interrupted", file=_sys.stderr, flush=True)
+        raise SystemExit(130) from None
+    raise
 
 __all__ = [
     "Cluster",

@@ -128,3 +128,22 @@ def test_interrupt_in_a_highs_callback_is_not_lost():
             h.run()  # no stop hook: HiGHS runs to its time limit (2 s), then the interrupt is raised
             time.sleep(1.0)  # the re-delivery lands here at the latest
     assert h.getModelStatus() != highspy.HighsModelStatus.kSolveError
+
+
+def test_ctrl_c_while_the_command_line_imports(tmp_path):
+    """Ctrl-C while `python -m moeopt` imports the package gives the command line's answer,
+    `interrupted` and exit 130, and no traceback (the interrupt is raised by a `numpy` module
+    shadowing the real one)."""
+    module = "numpy"
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / f"{module}.py").write_text("raise KeyboardInterrupt\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "moeopt", "--help"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip() == "interrupted" and done.stdout == ""

@@ -20,8 +20,12 @@ __all__ = ["build_parser", "main", "one_line"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        parser = _parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C before the handler is in place (building the parser imports)
+        print("interrupted", file=sys.stderr, flush=True)
+        return 130
     console.configure(verbose=getattr(args, "verbose", False), quiet=getattr(args, "quiet", False))
     with interrupt.handling():  # SIGINT / SIGTERM stop the solver, then raise Interrupted here
         try:
