@@ -446,3 +446,20 @@ def test_migration_accepts_precomputed_unconstrained_plan():
     assert B.maxvio(out, load) <= B.maxvio(full, load) + 1e-12
     fr = B.migration_frontier(cur, load, [0, 4, G * W], unconstrained=full)
     assert fr[-1][1] <= B.maxvio(full, load) + 1e-12
+
+
+def test_robust_plan_stops_at_its_deadline():
+    """A deadline already past: the robust descent takes no move (the pooled start comes back)
+    and the robust test judges that start, which never beats itself; no deadline: the descent
+    moves (the snapshots differ, so the pooled plan is not their robust optimum)."""
+    import time
+
+    from moeopt.balance import plan_layer, plan_layer_robust, robust_pays
+
+    rng = np.random.default_rng(3)
+    steps = rng.pareto(1.5, (8, 24)) + 0.1
+    start = plan_layer(steps.sum(axis=0), 6, 5, seed=0)
+    past = time.perf_counter() - 1.0
+    np.testing.assert_array_equal(plan_layer_robust(steps, 6, 5, start=start, deadline=past), start)
+    assert not (plan_layer_robust(steps, 6, 5, start=start) == start).all()
+    assert robust_pays(steps, 6, 5, deadline=past) is False

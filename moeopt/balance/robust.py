@@ -235,9 +235,10 @@ class _RobustLayout(SlotTable):
         else:
             self.replace(a, i, b)
 
-    def search(self, max_moves: int, n_try: int) -> None:
-        """Descent (`moeopt.moves.driver.descend`) over `best_step`."""
-        descend(self, Moves(lambda lay: lay.best_step(n_try), _RobustLayout.apply), max_moves)
+    def search(self, max_moves: int, n_try: int, deadline: float | None = None) -> None:
+        """Descent (`moeopt.moves.driver.descend`) over `best_step`, until ``deadline``
+        (`time.perf_counter`; None: none)."""
+        descend(self, Moves(lambda lay: lay.best_step(n_try), _RobustLayout.apply), max_moves, deadline)
 
 
 def plan_layer_robust(
@@ -253,6 +254,7 @@ def plan_layer_robust(
     max_moves: int | None = None,
     n_try: int = 3,
     start: IntArray | None = None,
+    deadline: float | None = None,
 ) -> IntArray:
     """Plan one layer for per-step loads, minimizing the mean (or worst) per-step largest GPU load.
 
@@ -276,6 +278,9 @@ def plan_layer_robust(
     start : ndarray of int, shape (G, W), optional
         The pooled plan to start from, when the caller has it (default: ``plan_layer`` on the
         pooled loads with ``seed`` and ``iterations``).
+    deadline : float, optional
+        `time.perf_counter` time after which the descent takes no further move (its plan so far
+        is returned, never worse than the pooled start); None: none.
 
     Returns
     -------
@@ -294,7 +299,7 @@ def plan_layer_robust(
         return pooled
     Ss = S * _step_scale(S, G, normalize)[:, None]
     lay = _RobustLayout(pooled, Ss, _cap(E, G, W, allow_colocated), allow_colocated, objective == "worst")
-    lay.search(max_moves if max_moves is not None else 2 * G * W, n_try)
+    lay.search(max_moves if max_moves is not None else 2 * G * W, n_try, deadline)
     out = lay.e
     worse = robust_objective(out, S, objective=objective, normalize=normalize) > robust_objective(
         pooled, S, objective=objective, normalize=normalize
@@ -318,6 +323,7 @@ def robust_pays(
     seed: int = 0,
     iterations: int = DEFAULT_ITERATIONS,
     margin: float = ROBUST_MARGIN,
+    deadline: float | None = None,
 ) -> bool:
     """Whether planning on the snapshots beats planning on their pooled loads on later ones.
 
@@ -336,6 +342,9 @@ def robust_pays(
         Passed to the planners.
     margin : float
         Relative improvement the robust plan needs on the second half.
+    deadline : float, optional
+        `time.perf_counter` time after which the robust plan's descent stops (the test then
+        judges the plan it has; None: none).
 
     Returns
     -------
@@ -349,7 +358,7 @@ def robust_pays(
     if first.sum() <= 0 or second.sum() <= 0:
         return False
     pooled = plan_layer(first.sum(axis=0), G, W, allow_colocated=allow_colocated, seed=seed, iterations=iterations)
-    robust = plan_layer_robust(first, G, W, "mean", allow_colocated=allow_colocated, start=pooled)
+    robust = plan_layer_robust(first, G, W, "mean", allow_colocated=allow_colocated, start=pooled, deadline=deadline)
     held_pooled = robust_objective(pooled, second, "mean")
     held_robust = robust_objective(robust, second, "mean")
     return held_robust < held_pooled - margin * (held_pooled - 1.0 if held_pooled > 1.0 else held_pooled)

@@ -112,6 +112,13 @@ def balance_bound_hook(plan: Plan, instance: Instance, workloads: Any, metrics: 
     metrics["balance_gap_per_layer"] = (np.asarray(metrics["maxvio_per_layer"]) - bounds).tolist()
 
 
+#: under a time limit, a robust layer's share of its time for the test of whether robust planning
+#: pays (`moeopt.balance.robust_pays`), then of what is left for the robust plan's descent (both
+#: stop at their deadline with the plan they have; the rest: the moves from a current plan, the
+#: polish)
+ROBUST_TEST_SHARE = 0.4
+ROBUST_PLAN_SHARE = 0.9
+
 #: per-step counts are aggregated into at most this many contiguous windows for robust mode
 #: (the planner's time grows with the snapshots; 16 windows kept its held-out gains, measured)
 DEFAULT_ROBUST_STEPS = 16
@@ -442,6 +449,7 @@ class Balance:
         pooled_layers = robust_layers = 0
         looped = L if current is not None or base is None or robust == "auto" else 0
         for l in ctx.layers(looped, self.name):
+            lb = ctx.budget.child(1.0 / (L - l))  # this layer's share of what is left (a clock only under a limit)
             if current is not None:
                 cur = current.slots[l]
                 # with snapshots, every candidate is scored on them; the unconstrained plan is the
@@ -451,7 +459,13 @@ class Balance:
                 if by_steps is not None and (
                     robust != "auto"
                     or core.robust_pays(
-                        by_steps, G, W, allow_colocated=allow, seed=ctx.seed, iterations=params.iterations
+                        by_steps,
+                        G,
+                        W,
+                        allow_colocated=allow,
+                        seed=ctx.seed,
+                        iterations=params.iterations,
+                        deadline=lb.child(ROBUST_TEST_SHARE).deadline,
                     )
                 ):
                     robust_layers += 1
@@ -463,6 +477,7 @@ class Balance:
                         allow_colocated=allow,
                         seed=ctx.seed,
                         iterations=params.iterations,
+                        deadline=lb.child(ROBUST_PLAN_SHARE).deadline,
                     )
                 elif base is not None:
                     free = base[l]
@@ -488,7 +503,13 @@ class Balance:
                 robust == "auto"
                 and steps is not None
                 and not core.robust_pays(
-                    steps[l], G, W, allow_colocated=allow, seed=ctx.seed, iterations=params.iterations
+                    steps[l],
+                    G,
+                    W,
+                    allow_colocated=allow,
+                    seed=ctx.seed,
+                    iterations=params.iterations,
+                    deadline=lb.child(ROBUST_TEST_SHARE).deadline,
                 )
             ):
                 pooled_layers += 1  # the pooled plan (the batched one when there is one)
@@ -504,6 +525,7 @@ class Balance:
                     allow_colocated=allow,
                     seed=ctx.seed,
                     iterations=params.iterations,
+                    deadline=lb.child(ROBUST_PLAN_SHARE).deadline,
                 )
             else:
                 slots[l] = pooled_plan(l)

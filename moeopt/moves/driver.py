@@ -64,7 +64,7 @@ class Moves(Generic[S, Step]):
     apply: Callable[[S, Step], Any]
 
 
-def descend(state: S, moves: Neighbourhood[S, Any], max_steps: int = 100_000) -> int:
+def descend(state: S, moves: Neighbourhood[S, Any], max_steps: int = 100_000, deadline: float | None = None) -> int:
     """Apply ``moves``' best improving step until there is none; returns the steps applied.
 
     Parameters
@@ -75,9 +75,13 @@ def descend(state: S, moves: Neighbourhood[S, Any], max_steps: int = 100_000) ->
         The neighbourhood (`Neighbourhood`).
     max_steps
         Stop after this many steps.
+    deadline
+        `time.perf_counter` time after which no further step is looked for (None: none).
     """
     n = 0
     while n < max_steps:
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
         step = moves.best(state)
         if step is None:
             break
