@@ -58,9 +58,10 @@ def search_layer(
     engine rule's inputs of `moeopt.joint.RuleCost` (its ``rule``, the sample's ``row``,
     ``home`` and ``draw``, ``gpus_per_node``, ``tp_size``); None: the locality-first cost.
     ``within`` (the hierarchical node level, engine rules): of the starts' plans, only those
-    over the limits by at most `WITHIN_SLACK` of the load more than the least over them compete
-    on value (the penalty prices load over the limits softly, and a start far from balance can
-    win on value while no GPU packing of its nodes keeps the limit)."""
+    whose largest excess over a limit (`moeopt.joint.RuleCost.over_share`) is at most
+    `WITHIN_SLACK` above the least compete on value (the penalty prices load over the limits
+    softly, and a start far from balance can win on value while no GPU packing of its nodes
+    keeps the limit)."""
     runs: dict[str, tuple[float, jm.SlotState, Any]] = {}
     over: dict[str, float] = {}
     weight = {"grouping": 2.0, "balance": 1.0, "groups": 1.0, "hint": 1.0}
@@ -96,7 +97,7 @@ def search_layer(
         )
         capped += int(st.capped)
         runs[label] = (value, best, st)
-        if within and hasattr(cost, "over_share"):
+        if within and rule is not None:  # RuleCost: the engine rule's cost
             cost.reset(best)
             over[label] = cost.over_share()
     pool = runs

@@ -112,9 +112,8 @@ def grouping_starts(problem: Problem, ctx: Context, eps_load: float | None = Non
     given = {} if eps_load is None else {"eps_load": eps_load}
     start = impl.solve(problem, parse_params(impl, given), sub)
     if start.plan is None:  # e.g. a load limit it could not reach
-        src = str(problem.instance.source) if problem.instance.source else None
         why = start.termination.value if start.termination is not None else start.status.value
-        raise InputError(src, "method.eps_load", f"the agnostic start found no plan ({why})")
+        raise InputError(_source(problem), "method.eps_load", f"the agnostic start found no plan ({why})")
     home = start.plan.home
     c = problem.instance.cluster
     load = problem.stats.expert_load
@@ -161,10 +160,12 @@ def search_flat(
     if ctx.hint is not None:
         starts["hint"] = ctx.hint.padded(problem.instance.cluster.width).slots
     if not starts:  # starts: groups alone
+        from moeopt.methods.joint import HIERARCHICAL_GPUS  # (that module imports this one)
+
         raise InputError(
             _source(problem),
             "method.starts",
-            f"the groups start needs hierarchical mode (hierarchical: true, the default from {jm_hierarchical_gpus()} "
+            f"the groups start needs hierarchical mode (hierarchical: true, the default from {HIERARCHICAL_GPUS} "
             "GPUs on several nodes); add balance or grouping",
         )
     rules = rule_inputs(problem, params, layers, seed)
@@ -264,13 +265,6 @@ def _source(problem: Problem) -> str | None:
     """The instance's file, for an error's first words."""
     src = problem.instance.source
     return str(src) if src else None
-
-
-def jm_hierarchical_gpus() -> int:
-    """The GPU count past which `joint` plans hierarchically by default."""
-    from moeopt.methods.joint import HIERARCHICAL_GPUS
-
-    return HIERARCHICAL_GPUS
 
 
 def group_starts(problem: Problem, nodes: int, per_node: int) -> np.ndarray | None:
