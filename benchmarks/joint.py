@@ -46,13 +46,14 @@ import platform
 import subprocess
 import sys
 import time
+import typing
 from dataclasses import replace
 from pathlib import Path
 
 from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
-from moeopt.errors import InfeasibleError
+from moeopt.errors import InfeasibleError, InputError
 from moeopt.evaluate import evaluate
 from moeopt.frontier import FrontierPoint, family_workloads, mark_pareto
 from moeopt.frontier import table as frontier_table
@@ -409,12 +410,23 @@ def scale_add(args, log) -> dict:
     return data
 
 
+class _Parser(argparse.ArgumentParser):
+    """The benchmark's options: a bad value is one line on stderr and exit 2 (no usage block)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def _added(text: str) -> tuple[str, float, str | None]:
     """One ``--add`` item: ``RULE:EPS`` or ``RULE:EPS:STARTS`` (starts joined by ``+``)."""
     parts = [p.strip() for p in text.split(":")]
     if len(parts) not in (2, 3):
         raise ValueError(f"--add: expected RULE:EPS or RULE:EPS:STARTS, got {text!r}")
-    return parts[0], float(parts[1]), parts[2].replace("+", ",") if len(parts) == 3 else None
+    try:
+        eps = float(parts[1])
+    except ValueError:
+        raise ValueError(f"--add: EPS must be a number, got {parts[1]!r} in {text!r}") from None
+    return parts[0], eps, parts[2].replace("+", ",") if len(parts) == 3 else None
 
 
 def scale_markdown(data: dict) -> str:
@@ -1090,7 +1102,7 @@ def plot(data: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="deepseek-moe-16b and OLMoE, 1 slot")
     ap.add_argument("--seconds", type=float, default=JOINT_TIME, help="joint search seconds per layer")
     ap.add_argument("--out", type=Path, default=OUT)
@@ -1156,17 +1168,27 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--time-limit: expected a finite number of seconds >= 0 (0: none), got {args.time_limit!r}")
     if args.limit_only and not args.time_limit:
         ap.error("--limit-only: needs a --time-limit above 0 (the limit the runs are made under)")
-    if args.add:
+    if args.add is not None:
         try:
             added = [_added(x) for x in args.add.split(",")]
         except ValueError as e:
             ap.error(str(e))
-        for rule, _e, _s in added:
+        for rule, e, starts in added:
             if rule not in SCALE_RULES:
                 ap.error(f"--add: rule {rule!r} is not one of {', '.join(SCALE_RULES)}")
-    if args.part == "scale" and (args.limit_only or args.add) and not (args.out / "joint_scale.json").is_file():
+            try:  # the joint parameters, checked before any cell is built
+                parse_params(
+                    get_method("joint"), {"dispatch": rule, "eps": e, **({"starts": starts} if starts else {})}
+                )
+            except (InputError, ValueError) as exc:
+                ap.error(f"--add: {exc}")
+    if (
+        args.part == "scale"
+        and (args.limit_only or args.add is not None)
+        and not (args.out / "joint_scale.json").is_file()
+    ):
         ap.error(f"--limit-only / --add: no {args.out / 'joint_scale.json'} to add to (run --part scale first)")
-    if args.part == "scale" and (args.limit_only or args.add):  # into the existing results
+    if args.part == "scale" and (args.limit_only or args.add is not None):  # into the existing results
         data = scale_limit(args, log) if args.limit_only else scale_add(args, log)
         write_json(args.out / "joint_scale.json", data)
         write_text(args.out / "joint_scale.md", scale_markdown(data))
