@@ -158,9 +158,11 @@ ALTERNATIVES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("budget 20 % of the slots per interval", {"budget_share": 0.2}),
     ("surge at 1.5x the median, margin 0.05", {"surge": 1.5, "surge_margin": 0.05}),
     ("no surge watch", {"surge": None}),
+    ("no task families (the previous default)", {"families": "none"}),
+    ("every task family planned for, whether the mix moves or not", {"families": "always"}),
     (
-        "auto (the default: after every step, for the forecast level, bucket of 15 % per interval, carry 3, "
-        "surge watch at 2x, margin 0.02)",
+        "auto (the default: after every step, for the forecast level and, when the task mix moves, every "
+        "task family; bucket of 15 % per interval, carry 3, surge watch at 2x, margin 0.02)",
         {},
     ),
 )

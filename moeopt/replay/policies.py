@@ -74,6 +74,7 @@ import numpy as np
 from moeopt.errors import InputError
 from moeopt.instance import Instance
 from moeopt.registry import get_method, method_names
+from moeopt.replay.mix import MIX_P
 
 __all__ = [
     "POLICIES",
@@ -132,6 +133,13 @@ class Request:
         With ``accept: held-out``: the last steps the trial re-plan does not see.
     allocate
         Pool the layers' budgets ([`moeopt.replay.run.allocate_moves`][]).
+    families
+        With a token trace labelled by task family: plan robustly over each family's load too
+        when the mix of families over the regime's steps moves at this test level
+        ([`moeopt.replay.mix`][]); None: never.
+    regime
+        The first step of the current regime (0 before any surge): the family loads are measured
+        from there.
     """
 
     decided: int
@@ -150,12 +158,17 @@ class Request:
     confidence: float = 1.0
     holdout: int = 0
     allocate: bool = False
+    families: float | None = None
+    regime: int = 0
 
 
 #: The forecasts ``auto`` plans for (``none``: the recent windows as they are).
 FORECASTS = ("level", "trend", "none")
 #: When ``auto`` takes a decision point's re-plan.
 ACCEPTS = ("always", "paired", "held-out")
+#: When ``auto`` plans for each task family's load too: ``auto`` when the mix moves
+#: ([`moeopt.replay.mix.mix_moves`][]), ``always`` with a labelled trace, ``none`` never.
+FAMILIES = ("auto", "always", "none")
 
 
 @dataclass(frozen=True)
@@ -305,6 +318,9 @@ class Schedule:
         the per-step gain it needs.
     allocate
         Pool the layers' budgets ([`moeopt.replay.run.allocate_moves`][]).
+    families
+        The test level at which a moving task mix adds each family's load to the snapshots
+        planned for ([`Request`][moeopt.replay.policies.Request]); None: never.
     """
 
     interval: int
@@ -334,6 +350,7 @@ class Schedule:
     accept: str = "always"
     confidence: float = 1.0
     allocate: bool = False
+    families: float | None = None
 
     @property
     def per_interval(self) -> float:
@@ -412,7 +429,7 @@ class Schedule:
             onset = self.surge_onset(obs)
             if onset is not None:
                 budget = self.bucket(obs) if self.carry is not None or self.surge_budget is None else self.surge_budget
-                return self._request(d, onset, d, d + self.lag, budget=budget, surge=True)
+                return self._request(d, onset, d, d + self.lag, budget=budget, surge=True, regime=onset)
         if (d - self.calibration) % (self.interval if self.lookahead else self.every):
             return None
         if self.level is not None:
@@ -430,7 +447,8 @@ class Schedule:
             budget = min(self.budget, budget - reserve)
             if budget <= 0 and self.carry is not None:
                 return None  # nothing above the surge reserve to spend: keep the plan in service
-        return self._request(d, max(start, min(obs.regime_start, d - 1)), d, d + self.lag, budget=budget)
+        begin = max(start, min(obs.regime_start, d - 1))
+        return self._request(d, begin, d, d + self.lag, budget=budget, regime=min(obs.regime_start, begin))
 
     def _request(
         self,
@@ -441,6 +459,7 @@ class Schedule:
         first: bool = False,
         budget: int | None = None,
         surge: bool = False,
+        regime: int = 0,
     ) -> Request:
         params = dict(self.planner_params)
         forecast = None if first else self.forecast
@@ -478,6 +497,8 @@ class Schedule:
             self.confidence,
             self.snapshot or 1 if self.accept == "held-out" else 0,
             self.allocate and not first,
+            self.families,
+            regime,
         )
 
 
@@ -750,6 +771,11 @@ class Auto(_Budgeted):
       so far, at most ``max_snapshots``). ``forecast_recent`` plans robustly for the forecast and
       the recent windows together; ``horizon`` is the steps ahead the forecast is for (null:
       the middle of the next ``cadence`` steps).
+    * **Task families** (``families``): on a token trace whose tokens carry their task family,
+      when the families' shares move over the regime's steps beyond sampling (``auto``: a
+      chi-square test, [`moeopt.replay.mix`][]; ``always``; ``none``: never), each family's load
+      over the regime's steps is planned for too, robustly beside the forecast: a plan that
+      balances every family balances any mix of them, so it does not chase the mix.
     * **Surge watch** (``surge``; null: off): after every step, when the last steps' MaxVio
       each exceed ``surge`` times the median of the window before them (and that median by
       ``surge_margin``), re-plan at once on those steps alone; later windows start there
@@ -798,6 +824,7 @@ class Auto(_Budgeted):
     accept: str = "always"  # always | paired | held-out: when a decision point's re-plan is taken
     confidence: float = 1.0  # accept paired / held-out: standard errors the per-step gain must exceed
     allocate: bool = False  # pool the layers' budgets: moves go to the layers where they pay most
+    families: str = "auto"  # plan for each task family's load too: auto (when the mix moves) | always | none
     min_gain: float | None = None  # keep the plan in service unless a re-plan gains this share (None: always)
     rate: float | None = None  # resolved: moved slots per layer the bucket gains per interval
     planner_params: dict[str, Any] = field(default_factory=dict)
@@ -830,6 +857,8 @@ class Auto(_Budgeted):
             raise _bad("forecast", f"expected {', '.join(FORECASTS)}, got {self.forecast!r}")
         if self.accept not in ACCEPTS:
             raise _bad("accept", f"expected {', '.join(ACCEPTS)}, got {self.accept!r}")
+        if self.families not in FAMILIES:
+            raise _bad("families", f"expected {', '.join(FAMILIES)}, got {self.families!r}")
         for key in ("from_current", "relabel", "round_down", "forecast_recent", "allocate"):
             if not isinstance(getattr(self, key), bool):
                 raise _bad(key, f"expected true or false, got {getattr(self, key)!r}")
@@ -889,6 +918,7 @@ class Auto(_Budgeted):
             accept=self.accept,
             confidence=float(self.confidence),
             allocate=self.allocate,
+            families={"auto": MIX_P, "always": 1.0, "none": None}[self.families],
         )
 
 

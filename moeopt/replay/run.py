@@ -43,11 +43,13 @@ from moeopt.io import resolve_profile
 from moeopt.plan import Plan
 from moeopt.registry import get_method
 from moeopt.replay.forecast import forecast_loads
+from moeopt.replay.mix import family_loads, mix_moves
 from moeopt.replay.policies import Forecasting, Observation, Policy, Request, Schedule, make_policy
 from moeopt.replay.stream import Stream
 from moeopt.scoring import Workloads
 from moeopt.solve import solve
 from moeopt.trace import stats_from_counts
+from moeopt.utilization import utilization_trace
 
 __all__ = [
     "ALLOCATE_LEVELS",
@@ -91,6 +93,8 @@ class Replan:
         ``sum(moved_slots_per_layer) * model.expert_size``.
     plan_time
         Seconds planning took (wall; reported only with ``timings``).
+    families
+        Task families whose loads it was also planned for (0: none; [`moeopt.replay.mix`][]).
     """
 
     index: int
@@ -102,6 +106,7 @@ class Replan:
     moved_slots_per_layer: tuple[int, ...]
     moved_bytes: int
     plan_time: float = 0.0
+    families: int = 0
 
     @property
     def moved_slots(self) -> int:
@@ -119,6 +124,8 @@ class Replan:
             "moved_slots_per_layer": list(self.moved_slots_per_layer),
             "moved_bytes": self.moved_bytes,
         }
+        if self.families:
+            out["families"] = self.families
         if timings:
             out["plan_time"] = self.plan_time
         return out
@@ -299,11 +306,41 @@ class _Planner:
         stats = sub.stats() if "coactivation" in impl.requires or planner == "auto" else counts_only
         return Workloads(sub, sub, stats, self.profile)
 
-    def plan(self, req: Request, current: Plan | None) -> Plan:
+    def plan(self, req: Request, current: Plan | None) -> tuple[Plan, int]:
+        """The plan ``req`` asks for and the task families it was also planned for (0: none)."""
         wl = self.workloads(req.planner, req.start, req.end, req.forecast)
+        req, wl, families = self._with_families(req, wl)
         if req.allocate and current is not None and req.budget is not None and req.from_current:
-            return self._allocated(req, current, wl)
-        return self._solve(req, current, wl)
+            return self._allocated(req, current, wl), families
+        return self._solve(req, current, wl), families
+
+    def _with_families(self, req: Request, wl: Workloads) -> tuple[Request, Workloads, int]:
+        """With ``req.families`` and a trace whose task mix moves over the regime's steps
+        ([`moeopt.replay.mix.mix_moves`][]): the snapshots planned for, then each family's load
+        over the regime ([`family_loads`][moeopt.replay.mix.family_loads], scaled to the
+        snapshots' load), planned for robustly together; else ``req`` and ``wl`` as they are."""
+        t = self.stream.trace
+        if req.families is None or t is None or len(t.family_names) < 2:
+            return req, wl, 0
+        regime = self.stream.trace_window(min(req.regime, req.start), req.end)
+        if not mix_moves(regime, req.families)[0]:
+            return req, wl, 0
+        window = self.stream.counts(req.start, req.end)
+        if req.forecast is not None:
+            base = planning_counts(window, req.forecast)
+        else:
+            steps = int(req.params.get("robust_steps") or window.shape[1])
+            robust = req.params.get("robust", "auto") != "none"
+            base = utilization_trace(window, steps).counts if robust else window.mean(axis=1, keepdims=True)
+        fam = family_loads(regime, base.shape[0])
+        if fam.shape[1] == 0:
+            return req, wl, 0
+        scale = base.sum(axis=2).mean(axis=1)  # each snapshot at the planned-for load per step
+        snaps = np.concatenate([base, fam * scale[:, None, None]], axis=1)
+        stats = stats_from_counts(snaps.mean(axis=1), top_k=int(self.stream.top_k), step_counts=snaps)
+        robust = "worst" if req.params.get("robust") == "worst" else "mean"
+        req = dataclasses.replace(req, params={**req.params, "robust": robust, "robust_steps": 0})
+        return req, Workloads(stats, stats, stats, self.profile), int(fam.shape[1])
 
     def _allocated(self, req: Request, current: Plan, wl: Workloads) -> Plan:
         """Re-plans at several per-layer budgets (`ALLOCATE_LEVELS` times ``req.budget``), then per
@@ -536,7 +573,7 @@ def replay(
 
     first = sched.initial(T)
     t0 = time.perf_counter()
-    plans = [planner.plan(first, None)]
+    plans = [planner.plan(first, None)[0]]
     initial_time = time.perf_counter() - t0
     say(f"replay {name}: first plan on steps {first.start}..{first.end - 1} ({first.planner})")
 
@@ -597,12 +634,12 @@ def replay(
                 regime_start = req.start
             if req.accept == "held-out" and req.end - req.start > req.holdout:
                 trial = dataclasses.replace(req, end=req.end - req.holdout)
-                gain = _paired_gain(instance, stream, current, planner.plan(trial, current), trial.end, req.end)
+                gain = _paired_gain(instance, stream, current, planner.plan(trial, current)[0], trial.end, req.end)
                 if gain <= req.confidence:
                     say(f"replay {name}: step {req.decided}: a re-plan does not pay on held-out steps; plan kept")
                     decision = sched.next_decision(decision)
                     continue
-            new = planner.plan(req, current)
+            new, families = planner.plan(req, current)
             elapsed = time.perf_counter() - t1
             if req.accept == "paired" and _paired_gain(instance, stream, current, new, req.start, req.end) <= (
                 req.confidence
@@ -628,6 +665,7 @@ def replay(
                     moved,
                     int(sum(moved)) * instance.model.expert_size,
                     elapsed,
+                    families,
                 )
             )
             planned_until = req.end

@@ -1,0 +1,74 @@
+"""Plan for every task family when the task mix moves (SPEC section 12).
+
+A layer's load is the sum of what each kind of request asks of it: a stream whose *mix* of
+requests drifts (more code in the afternoon, a batch of math) moves its load even when each
+kind's own routing holds still. A plan made for the recent steps follows the mix it saw; a plan
+that balances every family's load on its own balances any mix of them, since a GPU's load under
+a mix is the mix of its loads under each family (its MaxVio at most the mix of theirs). When a
+token trace labels its tokens with their family and the mix moves beyond what sampling explains
+([`mix_moves`][moeopt.replay.mix.mix_moves]: a chi-square test of the families' shares over the
+steps), ``auto`` plans robustly over each family's load
+([`family_loads`][moeopt.replay.mix.family_loads], over the steps of the current regime) beside
+its forecast. On a mix that holds still (the shares vary only by sampling) the family snapshots
+would only narrow the plan: the test leaves them out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import chi2_contingency
+
+from moeopt.trace import Trace
+
+__all__ = ["MIN_FAMILY_SHARE", "MIX_P", "family_loads", "mix_moves"]
+
+#: the test's level: the mix moves when the families' shares over the steps are this unlikely
+#: under one fixed mix (p-value of the chi-square test of homogeneity)
+MIX_P = 0.01
+#: a family with fewer of the steps' tokens than this share is left out (its load too noisy to plan for)
+MIN_FAMILY_SHARE = 0.05
+
+
+def mix_moves(trace: Trace, alpha: float = MIX_P) -> tuple[bool, float]:
+    """Whether the families' shares of the tokens differ across the steps of ``trace`` beyond
+    sampling (chi-square test of homogeneity of the step-by-family token counts).
+
+    Returns
+    -------
+    tuple[bool, float]
+        ``p <= alpha`` and the p-value (1.0 when there is nothing to test: one family, one step,
+        or no tokens).
+    """
+    F = len(trace.family_names)
+    if F < 2 or trace.tokens == 0:
+        return False, 1.0
+    steps = np.unique(trace.step, return_inverse=True)[1]
+    table = np.zeros((int(steps.max()) + 1, F))
+    np.add.at(table, (steps, np.asarray(trace.family, dtype=np.int64)), 1)
+    table = table[:, table.sum(axis=0) > 0]  # families absent from every step carry no evidence
+    if table.shape[0] < 2 or table.shape[1] < 2:
+        return False, 1.0
+    p = float(chi2_contingency(table, correction=False).pvalue)
+    return p <= alpha, p
+
+
+def family_loads(trace: Trace, layers: int, min_share: float = MIN_FAMILY_SHARE) -> np.ndarray:
+    """float ``[layers, n, E]``: each family's share of every expert's picks per layer (rows sum to
+    1), for the ``n`` families with at least ``min_share`` of the tokens, in family order."""
+    E = int(trace.num_experts)
+    fam = np.asarray(trace.family, dtype=np.int64)
+    total = max(1, len(fam))
+    out = []
+    for f in range(len(trace.family_names)):
+        mask = fam == f
+        if mask.sum() < min_share * total or not mask.any():
+            continue
+        picks = np.asarray(trace.topk[mask], dtype=np.int64)  # [n_f, L, k]
+        counts = np.zeros((layers, E))
+        for l in range(layers):
+            counts[l] = np.bincount(picks[:, l].ravel(), minlength=E)[:E]
+        sums = counts.sum(axis=1, keepdims=True)
+        out.append(np.divide(counts, sums, out=np.zeros_like(counts), where=sums > 0))
+    if not out:
+        return np.zeros((layers, 0, E))
+    return np.stack(out, axis=1)
