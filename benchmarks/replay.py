@@ -422,6 +422,15 @@ def verdict(dw: dict) -> str:
     return f"not met; {' and '.join(beyond)} beyond the noise floor" if beyond else "not met"
 
 
+def times(ratio: float, target: float | None = None) -> str:
+    """``ratio`` as ``0.74x``; with three decimals when two would read as the ``target`` it misses
+    or meets (0.601x against a target of 0.6x)."""
+    text = f"{ratio:.2f}"
+    if target is not None and float(text) == target and ratio != target:
+        text = f"{ratio:.3f}"
+    return f"{text}x"
+
+
 def summary_rows(data: dict) -> list[list[str]]:
     """One row per stream and interval: auto against periodic EPLB, the targets, the references."""
     rows = []
@@ -431,16 +440,16 @@ def summary_rows(data: dict) -> list[list[str]]:
             if dw is None:
                 continue
 
-            def mark(ratio: float, met: bool) -> str:
-                return f"{ratio:.2f}x {'met' if met else 'not met'}"
+            def mark(ratio: float, met: bool, target: float) -> str:
+                return f"{times(ratio, target)} {'met' if met else 'not met'}"
 
             best = dw.get("best_causal")
             rows.append(
                 [
                     s["label"],
                     iv["interval"],
-                    mark(dw["mean_ratio"], dw["mean_met"]),
-                    mark(dw["worst_ratio"], dw["worst_met"]),
+                    mark(dw["mean_ratio"], dw["mean_met"], TARGET_MEAN),
+                    mark(dw["worst_ratio"], dw["worst_met"], TARGET_WORST),
                     f"{100 * dw['moved_ratio']:.0f} % {'met' if dw['moved_met'] else 'not met'}",
                     verdict(dw),
                     _pair(dw, "floor"),
@@ -612,11 +621,11 @@ def unmet_lines(data: dict) -> list[str]:
             if not dw or dw["met"]:
                 continue
             missed = [
-                f"{name} {dw[key]:.2f}x"
-                for name, key, flag in (
-                    ("time average", "mean_ratio", "mean_met"),
-                    ("worst window", "worst_ratio", "worst_met"),
-                    ("moved slots", "moved_ratio", "moved_met"),
+                f"{name} {times(dw[key], target)}"
+                for name, key, flag, target in (
+                    ("time average", "mean_ratio", "mean_met", TARGET_MEAN),
+                    ("worst window", "worst_ratio", "worst_met", TARGET_WORST),
+                    ("moved slots", "moved_ratio", "moved_met", TARGET_MOVES),
                 )
                 if not dw[flag]
             ]
