@@ -1,7 +1,9 @@
 """Re-planning benchmark: every replay policy on every bundled stream, and the default ``auto``.
 
 Streams (``instances/replay/``, how each was made: its README): the real OLMoE and Mixtral
-per-domain counts visited in sequence (count-sampled, 4096 tokens per step), DeepSeek-V3's
+per-domain counts visited in sequence (count-sampled, 4096 tokens per step), token traces
+whose mix of those domains drifts (each token labelled with its domain, its experts
+count-sampled from its domain's real counts, 2048 tokens per step), DeepSeek-V3's
 real prefill loads then its decode loads, DeepSeek-V3's prefill loads drifting by a random walk
 (both count-sampled), and three synthetic token traces (family mix drift, popularity drift, a
 sudden switch of the hidden structure).
@@ -94,6 +96,20 @@ STREAMS: tuple[tuple[str, str, str, tuple[int, ...], dict[str, Any] | None], ...
         "mixtral-domains-stream",
         "Mixtral domains in sequence",
         "real, count-sampled",
+        (4, 8),
+        {"d_model": 4096, "d_ff": 14336},
+    ),
+    (
+        "olmoe-domain-mix-stream",
+        "OLMoE domain mix drift",
+        "real, count-sampled, token trace",
+        (4, 8),
+        {"d_model": 2048, "d_ff": 1024},
+    ),
+    (
+        "mixtral-domain-mix-stream",
+        "Mixtral domain mix drift",
+        "real, count-sampled, token trace",
         (4, 8),
         {"d_model": 4096, "d_ff": 14336},
     ),

@@ -17,13 +17,16 @@ moves from step to step is the builder's:
   prefill then decode loads, recorded by SGLang's expert distribution recorder: sgl-project/
   sglang issue 6017), optionally with a linear ramp;
 * [`count_sampled`][moeopt.streams.count_sampled]: one distribution, stationary or drifting by a multiplicative random
-  walk (e.g. on the DeepSeek-V3 loads).
+  walk (e.g. on the DeepSeek-V3 loads);
+* [`domain_mix`][moeopt.streams.domain_mix]: a *token trace*, not counts: each token labelled
+  with its domain (its task family), the mix of domains drifting from even through mixes
+  focused on each domain in turn, each token's experts drawn from its domain's distribution.
 
 No step gives an expert more than ``tokens_per_step`` token-slots (a token picks an expert at
 most once): shares above ``1 / top_k`` are capped and the excess spread over the others in
 proportion ([`cap_shares`][moeopt.streams.cap_shares]), and a draw above ``tokens_per_step`` is cut to it, its excess
 drawn again over the other experts ([`sample_counts`][moeopt.streams.sample_counts]). Every
-builder is seeded and deterministic, and returns float counts that sum to
+builder is seeded and deterministic; the count builders return float counts that sum to
 ``tokens_per_step * top_k`` at every step and layer.
 """
 
@@ -35,6 +38,7 @@ import numpy as np
 
 from moeopt.errors import InputError
 from moeopt.schema import check_size
+from moeopt.trace import Trace
 
 
 def _check_int(value: int, field: str, minimum: int) -> int:
@@ -330,3 +334,106 @@ def count_sampled(
     per_step = p[:, None, :] * np.exp(walk - walk.max(axis=2, keepdims=True))
     per_step /= per_step.sum(axis=2, keepdims=True)
     return sample_counts(per_step, tokens_per_step, top_k, [seed, 2])
+
+
+#: ``domain_mix``: the focused domain's share at each waypoint (the rest spread evenly)
+DEFAULT_FOCUS = 0.85
+
+
+def mix_waypoints(domains: int, steps: int, focus: float = DEFAULT_FOCUS) -> np.ndarray:
+    """float ``[steps, domains]``: each step's domain mix, moving linearly between waypoints
+    spaced evenly from the first step to the last: the even mix, then a mix with ``focus`` of
+    the tokens on each domain in turn (the rest spread evenly over the others)."""
+    D = domains
+    even = np.full(D, 1.0 / D)
+    rest = (1.0 - focus) / (D - 1) if D > 1 else 0.0
+    way = np.vstack([even] + [np.where(np.arange(D) == d, focus, rest) for d in range(D)])
+    pos = np.linspace(0.0, len(way) - 1.0, steps)
+    lo = np.minimum(np.floor(pos).astype(np.int64), len(way) - 2)
+    frac = (pos - lo)[:, None]
+    return np.asarray((1.0 - frac) * way[lo] + frac * way[lo + 1])
+
+
+def domain_mix(
+    counts_by_domain: Mapping[str, np.ndarray],
+    order: Sequence[str],
+    steps: int,
+    tokens_per_step: int,
+    top_k: int,
+    *,
+    focus: float = DEFAULT_FOCUS,
+    seed: int = 0,
+) -> Trace:
+    """A token trace whose mix of domains drifts: every token labelled with its domain (its task
+    family), the mix moving from even through mixes focused on each domain in turn.
+
+    Provenance: built for the OLMoE-1B-7B and Mixtral-8x7B per-domain expert counts of
+    ``instances/real/olmoe_mixtral_domain_expert_counts.npz`` (allenai/OLMoE), as
+    [`domain_sequence`][moeopt.streams.domain_sequence]. Each domain's distribution is real;
+    the mix over time ([`mix_waypoints`][moeopt.streams.mix_waypoints]) and the tokens are
+    drawn: step ``t`` holds ``tokens_per_step`` tokens whose domains are a multinomial draw
+    from its mix, and each token picks ``top_k`` distinct experts per layer by Gumbel top-k on
+    the log shares of its domain (Plackett-Luce sampling, which keeps the hottest experts
+    hottest). Experts are drawn independently across tokens (no coactivation beyond the
+    domain's marginals): label results on it *count-sampled*.
+
+    Parameters
+    ----------
+    counts_by_domain
+        Domain name -> counts ``[L, E]``, one shape for all.
+    order
+        The domains, in the order the mix focuses on them (each at most once, at least two).
+    steps
+        Steps of the trace.
+    tokens_per_step
+        Tokens per step.
+    top_k
+        The model's experts per token.
+    focus
+        The focused domain's share at its waypoint (``1 / len(order) < focus <= 1``).
+    seed
+        Seed of the draw.
+
+    Returns
+    -------
+    Trace
+        ``steps * tokens_per_step`` tokens, ``family`` the index of the token's domain in
+        ``order``, ``step`` in ``0 .. steps - 1``.
+
+    Raises
+    ------
+    InputError
+        Unknown, repeated or fewer than two domains, counts of different shapes, a focus out of
+        range, bad sizes.
+    """
+    steps = _check_int(steps, "steps", 1)
+    tokens_per_step = _check_int(tokens_per_step, "tokens_per_step", 1)
+    top_k = _check_int(top_k, "top_k", 1)
+    if len(order) < 2:
+        raise InputError(None, "order", f"expected at least two domains to mix, found {len(order)}")
+    unknown = [d for d in order if d not in counts_by_domain]
+    if unknown:
+        raise InputError(None, "order", f"no domain {unknown[0]!r}; the counts hold {', '.join(counts_by_domain)}")
+    if len(set(order)) != len(order):
+        raise InputError(None, "order", "expected each domain once (the mix focuses on each in turn)")
+    D = len(order)
+    if not (isinstance(focus, (int, float, np.floating)) and 1.0 / D < focus <= 1.0):
+        raise InputError(None, "focus", f"expected a share above 1/{D} and at most 1, found {focus!r}")
+    dist = [_distribution(counts_by_domain[d], f"counts_by_domain[{d!r}]", top_k) for d in order]
+    shapes = {p.shape for p in dist}
+    if len(shapes) != 1:
+        raise InputError(None, "counts_by_domain", f"expected one [layers, experts] shape, found {sorted(shapes)}")
+    L, E = shapes.pop()
+    N = steps * tokens_per_step
+    check_size(f"tokens x layers x top_k ({N} x {L} x {top_k})", N * L * top_k, None, "tokens_per_step")
+    rng = np.random.default_rng(seed)
+    per_step = np.stack([rng.multinomial(tokens_per_step, row) for row in mix_waypoints(D, steps, float(focus))])
+    family = np.concatenate([np.repeat(np.arange(D), n) for n in per_step]).astype(np.int32)
+    step = np.repeat(np.arange(steps), tokens_per_step).astype(np.int32)
+    logp = np.log(np.maximum(np.stack(dist), 1e-300))  # [D, L, E]; an expert never routed stays unpicked
+    logp[np.stack(dist) == 0] = -np.inf
+    topk = np.empty((N, L, top_k), dtype=np.int16 if E < 2**15 else np.int32)
+    for l in range(L):
+        scores = logp[family, l] + rng.gumbel(size=(N, E))
+        topk[:, l, :] = np.argpartition(-scores, top_k - 1, axis=1)[:, :top_k]
+    return Trace(topk=topk, family=family, step=step, family_names=tuple(order), num_experts=E)

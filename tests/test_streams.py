@@ -14,7 +14,15 @@ from moeopt.cli import main
 from moeopt.errors import InputError
 from moeopt.io import load_instance, read_workload_file
 from moeopt.io.instances import load_workload
-from moeopt.streams import cap_shares, count_sampled, domain_sequence, phase_shift, sample_counts
+from moeopt.streams import (
+    cap_shares,
+    count_sampled,
+    domain_mix,
+    domain_sequence,
+    mix_waypoints,
+    phase_shift,
+    sample_counts,
+)
 from moeopt.trace import Stats, Trace
 from tests.strategies import examples, float_arrays
 
@@ -154,6 +162,13 @@ def test_count_sampled_stationary_and_drifting():
         (lambda a, b: phase_shift(a, b, 10, 5, 0, 2), "tokens_per_step"),
         (lambda a, b: count_sampled(a, 10, 10, 2, drift=float("nan")), "drift"),
         (lambda a, b: count_sampled(a, 10, 10, 5), "load"),  # 4 experts routed, top-5
+        (lambda a, b: domain_mix({"a": a, "b": b}, ["a"], 4, 10, 2), "order"),
+        (lambda a, b: domain_mix({"a": a, "b": b}, ["a", "a"], 4, 10, 2), "order"),
+        (lambda a, b: domain_mix({"a": a, "b": b}, ["a", "c"], 4, 10, 2), "order"),
+        (lambda a, b: domain_mix({"a": a, "b": b}, ["a", "b"], 4, 10, 2, focus=0.5), "focus"),
+        (lambda a, b: domain_mix({"a": a, "b": b}, ["a", "b"], 4, 10, 2, focus=1.5), "focus"),
+        (lambda a, b: domain_mix({"a": a, "b": b[:1]}, ["a", "b"], 4, 10, 2), "counts_by_domain"),
+        (lambda a, b: domain_mix({"a": a, "b": b}, ["a", "b"], 4, 0, 2), "tokens_per_step"),
     ],
 )
 def test_bad_stream_input_names_its_field(call, field):
@@ -162,6 +177,39 @@ def test_bad_stream_input_names_its_field(call, field):
     with pytest.raises(InputError) as info:
         call(a, b)
     assert info.value.field == field, info.value
+
+
+def test_mix_waypoints_move_from_even_through_each_focus() -> None:
+    """The mix starts even, passes through each domain's focused mix in turn, and every row is a mix."""
+    way = mix_waypoints(3, 4, focus=0.8)  # 4 steps: exactly the 4 waypoints
+    np.testing.assert_allclose(way, [[1 / 3] * 3, [0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]])
+    between = mix_waypoints(3, 7, focus=0.8)  # a step halfway between each pair
+    np.testing.assert_allclose(between[1], (way[0] + way[1]) / 2)
+    np.testing.assert_allclose(between.sum(axis=1), 1.0)
+
+
+def test_domain_mix_labels_tokens_by_domain() -> None:
+    """Each step holds its tokens, their domains drawn from the step's mix; each token picks k
+    distinct experts its domain routes to; the same seed draws the same trace."""
+    a, b = disjoint(L=2, E=8, k=2)  # domain a routes to experts 0-3, b to 4-7
+    t = domain_mix({"a": a, "b": b}, ["a", "b"], 3, 4000, 2, focus=0.9, seed=1)
+    assert (t.layers, t.steps, t.num_experts, t.top_k, t.family_names) == (2, 3, 8, 2, ("a", "b"))
+    assert (np.bincount(t.step) == 4000).all()
+    share_b = np.array([np.mean(t.family[t.step == s] == 1) for s in range(3)])
+    np.testing.assert_allclose(share_b, [0.5, 0.1, 0.9], atol=0.03)  # even, focus a, focus b
+    assert (t.topk[:, :, 0] != t.topk[:, :, 1]).all()
+    assert ((t.topk < 4) == (t.family == 0)[:, None, None]).all()  # each token stays in its domain's experts
+    again = domain_mix({"a": a, "b": b}, ["a", "b"], 3, 4000, 2, focus=0.9, seed=1)
+    assert np.array_equal(again.topk, t.topk) and np.array_equal(again.family, t.family)
+
+
+def test_trace_stream_mix_writes_a_labelled_trace(tmp_path) -> None:
+    """trace stream mix writes a token trace whose tokens carry their domain, read back as a trace."""
+    out = tmp_path / "m.npz"
+    argv = ["--select", "mistral", "--order", "github,c4", "--steps", "4", "--tokens-per-step", "50"]
+    assert main(["trace", "stream", "mix", "--source", str(DOMAINS), *argv, "--output", str(out), "--quiet"]) == 0
+    t = read_workload_file(out)
+    assert isinstance(t, Trace) and t.family_names == ("github", "c4") and t.steps == 4 and t.tokens == 200
 
 
 def run_stream(argv: list[str], tmp_path: Path) -> Stats:
@@ -203,6 +251,11 @@ def test_trace_stream_writes_each_kind(tmp_path, capsys):
         (["sampled", "--source", str(PREFILL), "--top-k", "8", "--drift", "-1"], "--drift"),
         (["sampled", "--source", "missing.npz", "--top-k", "8"], "file not found"),
         (["phase", "--source", str(DOMAINS), "--after", str(PREFILL), "--select", "olmoe"], "--select"),
+        (["mix", "--source", str(DOMAINS), "--select", "olmoe", "--order", "github"], "--order"),
+        (["mix", "--source", str(DOMAINS), "--select", "olmoe", "--focus", "0.1"], "--focus"),
+        (["mix", "--source", str(DOMAINS), "--select", "olmoe", "--focus", "2"], "--focus"),
+        (["mix", "--source", str(DOMAINS), "--select", "olmoe", "--blend", "1"], "--blend: only used by"),
+        (["mix", "--source", str(PREFILL), "--top-k", "8"], "per-domain"),
     ],
 )
 def test_trace_stream_bad_input_is_one_line(argv, needle, tmp_path, capsys):
@@ -219,7 +272,7 @@ BUNDLED = sorted(REPLAY.glob("*.yaml"))
 
 
 def test_bundled_streams_exist():
-    """instances/replay holds the seven named stream instances, each file under 2 MB."""
+    """instances/replay holds the nine named stream instances, each file under 2 MB."""
     names = {p.stem for p in BUNDLED}
     assert names >= {
         "olmoe-domains-stream",
@@ -229,6 +282,8 @@ def test_bundled_streams_exist():
         "synthetic-mix-drift",
         "synthetic-popularity-drift",
         "synthetic-switch",
+        "olmoe-domain-mix-stream",
+        "mixtral-domain-mix-stream",
     }
     for path in REPLAY.iterdir():
         assert path.stat().st_size < 2 * 2**20, path

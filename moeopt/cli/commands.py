@@ -304,6 +304,7 @@ STREAM_OPTIONS = {
     "domains": ("select", "order", "steps_per_domain", "blend"),
     "phase": ("after", "steps", "switch", "ramp"),
     "sampled": ("select", "steps", "drift"),
+    "mix": ("select", "order", "steps", "focus"),
 }
 
 
@@ -314,9 +315,38 @@ def _stream_counts(args: argparse.Namespace, path: str, select: str | None = Non
     return w
 
 
+def _per_domain(args: argparse.Namespace) -> tuple[Stats, dict, tuple[str, ...]]:
+    """``--source`` (with ``--select``) as per-domain counts, and ``--order`` (default: every domain)."""
+    src = _stream_counts(args, args.source, args.select)
+    if src.families < 2:
+        raise MoeoptError(f"{args.source}: expected per-domain counts (several families), found one family")
+    by_domain = {name: src.counts[f] for f, name in enumerate(src.family_names)}
+    order = src.family_names if args.order is None else tuple(d.strip() for d in args.order.split(","))
+    return src, by_domain, order
+
+
+def _trace_stream_mix(args: argparse.Namespace) -> int:
+    """``trace stream mix``: a token trace whose domain mix drifts ([`moeopt.streams.domain_mix`][])."""
+    from moeopt import streams
+    from moeopt.io import write_trace
+
+    src, by_domain, order = _per_domain(args)
+    steps = 32 if args.steps is None else args.steps
+    focus = streams.DEFAULT_FOCUS if args.focus is None else args.focus
+    trace = streams.domain_mix(by_domain, order, steps, args.tokens_per_step, src.top_k, focus=focus, seed=args.seed)
+    write_trace(args.output, trace)
+    if not args.quiet:
+        print(
+            f"wrote {args.output}: token trace, {trace.layers} layers, E={trace.num_experts}, top-{trace.top_k}, "
+            f"{steps} steps of {args.tokens_per_step} tokens; the mix of {', '.join(order)} drifts (focus {focus:g})"
+        )
+    return 0
+
+
 def cmd_trace_stream(args: argparse.Namespace) -> int:
     """``trace stream KIND``: a count stream (per-step counts that drift) built from real or
-    any count data by ``moeopt.streams``, written as a counts ``.npz`` with ``step_counts``."""
+    any count data by ``moeopt.streams``, written as a counts ``.npz`` with ``step_counts``
+    (``mix``: a token trace ``.npz`` whose tokens carry their domain)."""
     from dataclasses import replace
 
     import numpy as np
@@ -335,12 +365,10 @@ def cmd_trace_stream(args: argparse.Namespace) -> int:
         raise MoeoptError(f"{args.output}: expected an .npz output (a counts file)")
     tokens = args.tokens_per_step
     try:
+        if args.kind == "mix":
+            return _trace_stream_mix(args)
         if args.kind == "domains":
-            src = _stream_counts(args, args.source, args.select)
-            if src.families < 2:
-                raise MoeoptError(f"{args.source}: expected per-domain counts (several families), found one family")
-            by_domain = {name: src.counts[f] for f, name in enumerate(src.family_names)}
-            order = src.family_names if args.order is None else tuple(d.strip() for d in args.order.split(","))
+            src, by_domain, order = _per_domain(args)
             per = 8 if args.steps_per_domain is None else args.steps_per_domain
             counts = streams.domain_sequence(
                 by_domain, order, per, tokens, src.top_k, blend=args.blend or 0, seed=args.seed

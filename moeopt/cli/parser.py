@@ -249,22 +249,26 @@ def build_parser() -> argparse.ArgumentParser:
     ts.set_defaults(func=cmd_trace_synth)
     tst = tsub.add_parser(
         "stream",
-        help="write a count stream (per-step counts that drift) from real or any count data (.npz)",
+        help="write a count stream (per-step counts that drift) from real or any count data (.npz), or (mix) a "
+        "token trace whose domain mix drifts",
     )
     tst.add_argument(
         "kind",
-        choices=["domains", "phase", "sampled"],
+        choices=["domains", "phase", "sampled", "mix"],
         help="domains: per-domain counts visited in sequence; phase: --source's load, then --after's from "
-        "--switch on; sampled: steps sampled from --source's load, stationary or with --drift",
+        "--switch on; sampled: steps sampled from --source's load, stationary or with --drift; mix: a token "
+        "trace, each token labelled with its domain, the domains' mix drifting from even through mixes focused "
+        "on each domain in turn",
     )
     tst.add_argument(
         "--source",
         required=True,
-        help="count file: per-domain counts .npz (domains), the load before the switch (phase), the load (sampled)",
+        help="count file: per-domain counts .npz (domains, mix), the load before the switch (phase), the load "
+        "(sampled)",
     )
     tst.add_argument("--after", default=None, help="phase: count file of the load from --switch on")
-    tst.add_argument("--select", default=None, help="domains, sampled: model inside a multi-model count file")
-    tst.add_argument("--order", default=None, help="domains: comma-separated domains in turn (default: all)")
+    tst.add_argument("--select", default=None, help="domains, sampled, mix: model inside a multi-model count file")
+    tst.add_argument("--order", default=None, help="domains, mix: comma-separated domains in turn (default: all)")
     tst.add_argument(
         "--steps-per-domain", type=_positive_int, default=None, help="domains: steps in each domain (default 8)"
     )
@@ -274,7 +278,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="domains: the last N steps of each domain shift linearly into the next (default 0: abrupt)",
     )
-    tst.add_argument("--steps", type=_positive_int, default=None, help="phase, sampled: steps (default 48)")
+    tst.add_argument(
+        "--steps", type=_positive_int, default=None, help="phase, sampled: steps (default 48); mix: (default 32)"
+    )
+    tst.add_argument(
+        "--focus",
+        type=_number_type(float, lambda v: math.isfinite(v) and 0 < v <= 1, "a share in (0, 1]"),
+        default=None,
+        help="mix: the focused domain's share at its waypoint (default 0.85; above 1 / domains)",
+    )
     tst.add_argument(
         "--switch", type=_positive_int, default=None, help="phase: first step of --after's load (default steps // 2)"
     )
@@ -298,7 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tst.add_argument("--top-k", type=_positive_int, default=None, help="model top-k of files that do not record it")
     tst.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the sample (and of --drift's walk)")
-    output_arg(tst, "the counts .npz (with step_counts) to write", required=True, metavar="STREAM.npz")
+    output_arg(
+        tst,
+        "the counts .npz (with step_counts) to write (mix: the token trace .npz)",
+        required=True,
+        metavar="STREAM.npz",
+    )
     verbosity(tst, quiet="print nothing on success")
     tst.set_defaults(func=cmd_trace_stream)
     tt = tsub.add_parser("stats", help="summarize a trace or count file")
