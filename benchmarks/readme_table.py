@@ -258,8 +258,9 @@ def _replay_rows(results: Path) -> list[tuple[str, str, str, str]]:
             f"planned on the other steps of its window): {'; '.join(beyond)}"
         )
     setting = (
-        f"{len(d['streams'])} bundled streams (real OLMoE, Mixtral, DeepSeek-V3 loads count-sampled; 3 synthetic "
-        f"drifts), same interval (K = {', '.join(str(k) for k in intervals)}), each step scored"
+        f"{len(d['streams'])} bundled streams (real OLMoE, Mixtral, DeepSeek-V3 loads count-sampled, OLMoE and "
+        f"Mixtral domain mixes as labelled token traces; 3 synthetic drifts), same interval "
+        f"(K = {', '.join(str(k) for k in intervals)}), each step scored"
     )
     return [("`replay`: `auto` vs periodic EPLB", setting, result, "replay")]
 
