@@ -23,8 +23,10 @@ On each stream, at each interval ``K`` (window = ``K``, calibration prefix = ``K
   has seen each step's own noise); ``oracle, pooled``: the same on the block's pooled counts
   (``robust: none``), a plan that knew the next window's traffic in advance;
 * ``noise floor``: every scored step served by ``balance`` on the pooled counts of the *other*
-  steps of its block (:func:`moeopt.replay.noise_floor`): a plan that knows the window's
-  traffic but not the step's own noise (its token batch, its bursts). A measured reference, not
+  steps of its block (:func:`moeopt.replay.noise_floor`; on a labelled token trace whose mix
+  moves over them, robustly over their pooled counts and each family's load on them, as
+  ``auto`` plans): a plan that knows the window's traffic but not the step's own noise (its
+  token batch, its bursts). A measured reference, not
   a bound: a target below it lies below what planning on the rest of the window reaches (robust
   planning over those steps one by one does worse: 0.2517 / 0.2373 / 0.2235 against the floor's
   0.2425 / 0.2258 / 0.2182 on the three synthetic streams at K = 4), and the tables say so;

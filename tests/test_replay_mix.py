@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moeopt.replay import Stream, make_policy, replay
+from moeopt.replay.floor import _others_stats
 from moeopt.replay.mix import MIX_P, family_loads, mix_moves
 from moeopt.replay.policies import Request
 from moeopt.replay.run import _Planner
@@ -117,3 +118,20 @@ def test_auto_reports_the_families_it_planned_for() -> None:
 def test_auto_families_must_be_known() -> None:
     with pytest.raises(Exception, match="families"):
         make_policy("auto", families="sometimes")
+
+
+def test_noise_floor_plans_for_each_family_when_the_mix_moves() -> None:
+    """The noise floor's plan for a step of a labelled trace whose mix moves over the other steps
+    of its block is robust over their pooled counts and each family's load on them; on a still
+    mix it is the pooled counts alone."""
+    moving = stream_of(trace_of(MOVING, 4))
+    others = np.delete(moving.counts(0, 4), 0, axis=1)
+    stats, params = _others_stats(moving, others, 0, 4, 0, 4)
+    assert params == {"robust": "mean", "robust_steps": 0}
+    # steps 1-3: family 0 on expert 1 (10 tokens), family 1 on experts 2 and 3 (10 each); per step 10 tokens
+    np.testing.assert_allclose(
+        stats.step_counts[0], [[0, 10 / 3, 10 / 3, 10 / 3], [0, 10, 0, 0], [0, 0, 5, 5]], atol=1e-12
+    )
+    still = stream_of(trace_of(STILL, 4))
+    stats, params = _others_stats(still, np.delete(still.counts(0, 4), 0, axis=1), 0, 4, 0, 4)
+    assert params == {} and stats.step_counts is None
