@@ -38,6 +38,7 @@ import numpy as np
 
 from moeopt.errors import InputError
 from moeopt.schema import check_size
+from moeopt.synth import group_limited_topk
 from moeopt.trace import Trace
 
 
@@ -427,13 +428,12 @@ def domain_mix(
     N = steps * tokens_per_step
     check_size(f"tokens x layers x top_k ({N} x {L} x {top_k})", N * L * top_k, None, "tokens_per_step")
     rng = np.random.default_rng(seed)
-    per_step = np.stack([rng.multinomial(tokens_per_step, row) for row in mix_waypoints(D, steps, float(focus))])
-    family = np.concatenate([np.repeat(np.arange(D), n) for n in per_step]).astype(np.int32)
+    per_step = rng.multinomial(tokens_per_step, mix_waypoints(D, steps, float(focus)))  # [T, D] tokens
+    family = np.repeat(np.tile(np.arange(D), steps), per_step.ravel()).astype(np.int32)
     step = np.repeat(np.arange(steps), tokens_per_step).astype(np.int32)
-    logp = np.log(np.maximum(np.stack(dist), 1e-300))  # [D, L, E]; an expert never routed stays unpicked
-    logp[np.stack(dist) == 0] = -np.inf
+    with np.errstate(divide="ignore"):
+        logp = np.log(np.stack(dist))  # [D, L, E]; an expert never routed (-inf) is never picked
     topk = np.empty((N, L, top_k), dtype=np.int16 if E < 2**15 else np.int32)
     for l in range(L):
-        scores = logp[family, l] + rng.gumbel(size=(N, E))
-        topk[:, l, :] = np.argpartition(-scores, top_k - 1, axis=1)[:, :top_k]
+        topk[:, l, :] = group_limited_topk(logp[family, l] + rng.gumbel(size=(N, E)), top_k)
     return Trace(topk=topk, family=family, step=step, family_names=tuple(order), num_experts=E)

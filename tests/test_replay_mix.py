@@ -126,12 +126,12 @@ def test_noise_floor_plans_for_each_family_when_the_mix_moves() -> None:
     mix it is the pooled counts alone."""
     moving = stream_of(trace_of(MOVING, 4))
     others = np.delete(moving.counts(0, 4), 0, axis=1)
-    stats, params = _others_stats(moving, others, 0, 4, 0, 4)
+    stats, params = _others_stats(moving, others, 0, 4, 0)
     assert params == {"robust": "mean", "robust_steps": 0}
     # steps 1-3: family 0 on expert 1 (10 tokens), family 1 on experts 2 and 3 (10 each); per step 10 tokens
     np.testing.assert_allclose(
         stats.step_counts[0], [[0, 10 / 3, 10 / 3, 10 / 3], [0, 10, 0, 0], [0, 0, 5, 5]], atol=1e-12
     )
     still = stream_of(trace_of(STILL, 4))
-    stats, params = _others_stats(still, np.delete(still.counts(0, 4), 0, axis=1), 0, 4, 0, 4)
+    stats, params = _others_stats(still, np.delete(still.counts(0, 4), 0, axis=1), 0, 4, 0)
     assert params == {} and stats.step_counts is None

@@ -28,42 +28,31 @@ from moeopt.instance import Instance
 from moeopt.io import resolve_profile
 from moeopt.plan import Plan
 from moeopt.registry import get_method
-from moeopt.replay.mix import MIX_P, family_loads, mix_moves
+from moeopt.replay.mix import family_snapshots
 from moeopt.replay.run import ReplayResult, score_steps, worst_window_of
 from moeopt.replay.stream import Stream
 from moeopt.scoring import Workloads
 from moeopt.solve import solve
-from moeopt.trace import Trace, stats_from_counts
+from moeopt.trace import stats_from_counts
 
 __all__ = ["NoiseFloor", "noise_floor"]
 
 
-def _others_stats(
-    stream: Stream, others: np.ndarray, b0: int, b1: int, t: int, interval: int
-) -> tuple[Any, dict[str, Any]]:
+def _others_stats(stream: Stream, others: np.ndarray, b0: int, b1: int, t: int) -> tuple[Any, dict[str, Any]]:
     """The statistics step ``t`` is planned on: the pooled counts of the other steps of its
     block ``b0 .. b1 - 1`` and, on a labelled trace whose mix moves over them, each family's
-    load on them as robust snapshots (with the planner parameters that plan for them)."""
+    load on them as robust snapshots ([`family_snapshots`][moeopt.replay.mix.family_snapshots]),
+    with the planner parameters that plan for them."""
     pooled = others.sum(axis=1)
     top_k = int(stream.top_k)
     tr = stream.trace
     if tr is not None and len(tr.family_names) > 1 and b1 - b0 > 1:
-        steps = [s for s in range(b0, b1) if s != t]
-        parts = [stream.trace_window(s, s + 1) for s in steps]
-        window = Trace(
-            topk=np.concatenate([p.topk for p in parts]),
-            family=np.concatenate([p.family for p in parts]),
-            step=np.concatenate([np.full(p.tokens, i, dtype=np.int32) for i, p in enumerate(parts)]),
-            family_names=tr.family_names,
-            num_experts=tr.num_experts,
-        )
-        if mix_moves(window, MIX_P)[0]:
-            fam = family_loads(window, stream.layers)
-            if fam.shape[1]:
-                base = pooled[:, None, :] / len(steps)
-                snaps = np.concatenate([base, fam * base.sum(axis=2)[:, :, None]], axis=1)
-                stats = stats_from_counts(snaps.mean(axis=1), top_k=top_k, step_counts=snaps)
-                return stats, {"robust": "mean", "robust_steps": 0}
+        block = stream.trace_window(b0, b1)
+        base = pooled[:, None, :] / (b1 - b0 - 1)
+        snaps = family_snapshots(block.subset(block.step != t - b0), base)
+        if snaps is not None:
+            stats = stats_from_counts(snaps.mean(axis=1), top_k=top_k, step_counts=snaps)
+            return stats, {"robust": "mean", "robust_steps": 0}
     return stats_from_counts(pooled, top_k=top_k), {}
 
 
@@ -155,7 +144,7 @@ def noise_floor(
             others = np.delete(block, t - b0, axis=1)
             if others.shape[1] == 0:  # a last block of one step: its neighbours before it
                 others = stream.counts(max(0, t - int(interval) + 1), t)
-            stats, robust = _others_stats(stream, others, b0, b1, t, int(interval))
+            stats, robust = _others_stats(stream, others, b0, b1, t)
             result = solve(
                 instance,
                 method=planner,

@@ -20,7 +20,7 @@ from scipy.stats import chi2_contingency
 
 from moeopt.trace import Trace
 
-__all__ = ["MIN_FAMILY_SHARE", "MIX_P", "family_loads", "mix_moves"]
+__all__ = ["MIN_FAMILY_SHARE", "MIX_P", "family_loads", "family_snapshots", "mix_moves"]
 
 #: the test's level: the mix moves when the families' shares over the steps are this unlikely
 #: under one fixed mix (p-value of the chi-square test of homogeneity)
@@ -55,20 +55,27 @@ def mix_moves(trace: Trace, alpha: float = MIX_P) -> tuple[bool, float]:
 def family_loads(trace: Trace, layers: int, min_share: float = MIN_FAMILY_SHARE) -> np.ndarray:
     """float ``[layers, n, E]``: each family's share of every expert's picks per layer (rows sum to
     1), for the ``n`` families with at least ``min_share`` of the tokens, in family order."""
-    E = int(trace.num_experts)
+    E, F, k = int(trace.num_experts), len(trace.family_names), trace.top_k
     fam = np.asarray(trace.family, dtype=np.int64)
-    total = max(1, len(fam))
-    out = []
-    for f in range(len(trace.family_names)):
-        mask = fam == f
-        if mask.sum() < min_share * total or not mask.any():
-            continue
-        picks = np.asarray(trace.topk[mask], dtype=np.int64)  # [n_f, L, k]
-        counts = np.zeros((layers, E))
-        for l in range(layers):
-            counts[l] = np.bincount(picks[:, l].ravel(), minlength=E)[:E]
-        sums = counts.sum(axis=1, keepdims=True)
-        out.append(np.divide(counts, sums, out=np.zeros_like(counts), where=sums > 0))
-    if not out:
-        return np.zeros((layers, 0, E))
-    return np.stack(out, axis=1)
+    kept = np.flatnonzero((np.bincount(fam, minlength=F) >= max(min_share * len(fam), 1))[:F])
+    flat = np.repeat(fam, k) * E
+    counts = np.stack(
+        [np.bincount(flat + trace.topk[:, l].ravel(), minlength=F * E).reshape(F, E)[kept] for l in range(layers)]
+    ).astype(np.float64)  # [layers, n, E]
+    sums = counts.sum(axis=2, keepdims=True)
+    return np.asarray(np.divide(counts, sums, out=np.zeros_like(counts), where=sums > 0))
+
+
+def family_snapshots(trace: Trace, base: np.ndarray, alpha: float = MIX_P) -> np.ndarray | None:
+    """float ``[L, n + F', E]``: the load snapshots ``base [L, n, E]``, then each family's load
+    on ``trace`` ([`family_loads`][moeopt.replay.mix.family_loads]) at the snapshots' mean load
+    per step, when the mix of ``trace`` moves at level ``alpha``
+    ([`mix_moves`][moeopt.replay.mix.mix_moves]); None when it does not, or no family has its
+    share of the tokens (plan on ``base`` as it is)."""
+    if not mix_moves(trace, alpha)[0]:
+        return None
+    fam = family_loads(trace, base.shape[0])
+    if fam.shape[1] == 0:
+        return None
+    scale = base.sum(axis=2).mean(axis=1)  # [L]: the snapshots' load per step
+    return np.concatenate([base, fam * scale[:, None, None]], axis=1)

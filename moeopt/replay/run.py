@@ -43,7 +43,7 @@ from moeopt.io import resolve_profile
 from moeopt.plan import Plan
 from moeopt.registry import get_method
 from moeopt.replay.forecast import forecast_loads
-from moeopt.replay.mix import family_loads, mix_moves
+from moeopt.replay.mix import family_snapshots
 from moeopt.replay.policies import Forecasting, Observation, Policy, Request, Schedule, make_policy
 from moeopt.replay.stream import Stream
 from moeopt.scoring import Workloads
@@ -322,9 +322,6 @@ class _Planner:
         t = self.stream.trace
         if req.families is None or t is None or len(t.family_names) < 2:
             return req, wl, 0
-        regime = self.stream.trace_window(min(req.regime, req.start), req.end)
-        if not mix_moves(regime, req.families)[0]:
-            return req, wl, 0
         window = self.stream.counts(req.start, req.end)
         if req.forecast is not None:
             base = planning_counts(window, req.forecast)
@@ -332,15 +329,14 @@ class _Planner:
             steps = int(req.params.get("robust_steps") or window.shape[1])
             robust = req.params.get("robust", "auto") != "none"
             base = utilization_trace(window, steps).counts if robust else window.mean(axis=1, keepdims=True)
-        fam = family_loads(regime, base.shape[0])
-        if fam.shape[1] == 0:
+        regime = self.stream.trace_window(min(req.regime, req.start), req.end)
+        snaps = family_snapshots(regime, base, req.families)
+        if snaps is None:
             return req, wl, 0
-        scale = base.sum(axis=2).mean(axis=1)  # each snapshot at the planned-for load per step
-        snaps = np.concatenate([base, fam * scale[:, None, None]], axis=1)
         stats = stats_from_counts(snaps.mean(axis=1), top_k=int(self.stream.top_k), step_counts=snaps)
         robust = "worst" if req.params.get("robust") == "worst" else "mean"
         req = dataclasses.replace(req, params={**req.params, "robust": robust, "robust_steps": 0})
-        return req, Workloads(stats, stats, stats, self.profile), int(fam.shape[1])
+        return req, Workloads(stats, stats, stats, self.profile), int(snaps.shape[1] - base.shape[1])
 
     def _allocated(self, req: Request, current: Plan, wl: Workloads) -> Plan:
         """Re-plans at several per-layer budgets (`ALLOCATE_LEVELS` times ``req.budget``), then per
