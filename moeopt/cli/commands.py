@@ -321,7 +321,7 @@ def _per_domain(args: argparse.Namespace) -> tuple[Stats, dict, tuple[str, ...]]
     if src.families < 2:
         raise MoeoptError(f"{args.source}: expected per-domain counts (several families), found one family")
     by_domain = {name: src.counts[f] for f, name in enumerate(src.family_names)}
-    order = src.family_names if args.order is None else tuple(d.strip() for d in args.order.split(","))
+    order = src.family_names if args.order is None else tuple(d.strip() for d in args.order.split(",") if d.strip())
     return src, by_domain, order
 
 
@@ -362,7 +362,7 @@ def cmd_trace_stream(args: argparse.Namespace) -> int:
             kinds = [k for k, names in STREAM_OPTIONS.items() if name in names]
             raise MoeoptError(f"{option}: only used by trace stream {' or '.join(kinds)}, not {args.kind}")
     if Path(args.output).suffix.lower() != ".npz":
-        raise MoeoptError(f"{args.output}: expected an .npz output (a counts file)")
+        raise MoeoptError(f"{args.output}: expected an .npz output (a counts file; mix: a trace file)")
     tokens = args.tokens_per_step
     try:
         if args.kind == "mix":
