@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from moeopt.replay import Stream, make_policy, replay
 from moeopt.replay.floor import _others_stats
-from moeopt.replay.mix import MIX_P, family_loads, mix_moves
+from moeopt.replay.mix import MIX_P, ROUTING_SHIFT, _divergence, family_loads, mix_moves, routing_shift
 from moeopt.replay.policies import Request
 from moeopt.replay.run import _Planner
 from moeopt.trace import Trace
@@ -84,7 +84,7 @@ def test_planner_adds_each_family_when_the_mix_moves() -> None:
     with ``families`` off, the request and its workload are left as they are."""
     inst = tiny_instance(layers=1, experts=4, gpus=2, slots=2, replicas=0)
     planner = _Planner(inst, stream_of(trace_of(MOVING, 4)), 0, None, None)
-    req = Request(4, 2, 4, 4, "balance", {"robust": "none"}, families=MIX_P, regime=0)
+    req = Request(4, 2, 4, 4, "balance", {"robust": "none"}, families=MIX_P)
     base = planner.workloads("balance", 2, 4)
     new_req, wl, n = planner._with_families(req, base)
     assert n == 2 and new_req.params == {"robust": "mean", "robust_steps": 0}
@@ -95,6 +95,72 @@ def test_planner_adds_each_family_when_the_mix_moves() -> None:
     still = _Planner(inst, stream_of(trace_of(STILL, 4)), 0, None, None)
     same_req, same_wl, n = still._with_families(req, base)
     assert n == 0 and same_req is req and same_wl is base
+
+
+#: steps 0-3: both families (10 tokens each a step), family 0 on experts 0-1, family 1 on 2-3
+SPLIT = [(s, f, [2 * f + i % 2]) for s in range(4) for f in (0, 1) for i in range(10)]
+
+
+def shifted(rows: list[tuple[int, int, list[int]]], steps: int, swap: bool, share0: int) -> list:
+    """Steps after ``rows``: ``share0`` of 20 tokens a step from family 0, the rest from family 1;
+    with ``swap`` each family routes to the other's experts."""
+    out = []
+    for s in range(steps, steps + 2):
+        for f, n in ((0, share0), (1, 20 - share0)):
+            home = (1 - f) if swap else f
+            out += [(s, f, [2 * home + i % 2]) for i in range(n)]
+    return rows + out
+
+
+def test_divergence_by_hand() -> None:
+    """The chi-square distance less its sampling part: rows [10, 0] and [0, 10] give
+    (20 - 1) / (10 x 10 / 20) = 3.8 (the distance itself is 4); equal rows give 0."""
+    assert _divergence(np.array([10.0, 0.0]), np.array([0.0, 10.0])) == pytest.approx(3.8)
+    assert _divergence(np.array([5.0, 5.0, 0.0]), np.array([10.0, 10.0, 0.0])) == 0.0
+    # a small difference within sampling noise is not counted
+    assert _divergence(np.array([51.0, 49.0]), np.array([49.0, 51.0])) == 0.0
+
+
+def test_routing_shift_tells_a_new_mix_from_new_routing() -> None:
+    """After a change of the mix alone each family routes as before (shift 0); when the families
+    swap their experts each moved as far as they lie apart, or further."""
+    before = trace_of(SPLIT, 4).subset(np.arange(80))
+    mix = trace_of(shifted(SPLIT, 4, False, 18), 4)
+    swap = trace_of(shifted(SPLIT, 4, True, 10), 4)
+    after_mix = mix.subset(mix.step >= 4)
+    after_swap = swap.subset(swap.step >= 4)
+    assert routing_shift(before, after_mix, 1) == 0.0
+    assert routing_shift(before, after_swap, 1) > 1.0 > ROUTING_SHIFT
+    one = trace_of([(0, 0, [0]), (1, 0, [1])], 4, families=1)
+    assert routing_shift(one, one, 1) == 0.0  # one family: nothing to compare
+
+
+def test_family_start_keeps_the_steps_before_a_surge_of_the_mix() -> None:
+    """The families' loads are measured from step 0 across a surge that the mix explains, and
+    from the surge's onset when the families' routing moved there."""
+    inst = tiny_instance(layers=1, experts=4, gpus=2, slots=2, replicas=0)
+    for swap, start in ((False, 0), (True, 4)):
+        planner = _Planner(inst, stream_of(trace_of(shifted(SPLIT, 4, swap, 18), 4)), 0, None, None)
+        assert planner.family_start(6) == 0  # no surge yet
+        planner.onsets.append(4)
+        assert planner.family_start(6) == start
+        assert planner.family_start(4) == 0  # the onset is not before the end
+
+
+def test_first_plan_on_one_step_plans_for_the_families() -> None:
+    """On a single calibration step the mix cannot be tested: the first plan plans for the
+    families anyway; a later plan on one step does not (nothing shows the mix moves), and
+    ``families: always`` plans for them on one step too."""
+    inst = tiny_instance(layers=1, experts=4, gpus=2, slots=2, replicas=0)
+    planner = _Planner(inst, stream_of(trace_of(SPLIT, 4)), 0, None, None)
+    req = Request(1, 0, 1, 1, "balance", {"robust": "none"}, families=MIX_P)
+    base = planner.workloads("balance", 0, 1)
+    assert planner._with_families(req, base, first=True)[2] == 2
+    assert planner._with_families(req, base)[2] == 0
+    always = Request(1, 0, 1, 1, "balance", {"robust": "none"}, families=1.0)
+    assert planner._with_families(always, base)[2] == 2
+    two = Request(2, 0, 2, 2, "balance", {"robust": "none"}, families=MIX_P)  # a still mix on two steps
+    assert planner._with_families(two, planner.workloads("balance", 0, 2), first=True)[2] == 0
 
 
 def test_auto_reports_the_families_it_planned_for() -> None:

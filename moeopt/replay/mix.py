@@ -15,18 +15,31 @@ would only narrow the plan: the test leaves them out.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from scipy.stats import chi2_contingency
 
 from moeopt.trace import Trace
 
-__all__ = ["MIN_FAMILY_SHARE", "MIX_P", "family_loads", "family_snapshots", "mix_moves"]
+__all__ = [
+    "MIN_FAMILY_SHARE",
+    "MIX_P",
+    "ROUTING_SHIFT",
+    "family_loads",
+    "family_snapshots",
+    "mix_moves",
+    "routing_shift",
+]
 
 #: the test's level: the mix moves when the families' shares over the steps are this unlikely
 #: under one fixed mix (p-value of the chi-square test of homogeneity)
 MIX_P = 0.01
 #: a family with fewer of the steps' tokens than this share is left out (its load too noisy to plan for)
 MIN_FAMILY_SHARE = 0.05
+#: the families' routing moved across a surge when each family's own change is at least this
+#: share of how much the families differ from one another ([`routing_shift`][moeopt.replay.mix.routing_shift])
+ROUTING_SHIFT = 0.5
 
 
 def mix_moves(trace: Trace, alpha: float = MIX_P) -> tuple[bool, float]:
@@ -72,10 +85,63 @@ def family_snapshots(trace: Trace, base: np.ndarray, alpha: float = MIX_P) -> np
     per step, when the mix of ``trace`` moves at level ``alpha``
     ([`mix_moves`][moeopt.replay.mix.mix_moves]); None when it does not, or no family has its
     share of the tokens (plan on ``base`` as it is)."""
-    if not mix_moves(trace, alpha)[0]:
+    if alpha < 1.0 and not mix_moves(trace, alpha)[0]:
         return None
     fam = family_loads(trace, base.shape[0])
     if fam.shape[1] == 0:
         return None
     scale = base.sum(axis=2).mean(axis=1)  # [L]: the snapshots' load per step
     return np.concatenate([base, fam * scale[:, None, None]], axis=1)
+
+
+def _family_counts(trace: Trace, layers: int) -> np.ndarray:
+    """float ``[layers, F, E]``: each family's picks of every expert per layer."""
+    E, F, k = int(trace.num_experts), len(trace.family_names), trace.top_k
+    flat = np.repeat(np.asarray(trace.family, dtype=np.int64), k) * E
+    return np.stack(
+        [np.bincount(flat + trace.topk[:, l].ravel(), minlength=F * E).reshape(F, E) for l in range(layers)]
+    ).astype(np.float64)
+
+
+def _divergence(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The chi-square distance between the distributions of the count rows ``a`` and ``b``
+    (``[..., E]``), less what sampling alone gives: ``max(0, S - dof) / (n_a n_b / (n_a + n_b))``,
+    ``S`` the chi-square statistic of the two rows' contingency table (experts picked by neither
+    left out), ``dof`` its degrees of freedom."""
+    na, nb = a.sum(axis=-1, keepdims=True), b.sum(axis=-1, keepdims=True)
+    n = na + nb
+    col = a + b
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ea, eb = na * col / n, nb * col / n
+        stat = np.where(col > 0, (a - ea) ** 2 / ea + (b - eb) ** 2 / eb, 0.0).sum(axis=-1)
+        dof = np.maximum((col > 0).sum(axis=-1) - 1, 0)
+        scale = (na * nb / n)[..., 0]
+        return np.asarray(np.where(scale > 0, np.maximum(stat - dof, 0.0) / scale, 0.0))
+
+
+def routing_shift(before: Trace, after: Trace, layers: int, min_share: float = MIN_FAMILY_SHARE) -> float:
+    """How far each family's own routing moved from ``before`` to ``after``, as a share of how
+    much the families' routing differ from one another in ``before``.
+
+    Both are the chi-square distance between expert distributions less its sampling part
+    (``_divergence``), averaged over the layers and the families with at least ``min_share`` of
+    the tokens on both sides (their pairs for the spread). A surge that a moving mix explains
+    leaves every family's routing where it was (near 0); a new workload moves it as far as the
+    families lie apart, or further. 0.0 when there is nothing to compare (fewer than two
+    families on both sides); ``inf`` when the families do not differ but their routing moved.
+    """
+    F = len(before.family_names)
+    if F < 2 or before.tokens == 0 or after.tokens == 0:
+        return 0.0
+    share_b = np.bincount(np.asarray(before.family, dtype=np.int64), minlength=F)[:F] / before.tokens
+    share_a = np.bincount(np.asarray(after.family, dtype=np.int64), minlength=F)[:F] / after.tokens
+    kept = np.flatnonzero((share_b >= min_share) & (share_a >= min_share))
+    if len(kept) < 2:
+        return 0.0
+    cb, ca = _family_counts(before, layers)[:, kept], _family_counts(after, layers)[:, kept]
+    within = float(_divergence(cb, ca).mean())
+    i, j = np.triu_indices(len(kept), 1)
+    spread = float(_divergence(cb[:, i], cb[:, j]).mean())
+    if spread <= 0.0:
+        return 0.0 if within <= 0.0 else math.inf
+    return within / spread

@@ -135,11 +135,9 @@ class Request:
         Pool the layers' budgets ([`moeopt.replay.run.allocate_moves`][]).
     families
         With a token trace labelled by task family: plan robustly over each family's load too
-        when the mix of families over the regime's steps moves at this test level
-        ([`moeopt.replay.mix`][]); None: never.
-    regime
-        The first step of the current regime (0 before any surge): the family loads are measured
-        from there.
+        when the mix of families moves at this test level ([`moeopt.replay.mix`][]; over the
+        steps since the last surge across which the families' own routing moved:
+        [`family_start`][moeopt.replay.run._Planner.family_start]); None: never.
     """
 
     decided: int
@@ -159,7 +157,6 @@ class Request:
     holdout: int = 0
     allocate: bool = False
     families: float | None = None
-    regime: int = 0
 
 
 #: The forecasts ``auto`` plans for (``none``: the recent windows as they are).
@@ -429,7 +426,7 @@ class Schedule:
             onset = self.surge_onset(obs)
             if onset is not None:
                 budget = self.bucket(obs) if self.carry is not None or self.surge_budget is None else self.surge_budget
-                return self._request(d, onset, d, d + self.lag, budget=budget, surge=True, regime=onset)
+                return self._request(d, onset, d, d + self.lag, budget=budget, surge=True)
         if (d - self.calibration) % (self.interval if self.lookahead else self.every):
             return None
         if self.level is not None:
@@ -448,7 +445,7 @@ class Schedule:
             if budget <= 0 and self.carry is not None:
                 return None  # nothing above the surge reserve to spend: keep the plan in service
         begin = max(start, min(obs.regime_start, d - 1))
-        return self._request(d, begin, d, d + self.lag, budget=budget, regime=min(obs.regime_start, begin))
+        return self._request(d, begin, d, d + self.lag, budget=budget)
 
     def _request(
         self,
@@ -459,7 +456,6 @@ class Schedule:
         first: bool = False,
         budget: int | None = None,
         surge: bool = False,
-        regime: int = 0,
     ) -> Request:
         params = dict(self.planner_params)
         forecast = None if first else self.forecast
@@ -498,7 +494,6 @@ class Schedule:
             self.snapshot or 1 if self.accept == "held-out" else 0,
             self.allocate and not first,
             self.families,
-            regime,
         )
 
 

@@ -43,7 +43,7 @@ from moeopt.io import resolve_profile
 from moeopt.plan import Plan
 from moeopt.registry import get_method
 from moeopt.replay.forecast import forecast_loads
-from moeopt.replay.mix import family_snapshots
+from moeopt.replay.mix import ROUTING_SHIFT, family_snapshots, routing_shift
 from moeopt.replay.policies import Forecasting, Observation, Policy, Request, Schedule, make_policy
 from moeopt.replay.stream import Stream
 from moeopt.scoring import Workloads
@@ -288,6 +288,7 @@ class _Planner:
     ray: str | bool | None
     profile: Any = None
     cache: dict[str, Any] = field(default_factory=dict)
+    onsets: list[int] = field(default_factory=list)  # surge onsets so far (the families' regimes)
 
     def workloads(self, planner: str, start: int, end: int, forecast: Forecasting | None = None) -> Workloads:
         """The window as the planner's calibration (and evaluation) workload: its tokens when the
@@ -306,19 +307,36 @@ class _Planner:
         stats = sub.stats() if "coactivation" in impl.requires or planner == "auto" else counts_only
         return Workloads(sub, sub, stats, self.profile)
 
+    def family_start(self, end: int) -> int:
+        """The first step whose families' loads still hold at ``end``: 0, or the latest surge
+        onset across which the families' own routing moved
+        ([`routing_shift`][moeopt.replay.mix.routing_shift] above `ROUTING_SHIFT`). A surge that a
+        moving task mix explains (each family routes as before) keeps the steps before it."""
+        begin = 0
+        for onset in sorted(o for o in set(self.onsets) if begin < o < end):
+            before, after = self.stream.trace_window(begin, onset), self.stream.trace_window(onset, end)
+            if routing_shift(before, after, self.stream.layers) > ROUTING_SHIFT:
+                begin = onset
+        return begin
+
     def plan(self, req: Request, current: Plan | None) -> tuple[Plan, int]:
         """The plan ``req`` asks for and the task families it was also planned for (0: none)."""
         wl = self.workloads(req.planner, req.start, req.end, req.forecast)
-        req, wl, families = self._with_families(req, wl)
+        if req.surge:
+            self.onsets.append(req.start)
+        req, wl, families = self._with_families(req, wl, first=current is None)
         if req.allocate and current is not None and req.budget is not None and req.from_current:
             return self._allocated(req, current, wl), families
         return self._solve(req, current, wl), families
 
-    def _with_families(self, req: Request, wl: Workloads) -> tuple[Request, Workloads, int]:
-        """With ``req.families`` and a trace whose task mix moves over the regime's steps
-        ([`moeopt.replay.mix.mix_moves`][]): the snapshots planned for, then each family's load
-        over the regime ([`family_loads`][moeopt.replay.mix.family_loads], scaled to the
-        snapshots' load), planned for robustly together; else ``req`` and ``wl`` as they are."""
+    def _with_families(self, req: Request, wl: Workloads, first: bool = False) -> tuple[Request, Workloads, int]:
+        """With ``req.families`` and a trace whose task mix moves over the families' steps
+        ([`family_start`][moeopt.replay.run._Planner.family_start] to ``req.end``;
+        [`moeopt.replay.mix.mix_moves`][]): the snapshots planned for, then each family's load
+        over those steps ([`family_loads`][moeopt.replay.mix.family_loads], scaled to the
+        snapshots' load), planned for robustly together; else ``req`` and ``wl`` as they are.
+        The ``first`` plan, made on a single step, plans for the families without the test (it
+        has nothing to compare)."""
         t = self.stream.trace
         if req.families is None or t is None or len(t.family_names) < 2:
             return req, wl, 0
@@ -329,8 +347,12 @@ class _Planner:
             steps = int(req.params.get("robust_steps") or window.shape[1])
             robust = req.params.get("robust", "auto") != "none"
             base = utilization_trace(window, steps).counts if robust else window.mean(axis=1, keepdims=True)
-        regime = self.stream.trace_window(min(req.regime, req.start), req.end)
-        snaps = family_snapshots(regime, base, req.families)
+        begin = min(self.family_start(req.end), req.start)
+        regime = self.stream.trace_window(begin, req.end)
+        alpha = req.families
+        if first and req.end - begin < 2:
+            alpha = 1.0  # one calibration step: nothing to test the mix on, so plan for the families
+        snaps = family_snapshots(regime, base, alpha)
         if snaps is None:
             return req, wl, 0
         stats = stats_from_counts(snaps.mean(axis=1), top_k=int(self.stream.top_k), step_counts=snaps)
