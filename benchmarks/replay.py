@@ -42,6 +42,12 @@ Per stream and interval, the issue's three targets for ``auto`` against ``period
 noise floor, the pooled oracle, the oracle and the best causal policy beside them, and the
 policies (if any) that meet all three.
 
+Re-planned every window: the labelled token streams (the two domain mixes and the three
+synthetic ones) merged into 12 windows, each one step, and ``static``, ``periodic eplb``,
+``periodic balance``, ``incremental``, ``auto`` and the oracle at interval 1 (what an engine
+re-planning after every recorded window runs), with ``auto``'s targets
+(``--windows-only`` reruns this part alone into the existing results, 20 s).
+
 Also: the frontier (bytes moved against time-averaged MaxVio over intervals 2, 4, 8 and
 budgets 4 to 32 slots per layer) of ``periodic eplb``, ``incremental`` and ``auto`` on the
 OLMoE and synthetic-switch streams, and the alternatives tried for ``auto``'s defaults on
@@ -70,13 +76,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from machine_info import machine  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
 from moeopt import console
 from moeopt.io import load_instance, write_json, write_text
 from moeopt.registry import get_method
-from moeopt.replay import load_stream, make_policy, noise_floor, replay, replay_frontier
+from moeopt.replay import Stream, load_stream, make_policy, noise_floor, replay, replay_frontier
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
@@ -185,6 +192,18 @@ ALTERNATIVES: tuple[tuple[str, dict[str, Any]], ...] = (
     ),
 )
 ALTERNATIVE_INTERVALS = (4, 8)
+
+#: re-planned every window: the labelled token streams merged into this many windows (each
+#: window one step), every policy at interval 1, as an engine re-plans on each recorded window
+WINDOW_COUNT = 12
+WINDOW_STREAMS = (
+    "olmoe-domain-mix-stream",
+    "mixtral-domain-mix-stream",
+    "synthetic-mix-drift",
+    "synthetic-popularity-drift",
+    "synthetic-switch",
+)
+WINDOW_ROWS = ("static", "periodic eplb", "periodic balance", "incremental", "auto", "oracle")
 
 
 def stream_instance(stem: str, sizes: dict[str, Any] | None):
@@ -345,6 +364,44 @@ def run_streams(selected: dict[str, tuple[int, ...]], eplb: bool, log) -> list[d
                     f"{dw['moved_ratio']:.2f} moved: {'met' if dw['met'] else 'not met'}"
                 )
         out.append(entry)
+    return out
+
+
+def windowed(stream, windows: int):
+    """The token stream with its steps merged into ``windows`` consecutive windows of (nearly)
+    equal length: each window one step."""
+    t = stream.trace
+    merged = replace(t, step=(t.step.astype(np.int64) * windows // stream.steps).astype(np.int32))
+    return Stream.from_workload(merged, name=f"{stream.name}, {windows} windows", source=stream.source)
+
+
+def run_windows(eplb: bool, log) -> list[dict]:
+    """:data:`WINDOW_STREAMS` merged into :data:`WINDOW_COUNT` windows, every :data:`WINDOW_ROWS`
+    policy at interval 1 (window 1, calibration 1; the worst window is the worst step), and the
+    targets for ``auto`` against ``periodic eplb``."""
+    sizes = {stem: sz for stem, _l, _k, _iv, sz in STREAMS}
+    labels = {stem: label for stem, label, _k, _iv, _sz in STREAMS}
+    out = []
+    for stem in WINDOW_STREAMS:
+        inst = stream_instance(stem, sizes[stem])
+        stream = windowed(load_stream(inst), WINDOW_COUNT)
+        rows = []
+        for plabel, name, params in POLICIES:
+            if plabel not in WINDOW_ROWS or (not eplb and params.get("planner") == "eplb"):
+                continue
+            rows.append(run_row(plabel, name, params, 1, inst, stream))
+            r = rows[-1]
+            log(f"{stem}, {WINDOW_COUNT} windows, {plabel}: {r['maxvio_mean']:.4f} / worst {r['maxvio_worst']:.4f}")
+        out.append(
+            {
+                "stream": stem,
+                "label": labels[stem],
+                "windows": WINDOW_COUNT,
+                "tokens_per_window": stream.trace.tokens // WINDOW_COUNT,
+                "rows": rows,
+                "done_when": done_when(rows),
+            }
+        )
     return out
 
 
@@ -578,6 +635,8 @@ def body(data: dict) -> str:
                 "planning s",
             ]
             lines += [tabulate(body, headers=heads, tablefmt="github", disable_numparse=True), ""]
+    if data.get("windows"):
+        lines += windows_lines(data["windows"])
     if data.get("frontier"):
         lines += ["## Frontier: bytes moved against time-averaged MaxVio", ""]
         for f in data["frontier"]:
@@ -627,6 +686,51 @@ def body(data: dict) -> str:
             "",
         ]
     return "\n".join(lines)
+
+
+def windows_lines(windows: list[dict]) -> list[str]:
+    """The re-planned-every-window part: one row per stream and policy, with auto's targets."""
+    n = windows[0]["windows"]
+    lines = [
+        f"## Re-planned every window ({n} windows)",
+        "",
+        f"The labelled token streams merged into {n} windows of equal length (each window one step: "
+        "what an engine records between two re-plans), every policy at interval 1 (window 1, "
+        "calibration on the first window); the worst window is the worst single window. The targets as "
+        "above, `auto` against `periodic eplb`.",
+        "",
+    ]
+    body = []
+    for w in windows:
+        dw = w.get("done_when")
+        for r in w["rows"]:
+            verdict_cell = ""
+            if r["label"] == "auto" and dw:
+                verdict_cell = (
+                    f"{times(dw['mean_ratio'], TARGET_MEAN)} / {times(dw['worst_ratio'], TARGET_WORST)} / "
+                    f"{100 * dw['moved_ratio']:.0f} %: {'**met**' if dw['met'] else 'not met'}"
+                )
+            body.append(
+                [
+                    w["label"] if r is w["rows"][0] else "",
+                    r["label"],
+                    _g(r["maxvio_mean"], 4),
+                    _g(r["maxvio_worst"], 4),
+                    r["replans"],
+                    r["moved_slots"],
+                    verdict_cell,
+                ]
+            )
+    heads = [
+        "stream",
+        "policy",
+        "MaxVio (time avg)",
+        "worst window",
+        "re-plans",
+        "slots moved (all layers)",
+        "auto / EPLB: time avg / worst / moved",
+    ]
+    return [*lines, tabulate(body, headers=heads, tablefmt="github", disable_numparse=True), ""]
 
 
 def unmet_lines(data: dict) -> list[str]:
@@ -861,6 +965,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--guide", action="store_true", help="also rewrite the measured section of docs/guides/replanning.md"
     )
+    ap.add_argument(
+        "--windows-only",
+        action="store_true",
+        help=f"rerun only the re-planned-every-window part ({WINDOW_COUNT} windows) into the existing replay.json",
+    )
     args = ap.parse_args(argv)
     if args.report_only:
         data = json.loads((args.out / "replay.json").read_text())
@@ -880,10 +989,21 @@ def main(argv: list[str] | None = None) -> int:
     info["eplb"] = eplb
     if not eplb:
         log("EPLB not available (pip install -e '.[eplb]'): its rows and the targets are skipped")
+    if args.windows_only:
+        data = json.loads((args.out / "replay.json").read_text())
+        data["windows"] = run_windows(eplb, log)
+        data["info"]["windows"] = {"machine": machine(), "wall_s": time.perf_counter() - t0}
+        write_json(args.out / "replay.json", data)
+        write_text(args.out / "replay.md", markdown(data))
+        if args.guide:
+            write_guide(data)
+        log(f"windows part written into {args.out / 'replay.json'} and replay.md")
+        return 0
     selected = dict(QUICK) if args.quick else {stem: iv for stem, _l, _k, iv, _s in STREAMS}
     streams = run_streams(selected, eplb, log)
     data: dict[str, Any] = {"info": info, "streams": streams}
     if not args.quick:
+        data["windows"] = run_windows(eplb, log)
         data["frontier"] = run_frontier(eplb, log)
         if eplb:
             data["alternatives"] = run_alternatives(streams, log)

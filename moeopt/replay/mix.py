@@ -10,7 +10,10 @@ token trace labels its tokens with their family and the mix moves beyond what sa
 steps), ``auto`` plans robustly over each family's load
 ([`family_loads`][moeopt.replay.mix.family_loads], over the steps of the current regime) beside
 its forecast. On a mix that holds still (the shares vary only by sampling) the family snapshots
-would only narrow the plan: the test leaves them out.
+would only narrow the plan: the test leaves them out. A surge starts a new regime for the
+families only when their own routing moved across it
+([`routing_shift`][moeopt.replay.mix.routing_shift]): a surge that the moving mix explains keeps
+the steps before it.
 """
 
 from __future__ import annotations

@@ -770,7 +770,9 @@ class Auto(_Budgeted):
       when the families' shares move over the regime's steps beyond sampling (``auto``: a
       chi-square test, [`moeopt.replay.mix`][]; ``always``; ``none``: never), each family's load
       over the regime's steps is planned for too, robustly beside the forecast: a plan that
-      balances every family balances any mix of them, so it does not chase the mix.
+      balances every family balances any mix of them, so it does not chase the mix. The regime
+      starts at the last surge across which the families' own routing moved (a surge the mix
+      explains keeps the steps before it); the first plan on a single step plans for them too.
     * **Surge watch** (``surge``; null: off): after every step, when the last steps' MaxVio
       each exceed ``surge`` times the median of the window before them (and that median by
       ``surge_margin``), re-plan at once on those steps alone; later windows start there
