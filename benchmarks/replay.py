@@ -81,6 +81,7 @@ from machine_info import machine  # noqa: E402  (benchmarks/ is on sys.path when
 from tabulate import tabulate
 
 from moeopt import console
+from moeopt.cli.replay import replans_cell
 from moeopt.io import load_instance, write_json, write_text
 from moeopt.registry import get_method
 from moeopt.replay import Stream, load_stream, make_policy, noise_floor, replay, replay_frontier
@@ -243,6 +244,7 @@ def row_of(label: str, r, wall: float) -> dict:
         "maxvio_worst": m["maxvio_worst"],
         "maxvio_max": m["maxvio_max"],
         "replans": m["replans"],
+        "transfers": m["transfers"],
         "moved_slots": m["moved_slots"],
         "moved_slots_per_layer_per_replan": m["moved_slots_per_layer_per_replan"],
         "moved_bytes": m["moved_bytes"],
@@ -615,7 +617,7 @@ def body(data: dict) -> str:
                     _g(r["maxvio_mean"], 4),
                     _g(r["maxvio_worst"], 4),
                     _g(r["maxvio_max"], 4),
-                    r["replans"],
+                    replans_cell(r["replans"], r.get("transfers", r["replans"])),
                     f"{r['moved_slots_per_layer_per_replan']:.1f}",
                     f"{r['moved_bytes'] / 1e9:.2f}",
                     _g(r["comm_per_token_mean"], 3),
@@ -716,7 +718,7 @@ def windows_lines(windows: list[dict]) -> list[str]:
                     r["label"],
                     _g(r["maxvio_mean"], 4),
                     _g(r["maxvio_worst"], 4),
-                    r["replans"],
+                    replans_cell(r["replans"], r.get("transfers", r["replans"])),
                     r["moved_slots"],
                     verdict_cell,
                 ]

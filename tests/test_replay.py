@@ -518,6 +518,9 @@ def test_cli_report_and_table(switch_instance: Path, tmp_path: Path, capsys: pyt
     assert run["stream"]["source"] == "switch.npz" and run["stream"]["steps"] == 8
     m = run["metrics"]
     assert (m["replans"], m["moved_slots"], m["moved_bytes"]) == (2, 4, 4000)
+    # the first re-plan (steps 2-3, the calibration's traffic again) keeps every GPU's experts
+    assert run["replans"][0]["moved_slots"] == 0 and m["transfers"] == 1
+    assert "| 2 (1 moving) " in out  # the table says which re-plans moved weights
     assert m["maxvio_worst"] == pytest.approx(HALF) and m["worst_window_basis"] == "interval"
     assert run["series"]["step"] == list(range(2, 8)) and run["series"]["plan"] == [0, 0, 1, 1, 2, 2]
     assert run["replans"][1] == {

@@ -178,6 +178,11 @@ def policy_params(args: argparse.Namespace, names: list[str], skip: tuple[str, .
     return out
 
 
+def replans_cell(replans: int, transfers: int) -> str:
+    """The re-plans, and how many of them moved weights when some moved none."""
+    return str(replans) if transfers == replans else f"{replans} ({transfers} moving)"
+
+
 def _row(result: Any) -> list[Any]:
     m = result.metrics
     label = run_label(result.policy.to_json())
@@ -186,7 +191,7 @@ def _row(result: Any) -> list[Any]:
         f"{m['maxvio_mean']:.4f}",
         f"{m['maxvio_worst']:.4f}",
         f"{m['maxvio_max']:.4f}",
-        m["replans"],
+        replans_cell(m["replans"], m["transfers"]),
         f"{m['moved_slots_per_layer_per_replan']:.1f} / {m['slots_per_layer']}",
         f"{m['moved_bytes'] / 1e9:.3f}",
     ]

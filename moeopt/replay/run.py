@@ -210,7 +210,9 @@ class ReplayResult:
     def metrics(self) -> dict[str, Any]:
         """The totals: ``maxvio_mean`` (time average of the per-step MaxVio over the scored steps),
         ``maxvio_worst`` (largest window mean, [`window_means`][moeopt.replay.run.ReplayResult.window_means]),
-        ``maxvio_max`` (largest step), ``replans``, ``moved_slots`` (all layers, all re-plans), ``moved_bytes``,
+        ``maxvio_max`` (largest step), ``replans``, ``transfers`` (the re-plans that moved at least one
+        slot: a re-plan that keeps every GPU's experts transfers nothing), ``moved_slots`` (all layers,
+        all re-plans), ``moved_bytes``,
         ``moved_slots_per_layer_per_replan``, and ``comm_per_token_mean`` with tokens."""
         moved = sum(r.moved_slots for r in self.replans)
         n = len(self.replans)
@@ -220,6 +222,7 @@ class ReplayResult:
             "maxvio_worst": float(self.window_means().max()),
             "maxvio_max": float(self.maxvio.max()),
             "replans": n,
+            "transfers": sum(1 for r in self.replans if r.moved_slots),
             "moved_slots": int(moved),
             "moved_bytes": int(moved) * self.expert_size,
             "moved_slots_per_layer_per_replan": float(moved / (n * L)) if n else 0.0,
