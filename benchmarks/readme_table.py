@@ -257,6 +257,13 @@ def _replay_rows(results: Path) -> list[tuple[str, str, str, str]]:
             f"; of the {len(cells) - n_met} missed, {len(beyond)} ask for less than the noise floor (every step "
             f"planned on the other steps of its window): {'; '.join(beyond)}"
         )
+    windows = [w for w in d.get("windows", []) if w.get("done_when")]
+    if windows:
+        won = [w["label"] for w in windows if w["done_when"]["met"]]
+        result += (
+            f"; re-planned every window (the {len(windows)} labelled streams merged into {windows[0]['windows']} "
+            f"windows, K = 1): met in {len(won)} of {len(windows)} ({'; '.join(won) or 'none'})"
+        )
     setting = (
         f"{len(d['streams'])} bundled streams (real OLMoE, Mixtral, DeepSeek-V3 loads count-sampled, OLMoE and "
         f"Mixtral domain mixes as labelled token traces; 3 synthetic drifts), same interval "
