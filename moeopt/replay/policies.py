@@ -137,7 +137,7 @@ class Request:
         With a token trace labelled by task family: plan robustly over each family's load too
         when the mix of families moves at this test level ([`moeopt.replay.mix`][]; over the
         steps since the last surge across which the families' own routing moved:
-        [`family_start`][moeopt.replay.run._Planner.family_start]); None: never.
+        the replay's ``family_start``); None: never.
     """
 
     decided: int

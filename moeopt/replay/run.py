@@ -334,7 +334,7 @@ class _Planner:
 
     def _with_families(self, req: Request, wl: Workloads, first: bool = False) -> tuple[Request, Workloads, int]:
         """With ``req.families`` and a trace whose task mix moves over the families' steps
-        ([`family_start`][moeopt.replay.run._Planner.family_start] to ``req.end``;
+        (`family_start` to ``req.end``;
         [`moeopt.replay.mix.mix_moves`][]): the snapshots planned for, then each family's load
         over those steps ([`family_loads`][moeopt.replay.mix.family_loads], scaled to the
         snapshots' load), planned for robustly together; else ``req`` and ``wl`` as they are.
