@@ -259,10 +259,10 @@ def _replay_rows(results: Path) -> list[tuple[str, str, str, str]]:
         )
     windows = [w for w in d.get("windows", []) if w.get("done_when")]
     if windows:
-        won = [w["label"] for w in windows if w["done_when"]["met"]]
+        won = [f"{w['label']} ({w.get('data', 'labelled tokens')})" for w in windows if w["done_when"]["met"]]
         result += (
-            f"; re-planned every window (the {len(windows)} labelled streams merged into {windows[0]['windows']} "
-            f"windows, K = 1): met in {len(won)} of {len(windows)} ({'; '.join(won) or 'none'})"
+            f"; re-planned every window ({len(windows)} streams merged into {windows[0]['windows']} windows, "
+            f"K = 1): met in {len(won)} of {len(windows)} ({'; '.join(won) or 'none'})"
         )
     setting = (
         f"{len(d['streams'])} bundled streams (real OLMoE, Mixtral, DeepSeek-V3 loads count-sampled, OLMoE and "

@@ -194,15 +194,24 @@ ALTERNATIVES: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 ALTERNATIVE_INTERVALS = (4, 8)
 
-#: re-planned every window: the labelled token streams merged into this many windows (each
-#: window one step), every policy at interval 1, as an engine re-plans on each recorded window
+#: re-planned every window: streams merged into this many windows (each window one step), every
+#: policy at interval 1, as an engine re-plans on each recorded window
 WINDOW_COUNT = 12
-WINDOW_STREAMS = (
-    "olmoe-domain-mix-stream",
-    "mixtral-domain-mix-stream",
-    "synthetic-mix-drift",
-    "synthetic-popularity-drift",
-    "synthetic-switch",
+#: (stem, labelled): the labelled token streams as they are, then the same streams with their
+#: task labels dropped (per-step counts only, what a recorder dump holds) and the count streams
+WINDOW_STREAMS: tuple[tuple[str, bool], ...] = (
+    ("olmoe-domain-mix-stream", True),
+    ("mixtral-domain-mix-stream", True),
+    ("synthetic-mix-drift", True),
+    ("synthetic-popularity-drift", True),
+    ("synthetic-switch", True),
+    ("olmoe-domain-mix-stream", False),
+    ("mixtral-domain-mix-stream", False),
+    ("synthetic-mix-drift", False),
+    ("synthetic-popularity-drift", False),
+    ("synthetic-switch", False),
+    ("olmoe-domains-stream", False),
+    ("mixtral-domains-stream", False),
 )
 WINDOW_ROWS = ("static", "periodic eplb", "periodic balance", "incremental", "auto", "oracle")
 
@@ -369,12 +378,17 @@ def run_streams(selected: dict[str, tuple[int, ...]], eplb: bool, log) -> list[d
     return out
 
 
-def windowed(stream, windows: int):
-    """The token stream with its steps merged into ``windows`` consecutive windows of (nearly)
-    equal length: each window one step."""
-    t = stream.trace
-    merged = replace(t, step=(t.step.astype(np.int64) * windows // stream.steps).astype(np.int32))
-    return Stream.from_workload(merged, name=f"{stream.name}, {windows} windows", source=stream.source)
+def windowed(stream, windows: int, labelled: bool = True):
+    """The stream with its steps merged into ``windows`` consecutive windows of (nearly) equal
+    length, each window one step: its token trace (``labelled``) or its per-step counts alone."""
+    window = np.arange(stream.steps) * windows // stream.steps
+    name = f"{stream.name}, {windows} windows"
+    if labelled and stream.trace is not None:
+        t = stream.trace
+        merged = replace(t, step=window[t.step].astype(np.int32))
+        return Stream.from_workload(merged, name=name, source=stream.source)
+    counts = np.stack([stream.step_counts[:, window == w].sum(axis=1) for w in range(windows)], axis=1)
+    return Stream(counts, stream.top_k, name=name, source=stream.source)
 
 
 def run_windows(eplb: bool, log) -> list[dict]:
@@ -384,22 +398,26 @@ def run_windows(eplb: bool, log) -> list[dict]:
     sizes = {stem: sz for stem, _l, _k, _iv, sz in STREAMS}
     labels = {stem: label for stem, label, _k, _iv, _sz in STREAMS}
     out = []
-    for stem in WINDOW_STREAMS:
+    for stem, labelled in WINDOW_STREAMS:
         inst = stream_instance(stem, sizes[stem])
-        stream = windowed(load_stream(inst), WINDOW_COUNT)
+        stream = windowed(load_stream(inst), WINDOW_COUNT, labelled)
+        kind = "labelled tokens" if stream.trace is not None else "counts"
         rows = []
         for plabel, name, params in POLICIES:
             if plabel not in WINDOW_ROWS or (not eplb and params.get("planner") == "eplb"):
                 continue
             rows.append(run_row(plabel, name, params, 1, inst, stream))
             r = rows[-1]
-            log(f"{stem}, {WINDOW_COUNT} windows, {plabel}: {r['maxvio_mean']:.4f} / worst {r['maxvio_worst']:.4f}")
+            log(
+                f"{stem} ({kind}), {WINDOW_COUNT} windows, {plabel}: "
+                f"{r['maxvio_mean']:.4f} / worst {r['maxvio_worst']:.4f}"
+            )
         out.append(
             {
                 "stream": stem,
                 "label": labels[stem],
+                "data": kind,
                 "windows": WINDOW_COUNT,
-                "tokens_per_window": stream.trace.tokens // WINDOW_COUNT,
                 "rows": rows,
                 "done_when": done_when(rows),
             }
@@ -638,7 +656,7 @@ def body(data: dict) -> str:
             ]
             lines += [tabulate(body, headers=heads, tablefmt="github", disable_numparse=True), ""]
     if data.get("windows"):
-        lines += windows_lines(data["windows"])
+        lines += windows_lines(data["windows"], data["info"].get("windows"))
     if data.get("frontier"):
         lines += ["## Frontier: bytes moved against time-averaged MaxVio", ""]
         for f in data["frontier"]:
@@ -690,16 +708,23 @@ def body(data: dict) -> str:
     return "\n".join(lines)
 
 
-def windows_lines(windows: list[dict]) -> list[str]:
+def windows_lines(windows: list[dict], info: dict | None = None) -> list[str]:
     """The re-planned-every-window part: one row per stream and policy, with auto's targets."""
     n = windows[0]["windows"]
+    run = (
+        ""
+        if not info
+        else f" Run with `--windows-only` at commit {info['machine']['git_commit'][:12]} ({info['wall_s']:.0f} s)."
+    )
     lines = [
         f"## Re-planned every window ({n} windows)",
         "",
-        f"The labelled token streams merged into {n} windows of equal length (each window one step: "
-        "what an engine records between two re-plans), every policy at interval 1 (window 1, "
-        "calibration on the first window); the worst window is the worst single window. The targets as "
-        "above, `auto` against `periodic eplb`.",
+        f"Streams merged into {n} windows of equal length (each window one step: what an engine records "
+        "between two re-plans), every policy at interval 1 (window 1, calibration on the first window); "
+        "the worst window is the worst single window. The labelled token streams as they are (`auto` plans "
+        "for their task families), then the same streams as per-step counts alone (the labels dropped, as a "
+        "recorder dump holds them) and the two count streams. The targets as above, `auto` against "
+        "`periodic eplb`." + run,
         "",
     ]
     body = []
@@ -708,13 +733,15 @@ def windows_lines(windows: list[dict]) -> list[str]:
         for r in w["rows"]:
             verdict_cell = ""
             if r["label"] == "auto" and dw:
+                others = [x for x in dw["met_by"] if x != "auto"]
                 verdict_cell = (
                     f"{times(dw['mean_ratio'], TARGET_MEAN)} / {times(dw['worst_ratio'], TARGET_WORST)} / "
                     f"{100 * dw['moved_ratio']:.0f} %: {'**met**' if dw['met'] else 'not met'}"
+                    + ("" if dw["met"] else f" (met by: {', '.join(others) or 'no policy'})")
                 )
             body.append(
                 [
-                    w["label"] if r is w["rows"][0] else "",
+                    f"{w['label']} ({w.get('data', 'labelled tokens')})" if r is w["rows"][0] else "",
                     r["label"],
                     _g(r["maxvio_mean"], 4),
                     _g(r["maxvio_worst"], 4),
