@@ -135,6 +135,22 @@ def test_routing_shift_tells_a_new_mix_from_new_routing() -> None:
     assert routing_shift(one, one, 1) == 0.0  # one family: nothing to compare
 
 
+@settings(max_examples=examples(30))
+@given(
+    st.lists(st.lists(st.integers(0, 6), min_size=4, max_size=4), min_size=2, max_size=3),
+    st.lists(st.integers(1, 4), min_size=3, max_size=3),
+)
+def test_routing_shift_is_zero_for_a_pure_change_of_mix(counts: list[list[int]], scales: list[int]) -> None:
+    """After steps in which each family picks its experts in the same proportions as before (its
+    counts scaled by any factor: only the mix changed), no family's routing moved."""
+    rows = [(0, f, [e]) for f, row in enumerate(counts) for e, n in enumerate(row) for _ in range(n)]
+    rows += [(1, f, [e]) for f, row in enumerate(counts) for e, n in enumerate(row) for _ in range(n * scales[f])]
+    if not rows:
+        return
+    t = trace_of(rows, 4, families=len(counts))
+    assert routing_shift(t.subset(t.step == 0), t.subset(t.step == 1), 1) == 0.0
+
+
 def test_family_start_keeps_the_steps_before_a_surge_of_the_mix() -> None:
     """The families' loads are measured from step 0 across a surge that the mix explains, and
     from the surge's onset when the families' routing moved there."""
