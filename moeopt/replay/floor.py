@@ -48,7 +48,7 @@ def _others_stats(stream: Stream, others: np.ndarray, b0: int, b1: int, t: int) 
     tr = stream.trace
     if tr is not None and len(tr.family_names) > 1 and b1 - b0 > 1:
         block = stream.trace_window(b0, b1)
-        base = pooled[:, None, :] / (b1 - b0 - 1)
+        base = others.mean(axis=1, keepdims=True)
         snaps = family_snapshots(block.subset(block.step != t - b0), base)
         if snaps is not None:
             stats = stats_from_counts(snaps.mean(axis=1), top_k=top_k, step_counts=snaps)

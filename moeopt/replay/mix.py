@@ -53,17 +53,17 @@ def mix_moves(trace: Trace, alpha: float = MIX_P) -> tuple[bool, float]:
     -------
     tuple[bool, float]
         ``p <= alpha`` and the p-value (1.0 when there is nothing to test: one family, one step,
-        or no tokens).
+        or no tokens; so ``alpha = 1`` always says the mix moves).
     """
     F = len(trace.family_names)
     if F < 2 or trace.tokens == 0:
-        return False, 1.0
+        return 1.0 <= alpha, 1.0
     steps = np.unique(trace.step, return_inverse=True)[1]
     table = np.zeros((int(steps.max()) + 1, F))
     np.add.at(table, (steps, np.asarray(trace.family, dtype=np.int64)), 1)
     table = table[:, table.sum(axis=0) > 0]  # families absent from every step carry no evidence
     if table.shape[0] < 2 or table.shape[1] < 2:
-        return False, 1.0
+        return 1.0 <= alpha, 1.0
     p = float(chi2_contingency(table, correction=False).pvalue)
     return p <= alpha, p
 
@@ -71,13 +71,10 @@ def mix_moves(trace: Trace, alpha: float = MIX_P) -> tuple[bool, float]:
 def family_loads(trace: Trace, layers: int, min_share: float = MIN_FAMILY_SHARE) -> np.ndarray:
     """float ``[layers, n, E]``: each family's share of every expert's picks per layer (rows sum to
     1), for the ``n`` families with at least ``min_share`` of the tokens, in family order."""
-    E, F, k = int(trace.num_experts), len(trace.family_names), trace.top_k
+    F = len(trace.family_names)
     fam = np.asarray(trace.family, dtype=np.int64)
     kept = np.flatnonzero((np.bincount(fam, minlength=F) >= max(min_share * len(fam), 1))[:F])
-    flat = np.repeat(fam, k) * E
-    counts = np.stack(
-        [np.bincount(flat + trace.topk[:, l].ravel(), minlength=F * E).reshape(F, E)[kept] for l in range(layers)]
-    ).astype(np.float64)  # [layers, n, E]
+    counts = _family_counts(trace, layers)[:, kept]  # [layers, n, E]
     sums = counts.sum(axis=2, keepdims=True)
     return np.asarray(np.divide(counts, sums, out=np.zeros_like(counts), where=sums > 0))
 
@@ -88,7 +85,7 @@ def family_snapshots(trace: Trace, base: np.ndarray, alpha: float = MIX_P) -> np
     per step, when the mix of ``trace`` moves at level ``alpha``
     ([`mix_moves`][moeopt.replay.mix.mix_moves]); None when it does not, or no family has its
     share of the tokens (plan on ``base`` as it is)."""
-    if alpha < 1.0 and not mix_moves(trace, alpha)[0]:
+    if not mix_moves(trace, alpha)[0]:
         return None
     fam = family_loads(trace, base.shape[0])
     if fam.shape[1] == 0:
@@ -133,15 +130,14 @@ def routing_shift(before: Trace, after: Trace, layers: int, min_share: float = M
     families lie apart, or further. 0.0 when there is nothing to compare (fewer than two
     families on both sides); ``inf`` when the families do not differ but their routing moved.
     """
-    F = len(before.family_names)
-    if F < 2 or before.tokens == 0 or after.tokens == 0:
+    if len(before.family_names) < 2 or before.tokens == 0 or after.tokens == 0:
         return 0.0
-    share_b = np.bincount(np.asarray(before.family, dtype=np.int64), minlength=F)[:F] / before.tokens
-    share_a = np.bincount(np.asarray(after.family, dtype=np.int64), minlength=F)[:F] / after.tokens
+    cb, ca = _family_counts(before, layers), _family_counts(after, layers)
+    share_b, share_a = cb[0].sum(axis=1) / cb[0].sum(), ca[0].sum(axis=1) / ca[0].sum()  # every token picks k
     kept = np.flatnonzero((share_b >= min_share) & (share_a >= min_share))
     if len(kept) < 2:
         return 0.0
-    cb, ca = _family_counts(before, layers)[:, kept], _family_counts(after, layers)[:, kept]
+    cb, ca = cb[:, kept], ca[:, kept]
     within = float(_divergence(cb, ca).mean())
     i, j = np.triu_indices(len(kept), 1)
     spread = float(_divergence(cb[:, i], cb[:, j]).mean())
