@@ -2,8 +2,10 @@
 
 With per-step loads (``steps``, robust mode) every candidate plan is scored by the mean (or
 worst) per-step MaxVio of `moeopt.balance.robust.robust_objective` instead of the pooled
-MaxVio: the moves are found on the pooled loads, the choice among them (and a target) is made on
-the objective robust planning optimizes, and the unconstrained plan is then the robust one.
+MaxVio, and the unconstrained plan is the robust one. The pooled walks find their moves on the
+pooled loads; one more walk (`_RobustWalk`) finds them on the per-step objective itself: a plan
+that balances the pooled load can leave every step's own hot GPU hot, and a budget spent on the
+pooled maximum is then spent on the wrong GPUs.
 """
 
 from __future__ import annotations
@@ -171,6 +173,185 @@ class _MigrationWalk:
         self.traj.append((self.moves(self.lay), self.vio(), self.lay.e.copy()))
 
 
+class _RobustWalk:
+    """Best-gain-per-moved-slot replace/swap moves from ``current`` on the per-step objective
+    (`moeopt.balance.robust.robust_objective`: the mean or worst over the steps of each step's
+    largest GPU load over its mean), as a neighbourhood of the one driver (its state is itself).
+
+    A step is the replace (one slot takes another expert: copy counts change) or swap (two
+    slots on different GPUs exchange experts) with the largest objective gain per slot it
+    adds to the moves counted from ``current`` (a move that reverts earlier ones costs nothing
+    and goes first), within ``budget``. Only moves that touch a GPU which is some step's
+    hottest are tried: no other move can lower a step's maximum. Every expert keeps a copy;
+    no new colocated copies unless ``allow``. The walk stops at the budget or when no move
+    gains; `traj` holds ``(moves, per-step MaxVio, plan)`` after each step.
+    """
+
+    #: most candidate x step x GPU entries held at once when scoring replacements
+    CHUNK = 4_000_000
+    #: above this many candidate x step x GPU entries, replacements are screened (`_screen`)
+    SCREEN = 4_000_000
+    #: experts (and slots) the screen keeps
+    KEEP = 32
+
+    def __init__(self, current: IntArray, steps: FloatArray, budget: int, allow: bool, objective: Objective) -> None:
+        G, W = current.shape
+        tot = steps.sum(axis=1)
+        self.S = steps[tot > 0] * (G / tot[tot > 0])[:, None]  # each step's mean GPU load is 1
+        E = max(steps.shape[1], int(current.max()) + 1)
+        self.e = current.copy()
+        self.G, self.W, self.E = G, W, E
+        self.M0 = presence(current, E)
+        self.M = self.M0.copy()
+        self.budget, self.allow = budget, allow
+        self.reduce = np.mean if objective == "mean" else np.max
+        self.used = 0
+        self.traj = [(0, self.value() - 1.0, self.e.copy())]
+
+    def run(self) -> list[tuple[int, float, IntArray]]:
+        descend(self, self, max_steps=4 * self.e.size)
+        return self.traj
+
+    def loads(self) -> FloatArray:
+        """Per-step GPU loads ``[T, G]`` (each step's mean 1)."""
+        c = self.M.sum(axis=0)
+        return (self.S / np.maximum(c, 1)) @ self.M.T
+
+    def value(self) -> float:
+        if self.S.shape[0] == 0:
+            return 1.0
+        return float(self.reduce(self.loads().max(axis=1)))
+
+    def _cost(self, g: IntArray, x: IntArray, delta: int) -> IntArray:
+        """Moves added when GPU ``g`` gains (``delta`` 1) or loses (-1) a copy of ``x``."""
+        m0, m = self.M0[g, x], self.M[g, x]
+        return -(np.minimum(m0, m + delta) - np.minimum(m0, m))
+
+    def best(self, state: _RobustWalk) -> tuple[str, int, int, int] | None:
+        """The best step ``(kind, slot, slot or expert, added moves)``; None when the walk ends."""
+        if self.used >= self.budget or self.S.shape[0] == 0:
+            return None
+        S, M, e, W = self.S, self.M, self.e.ravel(), self.W
+        gl = self.loads()
+        T = gl.shape[0]
+        peak = gl.max(axis=1)
+        now = float(self.reduce(peak))
+        hot = np.zeros(self.G, dtype=bool)
+        hot[np.argmax(gl, axis=1)] = True
+        order = np.argsort(-gl, axis=1)[:, : min(3, self.G)]
+        top = np.take_along_axis(gl, order, axis=1)
+        c = M.sum(axis=0)
+        X = S / np.maximum(c, 1)
+        gs = np.arange(e.size) // W
+        options: list[tuple[float, str, int, int, int]] = []
+
+        def consider(gain: FloatArray, cost: IntArray, kind: str, a: IntArray, b: IntArray) -> None:
+            ok = (gain > 1e-12) & (self.used + cost <= self.budget)
+            if ok.any():
+                # a move that adds no moves (it reverts earlier ones) goes first
+                rate = np.where(ok, np.where(cost <= 0, gain * 1e9, gain / np.maximum(cost, 1)), -np.inf)
+                k = int(np.argmax(rate))
+                options.append((float(rate[k]), kind, int(a[k]), int(b[k]), int(cost[k])))
+
+        # swaps between slots on different GPUs, one of them hot
+        p, q = np.triu_indices(e.size, 1)
+        keep = (gs[p] != gs[q]) & (e[p] != e[q]) & (hot[gs[p]] | hot[gs[q]])
+        if not self.allow:
+            keep &= (M[gs[p], e[q]] == 0) & (M[gs[q], e[p]] == 0)
+        p, q = p[keep], q[keep]
+        if p.size:
+            g1, g2 = gs[p], gs[q]
+            d = X[:, e[q]] - X[:, e[p]]
+            rest = np.zeros((T, p.size))
+            taken = np.zeros((T, p.size), dtype=bool)
+            for r in range(order.shape[1]):  # largest load outside {g1, g2}, per step
+                gr = order[:, r][:, None]
+                take = ~taken & (gr != g1[None, :]) & (gr != g2[None, :])
+                rest = np.where(take, top[:, r][:, None], rest)
+                taken |= take
+            new = np.maximum(np.maximum(gl[:, g1] + d, gl[:, g2] - d), rest)
+            gain = now - self.reduce(new, axis=0)
+            cost = self._cost(g1, e[p], -1) + self._cost(g1, e[q], 1) + self._cost(g2, e[q], -1) + self._cost(g2, e[p], 1)
+            consider(gain, cost, "swap", p, q)
+        # replacements: a slot of an expert with >= 2 copies takes expert x; the slot's GPU or
+        # one of x's GPUs is hot
+        on_hot = (M[hot] > 0).any(axis=0)
+        sl = np.flatnonzero(c[e] >= 2)
+        if sl.size:
+            ss, xx = np.repeat(sl, self.E), np.tile(np.arange(self.E), sl.size)
+            a, g = e[ss], gs[ss]
+            keep = (xx != a) & (hot[g] | on_hot[xx])
+            if not self.allow:
+                keep &= M[g, xx] == 0
+            ss, xx, a, g = ss[keep], xx[keep], a[keep], g[keep]
+            if ss.size * T * self.G > self.SCREEN:  # large layers: the likeliest moves of each kind
+                ss, xx, a, g = self._screen(ss, xx, a, g, hot, on_hot, gl, X, c)
+            step = max(1, self.CHUNK // max(1, T * self.G))
+            for lo in range(0, ss.size, step):
+                sk, xk, ak, gk = ss[lo : lo + step], xx[lo : lo + step], a[lo : lo + step], g[lo : lo + step]
+                n = sk.size
+                da = S[:, ak] * (1.0 / (c[ak] - 1) - 1.0 / c[ak])  # every GPU holding a: its share grows
+                dx = S[:, xk] * (1.0 / (c[xk] + 1) - 1.0 / c[xk])  # every GPU holding x: its share shrinks
+                new = gl[:, :, None] + M[:, ak][None] * da[:, None, :] + M[:, xk][None] * dx[:, None, :]
+                new[:, gk, np.arange(n)] += S[:, xk] / (c[xk] + 1) - S[:, ak] / (c[ak] - 1)
+                gain = now - self.reduce(new.max(axis=1), axis=0)
+                cost = self._cost(gk, ak, -1) + self._cost(gk, xk, 1)
+                consider(gain, cost, "replace", sk, xk)
+        if not options:
+            return None
+        _, kind, i, j, cost = max(options, key=lambda o: o[0])
+        return kind, i, j, cost
+
+    def _screen(
+        self,
+        ss: IntArray,
+        xx: IntArray,
+        a: IntArray,
+        g: IntArray,
+        hot: np.ndarray,
+        on_hot: np.ndarray,
+        gl: FloatArray,
+        X: FloatArray,
+        c: IntArray,
+    ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+        """The replacements worth scoring on a large layer: a hot GPU's slot takes one of the
+        ``KEEP`` experts lightest once copied again, or an expert on a hot GPU gets a copy in one
+        of the ``KEEP`` slots whose GPU is lightest after the swap of shares (means over steps)."""
+        share_x = (self.S / (c + 1)).mean(axis=0)  # an expert's share once it has one more copy
+        light = np.zeros(self.E, dtype=bool)
+        light[np.argsort(share_x, kind="stable")[: self.KEEP]] = True
+        room = gl.mean(axis=0)[g] - X.mean(axis=0)[a]  # the slot's GPU without the slot's share
+        slots = np.unique(ss[~hot[g] & on_hot[xx]])
+        if slots.size > self.KEEP:
+            by_slot = np.full(self.e.size, np.inf)
+            by_slot[ss] = room
+            slots = slots[np.argsort(by_slot[slots], kind="stable")[: self.KEEP]]
+        in_slots = np.zeros(self.e.size, dtype=bool)
+        in_slots[slots] = True
+        keep = (hot[g] & light[xx]) | (on_hot[xx] & in_slots[ss])
+        return ss[keep], xx[keep], a[keep], g[keep]
+
+    def apply(self, state: _RobustWalk, step: tuple[str, int, int, int]) -> None:
+        kind, i, j, cost = step
+        W, e, M = self.W, self.e, self.M
+        gi, si = divmod(i, W)
+        a = int(e[gi, si])
+        if kind == "swap":
+            gj, sj = divmod(j, W)
+            b = int(e[gj, sj])
+            e[gi, si], e[gj, sj] = b, a
+            M[gi, a] -= 1
+            M[gi, b] += 1
+            M[gj, b] -= 1
+            M[gj, a] += 1
+        else:
+            e[gi, si] = j
+            M[gi, a] -= 1
+            M[gi, j] += 1
+        self.used += cost
+        self.traj.append((self.used, self.value() - 1.0, e.copy()))
+
+
 def _check_current(current: ArrayLike, L: FloatArray) -> IntArray:
     cur = np.asarray(current, dtype=np.int64)
     if cur.ndim != 2:
@@ -229,7 +410,9 @@ def replan_from(
       slot) by reduction of the largest load per moved slot; at a local optimum a few
       sum-of-squares smoothing swaps (never raising the maximum) reshape the plateau;
     * the unconstrained plan (`plan_layer`) relabeled onto ``current`` (`relabel`), and
-      the plans met while reverting its slots to ``current`` one swap/replacement at a time.
+      the plans met while reverting its slots to ``current`` one swap/replacement at a time;
+    * with ``steps``, the per-step walk (`_RobustWalk`): the best replace or swap per moved slot
+      on the per-step objective itself, among the moves that touch some step's hottest GPU.
 
     The best candidate is returned (with a target: the one with the fewest moves among those that
     reach it, else the best). With no budget and no target this is at least as good as
@@ -245,8 +428,11 @@ def replan_from(
         return cur.copy()
     full = _unconstrained(L, G, W, cur, allow_colocated, seed, iterations, unconstrained)
     walk_target = target_maxvio if steps is None else None  # a per-step target is checked in _pick
-    cands = _migration_candidates(cur, L, budget, walk_target, allow_colocated, full)
-    return _pick(_rescore(cands, steps, objective), target_maxvio)[2]
+    cands = _rescore(_migration_candidates(cur, L, budget, walk_target, allow_colocated, full), steps, objective)
+    if steps is not None:
+        walk = _RobustWalk(cur, _as_load(steps, ndim=2), budget, allow_colocated, objective)
+        cands += _rescore(walk.run(), steps, objective)
+    return _pick(cands, target_maxvio)[2]
 
 
 def _rescore(
@@ -434,8 +620,9 @@ def migration_frontier(
     -------
     list of (int, float)
         ``(moves used, MaxVio)`` per budget, in the order given: the best plan with at most that
-        many moves among one greedy trajectory run to the largest budget, the revert path of the
-        unconstrained plan and that plan itself (so MaxVio never increases with the budget). One
+        many moves among one greedy trajectory run to the largest budget (with ``steps``, the
+        per-step walk's too), the revert path of the unconstrained plan and that plan itself (so
+        MaxVio never increases with the budget). One
         greedy run serves all budgets; `replan_from` with ``max_moves=b`` runs its own greedy,
         which may differ near the budget (it can still fit a 1-slot move where a swap does not).
     """
@@ -452,6 +639,9 @@ def migration_frontier(
         path = _revert_path(cur, full, L, allow_colocated)
         cands += _migration_candidates(cur, L, top, None, allow_colocated, full, path)
     cands = _rescore(cands, steps, objective)
+    if steps is not None and top > 0:
+        walk = _RobustWalk(cur, _as_load(steps, ndim=2), top, allow_colocated, objective)
+        cands += _rescore(walk.run(), steps, objective)
     best: dict[int, tuple[int, float]] = {}
     for b in sorted({int(x) for x in budgets}):
         m, v, _ = _pick([c for c in cands if c[0] <= b], None)
