@@ -42,11 +42,12 @@ Per stream and interval, the issue's three targets for ``auto`` against ``period
 noise floor, the pooled oracle, the oracle and the best causal policy beside them, and the
 policies (if any) that meet all three.
 
-Re-planned every window: the labelled token streams (the two domain mixes and the three
-synthetic ones) merged into 12 windows, each one step, and ``static``, ``periodic eplb``,
+Re-planned every window: the token streams (the two domain mixes and the three synthetic
+ones) with their task labels, without them, and as per-step counts alone, and the two count
+streams, merged into 12 windows, each one step, and ``static``, ``periodic eplb``,
 ``periodic balance``, ``incremental``, ``auto`` and the oracle at interval 1 (what an engine
 re-planning after every recorded window runs), with ``auto``'s targets
-(``--windows-only`` reruns this part alone into the existing results, 20 s).
+(``--windows-only`` reruns this part alone into the existing results, about a minute).
 
 Also: the frontier (bytes moved against time-averaged MaxVio over intervals 2, 4, 8 and
 budgets 4 to 32 slots per layer) of ``periodic eplb``, ``incremental`` and ``auto`` on the
@@ -197,22 +198,30 @@ ALTERNATIVE_INTERVALS = (4, 8)
 #: re-planned every window: streams merged into this many windows (each window one step), every
 #: policy at interval 1, as an engine re-plans on each recorded window
 WINDOW_COUNT = 12
-#: (stem, labelled): the labelled token streams as they are, then the same streams with their
-#: task labels dropped (per-step counts only, what a recorder dump holds) and the count streams
-WINDOW_STREAMS: tuple[tuple[str, bool], ...] = (
-    ("olmoe-domain-mix-stream", True),
-    ("mixtral-domain-mix-stream", True),
-    ("synthetic-mix-drift", True),
-    ("synthetic-popularity-drift", True),
-    ("synthetic-switch", True),
-    ("olmoe-domain-mix-stream", False),
-    ("mixtral-domain-mix-stream", False),
-    ("synthetic-mix-drift", False),
-    ("synthetic-popularity-drift", False),
-    ("synthetic-switch", False),
-    ("olmoe-domains-stream", False),
-    ("mixtral-domains-stream", False),
+#: (stem, data): the labelled token streams as they are ("labelled"), the same token streams with
+#: their task labels dropped ("unlabelled": auto clusters the tokens by routing), the same as
+#: per-step counts alone ("counts", what a recorder dump holds) and the count streams
+WINDOW_STREAMS: tuple[tuple[str, str], ...] = (
+    ("olmoe-domain-mix-stream", "labelled"),
+    ("mixtral-domain-mix-stream", "labelled"),
+    ("synthetic-mix-drift", "labelled"),
+    ("synthetic-popularity-drift", "labelled"),
+    ("synthetic-switch", "labelled"),
+    ("olmoe-domain-mix-stream", "unlabelled"),
+    ("mixtral-domain-mix-stream", "unlabelled"),
+    ("synthetic-mix-drift", "unlabelled"),
+    ("synthetic-popularity-drift", "unlabelled"),
+    ("synthetic-switch", "unlabelled"),
+    ("olmoe-domain-mix-stream", "counts"),
+    ("mixtral-domain-mix-stream", "counts"),
+    ("synthetic-mix-drift", "counts"),
+    ("synthetic-popularity-drift", "counts"),
+    ("synthetic-switch", "counts"),
+    ("olmoe-domains-stream", "counts"),
+    ("mixtral-domains-stream", "counts"),
 )
+#: how each kind of window stream is named in the tables
+WINDOW_DATA = {"labelled": "labelled tokens", "unlabelled": "tokens, no labels", "counts": "counts"}
 WINDOW_ROWS = ("static", "periodic eplb", "periodic balance", "incremental", "auto", "oracle")
 
 
@@ -378,14 +387,17 @@ def run_streams(selected: dict[str, tuple[int, ...]], eplb: bool, log) -> list[d
     return out
 
 
-def windowed(stream, windows: int, labelled: bool = True):
+def windowed(stream, windows: int, data: str = "labelled"):
     """The stream with its steps merged into ``windows`` consecutive windows of (nearly) equal
-    length, each window one step: its token trace (``labelled``) or its per-step counts alone."""
+    length, each window one step: its token trace (``labelled``), its token trace with every token
+    in one family (``unlabelled``), or its per-step counts alone (``counts``)."""
     window = np.arange(stream.steps) * windows // stream.steps
     name = f"{stream.name}, {windows} windows"
-    if labelled and stream.trace is not None:
+    if data != "counts" and stream.trace is not None:
         t = stream.trace
         merged = replace(t, step=window[t.step].astype(np.int32))
+        if data == "unlabelled":
+            merged = replace(merged, family=np.zeros(t.tokens, dtype=np.int32), family_names=("all",))
         return Stream.from_workload(merged, name=name, source=stream.source)
     counts = np.stack([stream.step_counts[:, window == w].sum(axis=1) for w in range(windows)], axis=1)
     return Stream(counts, stream.top_k, name=name, source=stream.source)
@@ -398,10 +410,10 @@ def run_windows(eplb: bool, log) -> list[dict]:
     sizes = {stem: sz for stem, _l, _k, _iv, sz in STREAMS}
     labels = {stem: label for stem, label, _k, _iv, _sz in STREAMS}
     out = []
-    for stem, labelled in WINDOW_STREAMS:
+    for stem, data in WINDOW_STREAMS:
         inst = stream_instance(stem, sizes[stem])
-        stream = windowed(load_stream(inst), WINDOW_COUNT, labelled)
-        kind = "labelled tokens" if stream.trace is not None else "counts"
+        stream = windowed(load_stream(inst), WINDOW_COUNT, data)
+        kind = WINDOW_DATA[data]
         rows = []
         for plabel, name, params in POLICIES:
             if plabel not in WINDOW_ROWS or (not eplb and params.get("planner") == "eplb"):
@@ -722,7 +734,8 @@ def windows_lines(windows: list[dict], info: dict | None = None) -> list[str]:
         f"Streams merged into {n} windows of equal length (each window one step: what an engine records "
         "between two re-plans), every policy at interval 1 (window 1, calibration on the first window); "
         "the worst window is the worst single window. The labelled token streams as they are (`auto` plans "
-        "for their task families), then the same streams as per-step counts alone (the labels dropped, as a "
+        "for their task families), the same token streams without their labels (`auto` clusters the tokens "
+        "by routing where that tells tasks apart), the same streams as per-step counts alone (as a "
         "recorder dump holds them) and the two count streams. The targets as above, `auto` against "
         "`periodic eplb`." + run,
         "",

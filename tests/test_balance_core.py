@@ -393,7 +393,12 @@ def test_migration_on_per_step_loads(shape, T, data):
         assert B.count_moves(cur, hit) <= B.count_moves(cur, full)
 
 
-@given(balance_shapes(min_experts=4, max_experts=12, spare=2), st.integers(2, 5), st.sampled_from(["mean", "worst"]), st.data())
+@given(
+    balance_shapes(min_experts=4, max_experts=12, spare=2),
+    st.integers(2, 5),
+    st.sampled_from(["mean", "worst"]),
+    st.data(),
+)
 def test_per_step_walk_one_move_is_the_best_replacement(shape, T, objective, data):
     """The per-step walk (moves found on the per-step objective) with a budget of one moved slot
     takes the best single replacement, found here by trying every slot and expert; with a

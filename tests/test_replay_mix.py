@@ -217,3 +217,92 @@ def test_noise_floor_plans_for_each_family_when_the_mix_moves() -> None:
     still = stream_of(trace_of(STILL, 4))
     stats, params = _others_stats(still, np.delete(still.counts(0, 4), 0, axis=1), 0, 4, 0)
     assert params == {} and stats.step_counts is None
+
+
+def planted(families: int, steps: int, tokens: int, seed: int, *, shared: bool = False, mix: bool = True) -> Trace:
+    """A 4-layer, 16-expert, top-2 trace whose tokens route by their family: family ``f`` picks
+    its experts from its own four (``4 f .. 4 f + 3``) at every layer, a pick in ten from the rest
+    (``shared``: every token from one distribution, whatever its family). With ``mix`` the
+    share of family 0 grows step by step; the trace is unlabelled (one family name)."""
+    rng = np.random.default_rng(seed)
+    L, E, k = 4, 16, 2
+    share = np.linspace(0.1, 0.7, steps) if mix else np.full(steps, 1.0 / families)
+    fam, step = [], []
+    for s in range(steps):
+        rest = (1.0 - share[s]) / (families - 1)
+        f = rng.choice(families, size=tokens, p=[share[s]] + [rest] * (families - 1))
+        fam.append(f)
+        step.append(np.full(tokens, s))
+    fam_a, step_a = np.concatenate(fam), np.concatenate(step)
+    topk = np.empty((fam_a.size, L, k), dtype=np.int16)
+    for i, f in enumerate(fam_a):
+        p = np.full(E, 0.1 / (E - 4))
+        own = np.arange(4) if shared else 4 * f + np.arange(4)
+        p[own] = 0.9 / 4
+        p /= p.sum()
+        for l in range(L):
+            topk[i, l] = rng.choice(E, size=k, replace=False, p=p)
+    trace = Trace(topk, np.zeros(fam_a.size, dtype=np.int32), step_a.astype(np.int32), ("all",), E)
+    return trace, fam_a
+
+
+def test_latent_families_recover_planted_families() -> None:
+    """Clusters of the tokens' routing put nearly every token with its (hidden) family; the same
+    seed gives the same labels."""
+    from moeopt.replay.mix import LATENT_FAMILIES, latent_families
+
+    trace, truth = planted(3, 4, 150, seed=1)
+    lab = latent_families(trace, seed=0)
+    assert lab.family_names == tuple(f"latent {i + 1}" for i in range(LATENT_FAMILIES))
+    majority = sum(np.bincount(truth[lab.family == c]).max() for c in np.unique(lab.family))
+    assert majority / trace.tokens >= 0.95
+    np.testing.assert_array_equal(lab.family, latent_families(trace, seed=0).family)
+    np.testing.assert_array_equal(lab.topk, trace.topk)
+
+
+def test_latent_signal_tells_families_from_picks() -> None:
+    """Tokens that route by family at every layer: a cluster from half the layers predicts the
+    other half (bits per pick well above the level); tokens that all route alike: nothing to
+    predict (below the level: at or under 0, the clusters' own estimates being noisier than the
+    pooled one)."""
+    from moeopt.replay.mix import LATENT_MIN_BITS, latent_signal
+
+    routed, _ = planted(3, 4, 150, seed=2)
+    alike, _ = planted(3, 4, 150, seed=2, shared=True)
+    assert latent_signal(routed) > 10 * LATENT_MIN_BITS
+    assert latent_signal(alike) < LATENT_MIN_BITS
+
+
+def test_auto_plans_for_latent_families_on_an_unlabelled_trace() -> None:
+    """On an unlabelled trace whose hidden task mix moves, auto's re-plans plan for the clusters
+    of the tokens' routing; when the tokens all route alike (no task shows) they plan for none."""
+    inst = tiny_instance(layers=4, experts=16, gpus=4, slots=5, replicas=1)
+    policy = make_policy("auto", interval=1, window=1, calibration=1, surge=None)
+    routed = replay(inst, stream_of(planted(3, 6, 120, seed=3)[0]), policy)
+    alike = replay(inst, stream_of(planted(3, 6, 120, seed=3, shared=True)[0]), policy)
+    assert routed.replans and any(r.families >= 2 for r in routed.replans)
+    assert alike.replans and all(r.families == 0 for r in alike.replans)
+
+
+def test_latent_trial_record_is_the_served_steps_difference() -> None:
+    """The record that picks between planning with the latent families and without is the two
+    plans' mean per-step MaxVio on the steps served since, recomputed here from the counts."""
+    from moeopt.plan import Plan
+
+    inst = tiny_instance(layers=1, experts=4, gpus=2, slots=2, replicas=0)
+    stream = stream_of(trace_of(MOVING, 4))
+    planner = _Planner(inst, stream, 0, None, None)
+    a = Plan(slots=np.array([[[0, 1], [2, 3]]]), experts=4)
+    b = Plan(slots=np.array([[[0, 2], [1, 3]]]), experts=4)
+    planner.trial = (1, a, b)
+    planner._score_trial(1)  # nothing served since: no change
+    assert planner.record == 0.0 and planner.trial is not None
+    planner._score_trial(4)
+    counts = stream.counts(1, 4)  # [1, 3, 4]
+
+    def mean_vio(plan: Plan) -> float:  # one copy per expert: a GPU's load is its experts' counts
+        loads = counts[0][:, plan.slots[0]].sum(axis=2)  # [steps, GPUs]
+        return float(np.mean(loads.max(axis=1) / loads.mean(axis=1) - 1.0))
+
+    assert planner.record == pytest.approx(mean_vio(a) - mean_vio(b))
+    assert planner.trial is None

@@ -172,6 +172,7 @@ class _MigrationWalk:
         self.stall = self.stall + 1 if smoothing else 0
         self.traj.append((self.moves(self.lay), self.vio(), self.lay.e.copy()))
 
+
 #: the per-step walk (`_RobustWalk`) runs on layers of at most this many slots: a step scores
 #: every swap and replacement that touches a hot GPU, so its cost grows with the square of the
 #: slots (measured per layer: 0.14 s at 16 GPUs x 5 slots and a budget of 16, 0.5 s at 32 x 5,
@@ -277,7 +278,9 @@ class _RobustWalk:
                 taken |= take
             new = np.maximum(np.maximum(gl[:, g1] + d, gl[:, g2] - d), rest)
             gain = now - self.reduce(new, axis=0)
-            cost = self._cost(g1, e[p], -1) + self._cost(g1, e[q], 1) + self._cost(g2, e[q], -1) + self._cost(g2, e[p], 1)
+            cost = (
+                self._cost(g1, e[p], -1) + self._cost(g1, e[q], 1) + self._cost(g2, e[q], -1) + self._cost(g2, e[p], 1)
+            )
             consider(gain, cost, "swap", p, q)
         # replacements: a slot of an expert with >= 2 copies takes expert x; the slot's GPU or
         # one of x's GPUs is hot
@@ -305,8 +308,8 @@ class _RobustWalk:
                 consider(gain, cost, "replace", sk, xk)
         if not options:
             return None
-        _, kind, i, j, cost = max(options, key=lambda o: o[0])
-        return kind, i, j, cost
+        _, kind, i, j, added = max(options, key=lambda o: o[0])
+        return kind, i, j, added
 
     def _screen(
         self,

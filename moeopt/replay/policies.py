@@ -773,6 +773,10 @@ class Auto(_Budgeted):
       balances every family balances any mix of them, so it does not chase the mix. The regime
       starts at the last surge across which the families' own routing moved (a surge the mix
       explains keeps the steps before it); the first plan on a single step plans for them too.
+      On a token trace without labels the families are the clusters of the tokens' routing
+      ([`latent_families`][moeopt.replay.mix.latent_families]) where they tell tasks apart
+      ([`latent_signal`][moeopt.replay.mix.latent_signal]); each re-plan is then made with and
+      without them, and the one served is the kind whose plans served the steps since better.
     * **Surge watch** (``surge``; null: off): after every step, when the last steps' MaxVio
       each exceed ``surge`` times the median of the window before them (and that median by
       ``surge_margin``), re-plan at once on those steps alone; later windows start there

@@ -43,12 +43,20 @@ from moeopt.io import resolve_profile
 from moeopt.plan import Plan
 from moeopt.registry import get_method
 from moeopt.replay.forecast import forecast_loads
-from moeopt.replay.mix import ROUTING_SHIFT, family_snapshots, routing_shift
+from moeopt.replay.mix import (
+    LATENT_MIN_BITS,
+    ROUTING_SHIFT,
+    family_snapshots,
+    latent_families,
+    latent_signal,
+    routing_shift,
+    step_window,
+)
 from moeopt.replay.policies import Forecasting, Observation, Policy, Request, Schedule, make_policy
 from moeopt.replay.stream import Stream
 from moeopt.scoring import Workloads
 from moeopt.solve import solve
-from moeopt.trace import stats_from_counts
+from moeopt.trace import Trace, stats_from_counts
 from moeopt.utilization import utilization_trace
 
 __all__ = [
@@ -292,6 +300,9 @@ class _Planner:
     profile: Any = None
     cache: dict[str, Any] = field(default_factory=dict)
     onsets: list[int] = field(default_factory=list)  # surge onsets so far (the families' regimes)
+    latent: dict[int, Trace] = field(default_factory=dict)  # unlabelled trace: steps 0 .. end - 1 clustered, by end
+    record: float = 0.0  # latent families: served-step MaxVio of the plans made with them less without
+    trial: tuple[int, Plan, Plan] | None = None  # (end, plan with latent families, plan without) of the last re-plan
 
     def workloads(self, planner: str, start: int, end: int, forecast: Forecasting | None = None) -> Workloads:
         """The window as the planner's calibration (and evaluation) workload: its tokens when the
@@ -316,21 +327,62 @@ class _Planner:
         ([`routing_shift`][moeopt.replay.mix.routing_shift] above `ROUTING_SHIFT`). A surge that a
         moving task mix explains (each family routes as before) keeps the steps before it."""
         begin = 0
+        labelled = self.labelled(end)
         for onset in sorted(o for o in set(self.onsets) if begin < o < end):
-            before, after = self.stream.trace_window(begin, onset), self.stream.trace_window(onset, end)
+            before, after = step_window(labelled, begin, onset), step_window(labelled, onset, end)
             if routing_shift(before, after, self.stream.layers) > ROUTING_SHIFT:
                 begin = onset
         return begin
+
+    def unlabelled(self) -> bool:
+        """Whether the stream's tokens carry no task family (fewer than two family names)."""
+        t = self.stream.trace
+        return t is not None and len(t.family_names) < 2
+
+    def labelled(self, end: int) -> Trace:
+        """The tokens of steps ``0 .. end - 1`` with their task families: the trace's own, or on
+        an unlabelled trace the clusters of their routing
+        ([`latent_families`][moeopt.replay.mix.latent_families], fitted on these steps) when
+        they tell tasks apart ([`latent_signal`][moeopt.replay.mix.latent_signal] at least
+        `LATENT_MIN_BITS`; else the tokens as they are, one family: no families planned for)."""
+        window = self.stream.trace_window(0, end)
+        if not self.unlabelled():
+            return window
+        if end not in self.latent:
+            signal = latent_signal(window, seed=self.seed) >= LATENT_MIN_BITS
+            self.latent[end] = latent_families(window, seed=self.seed) if signal else window
+        return self.latent[end]
 
     def plan(self, req: Request, current: Plan | None) -> tuple[Plan, int]:
         """The plan ``req`` asks for and the task families it was also planned for (0: none)."""
         wl = self.workloads(req.planner, req.start, req.end, req.forecast)
         if req.surge:
             self.onsets.append(req.start)
-        req, wl, families = self._with_families(req, wl, first=current is None)
+        with_req, with_wl, families = self._with_families(req, wl, first=current is None)
+        if not families or not self.unlabelled() or current is None:
+            return self._make(with_req, current, with_wl), families
+        # latent families: plan with and without them; serve the one whose plans served better
+        self._score_trial(req.end)
+        new = self._make(with_req, current, with_wl)
+        without = self._make(req, current, wl)
+        self.trial = (req.end, new, without)
+        return (new, families) if self.record <= 0.0 else (without, 0)
+
+    def _score_trial(self, end: int) -> None:
+        """Adds to `record` how the last re-plan's two plans (with latent families, without)
+        served the steps observed since it: the first's mean per-step MaxVio less the second's."""
+        if self.trial is None or end <= self.trial[0]:
+            return
+        start, new, without = self.trial
+        a = score_steps(self.instance, self.stream, new, start, end)[0]
+        b = score_steps(self.instance, self.stream, without, start, end)[0]
+        self.record += float(a.mean() - b.mean())
+        self.trial = None
+
+    def _make(self, req: Request, current: Plan | None, wl: Workloads) -> Plan:
         if req.allocate and current is not None and req.budget is not None and req.from_current:
-            return self._allocated(req, current, wl), families
-        return self._solve(req, current, wl), families
+            return self._allocated(req, current, wl)
+        return self._solve(req, current, wl)
 
     def _with_families(self, req: Request, wl: Workloads, first: bool = False) -> tuple[Request, Workloads, int]:
         """With ``req.families`` and a trace whose task mix moves over the families' steps
@@ -341,7 +393,7 @@ class _Planner:
         The ``first`` plan, made on a single step, plans for the families without the test (it
         has nothing to compare)."""
         t = self.stream.trace
-        if req.families is None or t is None or len(t.family_names) < 2:
+        if req.families is None or t is None or len(self.labelled(req.end).family_names) < 2:
             return req, wl, 0
         window = self.stream.counts(req.start, req.end)
         if req.forecast is not None:
@@ -351,7 +403,7 @@ class _Planner:
             robust = req.params.get("robust", "auto") != "none"
             base = utilization_trace(window, steps).counts if robust else window.mean(axis=1, keepdims=True)
         begin = min(self.family_start(req.end), req.start)
-        regime = self.stream.trace_window(begin, req.end)
+        regime = step_window(self.labelled(req.end), begin, req.end)
         alpha = req.families
         if first and req.end - begin < 2:
             alpha = 1.0  # one calibration step: nothing to test the mix on, so plan for the families
