@@ -52,6 +52,8 @@ ROUTING_SHIFT = 0.5
 LATENT_FAMILIES = 8
 #: tokens the clusters are fitted on (every token is then assigned to the nearest)
 LATENT_SAMPLE = 4000
+#: most entries of the token x (layer, expert) matrix the clusters are fitted on (fewer tokens on wide models)
+LATENT_ENTRIES = 16_000_000
 #: bits per pick below which the clusters are not taken for task families (`latent_signal`)
 LATENT_MIN_BITS = 0.02
 
@@ -172,6 +174,12 @@ def step_window(trace: Trace, start: int, end: int) -> Trace:
     )
 
 
+def _sample(sample: int, layers: int, experts: int) -> int:
+    """Tokens to fit on: ``sample``, fewer where their 0/1 matrix would pass `LATENT_ENTRIES`
+    (DeepSeek-V3's 58 layers x 256 experts: about 1,000), never under 200."""
+    return max(200, min(int(sample), LATENT_ENTRIES // max(1, layers * experts)))
+
+
 def _picks(topk: np.ndarray, E: int) -> np.ndarray:
     """float ``[tokens, L * E]``: each token's picks as a 0/1 vector over (layer, expert)."""
     T, L, _ = topk.shape
@@ -212,7 +220,7 @@ def latent_signal(trace: Trace, families: int = LATENT_FAMILIES, sample: int = L
     E = int(trace.num_experts)
     if L < 2 or T < 4 * families:
         return 0.0
-    order = np.random.default_rng(seed).permutation(T)[: min(2 * int(sample), T)]
+    order = np.random.default_rng(seed).permutation(T)[: min(2 * _sample(sample, (L + 1) // 2, E), T)]
     fit, test = order[: order.size // 2], order[order.size // 2 :]
     bits = []
     for A, B in ((np.arange(0, L, 2), np.arange(1, L, 2)), (np.arange(1, L, 2), np.arange(0, L, 2))):
@@ -251,6 +259,6 @@ def latent_families(trace: Trace, families: int = LATENT_FAMILIES, sample: int =
     names = tuple(f"latent {i + 1}" for i in range(k))
     if T == 0 or k < 2:
         return Trace(trace.topk, np.zeros(T, dtype=np.int32), trace.step, names, E, trace.weights, trace.home)
-    fit = np.sort(np.random.default_rng(seed).choice(T, size=min(int(sample), T), replace=False))
+    fit = np.sort(np.random.default_rng(seed).choice(T, size=min(_sample(sample, L, E), T), replace=False))
     label = _nearest(trace.topk, _centres(trace.topk[fit], E, k, seed))
     return Trace(trace.topk, label.astype(np.int32), trace.step, names, E, trace.weights, trace.home)
