@@ -300,7 +300,7 @@ class _Planner:
     profile: Any = None
     cache: dict[str, Any] = field(default_factory=dict)
     onsets: list[int] = field(default_factory=list)  # surge onsets so far (the families' regimes)
-    latent: dict[int, Trace] = field(default_factory=dict)  # unlabelled trace: steps 0 .. end - 1 clustered, by end
+    latent: tuple[int, Trace] | None = None  # unlabelled trace: (end, steps 0 .. end - 1 clustered), the latest
     record: float = 0.0  # latent families: served-step MaxVio of the plans made with them less without
     trial: tuple[int, Plan, Plan] | None = None  # (end, plan with latent families, plan without) of the last re-plan
 
@@ -340,18 +340,20 @@ class _Planner:
         return t is not None and len(t.family_names) < 2
 
     def labelled(self, end: int) -> Trace:
-        """The tokens of steps ``0 .. end - 1`` with their task families: the trace's own, or on
-        an unlabelled trace the clusters of their routing
+        """The tokens with their task families, for windows of steps before ``end``: the
+        trace's own labels (the whole trace), or on an unlabelled trace the tokens of steps
+        ``0 .. end - 1`` labelled by the clusters of their routing
         ([`latent_families`][moeopt.replay.mix.latent_families], fitted on these steps) when
         they tell tasks apart ([`latent_signal`][moeopt.replay.mix.latent_signal] at least
-        `LATENT_MIN_BITS`; else the tokens as they are, one family: no families planned for)."""
-        window = self.stream.trace_window(0, end)
+        `LATENT_MIN_BITS`; else those tokens as they are, one family: no families planned for)."""
+        assert self.stream.trace is not None
         if not self.unlabelled():
-            return window
-        if end not in self.latent:
+            return self.stream.trace  # its own labels (callers take steps below ``end`` only)
+        if self.latent is None or self.latent[0] != end:
+            window = self.stream.trace_window(0, end)
             signal = latent_signal(window, seed=self.seed) >= LATENT_MIN_BITS
-            self.latent[end] = latent_families(window, seed=self.seed) if signal else window
-        return self.latent[end]
+            self.latent = (end, latent_families(window, seed=self.seed) if signal else window)
+        return self.latent[1]
 
     def plan(self, req: Request, current: Plan | None) -> tuple[Plan, int]:
         """The plan ``req`` asks for and the task families it was also planned for (0: none)."""
