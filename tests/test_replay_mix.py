@@ -282,6 +282,8 @@ def test_auto_plans_for_latent_families_on_an_unlabelled_trace() -> None:
     alike = replay(inst, stream_of(planted(3, 6, 120, seed=3, shared=True)[0]), policy)
     assert routed.replans and any(r.families >= 2 for r in routed.replans)
     assert alike.replans and all(r.families == 0 for r in alike.replans)
+    again = replay(inst, stream_of(planted(3, 6, 120, seed=3)[0]), policy)  # the clusters are seeded
+    assert again.to_json() == routed.to_json()
 
 
 def test_latent_trial_record_is_the_served_steps_difference() -> None:
