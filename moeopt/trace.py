@@ -99,6 +99,19 @@ class Trace:
             home=None if self.home is None else self.home[mask],
         )
 
+    def take(self, index: np.ndarray, step_offset: int = 0) -> Trace:
+        """The tokens at ``index`` (in that order), their steps less ``step_offset`` (steps are
+        not renumbered, so steps without tokens keep their place; families kept)."""
+        return Trace(
+            topk=self.topk[index],
+            family=self.family[index],
+            step=(self.step[index] - step_offset).astype(np.int32),
+            family_names=self.family_names,
+            num_experts=self.num_experts,
+            weights=None if self.weights is None else self.weights[index],
+            home=None if self.home is None else self.home[index],
+        )
+
     def only_family(self, name: str) -> Trace:
         """The single-family (out-of-distribution) workload of family ``name``."""
         return self.subset(self.family == self.family_names.index(name))

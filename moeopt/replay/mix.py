@@ -162,16 +162,7 @@ def routing_shift(before: Trace, after: Trace, layers: int, min_share: float = M
 def step_window(trace: Trace, start: int, end: int) -> Trace:
     """The tokens of steps ``start .. end - 1`` of ``trace``, their steps shifted to start at 0
     (steps without tokens keep their place; families kept)."""
-    mask = (trace.step >= start) & (trace.step < end)
-    return Trace(
-        topk=trace.topk[mask],
-        family=trace.family[mask],
-        step=(trace.step[mask] - start).astype(np.int32),
-        family_names=trace.family_names,
-        num_experts=trace.num_experts,
-        weights=None if trace.weights is None else trace.weights[mask],
-        home=None if trace.home is None else trace.home[mask],
-    )
+    return trace.take(np.flatnonzero((trace.step >= start) & (trace.step < end)), start)
 
 
 def _sample(sample: int, layers: int, experts: int) -> int:

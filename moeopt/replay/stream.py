@@ -137,17 +137,7 @@ class Stream:
         if self.trace is None:
             raise ValueError("the stream has no token trace")
         order, bounds = self._token_bounds
-        idx = order[bounds[start] : bounds[end]]
-        t = self.trace
-        return Trace(
-            topk=t.topk[idx],
-            family=t.family[idx],
-            step=(t.step[idx] - start).astype(np.int32),
-            family_names=t.family_names,
-            num_experts=t.num_experts,
-            weights=None if t.weights is None else t.weights[idx],
-            home=None if t.home is None else t.home[idx],
-        )
+        return self.trace.take(order[bounds[start] : bounds[end]], start)
 
     def stats(self, start: int, end: int) -> Stats:
         """Count-only statistics of steps ``start .. end - 1`` (pooled counts and their steps)."""
