@@ -29,7 +29,7 @@ from moeopt.balance.loads import (
     maxvio,
 )
 from moeopt.balance.planner import plan_layer
-from moeopt.balance.robust import Objective, robust_objective
+from moeopt.balance.robust import Objective, _RobustLayout, robust_objective
 from moeopt.moves.driver import descend
 from moeopt.moves.slots import presence
 
@@ -185,71 +185,56 @@ class _RobustWalk:
     (`moeopt.balance.robust.robust_objective`: the mean or worst over the steps of each step's
     largest GPU load over its mean), as a neighbourhood of the one driver (its state is itself).
 
-    A step is the replace (one slot takes another expert: copy counts change) or swap (two
-    slots on different GPUs exchange experts) with the largest objective gain per slot it
-    adds to the moves counted from ``current`` (a move that reverts earlier ones costs nothing
-    and goes first), within ``budget``. Only moves that touch a GPU which is some step's
-    hottest are tried: no other move can lower a step's maximum. Every expert keeps a copy;
-    no new colocated copies unless ``allow``. The walk stops at the budget or when no move
-    gains; `traj` holds ``(moves, per-step MaxVio, plan)`` after each step.
+    The per-step loads and the values of swaps and replacements are robust planning's
+    (`moeopt.balance.robust._RobustLayout`); what differs is the choice: a step is the replace
+    (one slot takes another expert: copy counts change) or swap (two slots on different GPUs
+    exchange experts) with the largest objective gain per slot it adds to the moves counted from
+    ``current`` (a move that reverts earlier ones costs nothing and goes first), within
+    ``budget``. Only moves that touch a GPU which is some step's hottest are tried: no other
+    move can lower a step's maximum. Every expert keeps a copy; no new colocated copies unless
+    ``allow``. The walk stops at the budget or when no move gains; `traj` holds
+    ``(moves, per-step MaxVio, plan)`` after each step.
     """
 
     #: most candidate x step x GPU entries held at once when scoring replacements
     CHUNK = 4_000_000
-    #: above this many candidate x step x GPU entries, replacements are screened (`_screen`)
+    #: above this many candidate x step x GPU entries, only the replacements robust planning
+    #: scores around each hot GPU (`_RobustLayout.replace_candidates`) are tried
     SCREEN = 4_000_000
-    #: experts (and slots) the screen keeps
-    KEEP = 32
 
     def __init__(self, current: IntArray, steps: FloatArray, budget: int, allow: bool, objective: Objective) -> None:
         G, W = current.shape
         tot = steps.sum(axis=1)
-        self.S = steps[tot > 0] * (G / tot[tot > 0])[:, None]  # each step's mean GPU load is 1
+        S = steps[tot > 0] * (G / tot[tot > 0])[:, None]  # each step's mean GPU load is 1
         E = max(steps.shape[1], int(current.max()) + 1)
-        self.e = current.copy()
-        self.G, self.W, self.E = G, W, E
-        self.M0 = presence(current, E)
-        self.M = self.M0.copy()
         self.budget, self.allow = budget, allow
-        self.reduce = np.mean if objective == "mean" else np.max
         self.used = 0
-        self.traj = [(0, self.value() - 1.0, self.e.copy())]
+        self.traj = [(0, 0.0, current.copy())]
+        self.lay = _RobustLayout(current, S, _cap(E, G, W, allow), allow, objective == "worst") if len(S) else None
+        if self.lay is not None:
+            self.M0 = self.lay.M.copy()
+            self.traj = [(0, self.lay.value() - 1.0, self.lay.e.copy())]
 
     def run(self) -> list[tuple[int, float, IntArray]]:
-        descend(self, self, max_steps=4 * self.e.size)
+        """The walk to its end (every step without load: the current plan alone)."""
+        if self.lay is not None:
+            descend(self, self, max_steps=4 * self.lay.e.size)
         return self.traj
-
-    def loads(self) -> FloatArray:
-        """Per-step GPU loads ``[T, G]`` (each step's mean 1)."""
-        c = self.M.sum(axis=0)
-        return (self.S / np.maximum(c, 1)) @ self.M.T
-
-    def value(self) -> float:
-        if self.S.shape[0] == 0:
-            return 1.0
-        return float(self.reduce(self.loads().max(axis=1)))
 
     def _cost(self, g: IntArray, x: IntArray, delta: int) -> IntArray:
         """Moves added when GPU ``g`` gains (``delta`` 1) or loses (-1) a copy of ``x``."""
-        m0, m = self.M0[g, x], self.M[g, x]
+        assert self.lay is not None
+        m0, m = self.M0[g, x], self.lay.M[g, x]
         return -(np.minimum(m0, m + delta) - np.minimum(m0, m))
 
     def best(self, state: _RobustWalk) -> tuple[str, int, int, int] | None:
         """The best step ``(kind, slot, slot or expert, added moves)``; None when the walk ends."""
-        if self.used >= self.budget or self.S.shape[0] == 0:
+        lay = self.lay
+        if lay is None or self.used >= self.budget:
             return None
-        S, M, e, W = self.S, self.M, self.e.ravel(), self.W
-        gl = self.loads()
-        T = gl.shape[0]
-        peak = gl.max(axis=1)
-        now = float(self.reduce(peak))
-        hot = np.zeros(self.G, dtype=bool)
-        hot[np.argmax(gl, axis=1)] = True
-        order = np.argsort(-gl, axis=1)[:, : min(3, self.G)]
-        top = np.take_along_axis(gl, order, axis=1)
-        c = M.sum(axis=0)
-        X = S / np.maximum(c, 1)
-        gs = np.arange(e.size) // W
+        M, c, e, W, G, T = lay.M, lay.c, lay.e.ravel(), lay.W, lay.G, lay.T
+        now = lay.value()
+        hot_gpus = np.unique(np.argmax(lay.Lg, axis=1))
         options: list[tuple[float, str, int, int, int]] = []
 
         def consider(gain: FloatArray, cost: IntArray, kind: str, a: IntArray, b: IntArray) -> None:
@@ -260,105 +245,61 @@ class _RobustWalk:
                 k = int(np.argmax(rate))
                 options.append((float(rate[k]), kind, int(a[k]), int(b[k]), int(cost[k])))
 
-        # swaps between slots on different GPUs, one of them hot
-        p, q = np.triu_indices(e.size, 1)
-        keep = (gs[p] != gs[q]) & (e[p] != e[q]) & (hot[gs[p]] | hot[gs[q]])
-        if not self.allow:
-            keep &= (M[gs[p], e[q]] == 0) & (M[gs[q], e[p]] == 0)
-        p, q = p[keep], q[keep]
-        if p.size:
-            g1, g2 = gs[p], gs[q]
-            d = X[:, e[q]] - X[:, e[p]]
-            rest = np.zeros((T, p.size))
-            taken = np.zeros((T, p.size), dtype=bool)
-            for r in range(order.shape[1]):  # largest load outside {g1, g2}, per step
-                gr = order[:, r][:, None]
-                take = ~taken & (gr != g1[None, :]) & (gr != g2[None, :])
-                rest = np.where(take, top[:, r][:, None], rest)
-                taken |= take
-            new = np.maximum(np.maximum(gl[:, g1] + d, gl[:, g2] - d), rest)
-            gain = now - self.reduce(new, axis=0)
+        # swaps of a hot GPU's slots with every slot elsewhere
+        for b in hot_gpus:
+            val = lay.swap_values(int(b))  # [W, P]
+            i, j = np.nonzero(np.isfinite(val))
+            p, q = b * W + i, j
+            g1, g2 = lay.gf[p], lay.gf[q]
             cost = (
                 self._cost(g1, e[p], -1) + self._cost(g1, e[q], 1) + self._cost(g2, e[q], -1) + self._cost(g2, e[p], 1)
             )
-            consider(gain, cost, "swap", p, q)
+            consider(now - val[i, j], cost, "swap", p, q)
         # replacements: a slot of an expert with >= 2 copies takes expert x; the slot's GPU or
         # one of x's GPUs is hot
-        on_hot = (M[hot] > 0).any(axis=0)
+        hot = np.zeros(G, dtype=bool)
+        hot[hot_gpus] = True
+        on_hot = np.asarray((M[hot] > 0).any(axis=0))
         sl = np.flatnonzero(c[e] >= 2)
-        if sl.size:
-            ss, xx = np.repeat(sl, self.E), np.tile(np.arange(self.E), sl.size)
-            a, g = e[ss], gs[ss]
-            keep = (xx != a) & (hot[g] | on_hot[xx])
-            if not self.allow:
-                keep &= M[g, xx] == 0
-            ss, xx, a, g = ss[keep], xx[keep], a[keep], g[keep]
-            if ss.size * T * self.G > self.SCREEN:  # large layers: the likeliest moves of each kind
-                ss, xx, a, g = self._screen(ss, xx, a, g, hot, on_hot, gl, X, c)
-            step = max(1, self.CHUNK // max(1, T * self.G))
-            for lo in range(0, ss.size, step):
-                sk, xk, ak, gk = ss[lo : lo + step], xx[lo : lo + step], a[lo : lo + step], g[lo : lo + step]
-                n = sk.size
-                da = S[:, ak] * (1.0 / (c[ak] - 1) - 1.0 / c[ak])  # every GPU holding a: its share grows
-                dx = S[:, xk] * (1.0 / (c[xk] + 1) - 1.0 / c[xk])  # every GPU holding x: its share shrinks
-                new = gl[:, :, None] + M[:, ak][None] * da[:, None, :] + M[:, xk][None] * dx[:, None, :]
-                new[:, gk, np.arange(n)] += S[:, xk] / (c[xk] + 1) - S[:, ak] / (c[ak] - 1)
-                gain = now - self.reduce(new.max(axis=1), axis=0)
-                cost = self._cost(gk, ak, -1) + self._cost(gk, xk, 1)
-                consider(gain, cost, "replace", sk, xk)
+        if not sl.size:
+            return self._pick(options)
+        ss, xx = np.repeat(sl, lay.E), np.tile(np.arange(lay.E), sl.size)
+        a, g = e[ss], lay.gf[ss]
+        keep = (xx != a) & (hot[g] | on_hot[xx])
+        if not self.allow:
+            keep &= M[g, xx] == 0
+        ss, xx, a, g = ss[keep], xx[keep], a[keep], g[keep]
+        if ss.size * T * G > self.SCREEN:  # large layers: the replacements robust planning scores
+            found = [lay.replace_candidates(int(b)) for b in hot_gpus]
+            parts = [f for f in found if f is not None]
+            if not parts:
+                return self._pick(options)
+            g, i, a, xx = (np.concatenate(v) for v in zip(*parts, strict=True))
+            ss = g * W + i
+        step = max(1, self.CHUNK // max(1, T * G))
+        for lo in range(0, ss.size, step):
+            sk, xk, ak, gk = (v[lo : lo + step] for v in (ss, xx, a, g))
+            gain = now - lay._replace_values(gk, ak, xk)
+            consider(gain, self._cost(gk, ak, -1) + self._cost(gk, xk, 1), "replace", sk, xk)
+        return self._pick(options)
+
+    @staticmethod
+    def _pick(options: list[tuple[float, str, int, int, int]]) -> tuple[str, int, int, int] | None:
         if not options:
             return None
         _, kind, i, j, added = max(options, key=lambda o: o[0])
         return kind, i, j, added
 
-    def _screen(
-        self,
-        ss: IntArray,
-        xx: IntArray,
-        a: IntArray,
-        g: IntArray,
-        hot: np.ndarray,
-        on_hot: np.ndarray,
-        gl: FloatArray,
-        X: FloatArray,
-        c: IntArray,
-    ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
-        """The replacements worth scoring on a large layer: a hot GPU's slot takes one of the
-        ``KEEP`` experts lightest once copied again, or an expert on a hot GPU gets a copy in one
-        of the ``KEEP`` slots whose GPU is lightest after the swap of shares (means over steps)."""
-        share_x = (self.S / (c + 1)).mean(axis=0)  # an expert's share once it has one more copy
-        light = np.zeros(self.E, dtype=bool)
-        light[np.argsort(share_x, kind="stable")[: self.KEEP]] = True
-        room = gl.mean(axis=0)[g] - X.mean(axis=0)[a]  # the slot's GPU without the slot's share
-        slots = np.unique(ss[~hot[g] & on_hot[xx]])
-        if slots.size > self.KEEP:
-            by_slot = np.full(self.e.size, np.inf)
-            by_slot[ss] = room
-            slots = slots[np.argsort(by_slot[slots], kind="stable")[: self.KEEP]]
-        in_slots = np.zeros(self.e.size, dtype=bool)
-        in_slots[slots] = True
-        keep = (hot[g] & light[xx]) | (on_hot[xx] & in_slots[ss])
-        return ss[keep], xx[keep], a[keep], g[keep]
-
     def apply(self, state: _RobustWalk, step: tuple[str, int, int, int]) -> None:
         kind, i, j, cost = step
-        W, e, M = self.W, self.e, self.M
-        gi, si = divmod(i, W)
-        a = int(e[gi, si])
+        lay = self.lay
+        assert lay is not None
         if kind == "swap":
-            gj, sj = divmod(j, W)
-            b = int(e[gj, sj])
-            e[gi, si], e[gj, sj] = b, a
-            M[gi, a] -= 1
-            M[gi, b] += 1
-            M[gj, b] -= 1
-            M[gj, a] += 1
+            lay.swap(i // lay.W, i % lay.W, j // lay.W, j % lay.W)
         else:
-            e[gi, si] = j
-            M[gi, a] -= 1
-            M[gi, j] += 1
+            lay.replace(i // lay.W, i % lay.W, j)
         self.used += cost
-        self.traj.append((self.used, self.value() - 1.0, e.copy()))
+        self.traj.append((self.used, lay.value() - 1.0, lay.e.copy()))
 
 
 def _check_current(current: ArrayLike, L: FloatArray) -> IntArray:

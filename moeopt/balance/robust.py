@@ -119,6 +119,14 @@ class _RobustLayout(SlotTable):
         return order[: min(n, self.G)]
 
     def best_swap(self, b: int, cur: float) -> tuple[float, int, int] | None:
+        val = self.swap_values(b)
+        k = int(np.argmin(val))
+        v = float(val.flat[k])
+        return (v, k // val.shape[1], k % val.shape[1]) if v < cur - self.tol else None
+
+    def swap_values(self, b: int) -> FloatArray:
+        """float ``[W, P]``: the objective after slot ``i`` of GPU ``b`` swaps with flat slot
+        ``j``; ``inf`` where the swap is not allowed (same GPU, a new colocated copy)."""
         wb = self.share[:, self.e[b]]  # [T, W]
         wf = self.share[:, self.e.ravel()]  # [T, P]
         d = wf[:, None, :] - wb[:, :, None]  # [T, W, P]
@@ -132,10 +140,7 @@ class _RobustLayout(SlotTable):
             bad = bad | (self.M[b, ef] > 0)[None, :] | (self.M[self.gf[None, :], self.e[b][:, None]] > 0)
         else:
             bad = bad | (self.e.ravel()[None, :] == self.e[b][:, None])
-        val = np.where(bad, np.inf, val)
-        k = int(np.argmin(val))
-        v = float(val.flat[k])
-        return (v, k // val.shape[1], k % val.shape[1]) if v < cur - self.tol else None
+        return np.asarray(np.where(bad, np.inf, val))
 
     def _replace_values(self, g: IntArray, a: IntArray, x: IntArray) -> FloatArray:
         """Objective after each replacement (slot on GPU ``g[k]`` holding ``a[k]`` becomes ``x[k]``)."""
@@ -157,6 +162,22 @@ class _RobustLayout(SlotTable):
         return self.agg(tot.max(axis=2))
 
     def best_replace(self, b: int, cur: float, n_x: int = 16, n_donor: int = 48) -> tuple[float, int, int, int] | None:
+        cands = self.replace_candidates(b, n_x, n_donor)
+        if cands is None:
+            return None
+        g, i, a, x = cands
+        vals = self._replace_values(g, a, x)
+        k = int(np.argmin(vals))
+        v = float(vals[k])
+        return (v, int(g[k]), int(i[k]), int(x[k])) if v < cur - self.tol else None
+
+    def replace_candidates(
+        self, b: int, n_x: int = 16, n_donor: int = 48
+    ) -> tuple[IntArray, IntArray, IntArray, IntArray] | None:
+        """The replacements worth scoring around GPU ``b`` (GPU, slot, expert it holds, expert
+        it takes): a slot of ``b`` whose expert has other copies takes one of the ``n_x``
+        hottest experts per copy that can take one more, or an expert on ``b`` gets a copy at
+        one of the ``n_donor`` cheapest donor slots elsewhere; None when there is none."""
         c = self.c
         give = c >= 2
         take = c < self.cap
@@ -191,15 +212,14 @@ class _RobustLayout(SlotTable):
         if not cand:
             return None
         g = np.concatenate([t[0] for t in cand])
-        i = np.concatenate([t[1] for t in cand])
-        a = np.concatenate([t[2] for t in cand])
-        x = np.concatenate([t[3] for t in cand])
         if g.size == 0:
             return None
-        vals = self._replace_values(g, a, x)
-        k = int(np.argmin(vals))
-        v = float(vals[k])
-        return (v, int(g[k]), int(i[k]), int(x[k])) if v < cur - self.tol else None
+        return (
+            g,
+            np.concatenate([t[1] for t in cand]),
+            np.concatenate([t[2] for t in cand]),
+            np.concatenate([t[3] for t in cand]),
+        )
 
     def swap(self, g1: int, i1: int, g2: int, i2: int) -> tuple[int, int]:
         e1, e2 = super().swap(g1, i1, g2, i2)
