@@ -88,16 +88,9 @@ class Trace:
 
     def subset(self, mask: np.ndarray) -> Trace:
         """The tokens selected by a boolean mask (steps renumbered, families kept)."""
-        _, step = np.unique(self.step[mask], return_inverse=True)
-        return Trace(
-            topk=self.topk[mask],
-            family=self.family[mask],
-            step=step.astype(np.int32),
-            family_names=self.family_names,
-            num_experts=self.num_experts,
-            weights=None if self.weights is None else self.weights[mask],
-            home=None if self.home is None else self.home[mask],
-        )
+        sub = self.take(mask)
+        _, step = np.unique(sub.step, return_inverse=True)
+        return replace(sub, step=step.astype(np.int32))
 
     def take(self, index: np.ndarray, step_offset: int = 0) -> Trace:
         """The tokens at ``index`` (in that order), their steps less ``step_offset`` (steps are

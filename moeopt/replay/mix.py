@@ -213,19 +213,20 @@ def latent_signal(trace: Trace, families: int = LATENT_FAMILIES, sample: int = L
         return 0.0
     order = np.random.default_rng(seed).permutation(T)[: min(2 * _sample(sample, (L + 1) // 2, E), T)]
     fit, test = order[: order.size // 2], order[order.size // 2 :]
+    fit_picks, test_picks = trace.topk[fit].astype(np.int64), trace.topk[test].astype(np.int64)
     bits = []
     for A, B in ((np.arange(0, L, 2), np.arange(1, L, 2)), (np.arange(1, L, 2), np.arange(0, L, 2))):
-        centres = _centres(trace.topk[fit][:, A], E, families, seed)
-        label_fit = _nearest(trace.topk[fit][:, A], centres)
-        label_test = _nearest(trace.topk[test][:, A], centres)
+        centres = _centres(fit_picks[:, A], E, families, seed)
+        label_fit = np.repeat(_nearest(fit_picks[:, A], centres), K) * E
+        label_test = _nearest(test_picks[:, A], centres)
         gain = 0.0
         for l in B:
-            by = np.full((families, E), 0.5)  # each cluster's picks at layer l (add-half smoothing)
-            np.add.at(by, (np.repeat(label_fit, K), trace.topk[fit][:, l].ravel()), 1.0)
+            # each cluster's picks at layer l (add-half smoothing), and the pooled ones
+            by = np.bincount(label_fit + fit_picks[:, l].ravel(), minlength=families * E).reshape(families, E) + 0.5
             pooled = by.sum(axis=0)
             by /= by.sum(axis=1, keepdims=True)
             pooled /= pooled.sum()
-            picks = trace.topk[test][:, l]
+            picks = test_picks[:, l]
             gain += float(np.log2(by[label_test[:, None], picks]).sum() - np.log2(pooled[picks]).sum())
         bits.append(gain / (test.size * len(B) * K))
     return float(np.mean(bits))

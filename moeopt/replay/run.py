@@ -300,7 +300,7 @@ class _Planner:
     profile: Any = None
     cache: dict[str, Any] = field(default_factory=dict)
     onsets: list[int] = field(default_factory=list)  # surge onsets so far (the families' regimes)
-    latent: tuple[int, Trace] | None = None  # unlabelled trace: (end, steps 0 .. end - 1 clustered), the latest
+    clusters: tuple[int, Trace] | None = None  # unlabelled trace: (end, steps 0 .. end - 1 clustered), the latest
     record: float = 0.0  # latent families: served-step MaxVio of the plans made with them less without
     trial: tuple[int, Plan, Plan] | None = None  # (end, plan with latent families, plan without) of the last re-plan
 
@@ -327,9 +327,8 @@ class _Planner:
         ([`routing_shift`][moeopt.replay.mix.routing_shift] above `ROUTING_SHIFT`). A surge that a
         moving task mix explains (each family routes as before) keeps the steps before it."""
         begin = 0
-        labelled = self.labelled(end)
         for onset in sorted(o for o in set(self.onsets) if begin < o < end):
-            before, after = step_window(labelled, begin, onset), step_window(labelled, onset, end)
+            before, after = self.family_window(begin, onset, end), self.family_window(onset, end, end)
             if routing_shift(before, after, self.stream.layers) > ROUTING_SHIFT:
                 begin = onset
         return begin
@@ -339,21 +338,31 @@ class _Planner:
         t = self.stream.trace
         return t is not None and len(t.family_names) < 2
 
-    def labelled(self, end: int) -> Trace:
-        """The tokens with their task families, for windows of steps before ``end``: the
-        trace's own labels (the whole trace), or on an unlabelled trace the tokens of steps
-        ``0 .. end - 1`` labelled by the clusters of their routing
-        ([`latent_families`][moeopt.replay.mix.latent_families], fitted on these steps) when
-        they tell tasks apart ([`latent_signal`][moeopt.replay.mix.latent_signal] at least
-        `LATENT_MIN_BITS`; else those tokens as they are, one family: no families planned for)."""
-        assert self.stream.trace is not None
-        if not self.unlabelled():
-            return self.stream.trace  # its own labels (callers take steps below ``end`` only)
-        if self.latent is None or self.latent[0] != end:
+    def latent(self, end: int) -> Trace:
+        """On an unlabelled trace, the tokens of steps ``0 .. end - 1`` labelled by the clusters
+        of their routing ([`latent_families`][moeopt.replay.mix.latent_families], fitted on these
+        steps) when they tell tasks apart ([`latent_signal`][moeopt.replay.mix.latent_signal] at
+        least `LATENT_MIN_BITS`; else those tokens as they are, one family: no families planned
+        for). The latest end's is kept."""
+        if self.clusters is None or self.clusters[0] != end:
             window = self.stream.trace_window(0, end)
             signal = latent_signal(window, seed=self.seed) >= LATENT_MIN_BITS
-            self.latent = (end, latent_families(window, seed=self.seed) if signal else window)
-        return self.latent[1]
+            self.clusters = (end, latent_families(window, seed=self.seed) if signal else window)
+        return self.clusters[1]
+
+    def family_count(self, end: int) -> int:
+        """The task families of the tokens before step ``end``: the trace's own, or the clusters."""
+        t = self.stream.trace
+        if t is None:
+            return 0
+        return len(self.latent(end).family_names if self.unlabelled() else t.family_names)
+
+    def family_window(self, start: int, stop: int, end: int) -> Trace:
+        """The tokens of steps ``start .. stop - 1`` with their families (on an unlabelled trace
+        the clusters fitted on the steps before ``end``)."""
+        if self.unlabelled():
+            return step_window(self.latent(end), start, stop)
+        return self.stream.trace_window(start, stop)
 
     def plan(self, req: Request, current: Plan | None) -> tuple[Plan, int]:
         """The plan ``req`` asks for and the task families it was also planned for (0: none)."""
@@ -395,7 +404,7 @@ class _Planner:
         The ``first`` plan, made on a single step, plans for the families without the test (it
         has nothing to compare)."""
         t = self.stream.trace
-        if req.families is None or t is None or len(self.labelled(req.end).family_names) < 2:
+        if req.families is None or t is None or self.family_count(req.end) < 2:
             return req, wl, 0
         window = self.stream.counts(req.start, req.end)
         if req.forecast is not None:
@@ -405,7 +414,7 @@ class _Planner:
             robust = req.params.get("robust", "auto") != "none"
             base = utilization_trace(window, steps).counts if robust else window.mean(axis=1, keepdims=True)
         begin = min(self.family_start(req.end), req.start)
-        regime = step_window(self.labelled(req.end), begin, req.end)
+        regime = self.family_window(begin, req.end, req.end)
         alpha = req.families
         if first and req.end - begin < 2:
             alpha = 1.0  # one calibration step: nothing to test the mix on, so plan for the families
