@@ -19,6 +19,9 @@ On each stream, at each interval ``K`` (window = ``K``, calibration prefix = ``K
 * ``periodic balance``, ``threshold`` (``balance``, level 0.15), ``incremental`` (``balance``
   from the plan in service, a fifth of the slots per re-plan);
 * ``auto``: moeopt's default policy, every parameter at its default;
+* ``robust, every past window``: ``balance`` afresh every ``K`` steps, robust over every past
+  window of ``K`` steps (each one snapshot, at most 16; no move limit, no forecast, no task
+  families): the issue's "robust over all past windows" row, a policy an engine can run;
 * ``oracle``: every block of ``K`` steps planned on itself (hindsight, not a policy: its plan
   has seen each step's own noise); ``oracle, pooled``: the same on the block's pooled counts
   (``robust: none``), a plan that knew the next window's traffic in advance;
@@ -45,8 +48,8 @@ policies (if any) that meet all three.
 Re-planned every window: the token streams (the two domain mixes and the three synthetic
 ones) with their task labels, without them, and as per-step counts alone, and the two count
 streams, merged into 12 windows, each one step, and ``static``, ``periodic eplb``,
-``periodic balance``, ``incremental``, ``auto`` and the oracle at interval 1 (what an engine
-re-planning after every recorded window runs), with ``auto``'s targets
+``periodic balance``, ``incremental``, ``auto``, ``robust, every past window`` and the oracle at
+interval 1 (what an engine re-planning after every recorded window runs), with ``auto``'s targets
 (``--windows-only`` reruns this part alone into the existing results, about a minute).
 
 Also: the frontier (bytes moved against time-averaged MaxVio over intervals 2, 4, 8 and
@@ -132,6 +135,9 @@ STREAMS: tuple[tuple[str, str, str, tuple[int, ...], dict[str, Any] | None], ...
 )
 QUICK = {"olmoe-domains-stream": (4,), "synthetic-switch": (4,)}
 
+#: a fresh ``balance`` plan every interval, robust over every past window (each one snapshot; no move
+#: limit, no forecast, no task families): the issue's "robust over all past windows" reference
+ROBUST_HISTORY = "robust, every past window"
 #: (label, policy, parameters): the rows of every stream and interval
 POLICIES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("static", "static", {}),
@@ -141,6 +147,18 @@ POLICIES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("threshold", "threshold", {}),
     ("incremental", "incremental", {}),
     ("auto", "auto", {}),
+    (
+        ROBUST_HISTORY,
+        "auto",
+        {
+            "from_current": False,
+            "forecast": "none",
+            "history": None,
+            "cadence": None,
+            "surge": None,
+            "families": "none",
+        },
+    ),
     ("oracle", "oracle", {}),
     ("oracle, pooled", "oracle", {"planner_params": {"robust": "none"}}),
 )
@@ -222,7 +240,7 @@ WINDOW_STREAMS: tuple[tuple[str, str], ...] = (
 )
 #: how each kind of window stream is named in the tables
 WINDOW_DATA = {"labelled": "labelled tokens", "unlabelled": "tokens, no labels", "counts": "counts"}
-WINDOW_ROWS = ("static", "periodic eplb", "periodic balance", "incremental", "auto", "oracle")
+WINDOW_ROWS = ("static", "periodic eplb", "periodic balance", "incremental", "auto", ROBUST_HISTORY, "oracle")
 
 
 def stream_instance(stem: str, sizes: dict[str, Any] | None):
