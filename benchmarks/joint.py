@@ -56,6 +56,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from machine_info import run_script
 from tabulate import tabulate
 
 from moeopt.errors import InfeasibleError, InputError
@@ -1292,6 +1293,8 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(f"[{time.perf_counter() - t0:6.0f}s] {line}", flush=True)
 
+    if args.workers < 1:
+        ap.error(f"--workers: expected an integer >= 1, got {args.workers}")
     if not (math.isfinite(args.time_limit) and args.time_limit >= 0):
         ap.error(f"--time-limit: expected a finite number of seconds >= 0 (0: none), got {args.time_limit!r}")
     if args.limit_only and not args.time_limit:
@@ -1316,6 +1319,8 @@ def main(argv: list[str] | None = None) -> int:
         and not (args.out / "joint_scale.json").is_file()
     ):
         ap.error(f"--limit-only / --add: no {args.out / 'joint_scale.json'} to add to (run --part scale first)")
+    if args.part in ("bound", "lp-replicas") and not (args.out / "joint.json").is_file():
+        ap.error(f"--part {args.part}: no {args.out / 'joint.json'} to merge into (run --part frontier first)")
     if args.part == "scale" and (args.limit_only or args.add is not None):  # into the existing results
         data = scale_limit(args, log) if args.limit_only else scale_add(args, log)
         write_json(args.out / "joint_scale.json", data)
@@ -1459,4 +1464,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

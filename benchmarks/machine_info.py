@@ -1,10 +1,13 @@
-"""What every benchmark records about the run: Python, CPUs, load, solver versions and the git state."""
+"""What every benchmark records about the run: Python, CPUs, load, solver versions and the git state;
+and how a benchmark script ends (`run_script`)."""
 
 from __future__ import annotations
 
 import os
 import platform
 import subprocess
+import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -49,3 +52,14 @@ def machine() -> dict:
         "load_average": list(os.getloadavg()),
         "versions": versions(),
     }
+
+
+def run_script(main: Callable[[], int]) -> None:
+    """Exit with ``main()``'s code; on Ctrl-C, ``interrupted`` on stderr and exit 130 (a part that
+    merges into existing results writes them only at its end, so nothing is written)."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        code = 130
+    raise SystemExit(code)

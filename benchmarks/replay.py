@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from machine_info import machine  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from machine_info import machine, run_script  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
 from moeopt import console
@@ -1081,4 +1081,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)
