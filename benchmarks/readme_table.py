@@ -172,6 +172,7 @@ def _joint_rows(results: Path) -> list[tuple[str, str, str, str]]:
         )
     out += _joint_scale_rows(results)
     bound = [b for b in data.get("bound", []) if b["replica_slots"] == 1 and b["relative_gap"] is not None]
+    zero = [b for b in data.get("bound", []) if b["replica_slots"] == 0 and b["relative_gap"] is not None]
     if bound:
         gaps = [100 * b["relative_gap"] for b in bound]
         trivial = sum(abs(b["bound"] - b["trivial_bound"]) < 1e-9 for b in bound)
@@ -182,7 +183,12 @@ def _joint_rows(results: Path) -> list[tuple[str, str, str, str]]:
                 f"default settings, {len(bound)} cells with 1 replica slot per GPU, calibration remote GPUs per token "
                 f"(target: gap ≤ {100 * check['gap_all']:g} % on every cell, ≤ {100 * check['gap_half']:g} % on half)",
                 f"gap {min(gaps):.1f} % to {max(gaps):.1f} % ({'met' if check['met'] else 'not met'}); "
-                f"the bound is the trivial one (ceil(k / W) GPUs per token) on {trivial} of {len(bound)}",
+                f"the bound is the trivial one (ceil(k / W) GPUs per token) on {trivial} of {len(bound)}"
+                + (
+                    f"; without spare slots (0 replica slots) gap {min(spare):.1f} % to {max(spare):.1f} %"
+                    if (spare := [100 * b["relative_gap"] for b in zero])
+                    else ""
+                ),
                 "joint",
             )
         )

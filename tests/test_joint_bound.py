@@ -17,6 +17,7 @@ from moeopt.colgen.cover import (
     stay_upper_bound,
     token_patterns,
 )
+from moeopt.colgen.pair_sdp import lagrangian_bound, pair_matrix, pair_sdp_saving_bound
 from moeopt.evaluate import evaluate
 from moeopt.io import load_instance
 from moeopt.solve import load_workloads, solve
@@ -216,6 +217,8 @@ def test_joint_reports_a_valid_bound():
     per = r.stats["communication_lower_bound_per_layer"]
     assert all(b <= c + 1e-9 for b, c in zip(per, cal["comm_per_layer"], strict=True))
     assert r.stats["communication_gap"] == pytest.approx(r.objective - r.bound)
+    kinds = r.stats["bound_kind_per_layer"]
+    assert len(kinds) == len(per) and set(kinds) <= {"trivial", "colgen", "pair", "sdp"}
     off = solve(inst, method="joint", params={"time_per_layer": 0.3, "bound_time": 0}, workloads=wl)
     assert off.bound is None
 
@@ -396,3 +399,88 @@ def test_stay_bound_under_a_time_limit_falls_back_to_a_valid_looser_bound():
     full = stay_upper_bound(prev, topk, E, G, W)
     quick = stay_upper_bound(prev, topk, E, G, W, time_limit=1e-6)
     assert full - 1e-9 <= quick <= 1.0
+
+
+def least_distinct(plan: list[int], token: int) -> int:
+    """The fewest GPUs of ``plan`` (bitmasks) whose union holds every expert of ``token`` (a
+    bitmask): the distinct GPUs of the token under the best dispatch."""
+    G = len(plan)
+    for m in range(1, G + 1):
+        for gs in itertools.combinations(range(G), m):
+            if np.bitwise_or.reduce([plan[g] for g in gs]) & token == token:
+                return m
+    raise AssertionError("the plan does not hold the token's experts")
+
+
+@settings(max_examples=30, deadline=None)
+@given(tiny_layers(max_experts=5, max_tokens=10))
+def test_pair_sdp_bound_is_above_every_plans_saving(layer):
+    """The semidefinite bound on the saving (copies included) is at least the saving
+    ``k - distinct`` of every plan under its best dispatch (by enumeration)."""
+    seed, E, G, W, k, tokens = layer
+    topk = random_tokens(seed, E, k, tokens)
+    pats, w = token_patterns(topk)
+    bound = pair_sdp_saving_bound(pats, w, E, G, W)
+    masks = [sum(1 << int(e) for e in np.unique(p)) for p in pats]
+    best = max(
+        sum(x * (bin(t).count("1") - least_distinct(plan, t)) for t, x in zip(masks, w, strict=True))
+        for plan in layer_plans(E, G, W)
+    )
+    assert bound >= best - 1e-6
+
+
+@pytest.mark.parametrize(("E", "G", "W"), [(12, 4, 3), (12, 4, 4), (16, 4, 4), (10, 3, 5)])
+def test_pair_sdp_bound_holds_for_random_plans_with_copies(E, G, W):
+    """Against random plans with copies in the spare slots, each token dispatched to the fewest
+    GPUs (by enumeration), on layers larger than brute force reaches."""
+    rng = np.random.default_rng(E * G + W)
+    topk = random_tokens(E * W, E, 4, 150)
+    pats, w = token_patterns(topk)
+    bound = pair_sdp_saving_bound(pats, w, E, G, W)
+    masks = [sum(1 << int(e) for e in p) for p in pats]
+    for _ in range(40):
+        slots = np.concatenate([rng.permutation(E), rng.integers(0, E, G * W - E)])
+        rng.shuffle(slots)
+        plan = [sum(1 << int(e) for e in set(g.tolist())) for g in slots.reshape(G, W)]
+        saving = sum(x * (bin(t).count("1") - least_distinct(plan, t)) for t, x in zip(masks, w, strict=True))
+        assert saving <= bound + 1e-6
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 1000), st.floats(0.0, 2.0))
+def test_lagrangian_bound_is_valid_for_any_multipliers(seed, scale):
+    """The recomputed bound holds whatever the multipliers (here random, of any sign): it is at
+    least the best plan's pair count ``max <A / 2, X>`` by enumeration (X: the experts sharing
+    some GPU)."""
+    rng = np.random.default_rng(seed)
+    E, G, W = 4, 2, 3
+    pats = np.sort(np.array([rng.choice(E, 2, replace=False) for _ in range(8)]), axis=1)
+    A = pair_matrix(pats, np.ones(len(pats)), E)
+    best = 0.0
+    for plan in layer_plans(E, G, W):
+        X = np.array([[any(p >> e & 1 and p >> f & 1 for p in plan) for f in range(E)] for e in range(E)], float)
+        best = max(best, float((A / 2 * X).sum()))
+    P, N = rng.normal(0, scale, (E, E)), rng.normal(0, scale, (E, E))
+    r, mu, nu = rng.normal(0, scale, E), rng.normal(0, scale, E), rng.normal(0, scale, E)
+    assert lagrangian_bound(A, G, W, P, N, r, mu, nu, float(rng.normal(0, scale))) >= best - 1e-9
+
+
+def test_pair_sdp_bound_without_spare_slots_is_the_grouping_relaxation():
+    """Without spare slots every expert has one copy and the bound is the grouping's
+    semidefinite relaxation of the pair affinity (`moeopt.solvers.grouping_sdp`): both solve
+    the same problem; and on a spread-out layer whose column generation is cut short (one round)
+    it is above the pair LP's bound, and the bound reports it."""
+    from moeopt.grouping import Grouping
+    from moeopt.solvers.grouping_sdp import sdp_bound
+
+    topk = random_tokens(3, 16, 4, 300)
+    pats, w = token_patterns(topk)
+    mine = pair_sdp_saving_bound(pats, w, 16, 4, 4, iterations=20_000)
+    theirs = sdp_bound(Grouping(pair_matrix(pats, w, 16), np.full(16, 1 / 16), 4, 4), structured=False).bound
+    assert mine == pytest.approx(theirs, rel=2e-3)
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.full(32, 5.0))
+    topk = np.array([rng.choice(32, size=8, replace=False, p=p) for _ in range(400)])
+    b = distinct_lower_bound(topk, 32, 8, 4, rounds=1)
+    assert b.info["gen_kind"] == "sdp" and b.info["pair_sdp"].startswith("optimal")
+    assert b.distinct > distinct_lower_bound(topk, 32, 8, 4, rounds=1, sdp=False).distinct + 0.1

@@ -116,7 +116,7 @@ def layer_certificates(
         for item in items:
             began = time.perf_counter()
             if found and end - began < took * (2 if stays_too else 1):
-                found.append((1.0, 0.0, False, False, True))  # no time for it: the trivial bound
+                found.append((1.0, 0.0, False, False, True, "trivial"))  # no time for it: the trivial bound
                 continue
             found.append(bound_layer(*item))
             took = max(took, time.perf_counter() - began)
@@ -155,7 +155,7 @@ def layer_certificates(
         took = max(took, time.perf_counter() - began)
     lower = [remote_lower_bound(d, c.gpus, uniform[l], stays[l]) for l, (d, *_) in enumerate(found)]
     capped = [bool(f[4]) or bool(r.get("capped")) for f, r in zip(found, stay_reports, strict=True)]
-    for l, (d, sec, ok, limited, _) in enumerate(found):
+    for l, (d, sec, ok, limited, *_) in enumerate(found):
         ctx.say(
             f"{name} layer {l}: communication lower bound {lower[l]:.4f} remote GPUs per token "
             f"(distinct GPUs >= {d:.4f}{' within the load limit' if limited else ''}, "
@@ -167,6 +167,7 @@ def layer_certificates(
         "bound_seconds_per_layer": [f[1] for f in found],
         "bound_lp_solved_per_layer": [f[2] for f in found],
         "bound_load_limited_per_layer": [f[3] for f in found],
+        "bound_kind_per_layer": [f[5] for f in found],
         "stay_upper_bound_per_layer": stays,
         "bound_rounds": rounds,
         "bound_capped_layers": sum(capped),
@@ -184,11 +185,12 @@ def bound_layer(
     load: np.ndarray | None = None,
     load_limit: float | None = None,
     rounds: int | None = None,
-) -> tuple[float, float, bool, bool, bool]:
+) -> tuple[float, float, bool, bool, bool, str]:
     """One layer's certificate (`moeopt.colgen.cover.distinct_lower_bound`, ``rounds`` of
     column generation, ``limit`` seconds an outer cap): the bound on its distinct GPUs per token,
     the seconds taken, whether the LP was solved, whether the bound holds only within the load
-    limit (single-copy plans) and whether the cap stopped it."""
+    limit (single-copy plans), whether the cap stopped it and which relaxation gave it
+    (``colgen``, ``pair``, ``sdp``, ``trivial``: `moeopt.colgen.cover.JointBound`'s ``gen_kind``)."""
     from moeopt.colgen.cover import distinct_lower_bound
 
     b = distinct_lower_bound(
@@ -204,7 +206,15 @@ def bound_layer(
         load_limit=load_limit,
     )
     info = b.info
-    return float(b.distinct), float(b.seconds), bool(b.proven), bool(info.get("load_limited")), bool(info.get("capped"))
+    kind = str(info.get("gen_kind", "trivial"))
+    return (
+        float(b.distinct),
+        float(b.seconds),
+        bool(b.proven),
+        bool(info.get("load_limited")),
+        bool(info.get("capped")),
+        kind,
+    )
 
 
 def _need_trace(problem: Problem, name: str) -> Trace:
