@@ -62,7 +62,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from machine_info import machine  # noqa: E402  (benchmarks/ is on the path when run as a script)
+from machine_info import (  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+    machine,  # noqa: E402  (benchmarks/ is on the path when run as a script)
+    run_script,
+    workers_arg,
+)
 from tabulate import tabulate
 
 from moeopt import balance as core
@@ -837,7 +841,7 @@ def plot(per_layer: dict, path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quiet", action="store_true")
-    ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
+    ap.add_argument("--workers", type=workers_arg, default=1, help="solve each plan's layers in N local processes")
     ap.add_argument(
         "--part",
         choices=("all", "ascend", "static"),
@@ -880,4 +884,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

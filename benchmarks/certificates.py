@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from machine_info import machine  # noqa: E402
+from machine_info import machine, run_script  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from moeopt.bounds import grouping_bound  # noqa: E402
 from moeopt.colgen import column_generation  # noqa: E402
@@ -581,4 +581,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

@@ -55,6 +55,7 @@ from pathlib import Path
 
 import numpy as np
 from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from machine_info import run_script, workers_arg  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
 from moeopt.evaluate import evaluate
@@ -495,7 +496,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quiet", action="store_true")
-    ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
+    ap.add_argument("--workers", type=workers_arg, default=1, help="solve each plan's layers in N local processes")
     ap.add_argument("--shapes", default=",".join(str(s[0]) for s in SHAPES), help="GPU counts to run (8,16,64)")
     ap.add_argument(
         "--dependencies", default=",".join(str(d) for d in DEPENDENCIES), help="layer_dependency values (0,0.5,0.9)"
@@ -540,4 +541,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

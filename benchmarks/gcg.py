@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from certificates import gap, grouping, pct  # noqa: E402  (the same instances and gap as there)
-from machine_info import machine  # noqa: E402
+from machine_info import machine, run_script  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from moeopt.io import write_json, write_text  # noqa: E402
 
@@ -297,4 +297,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from machine_info import run_script, workers_arg  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
@@ -213,7 +214,7 @@ def aggregate(rows: list[dict]) -> list[list]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one level, small shapes only (smoke run)")
-    ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
+    ap.add_argument("--workers", type=workers_arg, default=1, help="solve each plan's layers in N local processes")
     args = ap.parse_args(argv)
     shapes = {k: v for k, v in SHAPES.items() if not args.quick or v[0] <= 16}
     levels = ("high",) if args.quick else LEVELS
@@ -295,4 +296,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

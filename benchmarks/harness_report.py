@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from machine_info import machine  # benchmarks/ is on the path when run as a script
+from machine_info import machine, run_script  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from moeopt.harness.report import report_markdown
 from moeopt.io import read_profile, write_json, write_text
@@ -68,4 +68,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

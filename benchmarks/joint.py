@@ -56,7 +56,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-from machine_info import run_script
+from machine_info import run_script, workers_arg  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
 from moeopt.errors import InfeasibleError, InputError
@@ -1246,7 +1246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=JOINT_TIME, help="joint search seconds per layer")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--report-only", action="store_true", help="rebuild joint.md and joint.png from joint.json")
-    ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
+    ap.add_argument("--workers", type=workers_arg, default=1, help="solve each plan's layers in N local processes")
     ap.add_argument(
         "--part",
         choices=("all", "frontier", "rules", "lp-replicas", "bound", "scale"),
@@ -1304,8 +1304,6 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(f"[{time.perf_counter() - t0:6.0f}s] {line}", flush=True)
 
-    if args.workers < 1:
-        ap.error(f"--workers: expected an integer >= 1, got {args.workers}")
     if not (math.isfinite(args.time_limit) and args.time_limit >= 0):
         ap.error(f"--time-limit: expected a finite number of seconds >= 0 (0: none), got {args.time_limit!r}")
     if args.limit_only and not args.time_limit:

@@ -1,8 +1,9 @@
 """What every benchmark records about the run: Python, CPUs, load, solver versions and the git state;
-and how a benchmark script ends (`run_script`)."""
+how a benchmark script ends (`run_script`) and how it reads a worker count (`workers_arg`)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import subprocess
@@ -54,12 +55,29 @@ def machine() -> dict:
     }
 
 
-def run_script(main: Callable[[], int]) -> None:
-    """Exit with ``main()``'s code; on Ctrl-C, ``interrupted`` on stderr and exit 130 (a part that
-    merges into existing results writes them only at its end, so nothing is written)."""
+def run_script(main: Callable[[], int | None]) -> None:
+    """Exit with ``main()``'s code; on Ctrl-C (or SIGTERM), ``interrupted`` on stderr and exit 130
+    (143). The run is inside moeopt's signal handling (`moeopt.interrupt.handling`), so a signal
+    stops the native solver running and is raised in the script even where a library would
+    swallow it (a part that merges into existing results writes them only at its end, so nothing
+    is written)."""
+    from moeopt import interrupt
+
     try:
-        code = main()
+        with interrupt.handling(process_wide=False):
+            code = main()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
-        code = 130
+        code = interrupt.exit_code()
     raise SystemExit(code)
+
+
+def workers_arg(text: str) -> int:
+    """``--workers``: an integer >= 1 (argparse then says so in one line and exits 2)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return n

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from machine_info import run_script  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -526,4 +527,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

@@ -49,7 +49,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from machine_info import machine  # noqa: E402
+from machine_info import machine, run_script  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate  # noqa: E402
 
 from moeopt import execute  # noqa: E402
@@ -549,4 +549,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from machine_info import run_script, workers_arg  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from moeopt.errors import MoeoptError  # noqa: E402
 from moeopt.evaluate import (  # noqa: E402
@@ -743,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default="a,b,c", help="comma-separated subset of a,b,c")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--report-only", action="store_true", help="regenerate Markdown and plot from the JSON")
-    ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
+    ap.add_argument("--workers", type=workers_arg, default=1, help="solve each plan's layers in N local processes")
     args = ap.parse_args(argv)
     out = Path(args.out)
     json_path = out / "tacg.json"
@@ -783,4 +784,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 from machine_info import machine as machine_info  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from machine_info import run_script, workers_arg  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
 from moeopt.evaluate import evaluate, linear_plan
@@ -132,7 +133,7 @@ def markdown(data: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=1, help="solve each plan's layers in N local processes")
+    ap.add_argument("--workers", type=workers_arg, default=1, help="solve each plan's layers in N local processes")
     data = run(ap.parse_args().workers)
     OUT.mkdir(exist_ok=True)
     (OUT / "task_signal.json").write_text(json.dumps(data, indent=1) + "\n")
@@ -141,4 +142,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)
