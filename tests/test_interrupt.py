@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +148,19 @@ def test_ctrl_c_while_the_command_line_imports(tmp_path):
     )
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip() == "interrupted" and done.stdout == ""
+
+
+def test_every_cp_sat_call_leaves_ctrl_c_to_moeopt():
+    """CP-SAT catches SIGINT itself by default (it stops only its own search and returns as if
+    its time ran out, so the run goes on): every CpSolver in the package turns that off and
+    solves through ``run_interruptible`` with ``stop_search``."""
+    root = Path(__file__).resolve().parents[1] / "moeopt"
+    seen = 0
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        for part in text.split("cp_model.CpSolver()")[1:]:
+            seen += 1
+            body = part[:1500]
+            assert "catch_sigint_signal = False" in body, path
+            assert "stop_search" in body, path
+    assert seen >= 4

@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from moeopt.bounds import top_sum
+from moeopt.budget import run_interruptible
 from moeopt.grouping import LOAD_TOL, Grouping
 
 #: integer scale of the largest coefficient in the CP-SAT pricing model
@@ -507,7 +508,8 @@ def price_cpsat(
         solver.parameters.max_deterministic_time = max(MIN_DTIME, deterministic_time)
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.random_seed = seed
-    code = solver.solve(m)
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the run, not just this pricing
+    code = run_interruptible(lambda: solver.solve(m), solver.stop_search)
     name = solver.status_name(code)
     # stopped by the clock rather than by its deterministic time (or an optimum): machine-dependent
     capped = (
