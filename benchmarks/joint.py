@@ -942,16 +942,14 @@ def bound_markdown(rows: list[dict]) -> list[str]:
         "Each layer's bound is the least of four caps on the saving (the column `bound per layer from`): "
         "`trivial` (nothing proved beyond ceil(k / W)), `colgen` (the covering LP: columns are a GPU's set of "
         "experts, worth the tokens it lets skip a GPU; the load limits dropped), `pair` (the pair LP) and `sdp` "
-        "(the semidefinite relaxation of the pairs that share a GPU, copies included: "
-        "`moeopt/colgen/pair_sdp.py`). Where the covering LP is solved its optimum is the trivial bound "
-        "(qwen1.5-moe's first layer with 200 rounds: solved in 37, at the trivial bound): fractional GPUs "
-        "overlap, so the LP credits a token's saving on several of them at once. The semidefinite bound is "
-        "what lifts the count-sampled OLMoE cells (tokens spread over many experts): without spare slots it "
-        "is close to the plans; with copies it loosens, since a copied expert's GPUs both count as its "
-        "partners. On the synthetic task-structured cells (4 families) no cap proves anything beyond the "
-        "trivial bound once spare slots are there: the pair relaxation ((c - 1)+ <= c(c - 1) / 2) is loose "
-        "where many of a token's experts sit in its family's GPUs. These gaps measure the relaxations, not "
-        "the plans.",
+        "(the semidefinite relaxation of how many of a token's experts can share each expert's GPU, copies "
+        "included, with a per-expert combination of the secants of 1 / n: `moeopt/colgen/pair_sdp.py`). Where "
+        "the covering LP is solved its optimum is the trivial bound (qwen1.5-moe's first layer with 200 rounds: "
+        "solved in 37, at the trivial bound): fractional GPUs overlap, so the LP credits a token's saving on "
+        "several of them at once. The semidefinite bound lifts every cell with spare slots above the trivial "
+        "one; without spare slots it and the pair LP agree within 1 % on OLMoE. On the synthetic "
+        "task-structured cells (4 families) the relaxation stays far from the plans. These gaps measure the "
+        "relaxations, not the plans.",
     ]
 
 

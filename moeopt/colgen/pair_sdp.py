@@ -3,40 +3,50 @@
 For a plan (``S_g`` the experts on GPU ``g``, an expert on ``c_e >= 1`` GPUs) let
 ``X_ef = 1`` when experts e and f share some GPU. A token with expert set ``T`` dispatched by any
 rule sends each of its experts to one GPU holding it; the experts that go to one GPU share it,
-so the block of e (its token's experts on e's GPU) has at most ``n_e = 1 + sum_{f in T, f != e}
-X_ef`` members. The token uses ``distinct(T) = sum_{e in T} 1 / |block(e)| >= sum_e 1 / n_e``, and
-``1 / n >= (3 - n) / 2`` at every integer ``n >= 1`` (the secant of ``1 / n`` through 1 and 2), so
+so the block of e (its token's experts on e's GPU) has at most ``n_e(T) = 1 + sum_{f in T, f != e}
+X_ef`` members, and at most ``K = min(k, W)``. The token uses
+``distinct(T) = sum_{e in T} 1 / |block(e)|``. At every integer ``b`` in ``1 .. K``,
+``1 / b >= 1 / K`` and ``1 / b >= l_m(b) = (2m + 1 - b) / (m (m + 1))`` (the secant of ``1 / n``
+through m and m + 1, m = 1 .. K - 1), and ``l_m`` decreases, so ``1 / |block(e)| >= l_m(n_e(T))``.
+For each expert e any convex combination ``lambda_e`` of these lower bounds holds for all of its
+tokens at once; summed over the tokens (weights ``w_t``, ``n_e = sum_{t ni e} w_t``,
+``A_ef = sum_{t ni e, f} w_t``), with ``l = alpha_e - beta_e (n - 1)`` the combination,
 
-    k - distinct(T) <= sum_{e < f in T} X_ef.
+    sum_t w_t distinct_t >= sum_e alpha_e n_e - sum_e beta_e (A X)_e,
+    saving = sum_t w_t (k_t - distinct_t) <= sum_e (1 - alpha_e) n_e + <A' / 2, X>,
 
-Summed over the tokens (weights ``w_t``), the saving of a plan is at most ``<A / 2, X>`` with
-``A_ef = sum_{t ni e, f} w_t``. With ``Y = sum_g v_g v_gᵀ`` (``v_g`` GPU g's indicator: ``Y_ef``
-the GPUs holding both, ``Y_ee = c_e``) every plan of ``G x W`` slots satisfies
+``A'_ef = A_ef (beta_e + beta_f)`` (with ``lambda_e`` the secant through 1 and 2 for every
+expert: ``saving <= <A / 2, X>``, the pairs of a token's experts that share a GPU). With
+``Y = sum_g v_g v_gᵀ`` (``v_g`` GPU g's indicator: ``Y_ef`` the GPUs holding both, ``Y_ee = c_e``)
+every plan of ``G x W`` slots satisfies
 
     Z = [[G Y, c], [cᵀ, 1]] ⪰ 0      (``(zᵀ c)^2 = (sum_g zᵀ v_g)^2 <= G zᵀ Y z``, Cauchy-Schwarz)
     diag(Y) = c,  c >= 1,  sum_e c_e <= G W,  Y >= 0,  sum_{f != e} Y_ef <= (W - 1) c_e,
     0 <= X <= 1,  X <= Y,
 
-so ``max <A / 2, X>`` over them bounds the saving from above (without spare slots, ``c = 1``
-and it is the Frieze-Jerrum relaxation of the grouping: `moeopt.solvers.grouping_sdp`). SCS
-solves it to a work budget (iterations); the bound reported is recomputed in numpy from its
-multipliers (``P >= 0`` on ``X <= Y``, ``N >= 0`` on ``Y >= 0``, ``r >= 0`` on the rows,
-``mu`` on the diagonal, ``nu >= 0`` on ``c >= 1``, ``tau >= 0`` on the slots, ``sigma`` on
-the corner): with ``K = P + N - sym(r 1ᵀ) + Diag(r + mu)``, ``m = (W - 1) r - mu + nu - tau 1`` and
-``C = [[K / G, m / 2], [mᵀ / 2, -sigma]]``,
+so the largest right-hand side over them bounds the saving from above (with the one secant and
+no spare slots, ``c = 1``, it is the Frieze-Jerrum relaxation of the grouping:
+`moeopt.solvers.grouping_sdp`). SCS solves the relaxation with the per-expert combinations as
+variables (an epigraph ``z_e`` above every lower bound) to a work budget (iterations). The
+bound reported is recomputed in numpy: ``lambda_e`` from the multipliers of the epigraph rows
+(normalized), then ``<A' / 2, X>`` bounded from the multipliers of the other rows (``P >= 0``
+on ``X <= Y``, ``N >= 0`` on ``Y >= 0``, ``r >= 0`` on the rows, ``mu`` on the diagonal,
+``nu >= 0`` on ``c >= 1``, ``tau >= 0`` on the slots, ``sigma`` on the corner): with
+``K' = P + N - sym(r 1ᵀ) + Diag(r + mu)``, ``m = (W - 1) r - mu + nu - tau 1`` and
+``C = [[K' / G, m / 2], [mᵀ / 2, -sigma]]``,
 
-    saving <= sum (A / 2 - P)^+ + tau G W - sum nu + sigma + T max(0, λ_max(C))
+    <A' / 2, X> <= sum (A' / 2 - P)^+ + tau G W - sum nu + sigma + T max(0, λ_max(C))
 
-with ``T = G^2 W + 1`` (``tr Z = G sum c + 1``): valid for any multipliers of those signs,
-hence whatever the solver's accuracy or an iteration budget that stops it early. ``sigma`` is
-set by a one-dimensional minimization.
+with ``T = G^2 W + 1`` (``tr Z = G sum c + 1``): valid for any multipliers of those signs and
+any ``lambda``, hence whatever the solver's accuracy or an iteration budget that stops it early.
+``sigma`` is set by a one-dimensional minimization.
 
 Measured (formulations/joint.md, "A semidefinite bound"): on the count-sampled OLMoE layers with
-one spare slot per GPU it lifts the bound from 4.36, 2 and 2 distinct GPUs per token to 4.52,
-3.12 and 2.61; without spare slots it is within 4 % of the best grouping found on the first
-layer (6.36 against 6.62), about where the pair LP already is; with copies it is far from the
-plans (a copied expert's GPUs both count in ``X``), and on the synthetic task-structured layers
-the pair relaxation itself is loose (``(c - 1)^+ <= C(c, 2)`` for ``c`` large).
+one spare slot per GPU it lifts the bound from 4.36, 2 and 2 distinct GPUs per token to 5.04,
+4.39 and 4.17 (the one secant alone: 4.52, 3.12, 2.61; a copied expert's GPUs both count in
+``X``, which the per-expert combinations cap); without spare slots it is within 4 % of the best
+grouping found on the first layer, about where the pair LP already is. On the synthetic
+task-structured layers the relaxation is far from the plans.
 """
 
 from __future__ import annotations
@@ -108,6 +118,26 @@ def lagrangian_bound(
     return base + min(f(float(found.x)), f(0.0))
 
 
+def expert_counts(patterns: np.ndarray, weights: np.ndarray, experts: int) -> np.ndarray:
+    """``n [E]``: the weight of the tokens holding each expert (repeated experts of a row once)."""
+    pats = np.asarray(patterns, dtype=np.int64)
+    first = np.ones(pats.shape, dtype=bool)
+    first[:, 1:] = pats[:, 1:] != pats[:, :-1]
+    rows = np.broadcast_to(np.asarray(weights, dtype=np.float64)[:, None], pats.shape)
+    return np.bincount(pats[first], weights=rows[first], minlength=experts)
+
+
+def secant_weights(lam: np.ndarray, largest: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per expert, the convex combination ``lam [E, largest]`` of the lower bounds of ``1 / n``
+    (column 0: ``1 / largest``; column m >= 1: the secant through m and m + 1,
+    ``(2m + 1 - n) / (m (m + 1))``) as ``alpha - beta (n - 1)``: ``(alpha [E], beta [E])``."""
+    m = np.arange(largest, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(m == 0, 1.0 / largest, 2.0 / (m + 1.0))
+        b = np.where(m == 0, 0.0, 1.0 / (m * (m + 1.0)))
+    return lam @ a, lam @ b
+
+
 def pair_sdp_saving_bound(
     patterns: np.ndarray,
     weights: np.ndarray,
@@ -134,13 +164,19 @@ def pair_sdp_saving_bound(
         cp = extras.load("cvxpy", "sdp", "joint's semidefinite certificate")
     except extras.MissingExtra:
         return math.inf
-    A = pair_matrix(np.asarray(patterns, dtype=np.int64), np.asarray(weights, dtype=np.float64), E)
+    pats = np.asarray(patterns, dtype=np.int64)
+    w = np.asarray(weights, dtype=np.float64)
+    A = pair_matrix(pats, w, E)
     total = float(np.triu(A, 1).sum())
     if total <= 0:
         rep["pair_sdp"] = "trivial"
         return 0.0
+    n = expert_counts(pats, w, E)
+    k = int(max(1 + (pats[:, 1:] != pats[:, :-1]).sum(axis=1).max(initial=0), 1)) if pats.size else 1
+    K = max(min(k, W), 2)  # a block holds at most min(k, W) experts
     Z = cp.Variable((E + 1, E + 1), PSD=True)
     X = cp.Variable((E, E), symmetric=True)
+    z = cp.Variable(E)
     Y = Z[:E, :E] / G
     c = Z[:E, E]
     link = X <= Y
@@ -149,8 +185,11 @@ def pair_sdp_saving_bound(
     diag = cp.diag(Y) == c
     low = c >= 1
     slots = cp.sum(c) <= G * W
-    cons = [link, nonneg, rows, diag, low, slots, Z[E, E] == 1, X >= 0, X <= 1]
-    prob = cp.Problem(cp.Maximize(cp.sum(cp.multiply(A / 2, X))), cons)
+    # z_e >= sum_{t ni e} w_t / |block_t(e)|: its lower bounds, linear in AX
+    AX = cp.sum(cp.multiply(A, X), axis=1)
+    secants = [z >= n / K] + [z >= (2 * m * n - AX) / (m * (m + 1)) for m in range(1, K)]
+    cons = [link, nonneg, rows, diag, low, slots, Z[E, E] == 1, X >= 0, X <= 1, *secants]
+    prob = cp.Problem(cp.Maximize(float(n.sum()) - cp.sum(z)), cons)
     opts: dict[str, float | int | bool] = {
         "eps_abs": SDP_EPS,
         "eps_rel": SDP_EPS,
@@ -167,14 +206,24 @@ def pair_sdp_saving_bound(
         rep.update(pair_sdp=f"error: {exc}", pair_sdp_seconds=time.perf_counter() - t0)
         return math.inf
     duals = [x.dual_value for x in (link, nonneg, rows, diag, low, slots)]
-    if any(d is None for d in duals):
+    weights_m = [x.dual_value for x in secants]
+    if any(d is None for d in duals) or any(d is None for d in weights_m):
         rep.update(pair_sdp=str(prob.status), pair_sdp_seconds=time.perf_counter() - t0)
         return math.inf
     P, N, r, mu, nu, tau = (np.asarray(d, dtype=np.float64) for d in duals)
+    # each expert's combination of the lower bounds of 1 / n (the secants' multipliers, normalized;
+    # any combination is valid), then the pair bound of the weighted pairs at the same multipliers
+    lam = np.maximum(np.column_stack([np.asarray(d, dtype=np.float64).ravel() for d in weights_m]), 0.0)
+    mass = lam.sum(axis=1, keepdims=True)
+    lam = np.where(mass > 1e-12, lam / np.maximum(mass, 1e-300), np.eye(K)[1])
+    alpha, beta = secant_weights(lam, K)
+    weighted = A * (beta[:, None] + beta[None, :])
     with threadpool_limits(1):
-        bound = min(
-            lagrangian_bound(A, G, W, P, N, r.ravel(), s * mu.ravel(), nu.ravel(), float(tau)) for s in (1.0, -1.0)
+        pairs = min(
+            lagrangian_bound(weighted, G, W, P, N, r.ravel(), s * mu.ravel(), nu.ravel(), float(tau))
+            for s in (1.0, -1.0)
         )
+    bound = float(n @ (1.0 - alpha)) + pairs
     status = str(prob.status)
     if time_limit is not None and time.perf_counter() - t0 >= time_limit:
         status = "capped"
