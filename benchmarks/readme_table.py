@@ -15,7 +15,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from machine_info import run_script  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from tabulate import tabulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -527,4 +526,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from machine_info import run_script  # benchmarks/ is on sys.path when run as a script; not when imported
+
     run_script(main)
