@@ -64,8 +64,9 @@ from moeopt import extras
 #: SCS iterations (the bound's work budget) and accuracy target
 SDP_ITERATIONS = 5000
 SDP_EPS = 1e-6
-#: no SDP past this many experts (the model has 2 E^2 variables: seconds at 64, minutes at 256)
-SDP_MAX_EXPERTS = 128
+#: no SDP past this many experts (the model has 2 E^2 variables): 4-6 s per layer at 64 experts on
+#: a 2-core machine, 16-29 s at 128 (64 GPUs x 2 slots; 16 GPUs x 8), too slow for a default
+SDP_MAX_EXPERTS = 64
 
 
 def pair_matrix(patterns: np.ndarray, weights: np.ndarray, experts: int) -> np.ndarray:

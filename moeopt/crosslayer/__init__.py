@@ -40,7 +40,7 @@ seconds and by the time limit; ``bound_time: 0``: none): a token's remote GPUs a
 its distinct GPUs less at most one (its home), so every plan's objective is at least, per layer,
 the lower bound on distinct GPUs per token of `moeopt.colgen.cover.distinct_lower_bound`
 (column generation over GPU contents, seeded with the plan; a pair LP where that is cut short;
-a semidefinite bound on the pairs that share a GPU, up to 128 experts)
+a semidefinite bound on the pairs that share a GPU, up to 64 experts)
 less the share of tokens that can stay at all (`moeopt.colgen.cover.stay_upper_bound`, an
 LP over which previous-layer experts can share a GPU with which experts of this layer), or
 times ``1 - 1/G`` at layer 0 under uniform homes (`moeopt.colgen.cover.remote_lower_bound`).
