@@ -505,3 +505,22 @@ def test_secant_combinations_stay_below_one_over_n(largest, seed):
 def test_expert_counts_count_each_token_once():
     pats = np.array([[0, 1, 2], [1, 1, 3], [0, 2, 3]])
     assert expert_counts(pats, np.array([1.0, 2.0, 0.5]), 5).tolist() == [1.5, 3.0, 1.5, 2.5, 0.0]
+
+
+def test_without_cvxpy_the_bound_skips_the_semidefinite_cap(monkeypatch):
+    """A core install (no ``sdp`` extra): the semidefinite cap is skipped, and the bound is the
+    covering and pair LPs' alone, still valid."""
+    from moeopt import extras
+
+    def missing(module, extra, what):
+        raise extras.MissingExtra(extra, what)
+
+    monkeypatch.setattr(extras, "load", missing)
+    topk = random_tokens(5, 6, 3, 30)
+    pats, w = token_patterns(topk)
+    report: dict = {}
+    assert pair_sdp_saving_bound(pats, w, 6, 3, 2, report=report) == np.inf
+    assert report["pair_sdp"] == "skipped"
+    b = distinct_lower_bound(topk, 6, 3, 2, time_limit=5.0)
+    assert b.info["pair_sdp"] == "skipped" and b.info["gen_kind"] != "sdp"
+    assert b.distinct <= brute_force(topk, 6, 3, 2) + 1e-9
