@@ -751,7 +751,9 @@ def distinct_lower_bound(
         ``sdp`` extra's CVXPY; seconds at 64 experts; at most half of ``time_limit``): the one cap
         above the trivial bound with spare slots on the joint benchmark's layers (count-sampled
         OLMoE, 1 spare slot per GPU: 5.04 distinct GPUs per token on the first layer, against 4.36
-        from the pair LP).
+        from the pair LP). Not within a load limit: the limited columns are far stronger there
+        (the crosslayer benchmark's 16-GPU cell: the LP solved at 4.7 % from the plan, the
+        semidefinite cap taking half of the time left it at 6.5 %).
     """
     t0 = time.perf_counter()
     topk = np.asarray(topk, dtype=np.int64)
@@ -798,7 +800,9 @@ def distinct_lower_bound(
     # at most half of what is left under a cap: the column generation gets the rest
     left = None if deadline is None else max(0.5 * (deadline - time.perf_counter()), 0.05)
     semidefinite = (
-        pair_sdp_saving_bound(pats, w, experts, gpus, width, time_limit=left, report=sdp_report) if sdp else math.inf
+        pair_sdp_saving_bound(pats, w, experts, gpus, width, time_limit=left, report=sdp_report)
+        if sdp and not limited
+        else math.inf
     )
     master = Master(ColumnSpace(experts, gpus, "cover", pricer.value))
     chunks = [np.arange(e, min(e + width, experts)) for e in range(0, experts, width)]
