@@ -231,7 +231,10 @@ def run_plans(inst: Instance, wl, dep: float | None, workload: str, log, workers
     t0 = time.perf_counter()
     problem = Problem(inst, wl.calibration_stats, wl.calibration, wl.profile)
     bound, cert = CrossLayer.certificate(
-        problem, cl.plan, CrossLayerParams(bound_time=BOUND_TIME, bound_rounds=BOUND_ROUNDS), Context(seed=0, quiet=True)
+        problem,
+        cl.plan,
+        CrossLayerParams(bound_time=BOUND_TIME, bound_rounds=BOUND_ROUNDS),
+        Context(seed=0, quiet=True),
     )
     objective = out[-1]["remote_previous_layer_calibration"]
     assert bound is not None
