@@ -489,7 +489,8 @@ def ray_map(
     result as it finishes. With ``shared``, it is put in Ray's object store once and every
     task gets it first, ``fn(shared, *item)``. A Ray already running in this process is used
     (and left running); otherwise one is started (``"local"``) or joined (an address) and shut
-    down at the end. Ctrl-C or an error cancels the tasks still pending."""
+    down at the end. Ctrl-C or an error cancels the tasks still pending on a Ray that is not
+    this run's own (a local Ray started here is shut down instead, which stops them)."""
     ray = import_ray()
     started = False
     try:
@@ -509,17 +510,27 @@ def ray_map(
                     except (ConnectionError, RuntimeError, ValueError) as exc:
                         raise MoeoptError(f"--ray {executor.ray}: cannot connect to a Ray cluster: {exc}") from None
                 interrupt.reclaim()  # ray.init sets a SIGTERM handler that would exit without stopping Ray
-        _ray_tasks(ray, fn, items, done, shared)
+        # a local Ray of this run's own is stopped whole by its shutdown; cancelling its tasks
+        # first would race their replies (a task that ends as it is force-cancelled aborts
+        # Ray 2.x's driver, "Tried to complete task that was not pending", exit 1), and
+        # Ctrl-C reaches its workers anyway. Tasks on a cluster are cancelled.
+        _ray_tasks(ray, fn, items, done, shared, cancel=not (started and executor.ray == "local"))
     finally:
         if started and ray.is_initialized():
             ray.shutdown()  # a local Ray's processes end with it
 
 
 def _ray_tasks(
-    ray: Any, fn: Callable[..., Any], items: Sequence[tuple[Any, ...]], done: Callable[[Any], None], shared: Any
+    ray: Any,
+    fn: Callable[..., Any],
+    items: Sequence[tuple[Any, ...]],
+    done: Callable[[Any], None],
+    shared: Any,
+    *,
+    cancel: bool = True,
 ) -> None:
-    """Run the tasks of ``ray_map`` on an initialized Ray; Ctrl-C or an error cancels
-    (kills) the tasks still pending."""
+    """Run the tasks of ``ray_map`` on an initialized Ray; with ``cancel``, Ctrl-C or an error
+    cancels (kills) the tasks still pending."""
     remote = ray.remote(num_cpus=1, max_retries=0)(fn)
     pending: list = []
     try:
@@ -530,7 +541,7 @@ def _ray_tasks(
             for ref in finished:
                 done(ray.get(ref))
     except BaseException:
-        for ref in pending:
+        for ref in pending if cancel else ():
             try:
                 ray.cancel(ref, force=True)
             except Exception:  # noqa: BLE001  (already finished or gone)

@@ -372,3 +372,56 @@ def test_sigint_stops_every_worker(tmp_path):
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{k}") for k in kids):
         time.sleep(0.2)
     assert not [k for k in kids if os.path.exists(f"/proc/{k}")]
+
+
+class _RecordingRay:
+    """A stand-in for the ray module: tasks never finish, ``wait`` raises the interrupt, and
+    every ``cancel`` and ``shutdown`` is recorded."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.calls: list[tuple] = []
+
+    def is_initialized(self) -> bool:
+        return self.up
+
+    def init(self, address=None, **_: object) -> None:
+        self.up = True
+        self.calls.append(("init", address))
+
+    def shutdown(self) -> None:
+        self.up = False
+        self.calls.append(("shutdown",))
+
+    def remote(self, **_: object):
+        class _Remote:
+            def remote(self, *args: object) -> tuple:
+                return ("ref", args)
+
+        return lambda fn: _Remote()
+
+    def put(self, value: object) -> object:
+        return value
+
+    def wait(self, pending, num_returns=1):
+        raise KeyboardInterrupt
+
+    def cancel(self, ref, force=False) -> None:
+        self.calls.append(("cancel", force))
+
+
+@pytest.mark.parametrize(
+    ("address", "cancelled"),
+    [("local", False), ("auto", True)],  # a local Ray of the run's own; a cluster (no host:port to check)
+)
+def test_interrupted_ray_tasks(monkeypatch, address, cancelled):
+    """Ctrl-C under a local Ray of the run's own shuts it down without cancelling its tasks
+    (a force-cancel racing a task's reply aborts Ray's driver); on a cluster the pending tasks
+    are cancelled, then the connection closed."""
+    ray = _RecordingRay()
+    monkeypatch.setattr(execute, "import_ray", lambda: ray)
+    with pytest.raises(KeyboardInterrupt):
+        execute.ray_map(lambda x: x, [(1,), (2,)], execute.Executor(workers=2, ray=address), lambda r: None)
+    cancels = [c for c in ray.calls if c[0] == "cancel"]
+    assert cancels == ([("cancel", True)] * 2 if cancelled else [])
+    assert ray.calls[0] == ("init", address) and ray.calls[-1] == ("shutdown",)
