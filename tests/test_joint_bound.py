@@ -17,7 +17,7 @@ from moeopt.colgen.cover import (
     stay_upper_bound,
     token_patterns,
 )
-from moeopt.colgen.pair_sdp import expert_counts, lagrangian_bound, pair_matrix, pair_sdp_saving_bound, secant_weights
+from moeopt.colgen.pair_sdp import lagrangian_bound, pair_sdp_saving_bound, pair_weights, secant_weights
 from moeopt.evaluate import evaluate
 from moeopt.io import load_instance
 from moeopt.solve import load_workloads, solve
@@ -502,9 +502,21 @@ def test_secant_combinations_stay_below_one_over_n(largest, seed):
             assert (alpha - beta * (upper - 1) <= 1.0 / size + 1e-12).all()
 
 
-def test_expert_counts_count_each_token_once():
+def pair_matrix(pats: np.ndarray, w: np.ndarray, E: int) -> np.ndarray:
+    """The pair weights without their diagonal (the pair affinity ``A``)."""
+    A = pair_weights(pats, w, E).toarray()
+    np.fill_diagonal(A, 0.0)
+    return A
+
+
+def test_pair_weights_count_each_token_once():
+    """Diagonal: the weight of the tokens holding each expert; off it, of those holding both (a
+    repeated expert of a row counts once)."""
     pats = np.array([[0, 1, 2], [1, 1, 3], [0, 2, 3]])
-    assert expert_counts(pats, np.array([1.0, 2.0, 0.5]), 5).tolist() == [1.5, 3.0, 1.5, 2.5, 0.0]
+    C = pair_weights(pats, np.array([1.0, 2.0, 0.5]), 5).toarray()
+    assert C.diagonal().tolist() == [1.5, 3.0, 1.5, 2.5, 0.0]
+    assert (C == C.T).all() and C[0, 1] == 1.0 and C[0, 2] == 1.5 and C[1, 3] == 2.0 and C[2, 3] == 0.5
+    assert C[1, 1] == 3.0 and C[0, 3] == 0.5 and C[4].sum() == 0.0
 
 
 def test_without_cvxpy_the_bound_skips_the_semidefinite_cap(monkeypatch):

@@ -62,7 +62,7 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 from moeopt.colgen import RC_TOL, ColumnSpace, Master, Pricing, generate
-from moeopt.colgen.pair_sdp import pair_sdp_saving_bound
+from moeopt.colgen.pair_sdp import pair_sdp_saving_bound, pair_weights
 from moeopt.colgen.pricing import PRICING_WORK, price_exact
 from moeopt.grouping import LOAD_TOL, Grouping
 
@@ -438,18 +438,14 @@ def pair_saving_bound(
     report["pair_lp"] = "solved"
     if len(pats) == 0 or E == 0 or width <= 1:
         return 0.0
-    first = np.ones(pats.shape, dtype=bool)
-    first[:, 1:] = pats[:, 1:] != pats[:, :-1]  # each distinct expert of a pattern once
-    rows = np.repeat(np.arange(len(pats)), first.sum(axis=1))
-    inc = sp.csr_matrix((np.ones(rows.size), (rows, pats[first])), shape=(len(pats), E))
-    pair = (inc.T @ sp.diags(w) @ inc).tocsr()
+    pair = pair_weights(pats, w, E)
     n = pair.diagonal()
     upper = sp.triu(pair, k=1).tocoo()
-    A = np.asarray(pair.todense())
+    A = pair.toarray()
     np.fill_diagonal(A, 0.0)
     keep = min(width - 1, E)  # the W - 1 largest pair weights of every expert
     top = np.partition(A, E - keep, axis=1)[:, E - keep :].sum(axis=1)
-    m = min(width, int(first.sum(axis=1).max()))
+    m = min(width, 1 + int((pats[:, 1:] != pats[:, :-1]).sum(axis=1).max(initial=0)))  # distinct experts of a pattern
     per = (1.0 - 1.0 / max(m, 1)) * np.minimum(n, top)
     spare = gpus * width - E
     extra = np.sort(np.repeat(per, max(gpus - 1, 0)))[::-1][: max(spare, 0)]  # an expert on at most G GPUs

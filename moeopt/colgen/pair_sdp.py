@@ -56,6 +56,7 @@ import time
 import warnings
 
 import numpy as np
+import scipy.sparse as sp
 from scipy.optimize import minimize_scalar
 from threadpoolctl import threadpool_limits
 
@@ -69,19 +70,16 @@ SDP_EPS = 1e-6
 SDP_MAX_EXPERTS = 64
 
 
-def pair_matrix(patterns: np.ndarray, weights: np.ndarray, experts: int) -> np.ndarray:
-    """``A [E, E]``: ``A_ef = sum_{t ni e, f} w_t`` over distinct top-k sets ``patterns [M, k]``
-    (sorted; repeated experts of a row count once), zero diagonal."""
-    A = np.zeros((experts, experts))
-    k = patterns.shape[1]
-    for a in range(k):
-        for b in range(a + 1, k):
-            e, f = patterns[:, a], patterns[:, b]
-            ok = e != f
-            np.add.at(A, (e[ok], f[ok]), weights[ok])
-    A = A + A.T
-    np.fill_diagonal(A, 0.0)
-    return A
+def pair_weights(patterns: np.ndarray, weights: np.ndarray, experts: int) -> sp.csr_matrix:
+    """``C [E, E]`` (sparse): ``C_ef = sum_{t ni e, f} w_t`` over distinct top-k sets
+    ``patterns [M, k]`` (sorted; repeated experts of a row count once); its diagonal ``C_ee`` is
+    the weight of the tokens holding e. The pair bounds' one co-occurrence count."""
+    pats = np.asarray(patterns, dtype=np.int64)
+    first = np.ones(pats.shape, dtype=bool)
+    first[:, 1:] = pats[:, 1:] != pats[:, :-1]  # each distinct expert of a pattern once
+    rows = np.repeat(np.arange(len(pats)), first.sum(axis=1))
+    inc = sp.csr_matrix((np.ones(rows.size), (rows, pats[first])), shape=(len(pats), experts))
+    return (inc.T @ sp.diags(np.asarray(weights, dtype=np.float64)) @ inc).tocsr()
 
 
 def lagrangian_bound(
@@ -117,15 +115,6 @@ def lagrangian_bound(
     scale = max(float(np.abs(C).max()) * T, 1.0)
     found = minimize_scalar(f, bounds=(-scale, scale), method="bounded", options={"xatol": 1e-9 * scale})
     return base + min(f(float(found.x)), f(0.0))
-
-
-def expert_counts(patterns: np.ndarray, weights: np.ndarray, experts: int) -> np.ndarray:
-    """``n [E]``: the weight of the tokens holding each expert (repeated experts of a row once)."""
-    pats = np.asarray(patterns, dtype=np.int64)
-    first = np.ones(pats.shape, dtype=bool)
-    first[:, 1:] = pats[:, 1:] != pats[:, :-1]
-    rows = np.broadcast_to(np.asarray(weights, dtype=np.float64)[:, None], pats.shape)
-    return np.bincount(pats[first], weights=rows[first], minlength=experts)
 
 
 def secant_weights(lam: np.ndarray, largest: int) -> tuple[np.ndarray, np.ndarray]:
@@ -167,12 +156,14 @@ def pair_sdp_saving_bound(
         return math.inf
     pats = np.asarray(patterns, dtype=np.int64)
     w = np.asarray(weights, dtype=np.float64)
-    A = pair_matrix(pats, w, E)
+    C = pair_weights(pats, w, E)
+    n = C.diagonal()
+    A = C.toarray()
+    np.fill_diagonal(A, 0.0)
     total = float(np.triu(A, 1).sum())
     if total <= 0:
         rep["pair_sdp"] = "trivial"
         return 0.0
-    n = expert_counts(pats, w, E)
     k = int(max(1 + (pats[:, 1:] != pats[:, :-1]).sum(axis=1).max(initial=0), 1)) if pats.size else 1
     K = max(min(k, W), 2)  # a block holds at most min(k, W) experts
     Z = cp.Variable((E + 1, E + 1), PSD=True)
