@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -399,6 +400,29 @@ def test_stay_bound_under_a_time_limit_falls_back_to_a_valid_looser_bound():
     full = stay_upper_bound(prev, topk, E, G, W)
     quick = stay_upper_bound(prev, topk, E, G, W, time_limit=1e-6)
     assert full - 1e-9 <= quick <= 1.0
+
+
+def test_stay_bound_keeps_the_per_pair_bound_when_the_pattern_lp_is_cut(monkeypatch):
+    """The per-pair LP is solved first: when the pattern LP is then stopped by its cap, the bound
+    is the per-pair one (not 1), and the report says which answered."""
+    from moeopt.colgen import cover
+
+    E, G, W = 64, 16, 4
+    prev = np.random.default_rng(1).integers(0, E, 4000)
+    topk = random_tokens(2, E, 6, 4000)
+    full: dict = {}
+    tight = stay_upper_bound(prev, topk, E, G, W, report=full)
+
+    def spends_its_cap(*args):  # the pattern LP stopped by its cap, having used all of it
+        time.sleep(args[-1])
+        return None, True
+
+    monkeypatch.setattr(cover, "_stay_lp", spends_its_cap)
+    cut: dict = {}
+    looser = stay_upper_bound(prev, topk, E, G, W, time_limit=1.0, report=cut)
+    assert full == {"stay_lp": "patterns", "capped": False}
+    assert cut == {"stay_lp": "pairs", "capped": True}
+    assert tight + 0.05 < looser < 0.7
 
 
 def least_distinct(plan: list[int], token: int) -> int:
