@@ -62,7 +62,7 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 from moeopt.colgen import RC_TOL, ColumnSpace, Master, Pricing, generate
-from moeopt.colgen.pair_sdp import pair_sdp_saving_bound, pair_weights
+from moeopt.colgen.pair_sdp import pair_sdp_saving_bound, pair_weights, pattern_sizes
 from moeopt.colgen.pricing import PRICING_WORK, price_exact
 from moeopt.grouping import LOAD_TOL, Grouping
 
@@ -445,7 +445,7 @@ def pair_saving_bound(
     np.fill_diagonal(A, 0.0)
     keep = min(width - 1, E)  # the W - 1 largest pair weights of every expert
     top = np.partition(A, E - keep, axis=1)[:, E - keep :].sum(axis=1)
-    m = min(width, 1 + int((pats[:, 1:] != pats[:, :-1]).sum(axis=1).max(initial=0)))  # distinct experts of a pattern
+    m = min(width, int(pattern_sizes(pats).max()))
     per = (1.0 - 1.0 / max(m, 1)) * np.minimum(n, top)
     spare = gpus * width - E
     extra = np.sort(np.repeat(per, max(gpus - 1, 0)))[::-1][: max(spare, 0)]  # an expert on at most G GPUs
@@ -766,7 +766,7 @@ def distinct_lower_bound(
     total = float(w.sum())
     if total <= 0 or experts == 0:
         return JointBound(0.0, 0.0, 0.0, True, time.perf_counter() - t0, 0, 0)
-    ksize = 1 + (pats[:, 1:] != pats[:, :-1]).sum(axis=1) if pats.shape[1] else np.zeros(len(pats))
+    ksize = pattern_sizes(pats)
     need = float(ksize @ w)  # sum_t w_t k_t
     limited = (
         load is not None

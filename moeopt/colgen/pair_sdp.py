@@ -70,6 +70,14 @@ SDP_EPS = 1e-6
 SDP_MAX_EXPERTS = 64
 
 
+def pattern_sizes(patterns: np.ndarray) -> np.ndarray:
+    """int ``[M]``: the distinct experts of each sorted top-k set ``patterns [M, k]``."""
+    pats = np.asarray(patterns)
+    if pats.ndim != 2 or pats.shape[1] == 0:
+        return np.zeros(len(pats), dtype=np.int64)
+    return 1 + (pats[:, 1:] != pats[:, :-1]).sum(axis=1)
+
+
 def pair_weights(patterns: np.ndarray, weights: np.ndarray, experts: int) -> sp.csr_matrix:
     """``C [E, E]`` (sparse): ``C_ef = sum_{t ni e, f} w_t`` over distinct top-k sets
     ``patterns [M, k]`` (sorted; repeated experts of a row count once); its diagonal ``C_ee`` is
@@ -164,7 +172,7 @@ def pair_sdp_saving_bound(
     if total <= 0:
         rep["pair_sdp"] = "trivial"
         return 0.0
-    k = int(max(1 + (pats[:, 1:] != pats[:, :-1]).sum(axis=1).max(initial=0), 1)) if pats.size else 1
+    k = int(pattern_sizes(pats).max(initial=1))
     K = max(min(k, W), 2)  # a block holds at most min(k, W) experts
     Z = cp.Variable((E + 1, E + 1), PSD=True)
     X = cp.Variable((E, E), symmetric=True)
