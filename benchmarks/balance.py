@@ -35,8 +35,8 @@ LP, whose copy graph is connected (``connect``). Each plan is scored under every
 done-when table takes each plan under its own.
 
 For every (workload, shape, method): MaxVio on the evaluation loads under every rule of
-``DISPATCHES``: ``even`` dispatch (EPLB's model) and ``lp`` dispatch (the best split per
-batch); a new rule added there is scored and tabled everywhere. Then the balance lower bound
+``DISPATCHES``: ``even`` dispatch (EPLB's model) and ``lp`` dispatch (SGLang's LPLB split per
+batch, as the engine computes it); a new rule added there is scored and tabled everywhere. Then the balance lower bound
 on the evaluation loads (in sample) and the absolute gap to it, the method's wall time for the
 whole model (the median of 11 runs for sub-second methods, the methods' runs interleaved so that a
 slow spell of the shared machine falls on all of them), and for ``balance`` the expert
@@ -748,7 +748,8 @@ def markdown(rows: list[dict], info: dict, ascend: list[dict] | None = None, sta
             f"{info['machine']['python']}; commit {info['machine']['git_commit']}; run time {info['wall_s']:.0f} s.",
             "MaxVio = largest GPU load / mean − 1, mean over layers, on the evaluation loads. `eplb-auto` (SGLang's "
             "default) shows the policy it resolved to. `even`: every copy "
-            "serves 1/c of its expert (EPLB's model); `lp`: per batch, the best split over the copies. `bound`: the "
+            "serves 1/c of its expert (EPLB's model); `lp`: per batch, SGLang's LP dispatch split as the engine "
+            "computes it (5 affine-scaling steps, not the LP's optimum). `bound`: the "
             "balance lower bound on MaxVio for every plan in these slots under even dispatch (in sample); `gap`: "
             f"MaxVio − bound, absolute. Wall time: the method's run on the whole model (median of {REPEATS} for "
             "sub-second methods, every method's runs of one cell interleaved).",

@@ -37,13 +37,18 @@ Policies
     expectation over the G homes. When ``c`` does not divide G the copies get unequal shares
     (``ceil`` or ``floor`` of ``G / c`` ranks each).
 ``lp``
-    Per batch (trace step, or the pooled counts), the expert's tokens are split over the GPUs
-    holding it to minimize the batch's largest GPU load: one LP per layer (all steps at
-    once, block-separable, solved by HiGHS through scipy). Loads are the LP's fractional
-    optimum. SGLang then draws each token's copy by the split's probabilities, independently
-    per (token, expert): communication is that draw's expectation (`_expected_comm_draws`:
-    GPU g used with probability ``1 - prod_e (1 - p[e, g])``); the per-token GPUs a caller
-    needs (the harness) are a largest-remainder rounding of the split, tokens in order.
+    SGLang's LP dispatch (LPLB, ``--ep-dispatch-algorithm lp``), as the engine computes it
+    ([`lplb_layer_loads`][moeopt.dispatch.lplb_layer_loads]): per batch (trace step, or the pooled
+    counts), the LP "split each replicated expert's tokens over its copies to minimize the largest
+    GPU load", started at every variable 1 and run for 5 affine-scaling steps in float32 (the
+    engine's fused kernel); where its convergence test fails, every copy gets weight 0.5 (an even
+    split). The split is interior, not the LP's optimum: loads are at or above
+    [`lp_layer_loads`][moeopt.dispatch.lp_layer_loads] (the exact optimum, a lower bound kept for
+    planning and bounds). SGLang then draws each token's copy by the split's probabilities,
+    independently per (token, expert): communication is that draw's expectation
+    (`_expected_comm_draws`: GPU g used with probability ``1 - prod_e (1 - p[e, g])``); the
+    per-token GPUs a caller needs (the harness) are a largest-remainder rounding of the split,
+    tokens in order.
 ``locality``
     The online guard of SPEC 4.3 ([`guard_layer`][moeopt.dispatch.guard_layer]), simulated batch by batch; every
     layer's guard in one pass over the batches ([`guard_layers`][moeopt.dispatch.guard_layers]: with the guard's small
@@ -345,7 +350,9 @@ def even_share(plan: Plan) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- lp
 def lp_layer_loads(counts: np.ndarray, holds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The best split of one layer's expert counts over the GPUs holding each expert.
+    """The best split of one layer's expert counts over the GPUs holding each expert: the optimum
+    SGLang's LP dispatch aims at (its engine stops short of it, `lplb_layer_loads`), a lower bound
+    on the largest load of any split, and what planners for ``lp`` plan with.
 
     Parameters
     ----------
@@ -403,6 +410,131 @@ def lp_layer_loads(counts: np.ndarray, holds: np.ndarray) -> tuple[np.ndarray, n
     return flow.sum(axis=1), flow
 
 
+#: SGLang's LPLB (``sglang/srt/eplb/lplb_solver.py``, kernels ``csrc/lplb/{lp_prep,ipm,lp_post}.cuh``):
+#: barrier steps, the objective's weight on the start's infeasibility column, and the kernel's test
+LPLB_STEPS = 5
+LPLB_BIG_M = 1000.0
+LPLB_STEP = 0.999
+LPLB_FALLBACK = 0.5
+
+
+def lplb_split(counts: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The copy weights SGLang's LP dispatch computes for one layer, batch by batch.
+
+    A re-implementation of SGLang's LPLB (``LPLBSolver`` and its kernels) in float32: the counts
+    are normalized by the batch total; the LP's variables are each replicated expert's physical
+    copies ``x``, a slack per GPU, the largest load ``M`` and a column that makes the start
+    (every variable 1) feasible, weighted 1000 in the objective ``min M``; its rows give each
+    replicated expert its tokens and each GPU its load plus slack equal to ``M``. Five
+    affine-scaling steps (``x <- x (1 - 0.999 d / max d)``, ``d = x (c - A^T w)``,
+    ``(A X^2 A^T) w = A X^2 c``) then run, and the result is kept when ``max d < 0.1``, the
+    start's column is in ``[0, 1e-4)`` and ``max |Ax - b| < 0.05``; otherwise every copy gets
+    0.5 (the engine's non-convergence value). A copy's probability is its weight over the
+    weights of its expert's copies (the dispatch kernel's multinomial).
+
+    Parameters
+    ----------
+    counts
+        float ``[T, E]``: tokens per expert in each batch (the batch's all-reduced counts).
+    slots
+        int ``[G, W]``: the layer's physical slots (rank-contiguous, as the engine lays them out;
+        -1: empty).
+
+    Returns
+    -------
+    share
+        float ``[T, G * W]``: each physical slot's share of its expert's tokens (1 for a single
+        copy; 0 for an empty slot).
+    converged
+        bool ``[T]``: whether the batch passed the kernel's test (else the 0.5 weights).
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    T, E = counts.shape
+    G, W = slots.shape
+    phys = np.asarray(slots).reshape(-1)
+    f32 = np.float32
+    valid = phys >= 0
+    ncopies = np.bincount(phys[valid], minlength=E)
+    rep_log = np.flatnonzero(ncopies > 1)
+    rep_phy = np.flatnonzero(valid & (ncopies[np.maximum(phys, 0)] > 1))
+    single_log = np.flatnonzero(ncopies == 1)
+    share = np.zeros((T, G * W))
+    share[:, valid] = 1.0
+    converged = np.ones(T, dtype=bool)
+    R, PR = len(rep_log), len(rep_phy)
+    if not T or not R:
+        return share, converged
+    single_gpu = np.zeros(E, dtype=np.int64)
+    single_gpu[phys[valid]] = np.flatnonzero(valid) // W  # the copy's GPU for single-copy experts
+    # A_base = [[C, 0, 0], [B2, I, -1]]; then the start's column b - rowsum(A_base)
+    nc, nv = R + G, PR + G + 2
+    A = np.zeros((nc, nv), dtype=f32)
+    A[np.searchsorted(rep_log, phys[rep_phy]), np.arange(PR)] = 1.0
+    A[R + rep_phy // W, np.arange(PR)] = 1.0
+    A[R + np.arange(G), PR + np.arange(G)] = 1.0
+    A[R:, PR + G] = -1.0
+    c = np.zeros(nv, dtype=f32)
+    c[PR + G] = 1.0
+    c[PR + G + 1] = LPLB_BIG_M
+    total = np.maximum(counts[:, single_log].sum(axis=1) + counts[:, rep_log].sum(axis=1), 1.0).astype(f32)
+    norm = counts.astype(f32) / total[:, None]
+    fixed = np.zeros((T, G), dtype=f32)
+    np.add.at(fixed.T, single_gpu[single_log], norm[:, single_log].T)
+    b = np.concatenate([norm[:, rep_log], -fixed], axis=1)  # [T, nc]
+    At = np.broadcast_to(A, (T, nc, nv)).copy()
+    At[:, :, -1] = b - A.sum(axis=1)[None, :]
+    x = np.ones((T, nv), dtype=f32)
+    d_max = np.zeros(T, dtype=f32)
+    for _ in range(LPLB_STEPS):
+        ax2 = At * (x * x)[:, None, :]
+        gram = ax2 @ np.swapaxes(At, 1, 2)
+        rhs = ax2 @ c
+        try:
+            w = np.linalg.solve(gram, rhs[:, :, None])[:, :, 0].astype(f32)
+        except np.linalg.LinAlgError:  # a singular step: the kernel's result is unusable there
+            w = np.stack([_solve_or_nan(gram[t], rhs[t]) for t in range(T)])
+        r = (w[:, None, :] @ At)[:, 0, :]
+        d = x * (c[None, :] - r)
+        d_max = np.maximum(d.max(axis=1), 0.0).astype(f32)
+        alpha = np.where(d_max > 1e-9, f32(LPLB_STEP) / np.where(d_max > 1e-9, d_max, 1.0), 1.0).astype(f32)
+        x = (x * (1.0 - alpha[:, None] * d)).astype(f32)
+    resid = np.abs((At @ x[:, :, None])[:, :, 0] - b).max(axis=1)
+    aux = x[:, -1]
+    converged = (d_max < 0.1) & (aux >= 0.0) & (aux < 1e-4) & (resid < 0.05) & np.isfinite(x).all(axis=1)
+    weight = np.where(converged[:, None], np.maximum(x[:, :PR], 0.0), LPLB_FALLBACK).astype(np.float64)
+    wsum = np.zeros((T, E))
+    np.add.at(wsum.T, phys[rep_phy], weight.T)
+    e_rep = phys[rep_phy]
+    # all weights of an expert 0: the dispatch kernel draws uniformly over its copies
+    zero = wsum[:, e_rep] <= 0.0
+    share[:, rep_phy] = np.where(zero, 1.0 / ncopies[e_rep], weight / np.where(zero, 1.0, wsum[:, e_rep]))
+    return share, converged
+
+
+def _solve_or_nan(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    try:
+        return np.linalg.solve(a, b).astype(np.float32)
+    except np.linalg.LinAlgError:
+        return np.full(len(b), np.nan, dtype=np.float32)
+
+
+def lplb_layer_loads(counts: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One layer's GPU loads ``[T, G]`` and flows ``[T, E, G]`` under SGLang's LP dispatch as the
+    engine computes its split ([`lplb_split`][moeopt.dispatch.lplb_split]): each expert's tokens
+    in each batch go to its copies in the split's shares (the draw's expectation)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    T, E = counts.shape
+    G, W = slots.shape
+    phys = np.asarray(slots).reshape(-1)
+    share, _ = lplb_split(counts, slots)
+    valid = np.flatnonzero(phys >= 0)
+    flow = np.zeros((T, E, G))
+    np.add.at(
+        flow.transpose(1, 2, 0), (phys[valid], valid // W), (counts[:, phys[valid]] * share[:, valid]).T
+    )
+    return flow.sum(axis=1), flow
+
+
 # ----------------------------------------------------------------------------- counts
 def count_loads(plan: Plan, counts: np.ndarray, cluster: Cluster) -> np.ndarray:
     """float ``[L, ..., G]``: GPU loads of per-expert counts ``[L, ..., E]`` under the plan's dispatch.
@@ -418,9 +550,8 @@ def count_loads(plan: Plan, counts: np.ndarray, cluster: Cluster) -> np.ndarray:
     if kind in RANK_TABLE_KINDS:
         return np.asarray(np.einsum("l...e,leg->l...g", counts, rank_share(plan, cluster)))
     L, E, G = counts.shape[0], counts.shape[-1], plan.gpus
-    holds = plan.copies_on_gpu > 0
     flat = counts.reshape(L, -1, E)
-    out = np.stack([lp_layer_loads(flat[l], holds[l])[0] for l in range(L)])
+    out = np.stack([lplb_layer_loads(flat[l], plan.slots[l])[0] for l in range(L)])
     return out.reshape(counts.shape[:-1] + (G,))
 
 
@@ -432,8 +563,7 @@ def count_flows(plan: Plan, counts: np.ndarray, cluster: Cluster) -> np.ndarray:
         return np.asarray(counts[..., None] * even_share(plan)[:, None])
     if kind in RANK_TABLE_KINDS:
         return np.asarray(counts[..., None] * rank_share(plan, cluster)[:, None])
-    holds = plan.copies_on_gpu > 0
-    return np.stack([lp_layer_loads(counts[l], holds[l])[1] for l in range(plan.layers)])
+    return np.stack([lplb_layer_loads(counts[l], plan.slots[l])[1] for l in range(plan.layers)])
 
 
 # ----------------------------------------------------------------------------- traces
@@ -626,7 +756,7 @@ def _lp_layer(
     (the split's share of the expert's tokens in the batch)."""
     E = plan.experts
     counts = _step_counts(ids, step, T, E)
-    loads, flow = lp_layer_loads(counts, plan.copies_on_gpu[l] > 0)
+    loads, flow = lplb_layer_loads(counts, plan.slots[l])
     prob = flow / np.where(counts > 0, counts, 1.0)[:, :, None]
     return _assign_by_quota(ids, step, E, _integer_quota(flow)), loads, prob
 

@@ -52,9 +52,9 @@ class Dispatch:
       fixed per (source GPU, expert) drawn fairly over the expert's physical slots; the draws
       run over every row of the engine's map, so ``dense_layers`` (the map's leading dense
       rows, ``p mod E`` as moeopt writes them) is part of the rule.
-    * ``lp``: per batch, each expert's tokens are split over its copies to minimize the
-      batch's largest GPU load (SGLang ``--ep-dispatch-algorithm lp``; the best any dispatcher
-      can do for the plan).
+    * ``lp``: per batch, each expert's tokens are split over its copies as SGLang's LP
+      dispatch splits them (``--ep-dispatch-algorithm lp``: 5 affine-scaling steps towards the
+      split with the smallest largest load; `moeopt.dispatch.lplb_split`).
     * ``vllm``: vLLM's EPLB routing: the token in row ``i`` of its rank's batch uses copy
       ``((i * 2654435769) mod 2**32) mod c`` (copies in physical-slot order).
     * ``ascend``: vLLM-Ascend: rank ``r`` sends every token for expert ``e`` to copy

@@ -189,6 +189,134 @@ class SGLangStatic:
         return np.stack([self.rank_table(phys_to_log, experts, ep_size, nnodes, r) for r in ranks])
 
 
+#: SGLang's LP dispatch: its solver class (the LP's matrices); the three CUDA kernels it launches
+#: are transcribed below from ``sglang/kernels/jit/csrc/lplb/{lp_prep,ipm,lp_post}.cuh``
+SGLANG_LPLB_FILE = ("srt", "eplb", "lplb_solver.py")
+
+
+def _lp_prep(A_full: Any, b: Any, t1: Any, global_counts: Any, log_single: Any, log_replicated: Any, B1: Any,
+             A_base_row_sum: Any) -> None:
+    """``lp_prep.cuh``: its "Python equivalent" comment, line for line."""
+    import torch
+
+    total = global_counts.sum()
+    counts_norm = global_counts / total.clamp(min=1.0)
+    t1.copy_(counts_norm[log_single])
+    b1 = counts_norm[log_replicated]
+    b2 = -(B1 @ t1).flatten()
+    b.copy_(torch.cat([b1, b2]))
+    A_full[:, -1] = b - A_base_row_sum
+
+
+def _ipm(A: Any, b: Any, c: Any, num_iters: int = 5, result: Any = None) -> Any:
+    """``ipm.cuh`` (``ipm_solve_kernel``) in float32: affine scaling from every variable 1, the
+    Cholesky with its pivot floor, the step ``0.999 / max d``, the convergence test and the 0.5
+    written on failure."""
+    import torch
+
+    nc, nv = A.shape
+    x = torch.ones(nv, dtype=torch.float32)
+    d_max = torch.tensor(0.0)
+    for _ in range(num_iters):
+        ax2 = A * x * x
+        ax2a = ax2 @ A.T
+        ax2c = ax2 @ c
+        low = ax2a.clone()
+        for k in range(nc):  # cholesky_factor
+            low[k, k] = torch.sqrt(torch.clamp(low[k, k], min=1e-12))
+            low[k + 1 :, k] /= low[k, k]
+            col = low[k + 1 :, k]
+            low[k + 1 :, k + 1 :] -= torch.tril(torch.outer(col, col))
+        w = ax2c.clone()
+        for i in range(nc):  # cholesky_apply: forward, then backward
+            w[i] = (w[i] - low[i, :i] @ w[:i]) / low[i, i]
+        for i in range(nc - 1, -1, -1):
+            w[i] = (w[i] - low[i + 1 :, i] @ w[i + 1 :]) / low[i, i]
+        r = w @ A
+        d = x * (c - r)
+        d_max = torch.clamp(d.max(), min=0.0)
+        alpha = 0.999 / d_max if d_max > 1e-9 else torch.tensor(1.0)
+        x = x * (1.0 - alpha * d)
+    residual = (A @ x - b).abs().max()
+    ok = bool(d_max < 0.1) and bool(x[-1] >= 0.0) and bool(x[-1] < 1e-4) and bool(residual < 0.05)
+    out = x if ok else torch.full_like(x, 0.5)
+    if result is not None:
+        result.copy_(out)
+        return result
+    return out
+
+
+def _lp_post(log2phy_prob: Any, x: Any, t1: Any, phy_single: Any, phy_replicated: Any, log2phy: Any) -> None:
+    """``lp_post.cuh``: its "Python equivalent" comment (-1 entries land on the zero sink)."""
+    import torch
+
+    x_ratios = torch.clamp(x[: len(phy_replicated)], min=0)
+    phy_prob = torch.zeros(len(phy_single) + len(phy_replicated) + 1)
+    phy_prob[phy_replicated] = x_ratios
+    phy_prob[phy_single] = t1
+    log2phy_prob.copy_(torch.take(phy_prob, torch.where(log2phy < 0, log2phy + len(phy_prob), log2phy)))
+
+
+class SGLangLPLB:
+    """SGLang's LP dispatch (``--ep-dispatch-algorithm lp``) on CPU: its own ``LPLBSolver`` (the
+    LP's matrices, the counts and the dispatch probabilities) with the kernels it calls standing
+    in as transcriptions (`_lp_prep`, `_ipm`, `_lp_post`) and the JIT warm-up a no-op."""
+
+    def __init__(self) -> None:
+        import torch
+
+        root = sglang_path()
+        if root is None:
+            raise ImportError("sglang is not installed")
+        path = root.parents[2].joinpath(*SGLANG_LPLB_FILE)
+        self.ns = module_namespace(
+            "_moeopt_tests_sglang_lplb",
+            torch=torch,
+            logger=logging.getLogger("sglang.srt.eplb.lplb_solver"),
+            Optional=typing.Optional,
+        )
+        load_definitions(path, ("LPLBSolver",), self.ns)
+        kernels = SimpleNamespace(prep_lp_inputs=_lp_prep, solve_ipm=_ipm, extract_log2phy_prob=_lp_post)
+        self.stubs = {
+            "sglang.kernels.ops.lplb": SimpleNamespace(cuda_solver=kernels),
+            "sglang.kernels.ops.lplb.cuda_solver": kernels,
+            "sglang.kernels.ops.lplb.torch_solver": SimpleNamespace(warmup=lambda *a, **k: None),
+        }
+
+    def shares(self, slots: np.ndarray, experts: int, counts: np.ndarray) -> np.ndarray:
+        """float ``[T, G * W]``: each physical slot's share of its expert's tokens in each batch, as
+        SGLang's dispatch kernel draws (the probabilities of the expert's copies, normalized)."""
+        import torch
+
+        G, W = slots.shape
+        phys = np.asarray(slots).reshape(-1)
+        copies = [np.flatnonzero(phys == e) for e in range(experts)]
+        width = max(len(c) for c in copies)
+        log2phy = torch.tensor([list(c) + [-1] * (width - len(c)) for c in copies], dtype=torch.int64)
+        saved = {name: sys.modules.get(name) for name in self.stubs}
+        sys.modules.update(self.stubs)  # the solver's imports inside __init__ and _solve
+        try:
+            solver = self.ns["LPLBSolver"](
+                torch.tensor(phys, dtype=torch.int64),
+                log2phy,
+                G,
+                logical_to_all_physical_map_num_valid=torch.tensor([len(c) for c in copies]),
+            )
+            out = np.zeros((len(counts), G * W))
+            for t, row in enumerate(np.asarray(counts)):
+                prob = solver._solve(torch.tensor(row, dtype=torch.float32)).numpy().astype(np.float64)
+                for e, c in enumerate(copies):
+                    p = prob[e, : len(c)]
+                    out[t, c] = p / p.sum() if p.sum() > 0 else 1.0 / len(c)
+            return out
+        finally:
+            for name, module in saved.items():
+                if module is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = module
+
+
 def vllm_logical_maps(root: Path) -> Any:
     """vLLM's ``compute_logical_maps`` (``eplb_state.py``; pure torch on CPU)."""
     import torch

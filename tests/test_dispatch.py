@@ -66,23 +66,37 @@ def test_lp_matches_brute_force(case):
 @settings(max_examples=examples(150))
 @given(layer_and_counts(colocated=True), st.sampled_from(["even", "static"]))
 def test_lp_never_worse(case, other):
-    """On the same plan, lp's per-batch largest load is never above even's or static's."""
+    """On the same plan, the LP's optimum (what SGLang's LP dispatch aims at) is never above even's or
+    static's largest load per batch; the engine's own split (5 affine-scaling steps) is at or above
+    that optimum and serves the same tokens."""
     plan, counts, cluster = case
+    best = lp_layer_loads(counts[0], plan.copies_on_gpu[0] > 0)[0]
     lp = count_loads(plan.with_dispatch(Dispatch(kind="lp")), counts, cluster)
     rule = count_loads(plan.with_dispatch(Dispatch(kind=other)), counts, cluster)
-    assert (lp.max(axis=-1) <= rule.max(axis=-1) + 1e-6).all()
+    assert (best.max(axis=-1) <= rule[0].max(axis=-1) + 1e-6).all()
+    assert (lp[0].max(axis=-1) >= best.max(axis=-1) - 1e-6 * (1.0 + counts[0].sum(axis=-1))).all()
     assert np.allclose(lp.sum(axis=-1), counts.sum(axis=-1))
 
 
 @settings(max_examples=examples(60))
 @given(small_case(replicas=True, colocated=True))
-def test_lp_never_worse_on_traces(case):
-    """On token traces too: per-step MaxVio under lp <= under even, same total load."""
+def test_lp_loads_on_traces(case):
+    """On token traces: lp's per-step loads are the engine's split of the step's counts (the same
+    as on those counts), at or above the LP optimum, with the same total load as even."""
     cluster, trace, plan = case
+    plan_lp = plan.with_dispatch(Dispatch(kind="lp"))
     even = evaluate(plan, trace, cluster)
-    lp = evaluate(plan.with_dispatch(Dispatch(kind="lp")), trace, cluster)
-    assert lp["maxvio_per_step_max"] <= even["maxvio_per_step_max"] + 1e-9
+    lp = evaluate(plan_lp, trace, cluster)
     assert lp["total_load"] == pytest.approx(even["total_load"])
+    r = route_trace(plan_lp, trace, cluster)
+    T = r.step_loads.shape[1]
+    steps = np.zeros((plan.layers, T, plan.experts))
+    for l in range(plan.layers):
+        np.add.at(steps[l], (np.repeat(trace.step, trace.top_k), trace.topk[:, l, :].ravel().astype(np.int64)), 1.0)
+    np.testing.assert_allclose(r.step_loads, count_loads(plan_lp, steps, cluster), atol=1e-9)
+    for l in range(plan.layers):
+        best = lp_layer_loads(steps[l], plan.copies_on_gpu[l] > 0)[0]
+        assert (r.step_loads[l].max(axis=-1) >= best.max(axis=-1) - 1e-6 * (1.0 + steps[l].sum(axis=-1))).all()
 
 
 def test_lp_trace_assignment_follows_the_split():
@@ -143,9 +157,11 @@ def test_static_expectation_over_homes():
 @settings(max_examples=examples(40))
 @given(small_case(replicas=True, colocated=True, dispatch=None))
 def test_counts_and_trace_agree(case):
-    """For even, static (no homes) and lp, a trace's loads equal those from its per-step counts."""
+    """For even, static and ascend (no homes) and lp, a trace's loads equal those from its per-step
+    counts (vllm's hash picks copies per row, which counts only have in expectation; locality needs
+    tokens)."""
     cluster, trace, plan = case
-    if plan.dispatch.kind == "locality":
+    if plan.dispatch.kind in ("locality", "vllm"):
         return
     m = evaluate(plan, trace, cluster)
     s = trace.stats()

@@ -6,7 +6,9 @@ Two kinds of test:
   SGLang's own ``ExpertLocationMetadata.init_by_mapping`` (loaded from its installed file by
   ``tests/engine_code.py``) on the map ``moeopt.interop.to_sglang`` writes, for every rank,
   against :func:`moeopt.dispatch.static_map`, :func:`~moeopt.dispatch.count_loads` and
-  :func:`~moeopt.dispatch.route_trace` under ``static``;
+  :func:`~moeopt.dispatch.route_trace` under ``static``; and SGLang's own ``LPLBSolver``
+  (its LP, its counts and probabilities; the CUDA kernels it launches transcribed) against
+  :func:`~moeopt.dispatch.lplb_split` under ``lp``, to float32 rounding;
 * **fixtures** (always run, no torch): what SGLang 0.5.23, vLLM 0.34.0 and vLLM-Ascend
   0.23.0.post1 computed on committed plans (``tests/data/engines/*.npz``, written by
   ``tests/data/engines/make_fixtures.py``, whose docstring says how to re-make them), against
@@ -32,6 +34,8 @@ from moeopt.dispatch import (
     STATIC_SEED,
     ascend_map,
     count_loads,
+    lp_layer_loads,
+    lplb_split,
     physical_copies,
     route_trace,
     static_map,
@@ -161,6 +165,57 @@ def test_static_map_equals_sglang_on_deepseek_v3(sglang):
     engine = sglang_tables(sglang, plan, 8, 3, LIVE_RANKS)
     ours = static_map(plan, 8, STATIC_SEED, 3)[list(LIVE_RANKS)]  # the fixture test's call: computed once
     assert_same(ours, engine, ("rank", "layer", "expert"))
+
+
+# ----------------------------------------------------------------------------- live SGLang: lp
+#: largest difference in a copy's share of its expert's tokens between moeopt's split and SGLang's
+#: (both float32; five long affine-scaling steps amplify the order of the float operations)
+LPLB_SHARE_TOLERANCE = 0.03
+
+
+@pytest.fixture(scope="module")
+def sglang_lplb():
+    """SGLang's own LP dispatch solver (``tests/engine_code.py``); skips without torch or sglang."""
+    pytest.importorskip("torch", reason="SGLang's code needs torch")
+    from tests.engine_code import SGLangLPLB, sglang_path
+
+    if sglang_path() is None:
+        pytest.skip("needs sglang: pip install --no-deps sglang==0.5.23")
+    return SGLangLPLB()
+
+
+@given(engine_plans(max_experts=10, max_gpus=5, max_layers=1), st.data())
+def test_lp_split_equals_sglang(sglang_lplb, case, data):
+    """Under lp each copy's share of its expert's tokens is SGLang's LPLB split (its LP, 5
+    affine-scaling steps, the 0.5 fallback), batch by batch, to float32 rounding."""
+    plan, _, _ = case
+    E = plan.experts
+    counts = data.draw(int_arrays((3, E), 0, 60)).astype(float)
+    ours, _ = lplb_split(counts, plan.slots[0])
+    engine = sglang_lplb.shares(plan.slots[0], E, counts)
+    routed = counts[:, plan.slots[0].reshape(-1)] > 0  # an expert without tokens: any split
+    np.testing.assert_allclose(ours[routed], engine[routed], atol=LPLB_SHARE_TOLERANCE)
+
+
+def test_lp_split_equals_sglang_on_deepseek_v3(sglang_lplb):
+    """On the DeepSeek-V3-shaped plan (64 GPUs x 5 slots, EPLB's copies) with real prefill counts
+    the split is SGLang's, converged, at or above the LP's optimum (and not at it: the engine's
+    split is interior)."""
+    from moeopt.io import read_workload_file
+
+    plan = fixture_plan("deepseek-v3", "")
+    stats = read_workload_file(Path(__file__).resolve().parents[1] / "instances/real/deepseek_v3_prefill_in1024.json", top_k=8)
+    for l in (0, 29):
+        counts = stats.expert_load[l : l + 1]
+        ours, converged = lplb_split(counts, plan.slots[l])
+        np.testing.assert_allclose(ours, sglang_lplb.shares(plan.slots[l], plan.experts, counts), atol=LPLB_SHARE_TOLERANCE)
+        assert converged.all()
+        one = Plan(slots=plan.slots[l : l + 1], experts=plan.experts, dispatch=Dispatch(kind="lp"))
+        cluster = Cluster(gpus=plan.gpus, gpus_per_node=8, slots_per_gpu=plan.width, allow_colocated_copies=True)
+        loads = count_loads(one, counts, cluster)[0]
+        best = lp_layer_loads(counts, plan.copies_on_gpu[l] > 0)[0][0]
+        assert loads.max() >= best.max() - 1e-6 * counts.sum()
+        assert not np.allclose(loads, best)
 
 
 # ----------------------------------------------------------------------------- fixtures

@@ -148,7 +148,8 @@ def trace_for(plan: Plan, seed: int = 0, tokens: int = 60) -> Trace:
 def test_empty_slots_filled_without_changing_scores(fmt, data):
     """Empty slots: the engine file holds the filled plan (every slot an expert); when every
     GPU with an empty slot holds an expert whose every copy is on it, the fill is neutral:
-    even, lp and locality loads and communication are unchanged (counts and tokens)."""
+    even and locality loads and communication are unchanged (counts and tokens); under lp the
+    filled copy joins SGLang's LP (one more variable), whose interior split moves by a hair."""
     plan = data.draw(slot_plans(empty=True, colocated=data.draw(st.booleans())))
     assume((plan.slots < 0).any())
     filled, notes = interop.fill_empty_slots(plan)
@@ -160,12 +161,15 @@ def test_empty_slots_filled_without_changing_scores(fmt, data):
     if not notes:
         stats, trace, cluster = counts_for(plan), trace_for(plan), cluster_for(plan)
         for kind in NEUTRAL:
+            # lp: within 0.1 % of a batch's tokens (SGLang's LP gains a variable; see the docstring)
+            tol = 1e-3 * (stats.expert_load.sum(axis=-1).max() if kind == "lp" else 0.0) + 1e-9
             if kind != "locality":
-                np.testing.assert_allclose(loads(back, stats, kind), loads(plan, stats, kind), rtol=1e-9, atol=1e-9)
+                np.testing.assert_allclose(loads(back, stats, kind), loads(plan, stats, kind), rtol=1e-9, atol=tol)
             a = evaluate(plan.with_dispatch(Dispatch(kind=kind)), trace, cluster)
             b = evaluate(back.with_dispatch(Dispatch(kind=kind)), trace, cluster)
-            np.testing.assert_allclose(b["loads"], a["loads"], rtol=1e-9, atol=1e-9)
-            assert b["comm_per_token"] == pytest.approx(a["comm_per_token"])
+            tol = 1e-3 * (trace.tokens * trace.top_k if kind == "lp" else 0.0) + 1e-9
+            np.testing.assert_allclose(b["loads"], a["loads"], rtol=1e-9, atol=tol)
+            assert b["comm_per_token"] == pytest.approx(a["comm_per_token"], rel=1e-3 if kind == "lp" else 1e-6)
 
 
 def test_fill_rule():
@@ -661,8 +665,8 @@ def test_cli_export_import_round_trip(fmt, suffix, tmp_path, capsys):
     filled, _ = interop.fill_empty_slots(plan)
     assert np.array_equal(back.slots, filled.slots) and back.dispatch.kind == "even"
     stats = counts_for(plan)
-    for kind in ("even", "lp"):
-        np.testing.assert_allclose(loads(back, stats, kind), loads(plan, stats, kind), rtol=1e-9, atol=1e-9)
+    for kind, tol in (("even", 1e-9), ("lp", 1e-3 * stats.expert_load.sum(axis=-1).max())):
+        np.testing.assert_allclose(loads(back, stats, kind), loads(plan, stats, kind), rtol=1e-9, atol=tol)
 
 
 def test_cli_vllm_ascend(tmp_path, capsys):

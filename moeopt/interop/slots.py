@@ -105,8 +105,9 @@ def fill_empty_slots(plan: Plan, load: np.ndarray | None = None) -> tuple[Plan, 
     """The plan with every empty slot (-1) filled, and notes on fills that shift load.
 
     Rule (module docstring): an empty slot on GPU ``g`` gets a copy of the first expert in
-    ``g``'s slots whose every copy is on ``g`` (``even``, ``lp`` and ``locality`` scores stay
-    equal; ``static`` re-draws SGLang's seeded choices of later experts).
+    ``g``'s slots whose every copy is on ``g`` (``even`` and ``locality`` scores stay equal;
+    under ``lp`` the copy is one more variable of SGLang's LP, whose interior split moves by a
+    hair; ``static`` re-draws SGLang's seeded choices of later experts).
     If there is none, it gets the copy that moves the least load onto ``g`` under an even
     split, ``load[e] * (c_e - k_e) / (c_e (c_e + 1))`` with ``c_e`` copies of which ``k_e``
     on ``g`` (``load`` float ``[L, E]``; without it, the expert with the most copies, then
