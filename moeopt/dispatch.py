@@ -449,66 +449,100 @@ def lplb_split(counts: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.nd
         bool ``[T]``: whether the batch passed the kernel's test (else the 0.5 weights).
     """
     counts = np.asarray(counts, dtype=np.float64)
-    T, E = counts.shape
-    G, W = slots.shape
-    phys = np.asarray(slots).reshape(-1)
+    T = counts.shape[0]
+    prog = _LPLBProgram(np.asarray(slots), counts.shape[1])
+    share = np.zeros((T, prog.slots))
+    share[:, prog.valid] = 1.0
+    if not T or not prog.R:
+        return share, np.ones(T, dtype=bool)
+    A, b = prog.system(counts)
+    x, converged = _affine_scaling(A, b)
+    prog.shares(x[:, : prog.PR], converged, share)
+    return share, converged
+
+
+class _LPLBProgram:
+    """One layer's LP as SGLang's ``LPLBSolver`` lays it out: rows are the replicated experts (in
+    id order) then the GPUs; columns the replicated experts' physical copies (in slot order), a
+    slack per GPU, the largest load and the start's feasibility column."""
+
+    def __init__(self, slots: np.ndarray, experts: int) -> None:
+        G, W = slots.shape
+        self.G, self.W, self.slots = G, W, G * W
+        self.phys = slots.reshape(-1)
+        self.valid = self.phys >= 0
+        self.ncopies = np.bincount(self.phys[self.valid], minlength=experts)
+        self.rep_log = np.flatnonzero(self.ncopies > 1)
+        self.rep_phy = np.flatnonzero(self.valid & (self.ncopies[np.maximum(self.phys, 0)] > 1))
+        self.single_log = np.flatnonzero(self.ncopies == 1)
+        self.single_gpu = np.zeros(experts, dtype=np.int64)
+        self.single_gpu[self.phys[self.valid]] = np.flatnonzero(self.valid) // W
+        self.R, self.PR = len(self.rep_log), len(self.rep_phy)
+
+    def system(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """float32 ``A [T, R + G, PR + G + 2]`` and ``b [T, R + G]`` of batches ``counts [T, E]``
+        (SGLang's ``A_base`` with the start's column ``b - A_base 1`` appended, and its ``b``: the
+        replicated experts' normalized counts, then minus each GPU's single-copy load)."""
+        f32, G, R, PR = np.float32, self.G, self.R, self.PR
+        T = counts.shape[0]
+        nc, nv = R + G, PR + G + 2
+        A = np.zeros((nc, nv), dtype=f32)
+        cols = np.arange(PR)
+        A[np.searchsorted(self.rep_log, self.phys[self.rep_phy]), cols] = 1.0
+        A[R + self.rep_phy // self.W, cols] = 1.0
+        A[R + np.arange(G), PR + np.arange(G)] = 1.0
+        A[R:, PR + G] = -1.0
+        total = np.maximum(counts[:, self.single_log].sum(axis=1) + counts[:, self.rep_log].sum(axis=1), 1.0)
+        norm = counts.astype(f32) / total.astype(f32)[:, None]
+        fixed = np.zeros((T, G), dtype=f32)
+        np.add.at(fixed.T, self.single_gpu[self.single_log], norm[:, self.single_log].T)
+        b = np.concatenate([norm[:, self.rep_log], -fixed], axis=1)
+        At = np.broadcast_to(A, (T, nc, nv)).copy()
+        At[:, :, -1] = b - A.sum(axis=1)[None, :]
+        return At, b
+
+    def shares(self, x: np.ndarray, converged: np.ndarray, out: np.ndarray) -> None:
+        """Write the copies' shares of their experts' tokens into ``out [T, G * W]`` from the copy
+        variables ``x [T, PR]`` (0.5 each where the batch did not converge; clamped at 0; an
+        expert whose weights are all 0 is drawn uniformly, as the dispatch kernel does)."""
+        T = x.shape[0]
+        weight = np.where(converged[:, None], np.maximum(x, 0.0), LPLB_FALLBACK).astype(np.float64)
+        e_rep = self.phys[self.rep_phy]
+        wsum = np.zeros((T, len(self.ncopies)))
+        np.add.at(wsum.T, e_rep, weight.T)
+        zero = wsum[:, e_rep] <= 0.0
+        out[:, self.rep_phy] = np.where(zero, 1.0 / self.ncopies[e_rep], weight / np.where(zero, 1.0, wsum[:, e_rep]))
+
+
+def _affine_scaling(A: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """SGLang's ``ipm_solve_kernel`` on a stack of programs ``A [B, nc, nv]``, ``b [B, nc]``
+    (columns: the copies, the slacks, the largest load, the start's column): ``LPLB_STEPS``
+    affine-scaling steps from every variable 1 in float32, then the kernel's convergence test.
+    Returns ``x [B, nv]`` and converged ``[B]``."""
     f32 = np.float32
-    valid = phys >= 0
-    ncopies = np.bincount(phys[valid], minlength=E)
-    rep_log = np.flatnonzero(ncopies > 1)
-    rep_phy = np.flatnonzero(valid & (ncopies[np.maximum(phys, 0)] > 1))
-    single_log = np.flatnonzero(ncopies == 1)
-    share = np.zeros((T, G * W))
-    share[:, valid] = 1.0
-    converged = np.ones(T, dtype=bool)
-    R, PR = len(rep_log), len(rep_phy)
-    if not T or not R:
-        return share, converged
-    single_gpu = np.zeros(E, dtype=np.int64)
-    single_gpu[phys[valid]] = np.flatnonzero(valid) // W  # the copy's GPU for single-copy experts
-    # A_base = [[C, 0, 0], [B2, I, -1]]; then the start's column b - rowsum(A_base)
-    nc, nv = R + G, PR + G + 2
-    A = np.zeros((nc, nv), dtype=f32)
-    A[np.searchsorted(rep_log, phys[rep_phy]), np.arange(PR)] = 1.0
-    A[R + rep_phy // W, np.arange(PR)] = 1.0
-    A[R + np.arange(G), PR + np.arange(G)] = 1.0
-    A[R:, PR + G] = -1.0
+    B, nc, nv = A.shape
     c = np.zeros(nv, dtype=f32)
-    c[PR + G] = 1.0
-    c[PR + G + 1] = LPLB_BIG_M
-    total = np.maximum(counts[:, single_log].sum(axis=1) + counts[:, rep_log].sum(axis=1), 1.0).astype(f32)
-    norm = counts.astype(f32) / total[:, None]
-    fixed = np.zeros((T, G), dtype=f32)
-    np.add.at(fixed.T, single_gpu[single_log], norm[:, single_log].T)
-    b = np.concatenate([norm[:, rep_log], -fixed], axis=1)  # [T, nc]
-    At = np.broadcast_to(A, (T, nc, nv)).copy()
-    At[:, :, -1] = b - A.sum(axis=1)[None, :]
-    x = np.ones((T, nv), dtype=f32)
-    d_max = np.zeros(T, dtype=f32)
+    c[nv - 2] = 1.0
+    c[nv - 1] = LPLB_BIG_M
+    x = np.ones((B, nv), dtype=f32)
+    d_max = np.zeros(B, dtype=f32)
     for _ in range(LPLB_STEPS):
-        ax2 = At * (x * x)[:, None, :]
-        gram = ax2 @ np.swapaxes(At, 1, 2)
+        ax2 = A * (x * x)[:, None, :]
+        gram = ax2 @ np.swapaxes(A, 1, 2)
         rhs = ax2 @ c
         try:
             w = np.linalg.solve(gram, rhs[:, :, None])[:, :, 0].astype(f32)
         except np.linalg.LinAlgError:  # a singular step: the kernel's result is unusable there
-            w = np.stack([_solve_or_nan(gram[t], rhs[t]) for t in range(T)])
-        r = (w[:, None, :] @ At)[:, 0, :]
+            w = np.stack([_solve_or_nan(gram[t], rhs[t]) for t in range(B)])
+        r = (w[:, None, :] @ A)[:, 0, :]
         d = x * (c[None, :] - r)
         d_max = np.maximum(d.max(axis=1), 0.0).astype(f32)
         alpha = np.where(d_max > 1e-9, f32(LPLB_STEP) / np.where(d_max > 1e-9, d_max, 1.0), 1.0).astype(f32)
         x = (x * (1.0 - alpha[:, None] * d)).astype(f32)
-    resid = np.abs((At @ x[:, :, None])[:, :, 0] - b).max(axis=1)
+    resid = np.abs((A @ x[:, :, None])[:, :, 0] - b).max(axis=1)
     aux = x[:, -1]
     converged = (d_max < 0.1) & (aux >= 0.0) & (aux < 1e-4) & (resid < 0.05) & np.isfinite(x).all(axis=1)
-    weight = np.where(converged[:, None], np.maximum(x[:, :PR], 0.0), LPLB_FALLBACK).astype(np.float64)
-    wsum = np.zeros((T, E))
-    np.add.at(wsum.T, phys[rep_phy], weight.T)
-    e_rep = phys[rep_phy]
-    # all weights of an expert 0: the dispatch kernel draws uniformly over its copies
-    zero = wsum[:, e_rep] <= 0.0
-    share[:, rep_phy] = np.where(zero, 1.0 / ncopies[e_rep], weight / np.where(zero, 1.0, wsum[:, e_rep]))
-    return share, converged
+    return x, converged
 
 
 def _solve_or_nan(a: np.ndarray, b: np.ndarray) -> np.ndarray:

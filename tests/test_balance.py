@@ -57,7 +57,9 @@ def test_balance_vs_eplb_in_sample(deepseek_few_layers):
     assert ours <= 0.1 * eplb
 
 
-@pytest.mark.parametrize(("params", "joined"), [({}, False), ({"dispatch": "lp"}, True), ({"connect": True}, True)])
+@pytest.mark.parametrize(
+    ("params", "joined"), [({}, False), ({"dispatch": "lp", "connect": True}, True), ({"connect": True}, True)]
+)
 def test_lp_plans_connect_the_copy_graph(deepseek_few_layers, params, joined):
     """Under lp dispatch (or when asked) every layer's GPUs are joined by shared experts."""
     from moeopt.balance.batch import copy_graph_batch
@@ -69,6 +71,25 @@ def test_lp_plans_connect_the_copy_graph(deepseek_few_layers, params, joined):
     assert r.stats["copy_graph_components_per_layer"] == comps.tolist()  # reported as planned
     assert r.plan.dispatch.kind == params.get("dispatch", "even")
     assert r.bound <= r.objective + 1e-12
+
+
+def test_lp_choice_keeps_the_better_layer(deepseek_few_layers):
+    """Under lp with connect unset, each layer is whichever of the connected and the unconnected
+    plan has the smaller largest load under SGLang's own split of the calibration loads."""
+    from moeopt.dispatch import count_loads
+
+    inst = instance(deepseek_few_layers, dispatch="lp")
+    load = load_workloads(inst).calibration_stats.expert_load
+    runs = {c: solve(instance(deepseek_few_layers, dispatch="lp", connect=c)) for c in (None, True, False)}
+
+    def peaks(plan):
+        return count_loads(plan, load, inst.cluster).max(axis=-1)
+
+    chosen, joined, plain = (peaks(runs[c].plan) for c in (None, True, False))
+    np.testing.assert_allclose(chosen, np.minimum(joined, plain), rtol=1e-12)
+    kept = runs[None].stats["lp_connected_layers"]
+    assert kept == int((joined <= plain).sum())
+    assert 0 <= kept <= len(load)
 
 
 def test_connect_follows_the_dispatch_and_refuses_what_it_cannot_keep():

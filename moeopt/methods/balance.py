@@ -25,9 +25,14 @@ largest GPU load of *every* plan, so each layer reports its gap. Works on counts
   replicated experts until the copy graph (GPUs joined by shared experts) is connected, then
   repairs the loads by moving single copies only: under ``lp`` a GPU hands load only along
   that graph, and packing for balance alone leaves about seven separate groups of GPUs per
-  DeepSeek-V3 layer (`moeopt.balance.batch.connect_copies_batch`). Held-out MaxVio under
-  ``lp`` 2-16 % lower on the DeepSeek-V3 and OLMoE loads, in-sample ``lp`` MaxVio 0; with
-  ``hierarchical``, inside every node (copies stay inside their node: one group per node).
+  DeepSeek-V3 layer (`moeopt.balance.batch.connect_copies_batch`); with ``hierarchical``,
+  inside every node (copies stay inside their node: one group per node). That is what the LP's
+  optimum needs; SGLang's LP dispatch stops short of it (5 affine-scaling steps,
+  `moeopt.dispatch.lplb_split`), so by default (``connect`` unset, ``dispatch: lp``) each layer
+  keeps whichever of the connected and the unconnected plan the engine's own split balances
+  better on the calibration loads (``stats["lp_connected_layers"]``). On the DeepSeek-V3 prefill
+  loads at 64 x (4 + 1), under the engine's split: in sample 0.00176 (connected 0.00225,
+  unconnected 0.00188; EPLB 0.0178), on the decode loads 0.399 (0.417, 0.420; EPLB 0.535).
 * ``hierarchical: true`` keeps every expert's copies inside one node (EPLB's hierarchical
   constraint, ``cluster.gpus_per_node``): the ``fast`` search splits the experts over the nodes
   and plans every (layer, node) at once (`moeopt.balance.batch.plan_layers_hierarchical_fast`),
@@ -409,22 +414,32 @@ class Balance:
         spread_groups = fast and params.groups_spread(n_groups)
         # the water-filled copy counts, shared by the batched planner and the bound
         counts = copy_counts_batch(true_load, G * W, _cap(problem.experts, G, W, allow)) if fast else None
-        if fast and params.hierarchical:
-            base = plan_layers_hierarchical_fast(
-                load, G, W, c.gpus_per_node, allow_colocated=allow, spread=params.spread, connect=params.connects
-            )
-        elif fast:
-            base = plan_layers_fast(
+
+        def fast_plans(connect: bool) -> np.ndarray:
+            spread = replace(params, connect=connect).groups_spread(n_groups)
+            if params.hierarchical:
+                return plan_layers_hierarchical_fast(
+                    load, G, W, c.gpus_per_node, allow_colocated=allow, spread=params.spread, connect=connect
+                )
+            return plan_layers_fast(
                 load,
                 G,
                 W,
                 allow_colocated=allow,
                 spread=params.spread,
-                connect=params.connects,
+                connect=connect,
                 counts=counts if params.shrink is None else None,
-                groups=expert_groups(problem.experts, n_groups) if spread_groups and n_groups else None,
+                groups=expert_groups(problem.experts, n_groups) if fast and spread and n_groups else None,
             )
-            stats["group_spread"] = bool(spread_groups and n_groups)
+
+        if fast:
+            base = fast_plans(params.connects)
+            if not params.hierarchical:
+                stats["group_spread"] = bool(spread_groups and n_groups)
+            if params.dispatch == "lp" and params.connect is None:
+                # SGLang's LP dispatch stops short of the LP's optimum that connecting aims at: per
+                # layer, keep the plan its own split balances better on the calibration loads
+                base, stats["lp_connected_layers"] = _lp_choice(base, fast_plans(False), true_load)
         if base is not None and current is None:
             slots[:] = base
         step_objective: core.Objective = "worst" if robust == "worst" else "mean"
@@ -622,3 +637,17 @@ class Balance:
             # the time limit cut the static polish short: the plan depends on the machine's speed
             termination=Termination.TIME_LIMIT if "static_polish_cut" in stats else None,
         )
+
+
+def _lp_choice(connected: np.ndarray, plain: np.ndarray, load: np.ndarray) -> tuple[np.ndarray, int]:
+    """Per layer, the one of two plans ``[L, G, W]`` whose GPU loads under SGLang's LP dispatch
+    (`moeopt.dispatch.lplb_layer_loads`, the engine's split, as the scorer computes it) have the
+    smaller largest load on ``load [L, E]`` (ties: ``connected``); and how many layers kept the
+    connected plan."""
+    from moeopt.dispatch import lplb_layer_loads
+
+    def peak(slots: np.ndarray) -> np.ndarray:
+        return np.array([lplb_layer_loads(load[l : l + 1], slots[l])[0].max() for l in range(len(slots))])
+
+    keep = peak(connected) <= peak(plain)
+    return np.where(keep[:, None, None], connected, plain), int(keep.sum())
