@@ -416,6 +416,7 @@ LPLB_STEPS = 5
 LPLB_BIG_M = 1000.0
 LPLB_STEP = 0.999
 LPLB_FALLBACK = 0.5
+LPLB_CHUNK_BYTES = 32 << 20  # one float32 stack of programs per pass (a DeepSeek-V3 layer: ~1.6 MB a batch)
 
 
 def lplb_split(counts: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -455,9 +456,14 @@ def lplb_split(counts: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.nd
     share[:, prog.valid] = 1.0
     if not T or not prog.R:
         return share, np.ones(T, dtype=bool)
-    A, b = prog.system(counts)
-    x, converged = _affine_scaling(A, b)
-    prog.shares(x[:, : prog.PR], converged, share)
+    converged = np.empty(T, dtype=bool)
+    # batches per pass: the stacked programs' float32 copies stay near LPLB_CHUNK_BYTES
+    per = max(1, LPLB_CHUNK_BYTES // (4 * (prog.R + prog.G) * (prog.PR + prog.G + 2)))
+    for s0 in range(0, T, per):
+        part = slice(s0, s0 + per)
+        A, b = prog.system(counts[part])
+        x, converged[part] = _affine_scaling(A, b)
+        prog.shares(x[:, : prog.PR], converged[part], share[part])
     return share, converged
 
 
