@@ -569,9 +569,7 @@ def lplb_layer_loads(counts: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray,
     share, _ = lplb_split(counts, slots)
     valid = np.flatnonzero(phys >= 0)
     flow = np.zeros((T, E, G))
-    np.add.at(
-        flow.transpose(1, 2, 0), (phys[valid], valid // W), (counts[:, phys[valid]] * share[:, valid]).T
-    )
+    np.add.at(flow.transpose(1, 2, 0), (phys[valid], valid // W), (counts[:, phys[valid]] * share[:, valid]).T)
     return flow.sum(axis=1), flow
 
 

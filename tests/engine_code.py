@@ -194,8 +194,9 @@ class SGLangStatic:
 SGLANG_LPLB_FILE = ("srt", "eplb", "lplb_solver.py")
 
 
-def _lp_prep(A_full: Any, b: Any, t1: Any, global_counts: Any, log_single: Any, log_replicated: Any, B1: Any,
-             A_base_row_sum: Any) -> None:
+def _lp_prep(
+    A_full: Any, b: Any, t1: Any, global_counts: Any, log_single: Any, log_replicated: Any, B1: Any, A_base_row_sum: Any
+) -> None:
     """``lp_prep.cuh``: its "Python equivalent" comment, line for line."""
     import torch
 

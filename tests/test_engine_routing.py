@@ -86,15 +86,20 @@ def table_loads(tables: np.ndarray, counts: np.ndarray, W: int, G: int) -> np.nd
 
 
 # ----------------------------------------------------------------------------- live SGLang
+def live_sglang(name: str):
+    """An instance of ``tests.engine_code.<name>`` (SGLang's own code); skips without torch or sglang."""
+    pytest.importorskip("torch", reason="SGLang's code needs torch")
+    from tests import engine_code
+
+    if engine_code.sglang_path() is None:
+        pytest.skip("needs sglang: pip install --no-deps sglang==0.5.23")
+    return getattr(engine_code, name)()
+
+
 @pytest.fixture(scope="module")
 def sglang():
-    """SGLang's own static dispatch (``tests/engine_code.py``); skips without torch or sglang."""
-    pytest.importorskip("torch", reason="SGLang's code needs torch")
-    from tests.engine_code import SGLangStatic, sglang_path
-
-    if sglang_path() is None:
-        pytest.skip("needs sglang: pip install --no-deps sglang==0.5.23")
-    return SGLangStatic()
+    """SGLang's own static dispatch (``tests/engine_code.py``)."""
+    return live_sglang("SGLangStatic")
 
 
 def sglang_tables(engine, plan: Plan, gpus_per_node: int | None, dense: int, ranks=None) -> np.ndarray:
@@ -175,13 +180,8 @@ LPLB_SHARE_TOLERANCE = 0.03
 
 @pytest.fixture(scope="module")
 def sglang_lplb():
-    """SGLang's own LP dispatch solver (``tests/engine_code.py``); skips without torch or sglang."""
-    pytest.importorskip("torch", reason="SGLang's code needs torch")
-    from tests.engine_code import SGLangLPLB, sglang_path
-
-    if sglang_path() is None:
-        pytest.skip("needs sglang: pip install --no-deps sglang==0.5.23")
-    return SGLangLPLB()
+    """SGLang's own LP dispatch solver (``tests/engine_code.py``)."""
+    return live_sglang("SGLangLPLB")
 
 
 @given(engine_plans(max_experts=10, max_gpus=5, max_layers=1), st.data())
@@ -204,11 +204,13 @@ def test_lp_split_equals_sglang_on_deepseek_v3(sglang_lplb):
     from moeopt.io import read_workload_file
 
     plan = fixture_plan("deepseek-v3", "")
-    stats = read_workload_file(Path(__file__).resolve().parents[1] / "instances/real/deepseek_v3_prefill_in1024.json", top_k=8)
+    real = Path(__file__).resolve().parents[1] / "instances" / "real"
+    stats = read_workload_file(real / "deepseek_v3_prefill_in1024.json", top_k=8)
     for l in (0, 29):
         counts = stats.expert_load[l : l + 1]
         ours, converged = lplb_split(counts, plan.slots[l])
-        np.testing.assert_allclose(ours, sglang_lplb.shares(plan.slots[l], plan.experts, counts), atol=LPLB_SHARE_TOLERANCE)
+        engine = sglang_lplb.shares(plan.slots[l], plan.experts, counts)
+        np.testing.assert_allclose(ours, engine, atol=LPLB_SHARE_TOLERANCE)
         assert converged.all()
         one = Plan(slots=plan.slots[l : l + 1], experts=plan.experts, dispatch=Dispatch(kind="lp"))
         cluster = Cluster(gpus=plan.gpus, gpus_per_node=8, slots_per_gpu=plan.width, allow_colocated_copies=True)
