@@ -483,28 +483,29 @@ class _LPLBProgram:
         self.single_log = np.flatnonzero(self.ncopies == 1)
         self.single_gpu = np.zeros(experts, dtype=np.int64)
         self.single_gpu[self.phys[self.valid]] = np.flatnonzero(self.valid) // W
-        self.R, self.PR = len(self.rep_log), len(self.rep_phy)
+        self.R, self.PR = R, PR = len(self.rep_log), len(self.rep_phy)
+        # SGLang's A_base (its last column, the start's, is set per batch)
+        self.A = np.zeros((R + G, PR + G + 2), dtype=np.float32)
+        cols = np.arange(PR)
+        self.A[np.searchsorted(self.rep_log, self.phys[self.rep_phy]), cols] = 1.0
+        self.A[R + self.rep_phy // W, cols] = 1.0
+        self.A[R + np.arange(G), PR + np.arange(G)] = 1.0
+        self.A[R:, PR + G] = -1.0
+        self.row_sums = self.A.sum(axis=1)
 
     def system(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """float32 ``A [T, R + G, PR + G + 2]`` and ``b [T, R + G]`` of batches ``counts [T, E]``
         (SGLang's ``A_base`` with the start's column ``b - A_base 1`` appended, and its ``b``: the
         replicated experts' normalized counts, then minus each GPU's single-copy load)."""
-        f32, G, R, PR = np.float32, self.G, self.R, self.PR
+        f32, G = np.float32, self.G
         T = counts.shape[0]
-        nc, nv = R + G, PR + G + 2
-        A = np.zeros((nc, nv), dtype=f32)
-        cols = np.arange(PR)
-        A[np.searchsorted(self.rep_log, self.phys[self.rep_phy]), cols] = 1.0
-        A[R + self.rep_phy // self.W, cols] = 1.0
-        A[R + np.arange(G), PR + np.arange(G)] = 1.0
-        A[R:, PR + G] = -1.0
         total = np.maximum(counts[:, self.single_log].sum(axis=1) + counts[:, self.rep_log].sum(axis=1), 1.0)
         norm = counts.astype(f32) / total.astype(f32)[:, None]
         fixed = np.zeros((T, G), dtype=f32)
         np.add.at(fixed.T, self.single_gpu[self.single_log], norm[:, self.single_log].T)
         b = np.concatenate([norm[:, self.rep_log], -fixed], axis=1)
-        At = np.broadcast_to(A, (T, nc, nv)).copy()
-        At[:, :, -1] = b - A.sum(axis=1)[None, :]
+        At = np.broadcast_to(self.A, (T, *self.A.shape)).copy()
+        At[:, :, -1] = b - self.row_sums[None, :]
         return At, b
 
     def shares(self, x: np.ndarray, converged: np.ndarray, out: np.ndarray) -> None:

@@ -429,7 +429,7 @@ class Balance:
                 spread=params.spread,
                 connect=connect,
                 counts=counts if params.shrink is None else None,
-                groups=expert_groups(problem.experts, n_groups) if fast and spread and n_groups else None,
+                groups=expert_groups(problem.experts, n_groups) if spread and n_groups else None,
             )
 
         if fast:
