@@ -172,3 +172,21 @@ def test_over_share_is_the_largest_excess_over_the_limit(case):
     eps = float(cost._eps[0])
     expected = max(loads.max() / mean - (1.0 + eps), 0.0) if mean > 0 else 0.0
     assert cost.over_share() == pytest.approx(expected, abs=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_distinct_per_row_counts_each_rows_values(data):
+    """The popcount path (G <= 64) and the sorting path (G > 64) both count each row's distinct
+    GPUs as a set would."""
+    from moeopt.joint.rules import distinct_per_row
+
+    G = data.draw(st.sampled_from([1, 2, 7, 16, 63, 64, 65, 256]))
+    m = data.draw(st.integers(0, 30))
+    k = data.draw(st.integers(1, 9))
+    gpu = np.array(data.draw(st.lists(st.integers(0, G - 1), min_size=m * k, max_size=m * k)), dtype=np.int64)
+    gpu = gpu.reshape(m, k)
+    want = np.array([len(set(row.tolist())) for row in gpu], dtype=np.int64)
+    got = distinct_per_row(gpu, G)
+    assert got.dtype == np.int64 and got.shape == (m,)
+    np.testing.assert_array_equal(got, want)

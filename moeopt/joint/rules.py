@@ -86,6 +86,21 @@ def rule_gpu_loads(
     return np.asarray(np.asarray(load, dtype=np.float64) @ share)
 
 
+def distinct_per_row(gpu: np.ndarray, G: int) -> np.ndarray:
+    """int ``[m]``: the distinct values of each row of ``gpu [m, k]`` (values in ``0 .. G - 1``):
+    the popcount of the rows' OR of ``1 << gpu`` when ``G <= 64`` (a few vector operations per
+    column; numpy 2), else by sorting each row."""
+    if G <= 64 and gpu.shape[1] and hasattr(np, "bitwise_count"):
+        g = gpu.astype(np.uint64)
+        one = np.uint64(1)
+        acc = np.left_shift(one, g[:, 0])
+        for j in range(1, g.shape[1]):
+            acc |= np.left_shift(one, g[:, j])
+        return np.asarray(np.bitwise_count(acc), dtype=np.int64)
+    s = np.sort(gpu, axis=1)
+    return np.asarray((s.shape[1] > 0) + (s[:, 1:] != s[:, :-1]).sum(axis=1), dtype=np.int64)
+
+
 class RuleCost:
     """The joint objective of one layer under an engine's dispatch rule, on a token sample.
 
@@ -156,6 +171,7 @@ class RuleCost:
         order = np.argsort(layer.topk.ravel(), kind="stable")
         self._tok = (order // k).astype(np.int64)
         self._start = np.searchsorted(layer.topk.ravel()[order], np.arange(E + 1))
+        self._mark = np.zeros(n, dtype=bool)  # scratch of `_tokens_of`
         # loads of every workload (0: calibration, 1 + f: family f), in weighted sample pairs
         key = layer.family[:, None] * E + layer.topk
         fam = np.bincount(key.ravel(), weights=layer.weights.ravel(), minlength=F * E).reshape(F, E)
@@ -212,8 +228,7 @@ class RuleCost:
                 first = copies[ids, np.argmax(in_node, axis=2)]
                 gpu = np.where((n_in > 0) & (n_in < ce), first, gpu)
             gpu = np.where(holds[ids, h], h, gpu)
-        s = np.sort(gpu, axis=1)
-        distinct = 1 + (s[:, 1:] != s[:, :-1]).sum(axis=1)
+        distinct = distinct_per_row(gpu, G)
         if self.by_home:
             used = (gpu == self.home_bin[tokens][:, None]).any(axis=1)
             return np.asarray(distinct - used, dtype=np.float64)
@@ -274,6 +289,15 @@ class RuleCost:
         self.value = self._value(self._remote_sum, self._loads, float(self._gpu.sum()))
         return self.value
 
+    def _tokens_of(self, experts: np.ndarray) -> np.ndarray:
+        """int ``[m]``: the sampled tokens that pick any of ``experts``, ascending."""
+        mark = self._mark
+        for e in experts:
+            mark[self._tok[self._start[e] : self._start[e + 1]]] = True
+        tokens = np.flatnonzero(mark)
+        mark[tokens] = False
+        return tokens
+
     def delta(self, state: SlotState, move: Move) -> float:
         """The change of `reset`'s value if ``move`` were applied (the state is not changed)."""
         changed = np.array(state.changed_experts(move), dtype=np.int64)
@@ -299,8 +323,7 @@ class RuleCost:
             new_share = self._share.copy()
             new_share[changed] = share
             hot += float((self._gpu_over(holds, new_share, bins) - self._gpu[bins]).sum())
-        parts = [self._tok[self._start[e] : self._start[e + 1]] for e in changed]
-        tokens = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        tokens = self._tokens_of(changed)
         remote_sum = self._remote_sum.copy()
         if tokens.size:
             new = self._route(tokens, copies, c, holds)
