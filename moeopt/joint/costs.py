@@ -375,11 +375,10 @@ class SampleCost:
         key = (fam[:, None] * G + gpu).ravel()
         load = np.bincount(key, weights=w, minlength=F * G).reshape(F, G)
         a = alt.ravel()
-        movable = np.isfinite(a)
-        key2 = key[movable] * G + alt_gpu.ravel()[movable]
-        a, w = a[movable], w[movable]
-        free = np.bincount(key2, weights=w * (a <= 0.0), minlength=F * G * G).reshape(F, G, G)
-        paid = np.bincount(key2, weights=w * (a == 1.0), minlength=F * G * G).reshape(F, G, G)
+        movable = np.isfinite(a)  # a diversion costs 0 (free), 1 (paid) or inf (none)
+        key2 = (key[movable] * G + alt_gpu.ravel()[movable]) * 2 + (a[movable] == 1.0)
+        both = np.bincount(key2, weights=w[movable], minlength=F * G * G * 2).reshape(F, G, G, 2)
+        free, paid = both[..., 0], both[..., 1]
         dsum = np.bincount(fam, weights=distinct, minlength=F).astype(np.float64)
         if cand is None:
             return load, free, paid, dsum
