@@ -330,16 +330,11 @@ def scale_part(args, log) -> dict:
     if args.timing:
         name, inst, wl = scale_cells(args.timing, counts=False)[0]
         log(f"timing: {name}, {inst.model.layers} layers, --workers {args.workers}")
-        for rule, e in (("static", 0.2), ("even", 0.1)):
-            timing += scale_run(
-                name, inst, wl, "joint", {"dispatch": rule, "eps": e}, SCALE_RULES, log, workers=args.workers
-            )
-            write_json(partial, {"rows": rows, "timing": timing})
-        if args.time_limit:
-            timing += limit_runs(name, inst, wl, args, log)
+        timing = timing_runs(args, log, lambda t: write_json(partial, {"rows": rows, "timing": t}))
     data: dict = {
         "info": {
             "machine_info": machine_info(),
+            "timing_commit": machine_info()["git_commit"],
             "workers": args.workers,
             "layers": cells[0][1].model.layers,
             "timing_layers": args.timing,
@@ -361,8 +356,38 @@ def scale_part(args, log) -> dict:
     return data
 
 
+#: the whole-model timing runs: (rule, eps), on the synthetic cell's timing layers
+TIMING_RUNS = (("static", 0.2), ("even", 0.1))
 #: the runs with a limit for the whole run: (rule, eps), on the synthetic cell's timing layers
 LIMIT_RUNS = (("even", 0.1), ("static", 0.2))
+
+
+def timing_runs(args, log, save=None) -> list[dict]:
+    """``joint`` on the synthetic cell's first ``args.timing`` layers for each of `TIMING_RUNS`,
+    then (with ``args.time_limit``) the `limit_runs`; ``save(rows)`` after each timing run."""
+    name, inst, wl = scale_cells(args.timing, counts=False)[0]
+    log(f"timing: {name}, {inst.model.layers} layers, --workers {args.workers}")
+    rows: list[dict] = []
+    for rule, e in TIMING_RUNS:
+        rows += scale_run(name, inst, wl, "joint", {"dispatch": rule, "eps": e}, SCALE_RULES, log, workers=args.workers)
+        if save is not None:
+            save(rows)
+    if args.time_limit:
+        rows += limit_runs(name, inst, wl, args, log)
+    return rows
+
+
+def scale_timing(args, log) -> dict:
+    """The whole-model timing runs and the whole-run limit runs (`timing_runs`) alone, replacing
+    those of an existing ``joint_scale.json`` (the same traces: same seeds); the commit they ran
+    at recorded (``info.timing_commit``)."""
+    import json
+
+    data = json.loads((args.out / "joint_scale.json").read_text())
+    data["timing"] = timing_runs(args, log)
+    data["info"].update(timing_layers=args.timing, workers=args.workers, timing_commit=machine_info()["git_commit"])
+    data["checks"] = scale_checks(data["rows"], data["timing"])
+    return data
 
 
 def limit_runs(name: str, inst: Instance, wl: Workloads, args, log) -> list[dict]:
@@ -494,10 +519,11 @@ def scale_markdown(data: dict) -> str:
         lines += [
             "## The whole model: time",
             "",
-            f"`joint` on the synthetic cell's first {info['timing_layers']} layers with `--workers {info['workers']}`: "
-            "planning is the method's own wall time (search, each copy's load, the dispatch's calibration scoring); "
-            "'with scoring' adds the run's held-out scoring (under `static`, the scorer replays SGLang's seeded "
-            "tables rank by rank: seconds per layer at 256 GPUs).",
+            f"`joint` on the synthetic cell's first {info['timing_layers']} layers with `--workers {info['workers']}`"
+            + (f" (at commit {info['timing_commit'][:7]})" if info.get("timing_commit") else "")
+            + ": planning is the method's own wall time (search, each copy's load, the dispatch's calibration "
+            "scoring); 'with scoring' adds the run's held-out scoring (under `static`, the scorer replays SGLang's "
+            "seeded tables rank by rank: seconds per layer at 256 GPUs).",
             "",
             table(data["timing"]),
             "",
@@ -1272,6 +1298,12 @@ def main(argv: list[str] | None = None) -> int:
         help="--part scale: rerun only the --time-limit runs, replacing those of joint_scale.json",
     )
     ap.add_argument(
+        "--timing-only",
+        action="store_true",
+        help="--part scale: rerun only the whole-model timing runs (and the --time-limit runs), replacing "
+        "those of joint_scale.json",
+    )
+    ap.add_argument(
         "--time-limit",
         type=float,
         default=SCALE_TIME_LIMIT,
@@ -1320,19 +1352,29 @@ def main(argv: list[str] | None = None) -> int:
                 )
             except (InputError, ValueError) as exc:
                 ap.error(f"--add: {exc}")
+    if args.timing_only and args.timing <= 0:
+        ap.error("--timing-only: needs --timing above 0 (the layers the runs are timed on)")
     if (
         args.part == "scale"
-        and (args.limit_only or args.add is not None)
+        and (args.limit_only or args.timing_only or args.add is not None)
         and not (args.out / "joint_scale.json").is_file()
     ):
-        ap.error(f"--limit-only / --add: no {args.out / 'joint_scale.json'} to add to (run --part scale first)")
+        ap.error(
+            f"--limit-only / --timing-only / --add: no {args.out / 'joint_scale.json'} to add to "
+            "(run --part scale first)"
+        )
     if args.part in ("bound", "lp-replicas") and not (args.out / "joint.json").is_file():
         ap.error(f"--part {args.part}: no {args.out / 'joint.json'} to merge into (run --part frontier first)")
-    if args.part == "scale" and (args.limit_only or args.add is not None):  # into the existing results
-        data = scale_limit(args, log) if args.limit_only else scale_add(args, log)
+    if args.part == "scale" and (args.limit_only or args.timing_only or args.add is not None):  # into the results
+        if args.timing_only:
+            data, what = scale_timing(args, log), "timing rows replaced"
+        elif args.limit_only:
+            data, what = scale_limit(args, log), "time-limit rows replaced"
+        else:
+            data, what = scale_add(args, log), "added"
         write_json(args.out / "joint_scale.json", data)
         write_text(args.out / "joint_scale.md", scale_markdown(data))
-        log(f"{'time-limit rows replaced' if args.limit_only else 'added'} in {args.out / 'joint_scale.json'} and .md")
+        log(f"{what} in {args.out / 'joint_scale.json'} and .md")
         return 0
     if args.part == "scale":
         data = scale_part(args, log)
