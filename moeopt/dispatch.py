@@ -976,14 +976,14 @@ def _expected_comm_static(
         g = pair_g[p]
         used, t_used, g_used = _or_groups(tok * G + g, masks[p])  # [U, nw] per (token, GPU)
         t_used, g_used = t_used // G, g_used % G
-        pop = _popcount64(used).sum(axis=1)
+        pop = popcount64(used).sum(axis=1)
         at_home = (used[np.arange(len(used)), g_used // 64] >> (g_used % 64).astype(np.uint64)) & np.uint64(1)
         cost = np.zeros(len(used))
         for w, lm in zip(weights, level_masks, strict=True):
-            cost += w * _popcount64(used & lm[g_used]).sum(axis=1)
+            cost += w * popcount64(used & lm[g_used]).sum(axis=1)
         nodes, t_node, n_node = _or_groups(t_used * G + (g_used // gpn) * gpn, used)
         t_node, n_node = t_node // G, n_node % G
-        node_pop = _popcount64(nodes).sum(axis=1) - _popcount64(nodes & node_masks[n_node]).sum(axis=1)
+        node_pop = popcount64(nodes).sum(axis=1) - popcount64(nodes & node_masks[n_node]).sum(axis=1)
         values = (pop, pop - at_home.astype(np.float64), cost, node_pop)
         for o, t_of, v in zip(out, (t_used, t_used, t_used, t_node), values, strict=True):
             o[s : s + n] = np.bincount(t_of, weights=v, minlength=n) / G
@@ -1015,7 +1015,7 @@ def _or_groups(key: np.ndarray, masks: np.ndarray) -> tuple[np.ndarray, np.ndarr
 _BYTE_POP = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 
 
-def _popcount64(x: np.ndarray) -> np.ndarray:
+def popcount64(x: np.ndarray) -> np.ndarray:
     """Set bits of each uint64 (int64)."""
     if hasattr(np, "bitwise_count"):
         return np.asarray(np.bitwise_count(x), dtype=np.int64)

@@ -40,6 +40,20 @@ _ZERO = np.uint64(0)
 MAX_GPUS = 64
 
 
+def tokens_of_experts(tok: np.ndarray, start: np.ndarray, experts, mark: np.ndarray) -> np.ndarray:
+    """int ``[m]``: the sampled tokens that chose any of ``experts``, ascending. ``tok`` lists the
+    tokens expert by expert (``tok[start[e]:start[e + 1]]``: expert ``e``'s, ascending); ``mark``
+    is an all-False scratch of one flag per token, left all False."""
+    if len(experts) == 1:
+        e = int(experts[0])
+        return tok[start[e] : start[e + 1]]
+    for e in experts:
+        mark[tok[start[e] : start[e + 1]]] = True
+    tokens = np.flatnonzero(mark)
+    mark[tokens] = False
+    return tokens
+
+
 def holder_masks(holds: np.ndarray) -> np.ndarray:
     """uint64 ``[E]``: bit g set when GPU g holds a copy of the expert (``holds [E, G]``)."""
     G = holds.shape[1]
@@ -340,6 +354,7 @@ class SampleCost:
         order = np.argsort(layer.topk.ravel(), kind="stable")
         self._tok = (order // k).astype(np.int64)
         self._start = np.searchsorted(layer.topk.ravel()[order], np.arange(E + 1))
+        self._mark = np.zeros(layer.tokens, dtype=bool)  # scratch of `tokens_of_experts`
         self._eps = layer.limits
         self._wts = layer.workload_weights
         #: the family cap's weights (zero without one, or with ``family_cap=False``: the
@@ -354,13 +369,7 @@ class SampleCost:
 
     def tokens_of(self, experts: tuple[int, ...]) -> np.ndarray:
         """Sample tokens that chose any of ``experts`` (ascending)."""
-        parts = [self._tok[self._start[e] : self._start[e + 1]] for e in experts]
-        if len(parts) == 1:
-            return parts[0]
-        mark = np.zeros(self.layer.tokens, dtype=bool)
-        for part in parts:
-            mark[part] = True
-        return np.flatnonzero(mark)
+        return tokens_of_experts(self._tok, self._start, experts, self._mark)
 
     def _aggregate(self, rows, gpu, alt, alt_gpu, distinct, cand=None, C=None):
         """Per family: load ``[F, G]``, free and paid movable load by source and target GPU

@@ -37,6 +37,8 @@ import math
 import numpy as np
 
 from moeopt.balance.ranks import share_table
+from moeopt.dispatch import popcount64
+from moeopt.joint.costs import MAX_GPUS, tokens_of_experts
 from moeopt.joint.data import JointLayer
 from moeopt.joint.search import screened_moves
 from moeopt.joint.state import Move, SlotState
@@ -88,15 +90,15 @@ def rule_gpu_loads(
 
 def distinct_per_row(gpu: np.ndarray, G: int) -> np.ndarray:
     """int ``[m]``: the distinct values of each row of ``gpu [m, k]`` (values in ``0 .. G - 1``):
-    the popcount of the rows' OR of ``1 << gpu`` when ``G <= 64`` (a few vector operations per
-    column; numpy 2), else by sorting each row."""
-    if G <= 64 and gpu.shape[1] and hasattr(np, "bitwise_count"):
+    the popcount of the rows' OR of ``1 << gpu`` when ``G <= MAX_GPUS`` (a few vector operations
+    per column), else by sorting each row."""
+    if G <= MAX_GPUS and gpu.shape[1]:
         g = gpu.astype(np.uint64)
         one = np.uint64(1)
         acc = np.left_shift(one, g[:, 0])
         for j in range(1, g.shape[1]):
             acc |= np.left_shift(one, g[:, j])
-        return np.asarray(np.bitwise_count(acc), dtype=np.int64)
+        return popcount64(acc)
     s = np.sort(gpu, axis=1)
     return np.asarray((s.shape[1] > 0) + (s[:, 1:] != s[:, :-1]).sum(axis=1), dtype=np.int64)
 
@@ -171,7 +173,7 @@ class RuleCost:
         order = np.argsort(layer.topk.ravel(), kind="stable")
         self._tok = (order // k).astype(np.int64)
         self._start = np.searchsorted(layer.topk.ravel()[order], np.arange(E + 1))
-        self._mark = np.zeros(n, dtype=bool)  # scratch of `_tokens_of`
+        self._mark = np.zeros(n, dtype=bool)  # scratch of `tokens_of_experts`
         # loads of every workload (0: calibration, 1 + f: family f), in weighted sample pairs
         key = layer.family[:, None] * E + layer.topk
         fam = np.bincount(key.ravel(), weights=layer.weights.ravel(), minlength=F * E).reshape(F, E)
@@ -289,15 +291,6 @@ class RuleCost:
         self.value = self._value(self._remote_sum, self._loads, float(self._gpu.sum()))
         return self.value
 
-    def _tokens_of(self, experts: np.ndarray) -> np.ndarray:
-        """int ``[m]``: the sampled tokens that pick any of ``experts``, ascending."""
-        mark = self._mark
-        for e in experts:
-            mark[self._tok[self._start[e] : self._start[e + 1]]] = True
-        tokens = np.flatnonzero(mark)
-        mark[tokens] = False
-        return tokens
-
     def delta(self, state: SlotState, move: Move) -> float:
         """The change of `reset`'s value if ``move`` were applied (the state is not changed)."""
         changed = np.array(state.changed_experts(move), dtype=np.int64)
@@ -323,7 +316,7 @@ class RuleCost:
             new_share = self._share.copy()
             new_share[changed] = share
             hot += float((self._gpu_over(holds, new_share, bins) - self._gpu[bins]).sum())
-        tokens = self._tokens_of(changed)
+        tokens = tokens_of_experts(self._tok, self._start, changed, self._mark)
         remote_sum = self._remote_sum.copy()
         if tokens.size:
             new = self._route(tokens, copies, c, holds)
