@@ -559,19 +559,36 @@ def _solve_or_nan(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.full(len(b), np.nan, dtype=np.float32)
 
 
+def _lplb_slot_tokens(counts: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """float ``[T, G * W]``: each physical slot's tokens in each batch under SGLang's LP dispatch
+    (its expert's count times the engine's share, [`lplb_split`][moeopt.dispatch.lplb_split]; 0 for
+    an empty slot)."""
+    phys = np.asarray(slots).reshape(-1)
+    share, _ = lplb_split(counts, slots)
+    return np.asarray(counts[:, np.maximum(phys, 0)] * share)
+
+
+def lplb_loads(counts: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """float ``[T, G]``: one layer's GPU loads per batch under SGLang's LP dispatch as the engine
+    computes its split (the draw's expectation), without the per-expert flows."""
+    counts = np.asarray(counts, dtype=np.float64)
+    G, W = slots.shape
+    return np.asarray(_lplb_slot_tokens(counts, slots).reshape(counts.shape[0], G, W).sum(axis=2))
+
+
 def lplb_layer_loads(counts: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One layer's GPU loads ``[T, G]`` and flows ``[T, E, G]`` under SGLang's LP dispatch as the
-    engine computes its split ([`lplb_split`][moeopt.dispatch.lplb_split]): each expert's tokens
-    in each batch go to its copies in the split's shares (the draw's expectation)."""
+    """One layer's GPU loads ``[T, G]`` ([`lplb_loads`][moeopt.dispatch.lplb_loads]) and flows
+    ``[T, E, G]`` under SGLang's LP dispatch as the engine computes its split: each expert's
+    tokens in each batch go to its copies in the split's shares (the draw's expectation)."""
     counts = np.asarray(counts, dtype=np.float64)
     T, E = counts.shape
     G, W = slots.shape
     phys = np.asarray(slots).reshape(-1)
-    share, _ = lplb_split(counts, slots)
+    tokens = _lplb_slot_tokens(counts, slots)
     valid = np.flatnonzero(phys >= 0)
     flow = np.zeros((T, E, G))
-    np.add.at(flow.transpose(1, 2, 0), (phys[valid], valid // W), (counts[:, phys[valid]] * share[:, valid]).T)
-    return flow.sum(axis=1), flow
+    np.add.at(flow.transpose(1, 2, 0), (phys[valid], valid // W), tokens[:, valid].T)
+    return tokens.reshape(T, G, W).sum(axis=2), flow
 
 
 # ----------------------------------------------------------------------------- counts
@@ -590,7 +607,7 @@ def count_loads(plan: Plan, counts: np.ndarray, cluster: Cluster) -> np.ndarray:
         return np.asarray(np.einsum("l...e,leg->l...g", counts, rank_share(plan, cluster)))
     L, E, G = counts.shape[0], counts.shape[-1], plan.gpus
     flat = counts.reshape(L, -1, E)
-    out = np.stack([lplb_layer_loads(flat[l], plan.slots[l])[0] for l in range(L)])
+    out = np.stack([lplb_loads(flat[l], plan.slots[l]) for l in range(L)])
     return out.reshape(counts.shape[:-1] + (G,))
 
 

@@ -641,13 +641,13 @@ class Balance:
 
 def _lp_choice(connected: np.ndarray, plain: np.ndarray, load: np.ndarray) -> tuple[np.ndarray, int]:
     """Per layer, the one of two plans ``[L, G, W]`` whose GPU loads under SGLang's LP dispatch
-    (`moeopt.dispatch.lplb_layer_loads`, the engine's split, as the scorer computes it) have the
+    (`moeopt.dispatch.lplb_loads`, the engine's split, as the scorer computes it) have the
     smaller largest load on ``load [L, E]`` (ties: ``connected``); and how many layers kept the
     connected plan."""
-    from moeopt.dispatch import lplb_layer_loads
+    from moeopt.dispatch import lplb_loads
 
     def peak(slots: np.ndarray) -> np.ndarray:
-        return np.array([lplb_layer_loads(load[l : l + 1], slots[l])[0].max() for l in range(len(slots))])
+        return np.array([lplb_loads(load[l : l + 1], slots[l]).max() for l in range(len(slots))])
 
     keep = peak(connected) <= peak(plain)
     return np.where(keep[:, None, None], connected, plain), int(keep.sum())
