@@ -89,10 +89,7 @@ def test_lp_loads_on_traces(case):
     lp = evaluate(plan_lp, trace, cluster)
     assert lp["total_load"] == pytest.approx(even["total_load"])
     r = route_trace(plan_lp, trace, cluster)
-    T = r.step_loads.shape[1]
-    steps = np.zeros((plan.layers, T, plan.experts))
-    for l in range(plan.layers):
-        np.add.at(steps[l], (np.repeat(trace.step, trace.top_k), trace.topk[:, l, :].ravel().astype(np.int64)), 1.0)
+    steps = trace.step_counts
     np.testing.assert_allclose(r.step_loads, count_loads(plan_lp, steps, cluster), atol=1e-9)
     for l in range(plan.layers):
         best = lp_layer_loads(steps[l], plan.copies_on_gpu[l] > 0)[0]
