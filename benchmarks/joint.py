@@ -114,6 +114,8 @@ SCALE_GPUS_PER_NODE = 8
 #: MoE layers of the comparisons (scoring SGLang static replays its seeded tables: seconds per layer at 256
 #: GPUs); the timing runs plan all 58
 SCALE_LAYERS = 16
+#: DeepSeek-V3's MoE layers: the most ``--layers`` and ``--timing`` may ask for
+SCALE_MAX_LAYERS = 58
 #: tokens per trace: at 256 GPUs a GPU sees 8 x tokens / 256 pairs, and 8192 tokens leave a held-out MaxVio of
 #: about 0.2 to sampling noise alone
 SCALE_TOKENS = 16384
@@ -1290,7 +1292,10 @@ def main(argv: list[str] | None = None) -> int:
         "on the comparison cells, added to joint_scale.json",
     )
     ap.add_argument(
-        "--timing", type=int, default=58, help="--part scale: time joint on the synthetic cell's first N layers (0: no)"
+        "--timing",
+        type=int,
+        default=SCALE_MAX_LAYERS,
+        help="--part scale: time joint on the synthetic cell's first N layers (0: no)",
     )
     ap.add_argument(
         "--limit-only",
@@ -1352,6 +1357,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
             except (InputError, ValueError) as exc:
                 ap.error(f"--add: {exc}")
+    if not 1 <= args.layers <= SCALE_MAX_LAYERS:
+        ap.error(f"--layers: expected 1 to {SCALE_MAX_LAYERS} (DeepSeek-V3's MoE layers), got {args.layers}")
+    if not 0 <= args.timing <= SCALE_MAX_LAYERS:
+        ap.error(f"--timing: expected 0 to {SCALE_MAX_LAYERS} (DeepSeek-V3's MoE layers; 0: none), got {args.timing}")
     if args.timing_only and args.timing <= 0:
         ap.error("--timing-only: needs --timing above 0 (the layers the runs are timed on)")
     if (
