@@ -300,3 +300,30 @@ def test_absurd_gpu_count_is_a_clear_error(tmp_path, capsys):
     out = capsys.readouterr()
     assert out.out == "" and "cluster.gpus" in out.err and "memory budget" in out.err
     assert len(out.err.strip().splitlines()) == 1
+
+
+def test_fast_search_polishes_layers_far_above_their_bound(tmp_path):
+    """Skewed synthetic loads at 64 GPUs x (1 + 1): the fast search's water-filled counts leave every
+    layer more than POLISH_GAP above its bound; the method re-plans them with the per-layer search
+    (whose replace moves change the counts) and reports what the scorer recomputes."""
+    from moeopt.balance.batch import maxvio_batch, plan_layers_fast
+    from moeopt.evaluate import evaluate
+    from moeopt.io import load_instance
+    from moeopt.methods.balance import POLISH_GAP, layer_bounds
+
+    path = tmp_path / "skewed.yaml"
+    path.write_text(
+        "model: {layers: 3, experts: 64, top_k: 4}\n"
+        "cluster: {gpus: 64, gpus_per_node: 8, replica_slots_per_gpu: 1}\n"
+        "workload:\n  synthetic: {tokens: 4096, steps: 4, seed: 0}\n"
+    )
+    inst = load_instance(path)
+    load = load_workloads(inst).calibration_stats.expert_load
+    fast = maxvio_batch(plan_layers_fast(load, 64, 2, spread=True), load)
+    bound = layer_bounds(load, 64, 2, False)
+    assert np.all(fast > bound + POLISH_GAP)  # the case
+    r = solve(inst, method="balance", params={"robust": "none"})
+    per_layer = np.array(r.stats["calibration_maxvio_per_layer"])
+    assert np.all(per_layer < fast - 0.03)
+    wl = load_workloads(inst)
+    assert evaluate(r.plan, wl.calibration, inst.cluster)["maxvio"] == pytest.approx(per_layer.mean())
