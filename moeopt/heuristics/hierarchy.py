@@ -12,7 +12,8 @@ splits it:
    GPU may be: each node's copies are packed onto its GPUs as the GPU level starts, and the
    load over the GPU limit is priced too (``slot_width``). The search
    (`moeopt.joint.local_search`) runs from the joint planner's starts on nodes:
-   ``balance`` (the balance planner's plan of the nodes; the default), ``grouping``
+   ``balance`` (the balance planner's plan of the GPUs, its GPUs dealt to the nodes:
+   `gpus_onto_nodes`; the default), ``grouping``
    (`node_grouping_start`: the balanced copies grouped onto nodes by co-activation) and, for
    routers with expert groups, ``groups`` (`group_node_start`: each group on as few nodes as
    its load allows).
@@ -350,6 +351,39 @@ def _place_node(
     except InfeasibleError:
         return np.asarray(packed, dtype=np.int64)
     return np.asarray(home, dtype=np.int64)
+
+
+def gpus_onto_nodes(slots: np.ndarray, gpus_per_node: int, load: np.ndarray | None = None) -> np.ndarray:
+    """int ``[nodes, gpus_per_node * W]``: a GPU plan ``[G, W]`` regrouped by node, its GPUs
+    dealt to the nodes so that as few nodes as possible hold two copies of one expert.
+
+    A GPU plan balanced for its GPUs (the balance planner's, whose copy counts suit ``W`` slots
+    a GPU) stays as balanced whichever node each GPU joins; the node level wants at most one
+    copy of an expert per node. GPUs holding the most-copied experts go first, each to the
+    node with room where it collides with fewest copies, then the lightest (``load [E]``: the
+    experts' loads, split evenly over their copies), then the emptiest. A copy that still meets
+    another of its expert in its node becomes an empty slot (as `node_slots`)."""
+    G, W = slots.shape
+    nodes = G // gpus_per_node
+    E = int(slots.max(initial=-1)) + 1
+    counts = np.bincount(slots[slots >= 0], minlength=E)
+    per_copy = np.zeros(E) if load is None else np.asarray(load, dtype=np.float64)[:E] / np.maximum(counts, 1)
+    held = np.zeros((nodes, E), dtype=np.int64)
+    fill = np.zeros(nodes, dtype=np.int64)
+    node_load = np.zeros(nodes)
+    members: list[list[int]] = [[] for _ in range(nodes)]
+    most = np.array([counts[row[row >= 0]].max(initial=0) for row in slots])
+    for g in np.argsort(-most, kind="stable"):
+        row = slots[g][slots[g] >= 0]
+        clash = held[:, row].sum(axis=1).astype(np.float64)
+        clash[fill >= gpus_per_node] = np.inf
+        n = int(np.lexsort((fill, node_load, clash))[0])
+        held[n, row] += 1
+        fill[n] += 1
+        node_load[n] += float(per_copy[row].sum())
+        members[n].append(int(g))
+    regrouped = np.concatenate([slots[sorted(m)] for m in members])[None]
+    return node_slots(regrouped, gpus_per_node)[0]
 
 
 def node_slots(slots: np.ndarray, gpus_per_node: int) -> np.ndarray:

@@ -157,7 +157,8 @@ def search_nodes(
     """Layer ``l``'s node level in hierarchical mode: `search_layer` on ``layer`` (nodes as
     bins) from the starts of ``params.starts`` (``grouping``:
     `moeopt.heuristics.hierarchy.node_grouping_start`; ``balance``: the balance planner's
-    plan of the nodes) and ``starts`` (a hint), in `NODE_SEARCH_SHARE` of ``per_layer``
+    plan of the nodes, unless ``starts`` has one) and ``starts`` (a hint; the GPU-level balance
+    plan dealt to nodes), in `NODE_SEARCH_SHARE` of ``per_layer``
     (``strict``: under a run's time limit, as `search_layer`'s). Seeded by ``(seed, l)`` alone."""
     began = time.perf_counter()
     capped = 0
@@ -170,7 +171,7 @@ def search_nodes(
         )
         capped += int(time.perf_counter() > deadline)
         mine["grouping"] = grouped
-    if "balance" in params.start_list:
+    if "balance" in params.start_list and "balance" not in starts:
         mine["balance"] = core.plan_layer(load, layer.gpus, layer.width, seed=seed + l)
     starts = {**mine, **starts}
     left = max(NODE_SEARCH_SHARE * per_layer - (time.perf_counter() - began), 0.05)

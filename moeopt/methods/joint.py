@@ -107,7 +107,8 @@ class JointParams:
     starts
         Comma-separated starts: ``grouping`` (agnostic grouping + hottest-first copies; in
         hierarchical mode the balanced copies grouped onto nodes by co-activation),
-        ``balance`` (the balance planner's plan; of the nodes in hierarchical mode), ``groups``
+        ``balance`` (the balance planner's plan; in hierarchical mode its GPUs dealt to the
+        nodes, `moeopt.heuristics.hierarchy.gpus_onto_nodes`), ``groups``
         (hierarchical mode, models with ``expert_groups``: each router group on as few nodes as
         its load allows, `moeopt.heuristics.hierarchy.group_node_start`). None: ``grouping``
         and ``balance``; in hierarchical mode ``balance`` (measured on DeepSeek-V3-shaped layers
