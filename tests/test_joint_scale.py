@@ -267,16 +267,28 @@ def test_place_layer_keeps_the_node_level_decisions():
 
 
 def test_hierarchical_by_default_from_64_gpus_on_several_nodes():
-    """hierarchical left to its default: on from 64 GPUs on several nodes, off below 64 or in one node."""
+    """hierarchical left to its default: on from 64 GPUs on several nodes, off below 64 or in one node; the
+    evaluations left to theirs grow with the slots in hierarchical mode."""
     from types import SimpleNamespace
 
-    from moeopt.methods.joint import JointParams
+    from moeopt.methods.joint import DEFAULT_EVALUATIONS, EVALUATIONS_SLOTS, JointParams
 
     def resolved(gpus: int, gpn: int) -> bool | None:
         cluster = Cluster(gpus=gpus, gpus_per_node=gpn, slots_per_gpu=1)
         return JointParams().resolved(SimpleNamespace(instance=SimpleNamespace(cluster=cluster))).hierarchical
 
     assert resolved(64, 8) and resolved(256, 8)
+
+    def evaluations(gpus: int, gpn: int, replicas: int = 1, **given) -> int:
+        cluster = Cluster(gpus=gpus, gpus_per_node=gpn, slots_per_gpu=1, replica_slots_per_gpu=replicas)
+        problem = SimpleNamespace(instance=SimpleNamespace(cluster=cluster))
+        return JointParams(**given).resolved(problem).evaluations
+
+    # flat: the default; hierarchical: as many priced moves per slot as on 80 slots
+    assert evaluations(32, 8) == evaluations(64, 64) == DEFAULT_EVALUATIONS
+    assert evaluations(256, 8) == DEFAULT_EVALUATIONS * 512 // EVALUATIONS_SLOTS == 15360
+    assert evaluations(64, 8, replicas=0) == DEFAULT_EVALUATIONS  # 64 slots: never fewer than the default
+    assert evaluations(256, 8, evaluations=300) == 300
     assert not resolved(32, 8) and not resolved(64, 64) and not resolved(72, 72)
     assert (
         JointParams(hierarchical=False)

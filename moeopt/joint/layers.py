@@ -93,7 +93,7 @@ def search_layer(
             candidates=params.candidates,
             kicks=params.kicks,
             deadline=begun + given,
-            evaluations=max(1, round(params.evaluations * weight[label] / total)),
+            evaluations=max(1, round(params.evaluation_count * weight[label] / total)),
         )
         capped += int(st.capped)
         runs[label] = (value, best, st)
@@ -246,7 +246,7 @@ def repair_family_cap(
         candidates=params.candidates,
         kicks=0,
         deadline=time.perf_counter() + per_layer * REPAIR_SHARE,
-        evaluations=max(1, round(params.evaluations * REPAIR_SHARE)),
+        evaluations=max(1, round(params.evaluation_count * REPAIR_SHARE)),
     )
     return best, {  # local_search leaves ``cost`` priced on ``best``
         "cap_term_before": over,
