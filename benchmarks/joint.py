@@ -306,6 +306,7 @@ def ray_speedup(layers: int, log) -> dict:
                 p.kill()
     if len(out["runs"]) == 2:
         out["speedup"] = out["runs"][0]["wall_s"] / out["runs"][1]["wall_s"]
+    out["commit"] = machine_info()["git_commit"]
     return out
 
 
@@ -354,6 +355,12 @@ def scale_part(args, log) -> dict:
     write_json(partial, {"rows": rows, "timing": timing})
     if args.ray:
         data["ray"] = ray_speedup(args.ray, log)
+    elif (args.out / "joint_scale.json").is_file():  # the last Ray measurement stays, with its commit
+        import json
+
+        last = json.loads((args.out / "joint_scale.json").read_text()).get("ray")
+        if last is not None:
+            data["ray"] = last
     partial.unlink(missing_ok=True)
     return data
 
@@ -597,7 +604,8 @@ def scale_markdown(data: dict) -> str:
             "",
             f"`joint` (static) on the synthetic cell's first {r['layers']} layers on a local Ray cluster (`ray start` "
             f"processes of 1 CPU each on this 2-core machine: at most 2x): {runs}"
-            + (f"; speed-up {r['speedup']:.2f}x." if "speedup" in r else "."),
+            + (f"; speed-up {r['speedup']:.2f}x" if "speedup" in r else "")
+            + (f" (at commit {r['commit'][:7]})." if r.get("commit") else "."),
             "",
         ]
     return "\n".join(lines)
@@ -1303,6 +1311,11 @@ def main(argv: list[str] | None = None) -> int:
         help="--part scale: rerun only the --time-limit runs, replacing those of joint_scale.json",
     )
     ap.add_argument(
+        "--ray-only",
+        action="store_true",
+        help="--part scale: rerun only the Ray speed-up (--ray N layers), replacing that of joint_scale.json",
+    )
+    ap.add_argument(
         "--timing-only",
         action="store_true",
         help="--part scale: rerun only the whole-model timing runs (and the --time-limit runs), replacing "
@@ -1361,21 +1374,30 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--layers: expected 1 to {SCALE_MAX_LAYERS} (DeepSeek-V3's MoE layers), got {args.layers}")
     if not 0 <= args.timing <= SCALE_MAX_LAYERS:
         ap.error(f"--timing: expected 0 to {SCALE_MAX_LAYERS} (DeepSeek-V3's MoE layers; 0: none), got {args.timing}")
+    if args.ray_only and args.ray <= 0:
+        ap.error("--ray-only: needs --ray above 0 (the layers the Ray runs plan)")
     if args.timing_only and args.timing <= 0:
         ap.error("--timing-only: needs --timing above 0 (the layers the runs are timed on)")
     if (
         args.part == "scale"
-        and (args.limit_only or args.timing_only or args.add is not None)
+        and (args.limit_only or args.timing_only or args.ray_only or args.add is not None)
         and not (args.out / "joint_scale.json").is_file()
     ):
         ap.error(
-            f"--limit-only / --timing-only / --add: no {args.out / 'joint_scale.json'} to add to "
+            f"--limit-only / --timing-only / --ray-only / --add: no {args.out / 'joint_scale.json'} to add to "
             "(run --part scale first)"
         )
     if args.part in ("bound", "lp-replicas") and not (args.out / "joint.json").is_file():
         ap.error(f"--part {args.part}: no {args.out / 'joint.json'} to merge into (run --part frontier first)")
-    if args.part == "scale" and (args.limit_only or args.timing_only or args.add is not None):  # into the results
-        if args.timing_only:
+    if args.part == "scale" and (
+        args.limit_only or args.timing_only or args.ray_only or args.add is not None
+    ):  # into the results
+        if args.ray_only:
+            import json
+
+            data = json.loads((args.out / "joint_scale.json").read_text())
+            data["ray"], what = ray_speedup(args.ray, log), "Ray speed-up replaced"
+        elif args.timing_only:
             data, what = scale_timing(args, log), "timing rows replaced"
         elif args.limit_only:
             data, what = scale_limit(args, log), "time-limit rows replaced"
