@@ -94,7 +94,6 @@ from moeopt.balance.loads import (
     _cap,
     _check_shape,
     _node_shape,
-    gpu_loads,
 )
 from moeopt.balance.planner import plan_layer
 from moeopt.packing import lpt_and_spread_pack_batch, lpt_pack_batch
@@ -745,7 +744,7 @@ def _polish(
         if excess[l] <= 0 or (deadline is not None and time.perf_counter() > deadline):
             break
         alt = plan_layer(Ld[l], G, W, allow_colocated=allow_colocated, seed=int(l), iterations=iterations)
-        if gpu_loads(alt, Ld[l]).max() < gpu_loads(out[l], Ld[l]).max():
+        if maxvio_batch(alt[None], Ld[l : l + 1])[0] < mv[l]:
             out[l] = alt
             taken.append(int(l))
     if groups is not None and taken:

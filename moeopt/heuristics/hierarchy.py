@@ -372,7 +372,7 @@ def gpus_onto_nodes(slots: np.ndarray, gpus_per_node: int, load: np.ndarray | No
     fill = np.zeros(nodes, dtype=np.int64)
     node_load = np.zeros(nodes)
     members: list[list[int]] = [[] for _ in range(nodes)]
-    most = np.array([counts[row[row >= 0]].max(initial=0) for row in slots])
+    most = np.where(slots >= 0, counts[np.maximum(slots, 0)], 0).max(axis=1)
     for g in np.argsort(-most, kind="stable"):
         row = slots[g][slots[g] >= 0]
         clash = held[:, row].sum(axis=1).astype(np.float64)

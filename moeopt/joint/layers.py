@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moeopt import balance as core
 from moeopt import joint as jm
 from moeopt.heuristics import hierarchy as hier
 
@@ -156,9 +155,8 @@ def search_nodes(
 ) -> dict:
     """Layer ``l``'s node level in hierarchical mode: `search_layer` on ``layer`` (nodes as
     bins) from the starts of ``params.starts`` (``grouping``:
-    `moeopt.heuristics.hierarchy.node_grouping_start`; ``balance``: the balance planner's
-    plan of the nodes, unless ``starts`` has one) and ``starts`` (a hint; the GPU-level balance
-    plan dealt to nodes), in `NODE_SEARCH_SHARE` of ``per_layer``
+    `moeopt.heuristics.hierarchy.node_grouping_start`) and ``starts`` (a hint; ``balance``,
+    `moeopt.joint.planner.node_balance_start`; ``groups``), in `NODE_SEARCH_SHARE` of ``per_layer``
     (``strict``: under a run's time limit, as `search_layer`'s). Seeded by ``(seed, l)`` alone."""
     began = time.perf_counter()
     capped = 0
@@ -171,8 +169,6 @@ def search_nodes(
         )
         capped += int(time.perf_counter() > deadline)
         mine["grouping"] = grouped
-    if "balance" in params.start_list and "balance" not in starts:
-        mine["balance"] = core.plan_layer(load, layer.gpus, layer.width, seed=seed + l)
     starts = {**mine, **starts}
     left = max(NODE_SEARCH_SHARE * per_layer - (time.perf_counter() - began), 0.05)
     found = search_layer(layer, starts, load, experts, params, seed, l, left, rule, strict, within=True)

@@ -429,10 +429,14 @@ class Balance:
         # the water-filled copy counts, shared by the batched planner and the bound
         counts = copy_counts_batch(true_load, G * W, _cap(problem.experts, G, W, allow)) if fast else None
 
-        # the layers the fast search leaves far above their bound are polished (not when connecting)
+        # the layers the fast search leaves far above their bound are polished (not when connecting);
+        # without shrink the planned loads are the true ones, and their bound is the one reported
+        true_bounds = None
         polish_above = None
         if fast and not params.hierarchical:
-            polish_above = layer_bounds(load, G, W, allow, counts if params.shrink is None else None) + POLISH_GAP
+            true_bounds = layer_bounds(true_load, G, W, allow, counts)
+            planned = true_bounds if params.shrink is None else layer_bounds(load, G, W, allow)
+            polish_above = planned + POLISH_GAP
 
         def fast_plans(connect: bool) -> np.ndarray:
             spread = replace(params, connect=connect).groups_spread(n_groups)
@@ -613,7 +617,7 @@ class Balance:
             bounds = np.maximum(np.divide(raw, mean, out=np.ones(L), where=mean > 0) - 1.0, 0.0)
         else:
             per_layer = maxvio(gpu_loads_batch(slots, true_load))  # every layer at once
-            bounds = layer_bounds(true_load, G, W, allow, counts)
+            bounds = true_bounds if true_bounds is not None else layer_bounds(true_load, G, W, allow, counts)
         if exact_bounds is not None and table is None:  # CP-SAT's proved bounds (even split), where higher
             bounds = np.maximum(bounds, exact_bounds)
         if rule.kind == "static":  # the rule's own loads (the draw replayed); only total / G bounds every plan
