@@ -417,3 +417,25 @@ def test_export_refuses_v1_gpu_out_of_range(gpu, tmp_path, capsys):
     out = tmp_path / "e.npz"
     one_error(["export", str(p), "--format", "eplb", "--output", str(out)], capsys, f"{p}: placement:", "[0, 1]")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("method", "field"),
+    [
+        ("joint", "evaluations"),
+        ("joint", "candidates"),
+        ("joint", "sample_tokens"),
+        ("joint", "bound_rounds"),
+        ("balance", "polish_slots"),
+        ("balance", "tp_size"),
+        ("gesr", "copies_each"),
+        ("crosslayer", "bound_rounds"),
+    ],
+)
+@pytest.mark.parametrize("value", [0, -3])
+def test_count_params_state_their_range(method, field, value):
+    """A count that must be at least 1: the error says ">= 1" (not the numbers' default ">= 0")
+    for 0 and for a negative value alike, from the schema, before the method's own check."""
+    with pytest.raises(InputError) as err:
+        parse_params(get_method(method), {field: value})
+    assert f"method.{field}: expected a value >= 1, found {value}" in str(err.value)

@@ -53,7 +53,7 @@ largest GPU load of *every* plan, so each layer reports its gap. Works on counts
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -200,7 +200,8 @@ class BalanceParams:
     # vllm, ascend (vLLM-Ascend: the placement is polished for its rank-modulo shares); None: the
     # instance's cluster.engine rule, else even
     dispatch: str | None = None
-    tp_size: int | None = None  # ascend: the engine's tensor-parallel size (copy (r mod tp + r div tp + e) mod c)
+    # ascend: the engine's tensor-parallel size (copy (r mod tp + r div tp + e) mod c)
+    tp_size: int | None = field(default=None, metadata={"ge": 1})
     max_moves: int | None = None  # with a current plan: moved slots per layer at most
     target_maxvio: float | None = None  # with a current plan: stop moving once reached
     # with a current plan: also report the moves-vs-MaxVio frontier (one re-plan per budget; off for
@@ -213,7 +214,8 @@ class BalanceParams:
     group_spread: bool | None = None
     polish: str = "none"  # cpsat: CP-SAT re-plans every small layer (counts and placement), with a proved bound
     polish_time: float = 1.0  # seconds of CP-SAT per layer (the time limits cap the total)
-    polish_slots: int = 128  # only layers of at most this many slots (G x W) are polished
+    # only layers of at most this many slots (G x W) are polished
+    polish_slots: int = field(default=128, metadata={"ge": 1})
 
     def __post_init__(self) -> None:
         if self.search not in ("fast", "thorough"):

@@ -111,7 +111,7 @@ class CrossLayerParams:
     chains: bool = True
     seed: int = 0
     preset: str = "default"
-    bound_rounds: int | None = None
+    bound_rounds: int | None = field(default=None, metadata={"ge": 1})
     bound_time: float | None = None
 
     def __post_init__(self) -> None:

@@ -22,7 +22,7 @@ load only (every candidate GPU fits equally, so the least loaded one wins).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -318,7 +318,8 @@ class ReplicationParams:
     replicas: int | None = None  # replica copies per layer; default: every replica slot
     lam: float = 1.0  # guard λ: weight of the decayed load against locality
     decay: float = 0.9  # guard δ: Lhat <- δ Lhat + (1 - δ) load(batch)
-    guard_batch_tokens: int | None = 32  # guard batch size within a trace step (None: the step)
+    # guard batch size within a trace step (None: the step)
+    guard_batch_tokens: int | None = field(default=32, metadata={"ge": 1})
     dispatch: str = "locality"  # how tokens split over copies: locality (the guard), even, static, lp
     certificate: bool = True  # solve the replication MILP on the calibration loads
     certificate_time_limit: float | None = None  # seconds per layer (default min(2, 30 / L))
@@ -351,7 +352,7 @@ class GesrParams(ReplicationParams):
     b: float = 1.0  # weight of cross-family consistency (normalized entropy)
     c: float = 1.0  # weight of the deviation penalty max_f |s[f, e]|
     centrality_floor: float = 0.2  # only experts at least this central are candidates
-    copies_each: int = 1  # r: replicas per selected expert
+    copies_each: int = field(default=1, metadata={"ge": 1})  # r: replicas per selected expert
     fit_tolerance: float = 0.3  # relative fit difference treated as a tie (then lower load)
     load_cap: float | None = 1.0  # only GPUs with estimated load <= load_cap * mean host copies
 

@@ -194,20 +194,20 @@ class JointParams:
     robust: float = 0.1
     family_cap: float = field(default=DEFAULT_FAMILY_CAP, metadata={"inf": True})
     penalty: float = 4.0
-    sample_tokens: int | None = 4096
-    coarse_tokens: int | None = 1024
+    sample_tokens: int | None = field(default=4096, metadata={"ge": 1})
+    coarse_tokens: int | None = field(default=1024, metadata={"ge": 1})
     starts: str | None = None
     grouping_eps: float | None = field(default=math.inf, metadata={"inf": True})
     time_per_layer: float = DEFAULT_TIME_PER_LAYER
-    evaluations: int | None = None
-    candidates: int = 96
+    evaluations: int | None = field(default=None, metadata={"ge": 1})
+    candidates: int = field(default=96, metadata={"ge": 1})
     kicks: int = 8
     dispatch: str = "auto"
-    tp_size: int | None = None
+    tp_size: int | None = field(default=None, metadata={"ge": 1})
     lam: float | None = None
     decay: float = 0.99
-    guard_batch_tokens: int | None = 32
-    bound_rounds: int | None = None
+    guard_batch_tokens: int | None = field(default=32, metadata={"ge": 1})
+    bound_rounds: int | None = field(default=None, metadata={"ge": 1})
     bound_time: float | None = None
     family_guard: bool = True
     restarts: int | None = field(default=None, metadata={"ge": 1, "le": MAX_RESTARTS})
