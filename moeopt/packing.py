@@ -98,17 +98,18 @@ def round_robin_lpt(load: np.ndarray, gpus: int, slots: int) -> np.ndarray:
         int ``[E]`` homes within the slot capacities.
     """
     load = np.asarray(load, dtype=np.float64)
+    if len(load) > gpus * slots:
+        raise ValueError(f"round_robin_lpt: {len(load)} experts do not fit {gpus} GPUs x {slots} slots")
     home = np.empty(len(load), dtype=np.int64)
     gl = np.zeros(gpus)
-    count = np.zeros(gpus, dtype=np.int64)
     order = np.argsort(-load, kind="stable")
+    # every round but the last gives each GPU one expert, so at round r every GPU holds r < slots:
+    # all GPUs are open, the least loaded first (round 0: all empty, in GPU order)
     for start in range(0, len(load), gpus):
         chunk = order[start : start + gpus]
-        open_ = np.nonzero(count < slots)[0]
-        dest = open_[np.argsort(gl[open_], kind="stable")][: len(chunk)]
+        dest = np.argsort(gl, kind="stable")[: len(chunk)] if start else np.arange(len(chunk))
         home[chunk] = dest
-        np.add.at(gl, dest, load[chunk])
-        np.add.at(count, dest, 1)
+        gl[dest] += load[chunk]  # distinct GPUs within a round
     return home
 
 

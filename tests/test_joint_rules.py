@@ -12,6 +12,8 @@ from moeopt.dispatch import batch_rows, count_loads
 from moeopt.evaluate import evaluate
 from moeopt.instance import Cluster, Instance, MethodSpec, Model, Workload, WorkloadSource
 from moeopt.joint import RULE_KINDS, JointLayer, Move, RuleCost, SlotState
+from moeopt.joint.rules import rows_any
+from moeopt.joint.search import top_order
 from moeopt.plan import Dispatch, Plan
 from moeopt.solve import solve
 from moeopt.trace import Trace
@@ -190,3 +192,21 @@ def test_distinct_per_row_counts_each_rows_values(data):
     got = distinct_per_row(gpu, G)
     assert got.dtype == np.int64 and got.shape == (m,)
     np.testing.assert_array_equal(got, want)
+
+
+@given(
+    st.lists(st.floats(-3, 3) | st.just(-np.inf) | st.sampled_from([0.0, 1.0]), min_size=1, max_size=80),
+    st.integers(1, 90),
+)
+def test_top_order_is_the_full_sorts_head(values: list[float], n: int) -> None:
+    """The screening's partial selection gives the indices and order of ``argsort(-v)[:n]``, ties
+    and -inf included (where the selection is not unique it is the full sort)."""
+    v = np.array(values)
+    assert (top_order(v, n) == np.argsort(-v)[:n]).all()
+
+
+@given(st.integers(0, 40), st.integers(1, 10), st.integers(0, 2**31 - 1))
+def test_rows_any_agrees_with_any(m: int, k: int, seed: int) -> None:
+    mask = np.random.default_rng(seed).random((m, k)) < 0.15
+    assert (rows_any(mask) == mask.any(axis=1)).all()
+    assert (rows_any(mask[:, ::-1]) == mask[:, ::-1].any(axis=1)).all()  # not contiguous: the plain reduction

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -64,3 +65,26 @@ def test_balanced_start_never_worse_than_its_round_robin_start(case: tuple[np.nd
         return float((np.bincount(h, weights=load, minlength=G) ** 2).sum())
 
     assert square(balanced_start(load, G, slots)) <= square(round_robin_lpt(load, G, slots)) + 1e-12
+
+
+@given(cases())
+def test_round_robin_lpt_pairs_heavy_with_light_round_by_round(case: tuple[np.ndarray, int, int]) -> None:
+    """Round-robin LPT against its definition, written out: heaviest first, each round of G
+    experts onto the open GPUs, the heaviest of the round onto the least loaded (ties: lower id)."""
+    load, G, slots = case
+    home = round_robin_lpt(load, G, slots)
+    expect = np.empty(len(load), dtype=np.int64)
+    gl, count = [0.0] * G, [0] * G
+    order = sorted(range(len(load)), key=lambda e: (-load[e], e))
+    for start in range(0, len(load), G):
+        open_ = sorted((g for g in range(G) if count[g] < slots), key=lambda g: (gl[g], g))
+        for e, g in zip(order[start : start + G], open_, strict=False):
+            expect[e] = g
+            gl[g] += float(load[e])
+            count[g] += 1
+    assert (home == expect).all()
+
+
+def test_round_robin_lpt_refuses_more_experts_than_slots() -> None:
+    with pytest.raises(ValueError, match="do not fit 2 GPUs x 1 slots"):
+        round_robin_lpt(np.ones(3), 2, 1)

@@ -103,6 +103,16 @@ def distinct_per_row(gpu: np.ndarray, G: int) -> np.ndarray:
     return np.asarray((s.shape[1] > 0) + (s[:, 1:] != s[:, :-1]).sum(axis=1), dtype=np.int64)
 
 
+def rows_any(mask: np.ndarray) -> np.ndarray:
+    """bool ``[m]``: whether each row of the bool ``mask [m, k]`` holds a True; one integer
+    comparison per row when a row is 1, 2, 4 or 8 bytes (``any(axis=1)`` reduces short rows
+    slowly)."""
+    k = mask.shape[1]
+    if k in (1, 2, 4, 8) and mask.dtype == np.bool_ and mask.flags.c_contiguous:
+        return np.asarray(mask.view(f"u{k}").reshape(-1) != 0)
+    return np.asarray(mask.any(axis=1))
+
+
 class RuleCost:
     """The joint objective of one layer under an engine's dispatch rule, on a token sample.
 
@@ -166,6 +176,11 @@ class RuleCost:
         self.draw = np.asarray(draw, dtype=np.float64)
         self.bin = max(1, int(bin_size))
         self.home_bin = self.home // self.bin
+        # per sampled pair: its row in the flattened [E, G] tables (expert * G), and for the per-rank
+        # rules the flat index of (expert, the token's home bin): gathers of precomputed indices
+        # instead of two-dimensional fancy indexing in the search's hot loop
+        self._pair_row = layer.topk.astype(np.int64) * G
+        self._pair_home = self._pair_row + self.home_bin[:, None] if len(self.home_bin) == n else None
         self.node = None if gpus_per_node is None or gpus_per_node >= G or self.bin > 1 else int(gpus_per_node)
         self.table = share_table(G * self.bin, E, tp_size)[:, : G + 1] if rule == "ascend" else None
         self.tp_size = tp_size
@@ -219,7 +234,9 @@ class RuleCost:
                 j = (h % self.tp_size + h // self.tp_size + ids) % ce
         else:  # lp (a draw per pair, as SGLang's probabilities), static (the fair draw, then near copies)
             j = np.minimum((self.draw[tokens] * ce).astype(np.int64), ce - 1)
-        gpu = copies[ids, j]
+        row = self._pair_row[tokens]
+        gpu = copies.reshape(-1)[row + j]  # copies[ids, j] (copies is C-contiguous [E, G])
+        at_home = None
         if self.rule == "static":
             h = self.home_bin[tokens][:, None]
             if self.node is not None:
@@ -229,10 +246,12 @@ class RuleCost:
                 n_in = in_node.sum(axis=2)
                 first = copies[ids, np.argmax(in_node, axis=2)]
                 gpu = np.where((n_in > 0) & (n_in < ce), first, gpu)
-            gpu = np.where(holds[ids, h], h, gpu)
+            # holds[ids, h]; a pair whose expert has a copy in its home bin uses it, no other pair does
+            at_home = holds.reshape(-1)[self._pair_home[tokens]] if self._pair_home is not None else holds[ids, h]
+            gpu = np.where(at_home, h, gpu)
         distinct = distinct_per_row(gpu, G)
         if self.by_home:
-            used = (gpu == self.home_bin[tokens][:, None]).any(axis=1)
+            used = rows_any(at_home if at_home is not None else gpu == self.home_bin[tokens][:, None])
             return np.asarray(distinct - used, dtype=np.float64)
         return np.asarray(distinct * (1.0 - 1.0 / G), dtype=np.float64)
 
@@ -292,36 +311,40 @@ class RuleCost:
         return self.value
 
     def delta(self, state: SlotState, move: Move) -> float:
-        """The change of `reset`'s value if ``move`` were applied (the state is not changed)."""
+        """The change of `reset`'s value if ``move`` were applied (the state is not changed). The
+        move is applied to the priced plan's tables in place, on its experts' rows alone, and
+        undone before returning (no copy of the whole tables per priced move)."""
         changed = np.array(state.changed_experts(move), dtype=np.int64)
-        holds = self._holds.copy()
-        if move.kind == "swap":
-            ea, eb = int(state.slots[move.a, move.i]), int(state.slots[move.b, move.j])
-            if ea >= 0:
-                holds[ea, move.a], holds[ea, move.b] = False, True
-            if eb >= 0:
-                holds[eb, move.b], holds[eb, move.a] = False, True
-        else:
-            old = int(state.slots[move.a, move.i])
-            if old >= 0:
-                holds[old, move.a] = False
-            holds[move.expert, move.a] = True
-        copies, c = self._copies_t.copy(), self._c.copy()
-        copies[changed], c[changed] = self._copies(holds[changed])
-        share = self._shares(holds[changed], changed)
-        loads = self._loads + self.expert_loads[:, changed] @ (share - self._share[changed])
-        hot = float(self._gpu.sum())
-        if self.slot_width is not None:  # the bins the move touches are packed again
-            bins = np.array(sorted({move.a, move.b} - {-1}), dtype=np.int64)
-            new_share = self._share.copy()
-            new_share[changed] = share
-            hot += float((self._gpu_over(holds, new_share, bins) - self._gpu[bins]).sum())
-        tokens = tokens_of_experts(self._tok, self._start, changed, self._mark)
-        remote_sum = self._remote_sum.copy()
-        if tokens.size:
-            new = self._route(tokens, copies, c, holds)
-            remote_sum += self._remote_by_workload(new - self._remote[tokens], tokens)
-        return self._value(remote_sum, loads, hot) - self.value
+        holds, copies, c, shares = self._holds, self._copies_t, self._c, self._share
+        kept = (holds[changed], copies[changed], c[changed], shares[changed])  # copies (fancy indexing)
+        try:
+            if move.kind == "swap":
+                ea, eb = int(state.slots[move.a, move.i]), int(state.slots[move.b, move.j])
+                if ea >= 0:
+                    holds[ea, move.a], holds[ea, move.b] = False, True
+                if eb >= 0:
+                    holds[eb, move.b], holds[eb, move.a] = False, True
+            else:
+                old = int(state.slots[move.a, move.i])
+                if old >= 0:
+                    holds[old, move.a] = False
+                holds[move.expert, move.a] = True
+            copies[changed], c[changed] = self._copies(holds[changed])
+            share = self._shares(holds[changed], changed)
+            loads = self._loads + self.expert_loads[:, changed] @ (share - kept[3])
+            hot = float(self._gpu.sum())
+            if self.slot_width is not None:  # the bins the move touches are packed again
+                bins = np.array(sorted({move.a, move.b} - {-1}), dtype=np.int64)
+                shares[changed] = share
+                hot += float((self._gpu_over(holds, shares, bins) - self._gpu[bins]).sum())
+            tokens = tokens_of_experts(self._tok, self._start, changed, self._mark)
+            remote_sum = self._remote_sum.copy()
+            if tokens.size:
+                new = self._route(tokens, copies, c, holds)
+                remote_sum += self._remote_by_workload(new - self._remote[tokens], tokens)
+            return self._value(remote_sum, loads, hot) - self.value
+        finally:
+            holds[changed], copies[changed], c[changed], shares[changed] = kept
 
     def delta_many(self, state: SlotState, moves: list[Move]) -> list[float]:
         return [self.delta(state, m) for m in moves]

@@ -6,6 +6,7 @@ search driver (`moeopt.moves.driver`) over the one slot state (`SlotState`, a
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -59,6 +60,30 @@ def neighbourhood(state: SlotState) -> list[Move]:
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _upper_pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.triu_indices(n, 1)``, kept per size (read only): the screening asks for it every round."""
+    rows, cols = np.triu_indices(n, 1)
+    rows.flags.writeable = cols.flags.writeable = False
+    return rows, cols
+
+
+def top_order(values: np.ndarray, n: int) -> np.ndarray:
+    """``np.argsort(-values)[:n]``: the indices of the ``n`` largest values, largest first. By a
+    partial selection where those ``n`` are distinct and above all the others (the order is then
+    the only one: the same indices in the same order), else by the full sort (ties keep its
+    order)."""
+    neg = -np.asarray(values, dtype=np.float64)
+    if n >= len(neg):
+        return np.argsort(neg)[:n]
+    part = np.argpartition(neg, n)
+    top, edge = part[:n], neg[part[n]]
+    vals = neg[top]
+    if np.isnan(vals).any() or not vals.max() < edge or len(np.unique(vals)) < n:
+        return np.argsort(neg)[:n]
+    return top[np.argsort(vals)]
+
+
 def screened_moves(
     state: SlotState, affinity: np.ndarray, loads: np.ndarray, rng: np.random.Generator, count: int
 ) -> list[Move]:
@@ -87,11 +112,11 @@ def screened_moves(
     hold_other = np.where(filled[:, None], state.holds[e][:, gpu_of], False)  # e_p already on GPU of q
     bad |= hold_other | hold_other.T
     gain = np.where(bad, -np.inf, gain)
-    iu = np.triu_indices(len(flat), 1)
+    iu = _upper_pairs(len(flat))
     g_up = gain[iu]
     moves: list[Move] = []
     n_top = max(count // 3, 1)
-    best = np.argsort(-g_up)[:n_top]
+    best = top_order(g_up, n_top)
     for t in best:
         if np.isfinite(g_up[t]):
             p, q = iu[0][t], iu[1][t]
