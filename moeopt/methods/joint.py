@@ -55,9 +55,13 @@ from moeopt.trace import Trace
 DEFAULT_TIME_PER_LAYER = 300.0
 DEFAULT_EVALUATIONS = 2400
 #: the layer's slots (G x W) that `DEFAULT_EVALUATIONS` was measured on (64 experts on
-#: 16 x (4 + 1)); in hierarchical mode the default grows with the slots past it: the same
-#: priced moves per slot (256 GPUs x (1 + 1): 15360)
+#: 16 x (4 + 1)); in hierarchical mode the default grows with the slots past it
 EVALUATIONS_SLOTS = 80
+#: hierarchical mode: priced moves per `EVALUATIONS_SLOTS` slots (256 GPUs x (1 + 1): 20480). The node
+#: level's search is bound by them; 4/3 of `DEFAULT_EVALUATIONS`'s rate since its priced moves got
+#: that much faster (commit 5d1e1b3), so a whole DeepSeek-V3 plan takes about the time it took
+#: at 2400 per 80 slots (58 layers, --workers 2, static: 463 s then, 341 s at that rate after)
+HIERARCHICAL_EVALUATIONS = 3200
 #: ``hierarchical`` by default from this many GPUs on a cluster of several nodes
 HIERARCHICAL_GPUS = 64
 #: the joint search's starts when ``starts`` is not given (``balance`` alone in hierarchical mode)
@@ -125,11 +129,12 @@ class JointParams:
         locality the search then trades for balance; None: the grouping's automatic limit).
     evaluations
         Moves priced per layer, shared by the starts: the search's work bound (same seed, same
-        plan on any machine). None: `DEFAULT_EVALUATIONS`; in hierarchical mode as many per
-        slot, ``DEFAULT_EVALUATIONS * G * W / EVALUATIONS_SLOTS`` when that is more (the node
+        plan on any machine). None: `DEFAULT_EVALUATIONS`; in hierarchical mode
+        ``HIERARCHICAL_EVALUATIONS * G * W / EVALUATIONS_SLOTS`` when that is more (the node
         level's search is bound by it: DeepSeek-V3-shaped synthetic layers at 256 GPUs x
         (1 + 1) under ``even``, eps 0.2, 2 layers: 2400 -> 8000 -> 20000 evaluations gave
-        6.18 -> 5.86 -> 5.64 remote nodes per token, EPLB 7.28).
+        6.18 -> 5.86 -> 5.64 remote nodes per token, EPLB 7.28; eps 0.3, 4 layers: 15360 ->
+        20480 gave 5.847 -> 5.771 at held-out MaxVio 0.402 / 0.404).
     time_per_layer
         Wall cap, seconds of search per layer (``--layer-time-limit`` and ``--time-limit`` cap it further); a cap that
         binds is reported (termination ``time_limit``) and makes the plan depend on the
@@ -292,7 +297,7 @@ class JointParams:
             out = replace(out, restarts=1 if out.hierarchical else DEFAULT_RESTARTS)
         if out.evaluations is None:
             c = problem.instance.cluster
-            per_slot = round(DEFAULT_EVALUATIONS * c.gpus * c.width / EVALUATIONS_SLOTS)
+            per_slot = round(HIERARCHICAL_EVALUATIONS * c.gpus * c.width / EVALUATIONS_SLOTS)
             evaluations = max(DEFAULT_EVALUATIONS, per_slot) if out.hierarchical else DEFAULT_EVALUATIONS
             out = replace(out, evaluations=evaluations)
         return out
