@@ -179,8 +179,10 @@ class RuleCost:
         # per sampled pair: its row in the flattened [E, G] tables (expert * G), and for the per-rank
         # rules the flat index of (expert, the token's home bin): gathers of precomputed indices
         # instead of two-dimensional fancy indexing in the search's hot loop
+        if len(self.home_bin) != n:
+            raise ValueError(f"home must give each of the {n} sampled tokens a GPU, got {len(self.home_bin)}")
         self._pair_row = layer.topk.astype(np.int64) * G
-        self._pair_home = self._pair_row + self.home_bin[:, None] if len(self.home_bin) == n else None
+        self._pair_home = self._pair_row + self.home_bin[:, None]
         self.node = None if gpus_per_node is None or gpus_per_node >= G or self.bin > 1 else int(gpus_per_node)
         self.table = share_table(G * self.bin, E, tp_size)[:, : G + 1] if rule == "ascend" else None
         self.tp_size = tp_size
@@ -247,7 +249,7 @@ class RuleCost:
                 first = copies[ids, np.argmax(in_node, axis=2)]
                 gpu = np.where((n_in > 0) & (n_in < ce), first, gpu)
             # holds[ids, h]; a pair whose expert has a copy in its home bin uses it, no other pair does
-            at_home = holds.reshape(-1)[self._pair_home[tokens]] if self._pair_home is not None else holds[ids, h]
+            at_home = holds.reshape(-1)[self._pair_home[tokens]]
             gpu = np.where(at_home, h, gpu)
         distinct = distinct_per_row(gpu, G)
         if self.by_home:

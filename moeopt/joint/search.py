@@ -78,10 +78,11 @@ def top_order(values: np.ndarray, n: int) -> np.ndarray:
         return np.argsort(neg)[:n]
     part = np.argpartition(neg, n)
     top, edge = part[:n], neg[part[n]]
-    vals = neg[top]
-    if np.isnan(vals).any() or not vals.max() < edge or len(np.unique(vals)) < n:
+    order = np.argsort(neg[top])
+    vals = neg[top[order]]  # ascending: distinct when each step up is strict
+    if np.isnan(vals).any() or not vals[-1] < edge or not (vals[1:] > vals[:-1]).all():
         return np.argsort(neg)[:n]
-    return top[np.argsort(vals)]
+    return top[order]
 
 
 def screened_moves(
