@@ -271,7 +271,13 @@ def test_hierarchical_by_default_from_64_gpus_on_several_nodes():
     evaluations left to theirs grow with the slots in hierarchical mode."""
     from types import SimpleNamespace
 
-    from moeopt.methods.joint import DEFAULT_EVALUATIONS, EVALUATIONS_SLOTS, HIERARCHICAL_EVALUATIONS, JointParams
+    from moeopt.methods.joint import (
+        DEFAULT_EVALUATIONS,
+        EVALUATIONS_SLOTS,
+        HIERARCHICAL_EVALUATIONS,
+        RULE_EVALUATIONS,
+        JointParams,
+    )
 
     def resolved(gpus: int, gpn: int) -> bool | None:
         cluster = Cluster(gpus=gpus, gpus_per_node=gpn, slots_per_gpu=1)
@@ -284,8 +290,11 @@ def test_hierarchical_by_default_from_64_gpus_on_several_nodes():
         problem = SimpleNamespace(instance=SimpleNamespace(cluster=cluster))
         return JointParams(**given).resolved(problem).evaluations
 
-    # flat: the default; hierarchical: HIERARCHICAL_EVALUATIONS per 80 slots
+    # flat: the default (three times it under an engine's rule); hierarchical: HIERARCHICAL_EVALUATIONS per 80 slots
     assert evaluations(32, 8) == evaluations(64, 64) == DEFAULT_EVALUATIONS
+    assert evaluations(32, 8, dispatch="lp") == evaluations(64, 64, dispatch="even") == RULE_EVALUATIONS == 7200
+    assert evaluations(32, 8, dispatch="static", evaluations=300) == 300
+    assert evaluations(256, 8, dispatch="even") == evaluations(256, 8) == 20480
     assert evaluations(256, 8) == HIERARCHICAL_EVALUATIONS * 512 // EVALUATIONS_SLOTS == 20480
     assert evaluations(64, 8, replicas=0) == HIERARCHICAL_EVALUATIONS * 64 // EVALUATIONS_SLOTS == 2560
     assert evaluations(256, 8, evaluations=300) == 300

@@ -54,6 +54,14 @@ from moeopt.trace import Trace
 #: machine, so that it does not decide the plan (at 30 s it did, beside a CPU hog, on 64 experts)
 DEFAULT_TIME_PER_LAYER = 300.0
 DEFAULT_EVALUATIONS = 2400
+#: flat mode under an engine's rule (`moeopt.joint.RuleCost`): its priced moves cost about a third of
+#: the guard's simulated ones, so three times the moves take no longer than the guard's search
+#: (qwen1.5-moe, 16 x (4 + 1), CPU per layer: locality 4.8 s at 2400; lp 0.9 -> 2.5 s, static
+#: 1.3 -> 3.3 s at 7200; 256 experts on 32 x (8 + 1): locality 35 s, static 10 -> 29 s) and the
+#: search ends lower (held-out cut of remote GPUs under lp, qwen1.5-moe 1 slot at eps 0.9567,
+#: seeds 0-2: 16.2 / 16.4 / 16.6 % -> 17.6 / 17.2 / 17.4 %; deepseek-moe-16b 17.1 -> 17.5 %,
+#: moonlight-16b 14.8 -> 15.4 %; static on qwen1.5-moe 26.4 -> 27.1 %)
+RULE_EVALUATIONS = 7200
 #: the layer's slots (G x W) that `DEFAULT_EVALUATIONS` was measured on (64 experts on
 #: 16 x (4 + 1)); in hierarchical mode the default grows with the slots past it
 EVALUATIONS_SLOTS = 80
@@ -129,7 +137,8 @@ class JointParams:
         locality the search then trades for balance; None: the grouping's automatic limit).
     evaluations
         Moves priced per layer, shared by the starts: the search's work bound (same seed, same
-        plan on any machine). None: `DEFAULT_EVALUATIONS`; in hierarchical mode
+        plan on any machine). None: `DEFAULT_EVALUATIONS`, `RULE_EVALUATIONS` under an engine's
+        rule (its moves are priced about three times faster than the guard's); in hierarchical mode
         ``HIERARCHICAL_EVALUATIONS * G * W / EVALUATIONS_SLOTS`` when that is more (the node
         level's search is bound by it: DeepSeek-V3-shaped synthetic layers at 256 GPUs x
         (1 + 1) under ``even``, eps 0.2, 2 layers: 2400 -> 8000 -> 20000 evaluations gave
@@ -298,7 +307,10 @@ class JointParams:
         if out.evaluations is None:
             c = problem.instance.cluster
             per_slot = round(HIERARCHICAL_EVALUATIONS * c.gpus * c.width / EVALUATIONS_SLOTS)
-            evaluations = max(DEFAULT_EVALUATIONS, per_slot) if out.hierarchical else DEFAULT_EVALUATIONS
+            if out.hierarchical:
+                evaluations = max(DEFAULT_EVALUATIONS, per_slot)
+            else:
+                evaluations = RULE_EVALUATIONS if out.engine_rule is not None else DEFAULT_EVALUATIONS
             out = replace(out, evaluations=evaluations)
         return out
 
