@@ -756,6 +756,15 @@ def rule_grid(cal: float) -> list[float]:
     return sorted({*matched, *fixed})
 
 
+def extended_limit(eps: float, calibration_maxvio: float, cal: float, extended: int) -> float | None:
+    """The next load limit past the rule grid's top (`RULE_EXTEND` times the last, ``eps``) while the
+    last plan's ``calibration_maxvio`` is below agnostic's ``cal`` and fewer than `RULE_EXTEND_MAX`
+    limits were ``extended`` so far; None: the grid ends."""
+    if calibration_maxvio < cal and extended < RULE_EXTEND_MAX:
+        return round(eps * RULE_EXTEND, 4)
+    return None
+
+
 def rule_part(
     name: str,
     inst: Instance,
@@ -796,8 +805,8 @@ def rule_part(
                 f"  {label}: comm {p.comm_reduction:.2f} %, MaxVio {p.maxvio:.4f} (calibration "
                 f"{p.calibration_maxvio:.4f}; {p.wall_time:.1f} s)"
             )
-            if not limits and p.calibration_maxvio < cal and len(pts) < len(grid) + RULE_EXTEND_MAX:
-                limits.append(round(e * RULE_EXTEND, 4))  # the plan balances below agnostic: looser
+            if not limits and (looser := extended_limit(e, p.calibration_maxvio, cal, len(pts) - len(grid))):
+                limits.append(looser)  # the plan balances below agnostic: looser
         ok = [p for p in pts if p.maxvio <= agnostic["maxvio"] + 1e-12]
         best = max(ok, key=lambda p: p.comm_reduction) if ok else None
         under = score(loc.plan.with_dispatch(rule_dispatch(rule, inst.model)), inst, wl)

@@ -55,3 +55,15 @@ def test_every_script_ends_through_run_script():
         if path.name == "machine_info.py" or "__main__" not in path.read_text():
             continue
         assert "    run_script(main)" in path.read_text(), path.name
+
+
+def test_the_rule_grid_extends_while_the_plans_balance_below_agnostic():
+    """Past the rule grid's top the joint benchmark plans at looser limits only while the last plan's
+    calibration MaxVio is below agnostic's, and at most RULE_EXTEND_MAX times."""
+    import joint
+
+    assert joint.extended_limit(0.5, 0.3, 0.4, 0) == round(0.5 * joint.RULE_EXTEND, 4)
+    assert joint.extended_limit(0.5, 0.3, 0.4, joint.RULE_EXTEND_MAX - 1) is not None
+    assert joint.extended_limit(0.5, 0.3, 0.4, joint.RULE_EXTEND_MAX) is None
+    assert joint.extended_limit(0.5, 0.4, 0.4, 0) is None  # reached agnostic's load
+    assert joint.extended_limit(0.5, 0.45, 0.4, 0) is None
