@@ -137,9 +137,10 @@ class JointParams:
         locality the search then trades for balance; None: the grouping's automatic limit).
     evaluations
         Moves priced per layer, shared by the starts: the search's work bound (same seed, same
-        plan on any machine). None: `DEFAULT_EVALUATIONS`, `RULE_EVALUATIONS` under an engine's
-        rule (its moves are priced about three times faster than the guard's); in hierarchical mode
-        ``HIERARCHICAL_EVALUATIONS * G * W / EVALUATIONS_SLOTS`` when that is more (the node
+        plan on any machine). None: in flat mode `DEFAULT_EVALUATIONS`, and `RULE_EVALUATIONS`
+        under an engine's rule (its moves are priced about three times faster than the guard's);
+        in hierarchical mode, any rule, ``HIERARCHICAL_EVALUATIONS * G * W / EVALUATIONS_SLOTS``
+        when that is more than `DEFAULT_EVALUATIONS` (the node
         level's search is bound by it: DeepSeek-V3-shaped synthetic layers at 256 GPUs x
         (1 + 1) under ``even``, eps 0.2, 2 layers: 2400 -> 8000 -> 20000 evaluations gave
         6.18 -> 5.86 -> 5.64 remote nodes per token, EPLB 7.28; eps 0.3, 4 layers: 15360 ->
