@@ -791,22 +791,26 @@ def rule_part(
     commit = machine_info()["git_commit"]
     out = []
     for rule in rules:
-        pts = []
-        limits = list(grid)
-        while limits:
-            e = limits.pop(0)
+
+        def made_at(e: float, rule: str = rule) -> FrontierPoint:
             params = {"dispatch": rule, "eps": e, "time_per_layer": seconds}
             t0 = time.perf_counter()
             r = solve(inst, method="joint", params=params, workloads=wl, workers=workers)
             label = f"joint dispatch={rule} eps={e:g}"
             p = scored(label, "joint", e, r.plan, inst, wl, families, time.perf_counter() - t0, params)
-            pts.append(p)
             log(
                 f"  {label}: comm {p.comm_reduction:.2f} %, MaxVio {p.maxvio:.4f} (calibration "
                 f"{p.calibration_maxvio:.4f}; {p.wall_time:.1f} s)"
             )
-            if not limits and (looser := extended_limit(e, p.calibration_maxvio, cal, len(pts) - len(grid))):
-                limits.append(looser)  # the plan balances below agnostic: looser
+            return p
+
+        pts = [made_at(e) for e in grid]
+        # the last plan balances below agnostic: looser limits
+        while (
+            pts
+            and (e := extended_limit(pts[-1].eps, pts[-1].calibration_maxvio, cal, len(pts) - len(grid))) is not None
+        ):
+            pts.append(made_at(e))
         ok = [p for p in pts if p.maxvio <= agnostic["maxvio"] + 1e-12]
         best = max(ok, key=lambda p: p.comm_reduction) if ok else None
         under = score(loc.plan.with_dispatch(rule_dispatch(rule, inst.model)), inst, wl)

@@ -307,9 +307,10 @@ class JointParams:
             out = replace(out, restarts=1 if out.hierarchical else DEFAULT_RESTARTS)
         if out.evaluations is None:
             c = problem.instance.cluster
-            per_slot = round(HIERARCHICAL_EVALUATIONS * c.gpus * c.width / EVALUATIONS_SLOTS)
             if out.hierarchical:
-                evaluations = max(DEFAULT_EVALUATIONS, per_slot)
+                evaluations = max(
+                    DEFAULT_EVALUATIONS, round(HIERARCHICAL_EVALUATIONS * c.gpus * c.width / EVALUATIONS_SLOTS)
+                )
             else:
                 evaluations = RULE_EVALUATIONS if out.engine_rule is not None else DEFAULT_EVALUATIONS
             out = replace(out, evaluations=evaluations)
