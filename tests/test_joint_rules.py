@@ -15,7 +15,7 @@ from moeopt.joint import RULE_KINDS, JointLayer, Move, RuleCost, SlotState
 from moeopt.joint.rules import rows_any
 from moeopt.joint.search import top_order
 from moeopt.plan import Dispatch, Plan
-from moeopt.solve import solve
+from moeopt.solve import load_workloads, solve
 from moeopt.trace import Trace
 from tests.strategies import examples, slot_layouts, topk_arrays
 
@@ -210,3 +210,86 @@ def test_rows_any_agrees_with_any(m: int, k: int, seed: int) -> None:
     mask = np.random.default_rng(seed).random((m, k)) < 0.15
     assert (rows_any(mask) == mask.any(axis=1)).all()
     assert (rows_any(mask[:, ::-1]) == mask[:, ::-1].any(axis=1)).all()  # not contiguous: the plain reduction
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(st.data())
+def test_mix_layers_is_within_eps_and_beats_every_whole_restart(data):
+    """The per-layer mix of restarts keeps the mean MaxVio within eps whenever some mix is, costs
+    no more than any whole restart within it (nor, with one layer, than any restart within), and
+    falls back to the most balanced plan of each layer when none is."""
+    from itertools import product
+
+    from moeopt.joint.choice import mix_layers
+
+    R = data.draw(st.integers(1, 4))
+    L = data.draw(st.integers(1, 4))
+    vals = st.floats(0.0, 1.0, allow_nan=False)
+    comm = np.array(data.draw(st.lists(st.lists(vals, min_size=L, max_size=L), min_size=R, max_size=R)))
+    vio = np.array(data.draw(st.lists(st.lists(vals, min_size=L, max_size=L), min_size=R, max_size=R)))
+    eps = data.draw(st.floats(0.0, 1.0))
+    pick = mix_layers(comm, vio, eps)
+    cols = np.arange(L)
+    assert pick.shape == (L,) and ((0 <= pick) & (pick < R)).all()
+    mixes = [np.array(p) for p in product(range(R), repeat=L)]
+    feasible = [p for p in mixes if vio[p, cols].mean() <= eps + 1e-9]
+    if not feasible:
+        assert np.allclose(vio[pick, cols], vio.min(axis=0))
+        return
+    assert vio[pick, cols].mean() <= eps + 1e-9
+    got = comm[pick, cols].sum()
+    for r in range(R):
+        if vio[r].mean() <= eps + 1e-9:
+            assert got <= comm[r].sum() + 1e-9
+    if L == 1:
+        assert got == pytest.approx(min(comm[p, cols].sum() for p in feasible))
+
+
+def test_ladder_limits_scale_then_bracket():
+    """A layer that came in under its limit is searched next at a limit scaled by how far (at most
+    the span's top); one that went over, lower (not under the span's bottom); once a limit gave a
+    plan within and another one over, the geometric mean of the two."""
+    from moeopt.joint.choice import ladder_limits
+
+    limits = np.array([0.2, 0.2, 0.2])
+    within, over = np.full(3, np.nan), np.full(3, np.nan)
+    nxt = ladder_limits(limits.copy(), limits, np.array([0.1, 0.05, 0.25]), within, over, (0.5, 2.0))
+    assert nxt == pytest.approx([0.4, 0.4, 0.16])
+    assert within[:2] == pytest.approx([0.2, 0.2]) and np.isnan(within[2])
+    assert over[2] == pytest.approx(0.2) and np.isnan(over[:2]).all()
+    # layer 0's 0.4 goes over: between 0.2 (within) and 0.4; layer 2's 0.16 comes in: between 0.16 and 0.2
+    nxt2 = ladder_limits(nxt, limits, np.array([0.3, 0.19, 0.15]), within, over, (0.5, 2.0))
+    assert nxt2[0] == pytest.approx(np.sqrt(0.2 * 0.4))
+    assert nxt2[1] == pytest.approx(min(0.4 * 0.2 / 0.19, 0.4))
+    assert nxt2[2] == pytest.approx(np.sqrt(0.16 * 0.2))
+
+
+def test_lp_restarts_climb_a_ladder_and_mix_layers():
+    """Under lp, joint's default restarts (4) search at limits scaled by how far each layer's plan
+    came under eps on lp's own split; the kept plan, a mix of the restarts' layers or one of them,
+    is within eps on calibration as the one scorer measures it, at no more remote GPUs per token than
+    any restart within it."""
+    from moeopt.methods.joint import LP_RESTARTS
+
+    inst = Instance(
+        name="t",
+        model=Model(layers=2, experts=16, top_k=2),
+        cluster=Cluster(gpus=4, gpus_per_node=4, slots_per_gpu=4, replica_slots_per_gpu=1),
+        workload=Workload(calibration=WorkloadSource(synthetic={"tokens": 2048, "steps": 8, "seed": 0})),
+        method=MethodSpec(name="joint"),
+    )
+    eps = 0.15
+    wl = load_workloads(inst)
+    r = solve(inst, params={"dispatch": "lp", "eps": eps, "evaluations": 300, "time_per_layer": 60.0}, workloads=wl)
+    ladder = r.stats["search_eps_per_restart"]
+    assert len(ladder) == len(r.stats["restarts"]) == LP_RESTARTS
+    assert ladder[0] == pytest.approx([eps, eps])
+    assert all(0.5 * eps - 1e-12 <= x <= 2 * eps + 1e-12 for rung in ladder for x in rung)
+    assert any(x != pytest.approx(eps) for rung in ladder[1:] for x in rung)
+    runs = r.stats["restarts"]
+    assert r.stats["constraint_met"]
+    cal = evaluate(r.plan, wl.calibration, inst.cluster)
+    assert cal["comm_per_token"] == pytest.approx(r.objective) and cal["maxvio"] <= eps + 1e-9
+    assert r.objective <= min(x["comm_per_token"] for x in runs if x["met"]) + 1e-9
+    if "restart_per_layer" in r.stats:  # a mix: each layer as that restart's plan has it
+        assert len(r.stats["restart_per_layer"]) == 2

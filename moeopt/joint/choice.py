@@ -55,6 +55,9 @@ class DispatchChoice:
     worst_family_maxvio: float | None = None  # on the calibration trace's families (family guard)
     #: the budget, not the search's own end, stopped the choice (the λ then depends on the machine)
     capped: bool = False
+    #: the chosen dispatch's calibration remote GPUs per token and MaxVio, layer by layer
+    comm_per_layer: list[float] | None = None
+    maxvio_per_layer: list[float] | None = None
 
 
 def choose_dispatch(
@@ -93,17 +96,18 @@ def choose_dispatch(
                 "comm_per_token": m["comm_per_token"],
                 "maxvio": m["maxvio"],
                 "dispatch": d,
+                "per_layer": (m.get("comm_per_layer"), m["maxvio_per_layer"]),
             }
-            tried.append({k: v for k, v in cache[key].items() if k != "dispatch"})
+            tried.append({k: v for k, v in cache[key].items() if k not in ("dispatch", "per_layer")})
         return cache[key]
 
     tol = 1e-9
     if params.engine_rule is not None:  # the engine's rule: nothing to choose
         r = score(params.rule_dispatch(problem))
-        return DispatchChoice(r["dispatch"], r["comm_per_token"], r["maxvio"], r["maxvio"] <= params.eps + tol, tried)
+        return _choice(r, r["maxvio"] <= params.eps + tol, tried)
     if params.lam is not None:
         r = score(params.guard(params.lam))
-        return DispatchChoice(r["dispatch"], r["comm_per_token"], r["maxvio"], r["maxvio"] <= params.eps + tol, tried)
+        return _choice(r, r["maxvio"] <= params.eps + tol, tried)
     lo, hi = 0, len(LAM_GRID) - 1
     if score(params.guard(LAM_GRID[hi]))["maxvio"] <= params.eps + tol:
         while lo < hi and not late():  # smallest feasible index
@@ -131,14 +135,14 @@ def choose_dispatch(
             best = _family_guard(plan, best, trace, cluster, params, score, late)
     else:
         best = min(cache.values(), key=lambda r: (r["maxvio"], r["comm_per_token"]))
+    return _choice(best, bool(feasible), tried, bool(pace["capped"]))
+
+
+def _choice(r: dict, met: bool, tried: list[dict], capped: bool = False) -> DispatchChoice:
+    """The `DispatchChoice` of one scored dispatch ``r`` (`choose_dispatch`'s cache entry)."""
+    comm, vio = r["per_layer"]
     return DispatchChoice(
-        best["dispatch"],
-        best["comm_per_token"],
-        best["maxvio"],
-        bool(feasible),
-        tried,
-        best.get("worst_family_maxvio"),
-        bool(pace["capped"]),
+        r["dispatch"], r["comm_per_token"], r["maxvio"], met, tried, r.get("worst_family_maxvio"), capped, comm, vio
     )
 
 
@@ -191,3 +195,75 @@ def _restart_rank(choice: DispatchChoice) -> tuple:
     """Restarts are ranked: within ``eps`` first, then fewest calibration remote GPUs per token
     (within) or the smallest MaxVio (over)."""
     return (0, choice.comm, choice.maxvio) if choice.met else (1, choice.maxvio, choice.comm)
+
+
+def ladder_limits(
+    searched: np.ndarray,
+    limits: np.ndarray,
+    reached: np.ndarray,
+    within: np.ndarray,
+    over: np.ndarray,
+    span: tuple[float, float],
+) -> np.ndarray:
+    """The next search limits of a ladder (SGLang ``lp``): each layer's search, priced with every
+    copy's even share, ends below ``limits`` on the rule's own split (it balances each batch), so
+    the next search of a layer runs at the limit ``searched`` scaled by how far its plan's
+    calibration MaxVio ``reached`` came under (or over) ``limits``; once one limit has given a plan
+    within and another one over (``within`` the largest such limit so far, ``over`` the smallest,
+    NaN: none), between them (geometric mean). Clipped to ``span`` times ``limits``.
+
+    Updates ``within`` and ``over`` in place."""
+    ok = reached <= limits + 1e-9
+    within[ok] = np.fmax(within[ok], searched[ok])
+    over[~ok] = np.fmin(over[~ok], searched[~ok])
+    step = searched * limits / np.maximum(reached, 1e-3 * limits)
+    bracket = ~np.isnan(within) & ~np.isnan(over) & (within < over)
+    nxt = np.where(bracket, np.sqrt(np.where(bracket, within * over, 1.0)), step)
+    return np.clip(nxt, span[0] * limits, span[1] * limits)
+
+
+def mix_layers(comm: np.ndarray, vio: np.ndarray, eps: float) -> np.ndarray:
+    """Per layer, the restart whose plan of that layer to keep (``comm``, ``vio``: ``[R, L]``
+    calibration remote GPUs per token and MaxVio of each restart's layers): the fewest remote GPUs
+    per token (summed over layers) with the mean MaxVio over layers within ``eps`` (a multiple-choice
+    knapsack: the Lagrangian's pick at the least multiplier that meets it, bisected, then each
+    layer moved to a lower-communication plan while the mean stays within; never worse than the
+    best whole restart within), else the most balanced plan of each layer."""
+    R, L = comm.shape
+    cols = np.arange(L)
+    budget = eps * L + 1e-9
+
+    def pick(mu: float) -> np.ndarray:
+        return np.lexsort((vio, comm + mu * vio), axis=0)[0]
+
+    least = np.argmin(vio, axis=0)
+    if vio[least, cols].sum() > budget:
+        return least
+    lo, hi = 0.0, 1.0
+    while vio[pick(hi), cols].sum() > budget and hi < 1e12:
+        hi *= 4.0
+    if vio[pick(hi), cols].sum() > budget:
+        return least
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if vio[pick(mid), cols].sum() <= budget:
+            hi = mid
+        else:
+            lo = mid
+    chosen = pick(hi)
+    improved = True
+    while improved:  # the slack the bisection left: the largest cut that still fits
+        improved = False
+        spare = budget - vio[chosen, cols].sum()
+        gain = comm[chosen, cols][None, :] - comm  # [R, L]
+        fits = (vio - vio[chosen, cols][None, :] <= spare) & (gain > 1e-12)
+        if fits.any():
+            r, l = np.unravel_index(np.argmax(np.where(fits, gain, -np.inf)), gain.shape)
+            chosen[l] = r
+            improved = True
+    whole = vio.sum(axis=1) <= budget
+    if whole.any():  # a whole restart within: the heuristic above need not beat it
+        w = int(np.argmin(np.where(whole, comm.sum(axis=1), np.inf)))
+        if comm[w].sum() < comm[chosen, cols].sum():
+            chosen = np.full(L, w)
+    return chosen

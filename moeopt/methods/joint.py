@@ -33,6 +33,8 @@ from moeopt.joint.choice import (
     DispatchChoice,
     _restart_rank,
     choose_dispatch,
+    ladder_limits,
+    mix_layers,
     restart_seed,
 )
 from moeopt.joint.costs import MAX_GPUS
@@ -83,6 +85,11 @@ HIERARCHICAL_STARTS = "balance"
 HIERARCHICAL_STATIC_STARTS = "balance,groups"
 #: whole searches when ``restarts`` is not given (one in hierarchical mode)
 DEFAULT_RESTARTS = 2
+#: ... and in flat mode under SGLang's ``lp``, where they climb a ladder of search limits
+#: (`ladder_limits`); its searches are the fastest (priced moves, no λ to choose)
+LP_RESTARTS = 4
+#: the ladder's search limits lie within these multiples of each layer's limit
+LADDER_RANGE = (0.5, 2.0)
 #: most whole searches ``restarts`` runs (each is a full search of every layer; past a few, the
 #: best of them hardly changes and a larger value is more likely a typo than a plan)
 MAX_RESTARTS = 64
@@ -174,11 +181,15 @@ class JointParams:
         communication).
     restarts
         Whole searches from differently seeded starts and samples (the first with the run's
-        seed: ``restarts: 1`` is one search; None: 2, and 1 in hierarchical mode, where one search
+        seed: ``restarts: 1`` is one search; None: 2, 4 under ``lp`` in flat mode, and 1 in
+        hierarchical mode, where one search
         of a DeepSeek-V3-sized model is what fits in minutes); each gets its dispatch chosen on the calibration
         trace, and the plan with the fewest calibration remote GPUs per token among those within
-        ``eps`` is kept (none within: the most balanced). One search ends at a local optimum of
-        its sample's proxy for the dispatch, and where it ends varies with the seed more than
+        ``eps`` is kept (none within: the most balanced). Under ``lp`` (flat mode) they climb a
+        ladder of search limits (`moeopt.joint.choice.ladder_limits`: the search prices each copy's
+        even share, the engine's split balances below it) and each layer's plan may come from any
+        of them, the mean MaxVio within ``eps`` (`moeopt.joint.choice.mix_layers`). One search
+        ends at a local optimum of its sample's proxy for the dispatch, and where it ends varies with the seed more than
         with more evaluations; the calibration trace ranks the ends as the held-out one does
         (benchmark: deepseek-moe-16b, 1 replica slot, eps 0.06, seeds 0-3: 25.9, 22.5, 24.6,
         25.5 % fewer held-out remote GPUs, in the order of their calibration figures).
@@ -304,7 +315,8 @@ class JointParams:
             c = problem.instance.cluster
             out = replace(out, hierarchical=c.nodes > 1 and c.gpus >= HIERARCHICAL_GPUS)
         if out.restarts is None:
-            out = replace(out, restarts=1 if out.hierarchical else DEFAULT_RESTARTS)
+            flat = LP_RESTARTS if out.engine_rule == "lp" else DEFAULT_RESTARTS
+            out = replace(out, restarts=1 if out.hierarchical else flat)
         if out.evaluations is None:
             c = problem.instance.cluster
             if out.hierarchical:
@@ -501,6 +513,11 @@ class Joint:
         )
         found: list[tuple[int, np.ndarray, int, list[dict], DispatchChoice]] = []
         skipped = 0  # restarts the time limit left out
+        # under lp (flat), the restarts climb a ladder of search limits (`ladder_limits`)
+        ladder = params.engine_rule == "lp" and not params.hierarchical
+        searched = limits.copy()
+        within, over = np.full(len(limits), np.nan), np.full(len(limits), np.nan)
+        ladder_log: list[list[float]] = []
         try:
             took = 0.0  # the longest restart so far: another starts only if as long a one fits
             for r in range(restarts):
@@ -512,7 +529,7 @@ class Joint:
                 restart = planning.child(1.0 / (restarts - r))  # this restart's share of what is left
                 search = restart.child(0.5, most=max(0.0, restart.remaining() - scoring))
                 searcher = search_hierarchical if params.hierarchical else search_flat
-                slots, capped, layer_stats = searcher(problem, params, ctx, seed, balanced, limits, search, bar)
+                slots, capped, layer_stats = searcher(problem, params, ctx, seed, balanced, searched, search, bar)
                 c = problem.instance.cluster
                 if (
                     params.engine_rule == "static"
@@ -525,6 +542,10 @@ class Joint:
                 capped += int(choice.capped)
                 took = max(took, time.perf_counter() - began)
                 found.append((seed, slots, capped, layer_stats, choice))
+                if ladder and choice.maxvio_per_layer is not None:
+                    ladder_log.append(searched.tolist())
+                    reached = np.asarray(choice.maxvio_per_layer)
+                    searched = ladder_limits(searched, limits, reached, within, over, LADDER_RANGE)
                 if restarts > 1:
                     ctx.say(
                         f"{self.name} restart {r + 1}/{restarts} (seed {seed}): calibration "
@@ -535,6 +556,20 @@ class Joint:
             bar.close()
         best = min(range(len(found)), key=lambda i: _restart_rank(found[i][4]))
         _, slots, _, layer_stats, choice = found[best]
+        mixed = None
+        if ladder and len(found) > 1 and getattr(problem.instance.cluster, "token_home", "uniform") != "previous-layer":
+            # layers are independent under lp: each layer's plan from whichever restart, the mean MaxVio within eps
+            comm = np.array([f[4].comm_per_layer for f in found], dtype=np.float64)
+            vio = np.array([f[4].maxvio_per_layer for f in found], dtype=np.float64)
+            pick = mix_layers(comm, vio, float(target.eps))
+            # one more scoring of the calibration trace: only within the time limit's share for it
+            if len(set(pick.tolist())) > 1 and not (planning.limited and planning.remaining() < scoring):
+                mix = np.stack([found[i][1][l] for l, i in enumerate(pick)])
+                mix_plan = Plan(slots=mix, experts=problem.experts)
+                mixed_choice = choose_dispatch(mix_plan, trace, problem, target, planning)
+                if _restart_rank(mixed_choice) < _restart_rank(choice):
+                    slots, choice, mixed = mix, mixed_choice, pick.tolist()
+                    layer_stats = [found[i][3][l] for l, i in enumerate(pick)]
         for l, ls in enumerate(layer_stats):
             ctx.say(f"{self.name} layer {l}: feasible plan, objective {ls['value']:.4f} from {ls['start']}")
         stats: dict[str, Any] = {
@@ -546,6 +581,10 @@ class Joint:
                 {"seed": seed, "comm_per_token": c.comm, "maxvio": c.maxvio, "met": c.met} for seed, _, _, _, c in found
             ],
         }
+        if ladder_log:
+            stats["search_eps_per_restart"] = ladder_log
+        if mixed is not None:
+            stats["restart_per_layer"] = mixed
         capped = sum(f[2] for f in found)  # searches (and dispatch choices) the clock cut short, in every restart
         if relaxed:
             stats["eps_per_layer"] = limits.tolist()
