@@ -551,6 +551,7 @@ class Joint:
                         f"{self.name} restart {r + 1}/{restarts} (seed {seed}): calibration "
                         f"{choice.comm:.4f} remote GPUs per token at MaxVio {choice.maxvio:.4f}"
                         f"{'' if choice.met else f' (over eps {target.eps:g})'}"
+                        + (f"; searched at eps {np.mean(ladder_log[-1]):.4g} (mean over layers)" if ladder_log else "")
                     )
         finally:
             bar.close()
@@ -570,6 +571,10 @@ class Joint:
                 if _restart_rank(mixed_choice) < _restart_rank(choice):
                     slots, choice, mixed = mix, mixed_choice, pick.tolist()
                     layer_stats = [found[i][3][l] for l, i in enumerate(pick)]
+                    ctx.say(
+                        f"{self.name}: layers taken from restarts {', '.join(str(i + 1) for i in mixed)}: calibration "
+                        f"{choice.comm:.4f} remote GPUs per token at MaxVio {choice.maxvio:.4f}"
+                    )
         for l, ls in enumerate(layer_stats):
             ctx.say(f"{self.name} layer {l}: feasible plan, objective {ls['value']:.4f} from {ls['start']}")
         stats: dict[str, Any] = {
