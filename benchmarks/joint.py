@@ -99,7 +99,8 @@ RULE_EPS = (0.05, 0.1, 0.2, 0.4, 0.6)
 RULE_MATCH = (0.8, 1.0, 1.3)
 #: ... and past the grid's top, each load limit this times the last, while the last plan's calibration
 #: MaxVio stays below agnostic's (at most :data:`RULE_EXTEND_MAX` more): a rule that balances below the
-#: limit it is planned at (``lp``'s split does better than the even split the search prices) has plans
+#: limit it is planned at (``lp``'s split does better than the even split the search prices; since the
+#: ladder of `moeopt.joint.choice.ladder_limits` its plans land near their limit) has plans
 #: that reach agnostic's load only at looser limits. An in-sample rule: the held-out trace plays no part
 RULE_EXTEND = 1.2
 RULE_EXTEND_MAX = 4
@@ -1102,7 +1103,8 @@ def rules_markdown(rows: list[dict]) -> list[str]:
         f"{', '.join(f'{e:g}' for e in RULE_MATCH)} and at those of eps {', '.join(f'{e:g}' for e in RULE_EPS)} "
         "in between 0.4 and 1.3 times it, then at "
         f"{RULE_EXTEND:g} times the last while the last plan's calibration MaxVio stays below agnostic's (at most "
-        f"{RULE_EXTEND_MAX} more: `lp` balances below the limit it is planned at); the best of them "
+        f"{RULE_EXTEND_MAX} more: for plans that balance below the limit they are planned at, as `lp`'s did "
+        "before its restarts climbed a ladder of search limits); the best of them "
         f"whose held-out MaxVio is no worse than agnostic's is compared with agnostic's cut (target "
         f"{RULE_TARGET:g}x). The last column is the default `joint` (the `locality` rule, which no engine runs; "
         f"eps {LOCALITY_EPS:g}) scored under the engine's rule instead.",
