@@ -558,7 +558,7 @@ class Joint:
         best = min(range(len(found)), key=lambda i: _restart_rank(found[i][4]))
         _, slots, _, layer_stats, choice = found[best]
         mixed = None
-        if ladder and len(found) > 1 and getattr(problem.instance.cluster, "token_home", "uniform") != "previous-layer":
+        if ladder and len(found) > 1 and problem.instance.cluster.token_home != "previous-layer":
             # layers are independent under lp: each layer's plan from whichever restart, the mean MaxVio within eps
             comm = np.array([f[4].comm_per_layer for f in found], dtype=np.float64)
             vio = np.array([f[4].maxvio_per_layer for f in found], dtype=np.float64)
