@@ -265,7 +265,7 @@ def test_ladder_limits_scale_then_bracket():
 
 
 def test_lp_restarts_climb_a_ladder_and_mix_layers():
-    """Under lp, joint's default restarts (4) search at limits scaled by how far each layer's plan
+    """Under lp, joint's default restarts (8) search at limits scaled by how far each layer's plan
     came under eps on lp's own split; the kept plan, a mix of the restarts' layers or one of them,
     is within eps on calibration as the one scorer measures it, at no more remote GPUs per token than
     any restart within it."""

@@ -275,6 +275,8 @@ def test_hierarchical_by_default_from_64_gpus_on_several_nodes():
         DEFAULT_EVALUATIONS,
         EVALUATIONS_SLOTS,
         HIERARCHICAL_EVALUATIONS,
+        LP_RESTARTS,
+        LP_WORK,
         RULE_EVALUATIONS,
         JointParams,
     )
@@ -292,7 +294,11 @@ def test_hierarchical_by_default_from_64_gpus_on_several_nodes():
 
     # flat: the default (three times it under an engine's rule); hierarchical: HIERARCHICAL_EVALUATIONS per 80 slots
     assert evaluations(32, 8) == evaluations(64, 64) == DEFAULT_EVALUATIONS
-    assert evaluations(32, 8, dispatch="lp") == evaluations(64, 64, dispatch="even") == RULE_EVALUATIONS == 7200
+    assert evaluations(32, 8, dispatch="static") == evaluations(64, 64, dispatch="even") == RULE_EVALUATIONS == 7200
+    # under lp the ladder's restarts share LP_WORK (4 searches' worth of RULE_EVALUATIONS)
+    assert evaluations(32, 8, dispatch="lp") == LP_WORK // LP_RESTARTS == 3600
+    assert evaluations(32, 8, dispatch="lp", restarts=2) == 2 * RULE_EVALUATIONS
+    assert evaluations(32, 8, dispatch="lp", restarts=8, evaluations=300) == 300
     assert evaluations(32, 8, dispatch="static", evaluations=300) == 300
     assert evaluations(256, 8, dispatch="even") == evaluations(256, 8) == 20480
     assert evaluations(256, 8) == HIERARCHICAL_EVALUATIONS * 512 // EVALUATIONS_SLOTS == 20480

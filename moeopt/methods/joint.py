@@ -86,8 +86,18 @@ HIERARCHICAL_STATIC_STARTS = "balance,groups"
 #: whole searches when ``restarts`` is not given (one in hierarchical mode)
 DEFAULT_RESTARTS = 2
 #: ... and in flat mode under SGLang's ``lp``, where they climb a ladder of search limits
-#: (`ladder_limits`); its searches are the fastest (priced moves, no λ to choose)
-LP_RESTARTS = 4
+#: (`ladder_limits`) and each layer's plan is picked among them (`mix_layers`): under that rule one
+#: search's end varies more from seed to seed than with its depth, so more, shorter searches find
+#: more (held-out cut of remote GPUs, eps at agnostic's calibration MaxVio, 4 x 7200 -> 8 x 3600
+#: evaluations, the same work: count-sampled OLMoE 1 replica slot, seeds 0-3, 3.22 -> 3.73 % on
+#: average (4 x 3600: 3.34 %), 2 slots seeds 0-1 4.09 -> 4.39 %; qwen1.5-moe 1 slot seeds 0-1
+#: 17.39 -> 18.01 %; deepseek-moe-16b 18.47 -> 18.57 %; moonlight-16b 14.43 -> 14.00 %, where a
+#: deeper search does better; 2 slots, seed 0: qwen1.5-moe 18.15 -> 18.22, deepseek-moe-16b
+#: 19.07 -> 18.92, moonlight-16b 15.90 -> 15.52 %)
+LP_RESTARTS = 8
+#: ... sharing this many priced moves per layer (`evaluations` left to default: this over
+#: ``restarts``), the work of 4 searches of `RULE_EVALUATIONS`
+LP_WORK = 4 * RULE_EVALUATIONS
 #: the ladder's search limits lie within these multiples of each layer's limit
 LADDER_RANGE = (0.5, 2.0)
 #: most whole searches ``restarts`` runs (each is a full search of every layer; past a few, the
@@ -145,7 +155,8 @@ class JointParams:
     evaluations
         Moves priced per layer, shared by the starts: the search's work bound (same seed, same
         plan on any machine). None: in flat mode `DEFAULT_EVALUATIONS`, and `RULE_EVALUATIONS`
-        under an engine's rule (its moves are priced about three times faster than the guard's);
+        under an engine's rule (its moves are priced about three times faster than the guard's),
+        under ``lp`` `LP_WORK` shared by the restarts (3600 each with the default 8);
         in hierarchical mode, any rule, ``HIERARCHICAL_EVALUATIONS * G * W / EVALUATIONS_SLOTS``
         when that is more than `DEFAULT_EVALUATIONS` (the node
         level's search is bound by it: DeepSeek-V3-shaped synthetic layers at 256 GPUs x
@@ -181,7 +192,7 @@ class JointParams:
         communication).
     restarts
         Whole searches from differently seeded starts and samples (the first with the run's
-        seed: ``restarts: 1`` is one search; None: 2, 4 under ``lp`` in flat mode, and 1 in
+        seed: ``restarts: 1`` is one search; None: 2, 8 under ``lp`` in flat mode, and 1 in
         hierarchical mode, where one search
         of a DeepSeek-V3-sized model is what fits in minutes); each gets its dispatch chosen on the calibration
         trace, and the plan with the fewest calibration remote GPUs per token among those within
@@ -323,6 +334,8 @@ class JointParams:
                 evaluations = max(
                     DEFAULT_EVALUATIONS, round(HIERARCHICAL_EVALUATIONS * c.gpus * c.width / EVALUATIONS_SLOTS)
                 )
+            elif out.engine_rule == "lp":  # the ladder's restarts share the work
+                evaluations = max(1, round(LP_WORK / (out.restarts or LP_RESTARTS)))
             else:
                 evaluations = RULE_EVALUATIONS if out.engine_rule is not None else DEFAULT_EVALUATIONS
             out = replace(out, evaluations=evaluations)
