@@ -225,45 +225,32 @@ def ladder_limits(
 def mix_layers(comm: np.ndarray, vio: np.ndarray, eps: float) -> np.ndarray:
     """Per layer, the restart whose plan of that layer to keep (``comm``, ``vio``: ``[R, L]``
     calibration remote GPUs per token and MaxVio of each restart's layers): the fewest remote GPUs
-    per token (summed over layers) with the mean MaxVio over layers within ``eps`` (a multiple-choice
-    knapsack: the Lagrangian's pick at the least multiplier that meets it, bisected, then each
-    layer moved to a lower-communication plan while the mean stays within; never worse than the
-    best whole restart within), else the most balanced plan of each layer."""
+    per token (summed over layers) with the mean MaxVio over layers within ``eps``, a multiple-choice
+    knapsack solved exactly by HiGHS (`scipy.optimize.milp`; ``R * L`` binaries), else the most
+    balanced plan of each layer."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
     R, L = comm.shape
     cols = np.arange(L)
-    budget = eps * L + 1e-9
-
-    def pick(mu: float) -> np.ndarray:
-        return np.lexsort((vio, comm + mu * vio), axis=0)[0]
-
     least = np.argmin(vio, axis=0)
+    budget = eps * L + 1e-9
     if vio[least, cols].sum() > budget:
         return least
-    lo, hi = 0.0, 1.0
-    while vio[pick(hi), cols].sum() > budget and hi < 1e12:
-        hi *= 4.0
-    if vio[pick(hi), cols].sum() > budget:
-        return least
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if vio[pick(mid), cols].sum() <= budget:
-            hi = mid
-        else:
-            lo = mid
-    chosen = pick(hi)
-    improved = True
-    while improved:  # the slack the bisection left: the largest cut that still fits
-        improved = False
-        spare = budget - vio[chosen, cols].sum()
-        gain = comm[chosen, cols][None, :] - comm  # [R, L]
-        fits = (vio - vio[chosen, cols][None, :] <= spare) & (gain > 1e-12)
-        if fits.any():
-            r, l = np.unravel_index(np.argmax(np.where(fits, gain, -np.inf)), gain.shape)
-            chosen[l] = r
-            improved = True
-    whole = vio.sum(axis=1) <= budget
-    if whole.any():  # a whole restart within: the heuristic above need not beat it
-        w = int(np.argmin(np.where(whole, comm.sum(axis=1), np.inf)))
-        if comm[w].sum() < comm[chosen, cols].sum():
-            chosen = np.full(L, w)
-    return chosen
+    one = np.kron(np.eye(L), np.ones(R))  # x[l * R + r]: layer l from restart r, one per layer
+    cap = budget
+    for _ in range(4):  # HiGHS holds the knapsack row to its tolerance: tighten by what it overshot
+        knap = LinearConstraint(vio.T.reshape(1, -1), -np.inf, cap)
+        res = milp(
+            comm.T.ravel(),
+            constraints=[LinearConstraint(one, 1, 1), knap],
+            integrality=np.ones(R * L),
+            bounds=Bounds(0, 1),
+        )
+        if res.x is None:
+            break
+        pick = res.x.reshape(L, R).argmax(axis=1)
+        over = vio[pick, cols].sum() - budget
+        if over <= 0:
+            return pick
+        cap -= over + 1e-9
+    return least

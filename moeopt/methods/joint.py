@@ -335,7 +335,7 @@ class JointParams:
                     DEFAULT_EVALUATIONS, round(HIERARCHICAL_EVALUATIONS * c.gpus * c.width / EVALUATIONS_SLOTS)
                 )
             elif out.engine_rule == "lp":  # the ladder's restarts share the work
-                evaluations = max(1, round(LP_WORK / (out.restarts or LP_RESTARTS)))
+                evaluations = max(1, round(LP_WORK / out.restart_count))
             else:
                 evaluations = RULE_EVALUATIONS if out.engine_rule is not None else DEFAULT_EVALUATIONS
             out = replace(out, evaluations=evaluations)
