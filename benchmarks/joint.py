@@ -449,10 +449,12 @@ def scale_add(args, log) -> dict:
 
     data = json.loads((args.out / "joint_scale.json").read_text())
     pairs = [_added(x) for x in args.add.split(",")]
+    commit = machine_info()["git_commit"]
     for name, inst, wl in scale_cells(data["info"]["layers"]):
         for rule, e, starts in pairs:
             params = {"dispatch": rule, "eps": e, **({"starts": starts} if starts else {})}
-            data["rows"] += scale_run(name, inst, wl, "joint", params, SCALE_RULES, log, workers=args.workers)
+            added = scale_run(name, inst, wl, "joint", params, SCALE_RULES, log, workers=args.workers)
+            data["rows"] += [{**r, "commit": commit} for r in added]
             data["info"]["eps"].setdefault(rule, [])
             if e not in data["info"]["eps"][rule]:
                 data["info"]["eps"][rule] = sorted([*data["info"]["eps"][rule], e])
@@ -492,8 +494,16 @@ def scale_markdown(data: dict) -> str:
         "Every plan scored by the one scorer under the rule named (`static`: SGLang with DeepEP; `even`: SGLang "
         f"dynamic) on the held-out trace; `joint` made for that rule (hierarchical, the default past 64 GPUs) at "
         f"eps {grid} (rows `starts=balance,groups`: the node level also starts from the router groups laid out on "
-        f"nodes, the `groups` start); wall time with `--workers {info['workers']}` (EPLB: one "
-        "process) and the 1-minute load average before and after each run on a shared 2-core machine.",
+        "nodes, the `groups` start; `starts=balance`: the balance start alone, the default under `even` before the "
+        "twin start, `starts=balance,twins` its default since); wall time with "
+        f"`--workers {info['workers']}` (EPLB: one "
+        "process) and the 1-minute load average before and after each run on a shared 2-core machine"
+        + (
+            "; rows marked * at commit " + ", ".join(sorted({r["commit"][:7] for r in data["rows"] if r.get("commit")}))
+            if any(r.get("commit") for r in data["rows"])
+            else ""
+        )
+        + ".",
         "",
     ]
     headers = [
@@ -516,7 +526,7 @@ def scale_markdown(data: dict) -> str:
                     r["instance"],
                     r["layers"],
                     r["rule"],
-                    r["label"],
+                    r["label"] + (" *" if r.get("commit") else ""),
                     f"{r['remote_nodes']:.3f}",
                     f"{r['remote_gpus']:.3f}",
                     f"{r['maxvio']:.3f}",

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moeopt.dispatch import remote_nodes_of
+from moeopt.dispatch import remote_nodes_of, route_trace
 from moeopt.evaluate import evaluate
 from moeopt.instance import Cluster
 from moeopt.plan import Dispatch, Plan
@@ -398,6 +398,114 @@ def test_joint_groups_start(tmp_path):
     with pytest.raises(InputError) as err:
         solve(plain, method="joint", params={"starts": "groups"}, layer_time_limit=1.0)
     assert err.value.field == "method.starts" and "expert_groups" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- the twin start on nodes
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    st.sampled_from([None, 2, 4]),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 3),
+    st.floats(0.0, 1.0),
+    st.floats(0.3, 3.0),
+    st.integers(0, 2**16),
+)
+def test_twin_node_start_splits_the_rows_between_twins(groups, pairs, gpn, width, eps, skew, seed):
+    """The twin layout: every expert at least once and never twice on a node,
+    copy counts 1 or even, the two nodes of a pair holding the same experts but for the
+    single-copy ones; under SGLang's even rule (the engine's own routing, `route_trace`) a token
+    of row r finds each expert with an even copy count on a node of r's parity. Strict: None
+    exactly where no layout packed within the limit."""
+    from moeopt.heuristics.hierarchy import packed_max, twin_node_start
+
+    nodes, per_node = 2 * pairs, gpn * width
+    E = (groups or 1) * max(1, (nodes * per_node) // (2 * (groups or 1)))
+    rng = np.random.default_rng(seed)
+    load = rng.pareto(skew, E) + 0.01
+    if nodes * per_node < E:
+        assert twin_node_start(load, groups, nodes, per_node, gpn, eps) is None
+        return
+    slots = twin_node_start(load, groups, nodes, per_node, gpn, eps)
+    assert slots is not None and slots.shape == (nodes, per_node)
+    assert set(slots[slots >= 0].tolist()) == set(range(E))
+    for row in slots:
+        assert len(set(row[row >= 0].tolist())) == (row >= 0).sum()
+    c = np.bincount(slots[slots >= 0], minlength=E)
+    assert ((c == 1) | (c % 2 == 0)).all()
+    twin = c >= 2
+    for v in range(pairs):
+        a, b = set(slots[2 * v].tolist()), set(slots[2 * v + 1].tolist())
+        assert {e for e in a if twin[e]} == {e for e in b if twin[e]}
+    # the engine's routing: rows 0 .. N - 1 of one batch
+    N, k = 64, min(3, E)
+    topk = np.argsort(rng.random((N, E)), axis=1)[:, :k].reshape(N, 1, k)
+    trace = Trace(topk, np.zeros(N, dtype=np.int32), np.zeros(N, dtype=np.int32), ("all",), E)
+    plan = Plan(slots.reshape(1, nodes * gpn, width), E, Dispatch("even"))
+    cluster = Cluster(gpus=nodes * gpn, gpus_per_node=gpn, slots_per_gpu=1, replica_slots_per_gpu=width - 1)
+    gpu = route_trace(plan, trace, cluster).gpu
+    assert gpu is not None
+    node = gpu[:, 0, :] // gpn
+    even_c = twin[topk[:, 0, :]]
+    parity = np.broadcast_to((np.arange(N) % 2)[:, None], node.shape)
+    assert (node[even_c] % 2 == parity[even_c]).all()
+    strict = twin_node_start(load, groups, nodes, per_node, gpn, eps, strict=True)
+    w = load / load.sum()
+    share = w / c
+    packed = max(packed_max(share[r[r >= 0]], gpn, width) for r in slots) * nodes * gpn - 1.0
+    if strict is not None:
+        assert (strict == slots).all() and packed <= eps + 1e-9
+
+
+def test_twin_node_start_does_not_apply():
+    """An odd number of nodes, groups that do not divide the experts, fewer slots than experts."""
+    from moeopt.heuristics.hierarchy import twin_node_start
+
+    assert twin_node_start(np.ones(16), None, 3, 8, 2, 0.1) is None
+    assert twin_node_start(np.ones(15), 4, 4, 8, 2, 0.1) is None
+    assert twin_node_start(np.ones(40), None, 4, 8, 2, 0.1) is None
+
+
+def test_joint_twins_start(tmp_path):
+    """starts: twins (alone, or beside balance) under even and vllm: a feasible plan; beside balance
+    by default under those rules where the twin layout keeps the limit, not under static; the twins
+    start alone on an odd number of nodes or outside hierarchical mode: one-line input errors."""
+    from moeopt.errors import InputError
+    from moeopt.io import load_instance
+    from moeopt.solve import solve
+
+    path = tmp_path / "grouped.yaml"
+    path.write_text(
+        "model: {layers: 1, experts: 32, top_k: 4, expert_groups: 4}\n"
+        "cluster: {gpus: 64, gpus_per_node: 4, replica_slots_per_gpu: 1}\n"
+        "workload:\n  synthetic: {tokens: 2048, steps: 4, structure_seed: 1, expert_groups: 4, topk_group: 2}\n"
+    )
+    inst = load_instance(path)
+    for rule, starts in (("even", "twins"), ("vllm", "balance,twins")):
+        res = solve(
+            inst,
+            method="joint",
+            params={"dispatch": rule, "starts": starts, "evaluations": 200, "hierarchical": True, "eps": 2.0},
+            layer_time_limit=2.0,
+        )
+        _feasible(res, inst)
+        assert set(res.stats["search"][0]["starts"]) == set(starts.split(","))
+        assert res.plan.dispatch.kind == rule
+    for rule, default in (("even", {"balance", "twins"}), ("static", {"balance", "groups"})):
+        res = solve(
+            inst,
+            method="joint",
+            params={"dispatch": rule, "evaluations": 200, "hierarchical": True, "eps": 2.0},
+            layer_time_limit=2.0,
+        )
+        assert set(res.stats["search"][0]["starts"]) == default
+    with pytest.raises(InputError) as err:
+        solve(inst, method="joint", params={"starts": "twins", "hierarchical": False}, layer_time_limit=1.0)
+    assert err.value.field == "method.starts" and "\n" not in str(err.value)
+    odd = _wide(tmp_path)  # 9 nodes
+    with pytest.raises(InputError) as err:
+        solve(odd, method="joint", params={"starts": "twins", "dispatch": "even"}, layer_time_limit=1.0)
+    assert err.value.field == "method.starts" and "even number of nodes" in str(err.value)
 
 
 # ----------------------------------------------------------------------------- the balance start on nodes

@@ -16,7 +16,8 @@ splits it:
    `gpus_onto_nodes`; the default), ``grouping``
    (`node_grouping_start`: the balanced copies grouped onto nodes by co-activation) and, for
    routers with expert groups, ``groups`` (`group_node_start`: each group on as few nodes as
-   its load allows).
+   its load allows) and, for the rules that pick a copy by the token's row, ``twins``
+   (`twin_node_start`: nodes in pairs holding the same experts).
 2. **Each copy's load** under the rule: ``1 / c`` of its expert's (`node_shares`;
    ``ascend``: the rank-modulo shares), and under SGLang ``static`` exactly what the engine's
    seeded tables deal each node (`static_node_shares`).
@@ -29,10 +30,10 @@ splits it:
    (spectral clusters, capacity and load repair, iterated swaps) for the co-activation inside
    GPUs. Copies never leave their node there.
 
-Not built: a structured "bundle" start for the rules that pick the same copy index for every
-expert of a token (``even``, ``vllm`` by the token's row): experts with ``c`` copies on the same
-``c`` nodes in the same order land on one node for every token that picks several of them. The
-node level's search can reach such layouts move by move, but no start lays them out.
+For the rules that pick the same copy index for every expert of a token (``even``: copy
+``row mod c``; ``vllm``: by the row's hash), the ``twins`` start (`twin_node_start`) pairs the
+nodes: both nodes of a pair hold the same experts, so the tokens of even rows find their experts
+on the even nodes and those of odd rows on the odd nodes, and each token sees half the nodes.
 """
 
 from __future__ import annotations
@@ -189,6 +190,129 @@ def group_node_start(load: np.ndarray, groups: int, nodes: int, width: int) -> n
         slots[n, int(np.argmax(slots[n] < 0))] = e
         node_load[n] += per_copy[e]
     return slots
+
+
+#: the twin start's extra single-copy experts tried, in order (each pair gives a hot expert two copies)
+TWIN_SINGLES = (0, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def twin_copy_counts(w: np.ndarray, total: int, extra: int, most: int) -> np.ndarray | None:
+    """int ``[E]``: copy counts of the twin start: 1 or even; 2 for every expert, the coldest at 1
+    where ``total`` slots hold fewer than two copies each, then the hottest expert per copy 2
+    more (at most ``most``) while spare slots last, and then, while a pair of cold experts at 2
+    can go to 1 (at most ``extra`` of them) and that lowers the largest load per copy, the
+    hottest 2 more again. Slots no expert can take stay spare. None: the slots cannot hold
+    each expert once."""
+    E = len(w)
+    if total < E:
+        return None
+    c = np.full(E, 2, dtype=np.int64)
+    order = np.argsort(w, kind="stable")  # coldest first
+    short = max(0, 2 * E - total)
+    c[order[:short]] = 1
+    spare = total - int(c.sum())
+    colder = [int(e) for e in order[short:]]  # experts still at 2, coldest first
+    given = 0
+    while True:
+        h = int(np.argmax(w / c))
+        if c[h] + 2 > most:
+            break
+        if spare >= 2:
+            spare -= 2
+        elif given + 2 <= extra:
+            pair = [e for e in colder if c[e] == 2 and e != h][:2]
+            if len(pair) < 2 or max(w[h] / (c[h] + 2), float(w[pair].max())) >= w[h] / c[h]:
+                break
+            c[pair] = 1
+            given += 2
+        else:
+            break
+        c[h] += 2
+    return c
+
+
+def twin_node_start(
+    load: np.ndarray,
+    groups: int | None,
+    nodes: int,
+    width: int,
+    gpus_per_node: int,
+    eps: float,
+    strict: bool = False,
+) -> np.ndarray | None:
+    """int ``[nodes, width]``: twin nodes, for the rules that pick copy ``row mod c`` by the
+    token's row (``even``, and ``vllm`` by its row's hash): nodes ``2v`` and ``2v + 1`` hold the same
+    experts, an expert with ``c`` (even) copies has ``c / 2`` twin pairs, so every token of an even
+    row finds its experts on the even nodes and every token of an odd row on the odd nodes: each
+    token sees half the nodes, each with twice the experts. Single-copy experts (the coldest) are
+    paired, one on each twin. The twin pairs are filled group by group of the router's groups
+    (``groups``; None: one group), the heaviest group first, its copies hottest first, each to a
+    pair already holding its group within ``(1 + eps)`` times the mean node load, else to the least
+    loaded pair. Balance needs hot experts with many copies, and each two copies more cost two cold
+    experts their second copy (and the twin layout for them): of `TWIN_SINGLES`, the fewest single
+    copies whose nodes pack onto their GPUs within ``(1 + eps)`` times the mean GPU load
+    (`packed_max`), else the layout that packs lowest (``strict``: None).
+
+    None: an odd number of nodes, groups that do not divide the experts, slots that cannot
+    hold each expert once, or (``strict``) no layout within the limit."""
+    load = np.asarray(load, dtype=np.float64)
+    E = len(load)
+    groups = groups or 1
+    if nodes < 2 or nodes % 2 or E % groups or width < 1:
+        return None
+    pairs, per = nodes // 2, E // groups
+    w = load / load.sum() if load.sum() > 0 else np.full(E, 1.0 / E)
+    gpu_mean = 1.0 / (nodes * gpus_per_node)
+    slot_width = max(1, width // gpus_per_node)
+    best: tuple[float, np.ndarray] | None = None
+    for extra in TWIN_SINGLES:
+        c = twin_copy_counts(w, nodes * width, extra, nodes)
+        if c is None:
+            return None
+        # twin slots: (load on the even twin, load on the odd twin, expert there, expert there)
+        units = [(w[e] / c[e], w[e] / c[e], e, e) for e in range(E) if c[e] >= 2 for _ in range(c[e] // 2)]
+        singles = sorted((e for e in range(E) if c[e] == 1), key=lambda e: (e // per, -w[e]))
+        if len(singles) % 2:
+            singles.append(-1)  # the last single copy's twin slot stays empty
+        units += [(w[a], w[b] if b >= 0 else 0.0, a, b) for a, b in zip(singles[0::2], singles[1::2], strict=True)]
+        if len(units) > pairs * width:
+            return None
+        cap = (1.0 + eps) / nodes
+        held: list[list[tuple]] = [[] for _ in range(pairs)]
+        even, odd = np.zeros(pairs), np.zeros(pairs)
+        has = np.zeros((pairs, groups), dtype=bool)
+        group_load = np.bincount(np.arange(E) // per, weights=w, minlength=groups)
+        for g in np.argsort(-group_load, kind="stable"):
+            mine = sorted((u for u in units if u[2] // per == g), key=lambda u: -(u[0] + u[1]))
+            for u in mine:
+                room = [v for v in range(pairs) if len(held[v]) < width and u[2] not in {x[2] for x in held[v]}]
+                if not room:
+                    break  # the pairs with room hold it already: no twin layout at these counts
+                fits = [v for v in room if has[v, g] and max(even[v] + u[0], odd[v] + u[1]) <= cap]
+                pool = fits or room
+                v = min(pool, key=lambda v: (max(even[v], odd[v]), v))
+                held[v].append(u)
+                even[v] += u[0]
+                odd[v] += u[1]
+                has[v, g] = True
+        if sum(len(h) for h in held) != len(units):
+            continue
+        slots = np.full((nodes, width), -1, dtype=np.int64)
+        for v, us in enumerate(held):
+            for t in (0, 1):
+                ids = [u[2 + t] for u in us if u[2 + t] >= 0]
+                slots[2 * v + t, : len(ids)] = ids
+        packed = max(
+            packed_max(np.array([u[t] for u in held[v] if u[2 + t] >= 0]), gpus_per_node, slot_width)
+            for v in range(pairs)
+            for t in (0, 1)
+        )
+        score = packed / gpu_mean - 1.0
+        if best is None or score < best[0] - 1e-12:
+            best = (score, slots)
+        if score <= eps:
+            return slots
+    return None if best is None or strict else best[1]
 
 
 def _make_room(slots: np.ndarray, e: int) -> int | None:

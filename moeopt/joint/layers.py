@@ -63,7 +63,7 @@ def search_layer(
     keeps the limit)."""
     runs: dict[str, tuple[float, jm.SlotState, Any]] = {}
     over: dict[str, float] = {}
-    weight = {"grouping": 2.0, "balance": 1.0, "groups": 1.0, "hint": 1.0}
+    weight = {"grouping": 2.0, "balance": 1.0, "groups": 1.0, "twins": 1.0, "hint": 1.0}
     total = sum(weight[k] for k in starts)
     capped = 0
     # strict: the family-cap repair may follow (locality cost only) and its time comes out of the

@@ -165,8 +165,8 @@ def search_flat(
         raise InputError(
             _source(problem),
             "method.starts",
-            f"the groups start needs hierarchical mode (hierarchical: true, the default from {HIERARCHICAL_GPUS} "
-            "GPUs on several nodes); add balance or grouping",
+            f"the groups and twins starts need hierarchical mode (hierarchical: true, the default from "
+            f"{HIERARCHICAL_GPUS} GPUs on several nodes); add balance or grouping",
         )
     rules = rule_inputs(problem, params, layers, seed)
     # each layer's share of what the starts left (serial: a pool only finishes sooner)
@@ -238,11 +238,29 @@ def search_hierarchical(
                 "the groups start needs model.expert_groups dividing the experts, and nodes with no more "
                 "slots than a group has experts; add balance",
             )
+    per_start: list[dict[str, np.ndarray]] = [{k: v[l] for k, v in starts.items()} for l in range(L)]
+    if "twins" in params.start_list:
+        # beside other starts, only where the twin layout keeps the limit (no search from it balances
+        # a layout far over it, and the other starts get its share of the evaluations)
+        alone = params.start_list == ["twins"] and ctx.hint is None
+        for l in range(L):
+            twin = hier.twin_node_start(
+                load[l], problem.instance.model.expert_groups, nodes, per_node, gpn, float(limits[l]), strict=not alone
+            )
+            if twin is not None:
+                per_start[l]["twins"] = twin
+            elif alone:
+                raise InputError(
+                    _source(problem),
+                    "method.starts",
+                    "the twins start needs an even number of nodes and slots for each expert once; add balance",
+                )
+            elif not per_start[l]:  # twins with groups alone: the groups start did not apply either
+                per_start[l]["balance"] = node_balance_start(balanced[l], load[l], gpn, nodes, per_node, seed + l)
     rules = rule_inputs(problem, params, layers, seed, nodes=True)
     per_layer = min(params.time_per_layer, search.remaining() / L)
     items = [
-        (layers[l], {k: v[l] for k, v in starts.items()}, load[l], problem.experts, params, seed, l, per_layer)
-        + (rules[l], ctx.budget.limited)
+        (layers[l], per_start[l], load[l], problem.experts, params, seed, l, per_layer) + (rules[l], ctx.budget.limited)
         for l in range(L)
     ]
     found = execute.map_items(search_nodes, items, ctx.executor)
