@@ -194,6 +194,10 @@ def group_node_start(load: np.ndarray, groups: int, nodes: int, width: int) -> n
 
 #: the twin start's extra single-copy experts tried, in order (each pair gives a hot expert two copies)
 TWIN_SINGLES = (0, 2, 4, 8, 16, 32, 64, 128, 256)
+#: beside other starts, the twin layout starts a search only where its GPUs pack within this much
+#: MaxVio over the layer's limit (the search balances a little; from far over, no plan it reaches
+#: keeps the limit, and the other starts lose the evaluations it takes)
+TWIN_SLACK = 0.1
 
 
 def twin_copy_counts(w: np.ndarray, total: int, extra: int, most: int) -> np.ndarray | None:
@@ -238,7 +242,7 @@ def twin_node_start(
     width: int,
     gpus_per_node: int,
     eps: float,
-    strict: bool = False,
+    within: float | None = None,
 ) -> np.ndarray | None:
     """int ``[nodes, width]``: twin nodes, for the rules that pick copy ``row mod c`` by the
     token's row (``even``, and ``vllm`` by its row's hash): nodes ``2v`` and ``2v + 1`` hold the same
@@ -251,10 +255,11 @@ def twin_node_start(
     loaded pair. Balance needs hot experts with many copies, and each two copies more cost two cold
     experts their second copy (and the twin layout for them): of `TWIN_SINGLES`, the fewest single
     copies whose nodes pack onto their GPUs within ``(1 + eps)`` times the mean GPU load
-    (`packed_max`), else the layout that packs lowest (``strict``: None).
+    (`packed_max`), else the layout that packs lowest, if that packs within ``1 + within`` times
+    the mean GPU load (None: any).
 
     None: an odd number of nodes, groups that do not divide the experts, slots that cannot
-    hold each expert once, or (``strict``) no layout within the limit."""
+    hold each expert once, or no layout within ``within``."""
     load = np.asarray(load, dtype=np.float64)
     E = len(load)
     groups = groups or 1
@@ -312,7 +317,7 @@ def twin_node_start(
             best = (score, slots)
         if score <= eps:
             return slots
-    return None if best is None or strict else best[1]
+    return None if best is None or (within is not None and best[0] > within) else best[1]
 
 
 def _make_room(slots: np.ndarray, e: int) -> int | None:

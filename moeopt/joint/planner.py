@@ -240,13 +240,13 @@ def search_hierarchical(
             )
     per_start: list[dict[str, np.ndarray]] = [{k: v[l] for k, v in starts.items()} for l in range(L)]
     if "twins" in params.start_list:
-        # beside other starts, only where the twin layout keeps the limit (no search from it balances
-        # a layout far over it, and the other starts get its share of the evaluations)
+        # beside other starts, only where the twin layout packs near the limit (`TWIN_SLACK`)
         alone = params.start_list == ["twins"] and ctx.hint is None
         for l in range(L):
-            twin = hier.twin_node_start(
-                load[l], problem.instance.model.expert_groups, nodes, per_node, gpn, float(limits[l]), strict=not alone
-            )
+            eps = float(limits[l])
+            within = None if alone else eps + hier.TWIN_SLACK
+            groups = problem.instance.model.expert_groups
+            twin = hier.twin_node_start(load[l], groups, nodes, per_node, gpn, eps, within)
             if twin is not None:
                 per_start[l]["twins"] = twin
             elif alone:
