@@ -417,7 +417,8 @@ def test_twin_node_start_splits_the_rows_between_twins(groups, pairs, gpn, width
     """The twin layout: every expert at least once and never twice on a node,
     copy counts 1 or even, the two nodes of a pair holding the same experts but for the
     single-copy ones; under SGLang's even rule (the engine's own routing, `route_trace`) a token
-    of row r finds each expert with an even copy count on a node of r's parity. With ``within``:
+    of row r finds each expert with an even copy count on a node of r's parity, and under
+    vLLM-Ascend's a token of rank r on a node of r's parity. With ``within``:
     None exactly where the layout packs over it."""
     from moeopt.heuristics.hierarchy import packed_max, twin_node_start
 
@@ -445,12 +446,18 @@ def test_twin_node_start_splits_the_rows_between_twins(groups, pairs, gpn, width
     trace = Trace(topk, np.zeros(N, dtype=np.int32), np.zeros(N, dtype=np.int32), ("all",), E)
     plan = Plan(slots.reshape(1, nodes * gpn, width), E, Dispatch("even"))
     cluster = Cluster(gpus=nodes * gpn, gpus_per_node=gpn, slots_per_gpu=1, replica_slots_per_gpu=width - 1)
+    even_c = twin[topk[:, 0, :]]
     gpu = route_trace(plan, trace, cluster).gpu
     assert gpu is not None
     node = gpu[:, 0, :] // gpn
-    even_c = twin[topk[:, 0, :]]
     parity = np.broadcast_to((np.arange(N) % 2)[:, None], node.shape)
     assert (node[even_c] % 2 == parity[even_c]).all()
+    # vLLM-Ascend: rank r takes copy r mod c: the rank's parity
+    home = rng.integers(0, nodes * gpn, N)
+    ranked = route_trace(plan.with_dispatch(Dispatch("ascend")), replace(trace, home=home), cluster).gpu
+    assert ranked is not None
+    parity = np.broadcast_to((home % 2)[:, None], node.shape)
+    assert (ranked[:, 0, :][even_c] // gpn % 2 == parity[even_c]).all()
     w = load / load.sum()
     share = w / c
     packed = max(packed_max(share[r[r >= 0]], gpn, width) for r in slots) * nodes * gpn - 1.0
@@ -484,7 +491,7 @@ def test_joint_twins_start(tmp_path):
         "workload:\n  synthetic: {tokens: 2048, steps: 4, structure_seed: 1, expert_groups: 4, topk_group: 2}\n"
     )
     inst = load_instance(path)
-    for rule, starts in (("even", "twins"), ("vllm", "balance,twins")):
+    for rule, starts in (("even", "twins"), ("vllm", "balance,twins"), ("ascend", "twins")):
         res = solve(
             inst,
             method="joint",

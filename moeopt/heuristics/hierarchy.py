@@ -16,8 +16,8 @@ splits it:
    `gpus_onto_nodes`; the default), ``grouping``
    (`node_grouping_start`: the balanced copies grouped onto nodes by co-activation) and, for
    routers with expert groups, ``groups`` (`group_node_start`: each group on as few nodes as
-   its load allows) and, for the rules that pick a copy by the token's row, ``twins``
-   (`twin_node_start`: nodes in pairs holding the same experts).
+   its load allows) and, for the rules that give every expert of a token the same copy index,
+   ``twins`` (`twin_node_start`: nodes in pairs holding the same experts).
 2. **Each copy's load** under the rule: ``1 / c`` of its expert's (`node_shares`;
    ``ascend``: the rank-modulo shares), and under SGLang ``static`` exactly what the engine's
    seeded tables deal each node (`static_node_shares`).
@@ -31,9 +31,10 @@ splits it:
    GPUs. Copies never leave their node there.
 
 For the rules that pick the same copy index for every expert of a token (``even``: copy
-``row mod c``; ``vllm``: by the row's hash), the ``twins`` start (`twin_node_start`) pairs the
-nodes: both nodes of a pair hold the same experts, so the tokens of even rows find their experts
-on the even nodes and those of odd rows on the odd nodes, and each token sees half the nodes.
+``row mod c``; ``vllm``: by the row's hash; ``ascend``: ``rank mod c``), the ``twins`` start
+(`twin_node_start`) pairs the nodes: both nodes of a pair hold the same experts, so the tokens of
+even rows (ranks) find their experts on the even nodes and the others on the odd nodes, and each
+token sees half the nodes.
 """
 
 from __future__ import annotations
@@ -244,11 +245,12 @@ def twin_node_start(
     eps: float,
     within: float | None = None,
 ) -> np.ndarray | None:
-    """int ``[nodes, width]``: twin nodes, for the rules that pick copy ``row mod c`` by the
-    token's row (``even``, and ``vllm`` by its row's hash): nodes ``2v`` and ``2v + 1`` hold the same
-    experts, an expert with ``c`` (even) copies has ``c / 2`` twin pairs, so every token of an even
-    row finds its experts on the even nodes and every token of an odd row on the odd nodes: each
-    token sees half the nodes, each with twice the experts. Single-copy experts (the coldest) are
+    """int ``[nodes, width]``: twin nodes, for the rules that give every expert of a token the same
+    copy index (``even``: ``row mod c`` by the token's row; ``vllm``: by its row's hash; ``ascend``:
+    ``rank mod c`` by its rank): nodes ``2v`` and ``2v + 1`` hold the same experts, an expert with
+    ``c`` (even) copies has ``c / 2`` twin pairs, so every token of an even row (rank) finds its
+    experts on the even nodes and every other token on the odd nodes: each token sees half the
+    nodes, each with twice the experts. Single-copy experts (the coldest) are
     paired, one on each twin. The twin pairs are filled group by group of the router's groups
     (``groups``; None: one group), the heaviest group first, its copies hottest first, each to a
     pair already holding its group within ``(1 + eps)`` times the mean node load, else to the least

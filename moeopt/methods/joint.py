@@ -83,11 +83,12 @@ HIERARCHICAL_STARTS = "balance"
 #: either way on the synthetic one, while under ``even`` it lost 1.8 % on the synthetic cell
 #: (benchmarks/results/joint_scale.md)
 HIERARCHICAL_STATIC_STARTS = "balance,groups"
-#: ... and under the rules that pick copy ``row mod c`` by the token's row (SGLang ``even``, vLLM's hash
-#: of it): the twin nodes too, where they keep the limit (benchmarks/results/joint_scale.md)
-HIERARCHICAL_ROW_STARTS = "balance,twins"
-#: the rules whose copy choice is the same copy index for every expert of a token (by its row)
-ROW_RULES = ("even", "vllm")
+#: ... and under the rules that give every expert of a token the same copy index (SGLang ``even``: its
+#: row mod c; vLLM: its row's hash; vLLM-Ascend: its rank mod c): the twin nodes too, where they pack
+#: near the limit (benchmarks/results/joint_scale.md, docs/methods/joint.md)
+HIERARCHICAL_INDEX_STARTS = "balance,twins"
+#: the rules whose copy choice is the same copy index for every expert of a token
+INDEX_RULES = ("even", "vllm", "ascend")
 #: whole searches when ``restarts`` is not given (one in hierarchical mode)
 DEFAULT_RESTARTS = 2
 #: ... and in flat mode under SGLang's ``lp``, where they climb a ladder of search limits
@@ -149,16 +150,18 @@ class JointParams:
         nodes, `moeopt.heuristics.hierarchy.gpus_onto_nodes`), ``groups``
         (hierarchical mode, models with ``expert_groups``: each router group on as few nodes as
         its load allows, `moeopt.heuristics.hierarchy.group_node_start`), ``twins``
-        (hierarchical mode, for the rules that pick copy ``row mod c`` by the token's row,
-        ``even`` and ``vllm``: nodes in pairs holding the same experts, so that each token sees
-        half the nodes, `moeopt.heuristics.hierarchy.twin_node_start`; beside other starts only
-        in the layers where its layout keeps the load limit). None: ``grouping``
+        (hierarchical mode, for the rules that give every expert of a token the same copy index,
+        ``even`` and ``vllm`` by its row, ``ascend`` by its rank: nodes in pairs holding the same
+        experts, so that each token sees half the nodes,
+        `moeopt.heuristics.hierarchy.twin_node_start`; beside other starts only in the layers
+        where its layout packs near the load limit). None: ``grouping``
         and ``balance``; in hierarchical mode ``balance`` (measured on DeepSeek-V3-shaped layers
         at 256 GPUs: the search from it alone, with all the evaluations, ends as low or lower
         than with ``grouping`` too), and ``balance,groups`` under SGLang ``static`` (lower than
         ``balance`` alone on the count-sampled scale cell at every eps, within 0.6 % on the
         synthetic one; under ``even`` it lost on the synthetic cell), and ``balance,twins``
-        under ``even`` and ``vllm`` (the scale benchmark's cells, `docs/methods/joint.md`).
+        under ``even``, ``vllm`` and ``ascend`` (the scale benchmark's cells,
+        `docs/methods/joint.md`).
     grouping_eps
         ``eps_load`` of the grouping start (default ``.inf``: the unconstrained grouping, whose
         locality the search then trades for balance; None: the grouping's automatic limit).
@@ -316,7 +319,7 @@ class JointParams:
         elif not self.hierarchical:
             given = DEFAULT_STARTS
         else:
-            given = {"static": HIERARCHICAL_STATIC_STARTS, **dict.fromkeys(ROW_RULES, HIERARCHICAL_ROW_STARTS)}.get(
+            given = {"static": HIERARCHICAL_STATIC_STARTS, **dict.fromkeys(INDEX_RULES, HIERARCHICAL_INDEX_STARTS)}.get(
                 self.engine_rule or "", HIERARCHICAL_STARTS
             )
         return [s.strip() for s in given.split(",") if s.strip()]
