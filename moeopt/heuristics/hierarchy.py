@@ -236,6 +236,50 @@ def twin_copy_counts(w: np.ndarray, total: int, extra: int, most: int) -> np.nda
     return c
 
 
+def _level_twins(q: np.ndarray, ids: np.ndarray, cap: float, experts: int, rounds: int = 400) -> None:
+    """In place: while the most loaded twin node is over ``cap``, the exchange of its pair's twin
+    slot with another pair's (or a move to an empty one, or a single-copy slot turned over) that
+    lowers the larger load of the two pairs most; never two copies of an expert on one node.
+    ``q [P, S, 2]``: twin slot loads, ``ids [P, S, 2]``: their experts (-1 empty)."""
+    P, S, _ = q.shape
+    for _ in range(rounds):
+        load = q.sum(axis=1)  # [P, 2]
+        top = load.max(axis=1)
+        h = int(top.argmax())
+        if top[h] <= cap:
+            return
+        on = np.zeros((P, 2, experts + 1), dtype=bool)  # which experts each twin holds (index E: empty)
+        np.put_along_axis(on, np.where(ids >= 0, ids, experts).transpose(0, 2, 1), True, axis=2)
+        on[:, :, experts] = False
+        a, b = q[h], q  # [S, 2], [P, S, 2]
+        new_h = load[h][None, None, None, :] - a[:, None, None, :] + b[None]  # [S, P, S, 2]
+        new_v = load[None, :, None, :] + a[:, None, None, :] - b[None]
+        worst = np.maximum(new_h.max(axis=3), new_v.max(axis=3))  # [S, P, S]
+        e_h, e_v = ids[h], ids  # [S, 2], [P, S, 2]
+        # h's slot i into pair v: its experts not already on v's twins (unless they leave with slot j)
+        into_v = np.zeros((S, P, S), dtype=bool)
+        into_h = np.zeros((S, P, S), dtype=bool)
+        for t in (0, 1):
+            held_v = on[:, t, np.where(e_h[:, t] >= 0, e_h[:, t], experts)].T  # [S, P]
+            into_v |= held_v[:, :, None] & (e_v[None, :, :, t] != e_h[:, None, None, t])
+            held_h = on[h, t, np.where(e_v[:, :, t] >= 0, e_v[:, :, t], experts)]  # [P, S]
+            into_h |= held_h[None, :, :] & (e_v[None, :, :, t] != e_h[:, None, None, t])
+        worst[into_v | into_h] = np.inf
+        worst[:, h, :] = np.inf
+        flip = np.maximum(load[h][0] - a[:, 0] + a[:, 1], load[h][1] - a[:, 1] + a[:, 0])  # [S]
+        flip[(e_h[:, 0] == e_h[:, 1]) | (e_h < 0).any(axis=1)] = np.inf
+        i, v, j = np.unravel_index(int(np.argmin(worst)), worst.shape)
+        f = int(np.argmin(flip))
+        if min(worst[i, v, j], flip[f]) >= top[h] - 1e-12:
+            return
+        if flip[f] < worst[i, v, j]:
+            q[h, f] = q[h, f, ::-1].copy()
+            ids[h, f] = ids[h, f, ::-1].copy()
+        else:
+            q[h, i], q[v, j] = q[v, j].copy(), q[h, i].copy()
+            ids[h, i], ids[v, j] = ids[v, j].copy(), ids[h, i].copy()
+
+
 def twin_node_start(
     load: np.ndarray,
     groups: int | None,
@@ -304,15 +348,19 @@ def twin_node_start(
                 has[v, g] = True
         if sum(len(h) for h in held) != len(units):
             continue
-        slots = np.full((nodes, width), -1, dtype=np.int64)
+        q = np.zeros((pairs, width, 2))  # twin slot loads
+        ids = np.full((pairs, width, 2), -1, dtype=np.int64)
         for v, us in enumerate(held):
+            for i, u in enumerate(us):
+                q[v, i], ids[v, i] = (u[0], u[1]), (u[2], u[3])
+        _level_twins(q, ids, cap, E)
+        slots = np.full((nodes, width), -1, dtype=np.int64)
+        for v in range(pairs):
             for t in (0, 1):
-                ids = [u[2 + t] for u in us if u[2 + t] >= 0]
-                slots[2 * v + t, : len(ids)] = ids
+                kept = ids[v, :, t][ids[v, :, t] >= 0]
+                slots[2 * v + t, : len(kept)] = kept
         packed = max(
-            packed_max(np.array([u[t] for u in held[v] if u[2 + t] >= 0]), gpus_per_node, slot_width)
-            for v in range(pairs)
-            for t in (0, 1)
+            packed_max(q[v, :, t][ids[v, :, t] >= 0], gpus_per_node, slot_width) for v in range(pairs) for t in (0, 1)
         )
         score = packed / gpu_mean - 1.0
         if best is None or score < best[0] - 1e-12:
