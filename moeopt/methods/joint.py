@@ -331,8 +331,8 @@ class JointParams:
 
     def resolved(self, problem: Problem) -> JointParams:
         """``auto`` becomes the rule of the instance's engine (``cluster.engine``) when it names one;
-        ``hierarchical``, ``restarts`` and ``evaluations`` left to default get their values for the
-        cluster."""
+        ``hierarchical``, ``restarts``, ``evaluations`` and ``starts`` left to default get their
+        values for the cluster and the rule."""
         out = self
         rule = problem.instance.cluster.engine_rule
         if out.dispatch == "auto" and rule is not None and rule in jm.RULE_KINDS:
@@ -354,6 +354,8 @@ class JointParams:
             else:
                 evaluations = RULE_EVALUATIONS if out.engine_rule is not None else DEFAULT_EVALUATIONS
             out = replace(out, evaluations=evaluations)
+        if out.starts is None:  # the report names the starts the search ran from
+            out = replace(out, starts=",".join(out.start_list))
         return out
 
     @property
