@@ -329,30 +329,26 @@ def twin_node_start(
         if len(units) > pairs * width:
             return None
         cap = (1.0 + eps) / nodes
-        held: list[list[tuple]] = [[] for _ in range(pairs)]
-        even, odd = np.zeros(pairs), np.zeros(pairs)
-        has = np.zeros((pairs, groups), dtype=bool)
-        group_load = np.bincount(np.arange(E) // per, weights=w, minlength=groups)
-        for g in np.argsort(-group_load, kind="stable"):
-            mine = sorted((u for u in units if u[2] // per == g), key=lambda u: -(u[0] + u[1]))
-            for u in mine:
-                room = [v for v in range(pairs) if len(held[v]) < width and u[2] not in {x[2] for x in held[v]}]
-                if not room:
-                    break  # the pairs with room hold it already: no twin layout at these counts
-                fits = [v for v in room if has[v, g] and max(even[v] + u[0], odd[v] + u[1]) <= cap]
-                pool = fits or room
-                v = min(pool, key=lambda v: (max(even[v], odd[v]), v))
-                held[v].append(u)
-                even[v] += u[0]
-                odd[v] += u[1]
-                has[v, g] = True
-        if sum(len(h) for h in held) != len(units):
-            continue
         q = np.zeros((pairs, width, 2))  # twin slot loads
-        ids = np.full((pairs, width, 2), -1, dtype=np.int64)
-        for v, us in enumerate(held):
-            for i, u in enumerate(us):
-                q[v, i], ids[v, i] = (u[0], u[1]), (u[2], u[3])
+        ids = np.full((pairs, width, 2), -1, dtype=np.int64)  # their experts
+        count = np.zeros(pairs, dtype=np.int64)
+        twin_load = np.zeros((pairs, 2))
+        holds = np.zeros((pairs, E), dtype=bool)
+        has = np.zeros((pairs, groups), dtype=bool)
+        heaviest = np.argsort(np.argsort(-np.bincount(np.arange(E) // per, weights=w, minlength=groups), kind="stable"))
+        for u in sorted(units, key=lambda u: (heaviest[u[2] // per], -(u[0] + u[1]))):
+            g = u[2] // per
+            room = (count < width) & ~holds[:, u[2]]
+            if not room.any():
+                break  # the pairs with room hold it already: no twin layout at these counts
+            fits = room & has[:, g] & (np.maximum(twin_load[:, 0] + u[0], twin_load[:, 1] + u[1]) <= cap)
+            v = int(np.argmin(np.where(fits if fits.any() else room, twin_load.max(axis=1), np.inf)))
+            q[v, count[v]], ids[v, count[v]] = u[:2], u[2:]
+            count[v] += 1
+            twin_load[v] += u[:2]
+            holds[v, u[2]] = has[v, g] = True
+        if count.sum() != len(units):
+            continue
         _level_twins(q, ids, cap, E)
         slots = np.full((nodes, width), -1, dtype=np.int64)
         for v in range(pairs):

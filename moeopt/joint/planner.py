@@ -242,10 +242,10 @@ def search_hierarchical(
     if "twins" in params.start_list:
         # beside other starts, only where the twin layout packs near the limit (`TWIN_SLACK`)
         alone = params.start_list == ["twins"] and ctx.hint is None
+        groups = problem.instance.model.expert_groups
         for l in range(L):
             eps = float(limits[l])
             within = None if alone else eps + hier.TWIN_SLACK
-            groups = problem.instance.model.expert_groups
             twin = hier.twin_node_start(load[l], groups, nodes, per_node, gpn, eps, within)
             if twin is not None:
                 per_start[l]["twins"] = twin

@@ -318,10 +318,12 @@ class JointParams:
             given = self.starts
         elif not self.hierarchical:
             given = DEFAULT_STARTS
+        elif self.engine_rule == "static":
+            given = HIERARCHICAL_STATIC_STARTS
+        elif self.engine_rule in INDEX_RULES:
+            given = HIERARCHICAL_INDEX_STARTS
         else:
-            given = {"static": HIERARCHICAL_STATIC_STARTS, **dict.fromkeys(INDEX_RULES, HIERARCHICAL_INDEX_STARTS)}.get(
-                self.engine_rule or "", HIERARCHICAL_STARTS
-            )
+            given = HIERARCHICAL_STARTS
         return [s.strip() for s in given.split(",") if s.strip()]
 
     @property
