@@ -560,3 +560,101 @@ def test_without_cvxpy_the_bound_skips_the_semidefinite_cap(monkeypatch):
     b = distinct_lower_bound(topk, 6, 3, 2, time_limit=5.0)
     assert b.info["pair_sdp"] == "skipped" and b.info["gen_kind"] != "sdp"
     assert b.distinct <= brute_force(topk, 6, 3, 2) + 1e-9
+
+
+# ----------------------------------------------------------------------------- joint without spare slots
+def _bare_instance(seed: int, E: int, G: int, k: int, tokens: int = 120):
+    """An instance of ``G`` GPUs of ``E / G`` slots (no spare slot: every plan holds each
+    expert once) and its workloads, from two-profile token choices over 2 layers."""
+    from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
+    from moeopt.scoring import Workloads
+    from moeopt.trace import Trace
+
+    topk = np.stack([random_tokens(seed + l, E, k, tokens) for l in range(2)], axis=1).astype(np.int16)
+    N = len(topk)
+    trace = Trace(
+        topk=topk, family=np.zeros(N, np.int32), step=np.zeros(N, np.int32), family_names=("a",), num_experts=E
+    )
+    inst = Instance(
+        name="bare",
+        model=Model(layers=2, experts=E, top_k=k),
+        cluster=Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=E // G),
+        workload=Workload(calibration=WorkloadSource(synthetic={})),  # unused: the workloads are given
+    )
+    return inst, Workloads(trace, trace, trace.stats(), None)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from([(6, 3, 2), (6, 2, 3), (8, 4, 3), (8, 2, 2)]),
+    st.sampled_from([0.0, 0.2]),
+)
+def test_joint_without_spare_slots_is_certified_within_its_load_limits(seed, shape, eps):
+    """Without spare slots `joint`'s bound holds for every plan within the MaxVio it reports per
+    layer (the planner's limit, or the plan's own where that is over it): per layer, at most the
+    fewest remote GPUs per token of any such plan (brute force over every plan), and the plan is
+    one of them."""
+    E, G, k = shape
+    inst, wl = _bare_instance(seed, E, G, k)
+    r = solve(inst, method="joint", params={"eps": eps, "evaluations": 200, "bound_rounds": 30}, workloads=wl)
+    st_ = r.stats
+    assert st_["bound_load_limited_per_layer"] == [True, True]
+    covered = st_["bound_maxvio_limit_per_layer"]
+    cal = evaluate(r.plan, wl.calibration, inst.cluster)
+    trace = wl.calibration
+    for l in range(2):
+        assert covered[l] >= max(eps, cal["maxvio_per_layer"][l]) - 1e-9
+        load = np.bincount(trace.topk[:, l].reshape(-1).astype(np.int64), minlength=E).astype(float)
+        share = load / load.sum()
+        plans = single_copy_plans(E, G, E // G, share, (1.0 + covered[l]) / G)
+        best = min(mean_distinct(trace.topk[:, l], h) for h in plans) * (1.0 - 1.0 / G)
+        assert st_["communication_lower_bound_per_layer"][l] <= best + 1e-9
+        assert st_["communication_lower_bound_per_layer"][l] <= cal["comm_per_layer"][l] + 1e-9
+
+
+def test_joint_load_limit_lifts_the_bound_and_needs_a_full_cluster():
+    """Two hot experts most tokens use together may not share a GPU within the limit: the bound
+    is the best plan's figure, above the one over every plan; with a spare slot (a plan could
+    copy them) the bound is over every plan."""
+    from dataclasses import replace
+
+    from moeopt.instance import Cluster, Instance, Model, Workload, WorkloadSource
+    from moeopt.scoring import Workloads
+    from moeopt.trace import Trace
+
+    E, G = 4, 2
+    pairs = np.array([[0, 1]] * 40 + [[2, 3]] * 4 + [[0, 2]] * 2 + [[1, 3]] * 2)
+    topk = np.stack([pairs, pairs], axis=1).astype(np.int16)
+    N = len(topk)
+    trace = Trace(
+        topk=topk, family=np.zeros(N, np.int32), step=np.zeros(N, np.int32), family_names=("a",), num_experts=E
+    )
+    wl = Workloads(trace, trace, trace.stats(), None)
+    inst = Instance(
+        name="hot",
+        model=Model(layers=2, experts=E, top_k=2),
+        cluster=Cluster(gpus=G, gpus_per_node=G, slots_per_gpu=2),
+        workload=Workload(calibration=WorkloadSource(synthetic={})),  # unused: the workloads are given
+    )
+    r = solve(inst, method="joint", params={"eps": 0.1}, workloads=wl)
+    assert r.stats["bound_load_limited_per_layer"] == [True, True]
+    # 0 and 1 apart ({0, 2} {1, 3} the best): 40 tokens on two GPUs, [2, 3] on two, the rest on one
+    assert r.bound == pytest.approx((40 * 2 + 4 * 2 + 2 + 2) / 48 * (1 - 1 / G))
+    assert r.objective == pytest.approx(r.bound)
+    free = solve(inst, method="joint", params={"eps": 10.0}, workloads=wl)  # 0 and 1 may share
+    assert free.bound <= free.objective + 1e-9 and free.bound < r.bound
+    spare = inst.replace(cluster=replace(inst.cluster, replica_slots_per_gpu=1))
+    s = solve(spare, method="joint", params={"eps": 0.1}, workloads=wl)
+    assert s.stats["bound_load_limited_per_layer"] == [False, False]
+    assert "bound_maxvio_limit_per_layer" not in s.stats
+
+
+def test_limited_layers_get_the_rounds_that_prove_their_lp():
+    """Within a load limit, layers whose columns exact pricing enumerates get the rounds that
+    prove their LP; larger ones the rounds of their size, as without a limit."""
+    from moeopt.colgen.cover import COVER_LIMITED_ROUNDS, COVER_MAX_ROUNDS, cover_rounds
+
+    assert cover_rounds(64, 8000, 4, limited=True) == COVER_LIMITED_ROUNDS > cover_rounds(64, 8000, 4) >= 4
+    assert cover_rounds(8, 10, 2) == COVER_MAX_ROUNDS < COVER_LIMITED_ROUNDS == cover_rounds(8, 10, 2, limited=True)
+    assert cover_rounds(256, 8000, 4, limited=True) == cover_rounds(256, 8000, 4)

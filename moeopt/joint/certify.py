@@ -21,10 +21,17 @@ if TYPE_CHECKING:
     from moeopt.trace import Trace
 
 
-def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: Context) -> tuple[float, dict] | None:
+def certificate(
+    problem: Problem, slots: np.ndarray, params: JointParams, ctx: Context, eps: np.ndarray | None = None
+) -> tuple[float, dict] | None:
     """A lower bound on the calibration remote GPUs per token (mean over layers) of every plan,
     and its per-layer figures (`moeopt.colgen.cover.distinct_lower_bound` on each layer's
     whole calibration trace, seeded with the plan's GPUs); None when ``bound_time`` is 0.
+
+    Without spare slots (``G W = E``: every plan holds each expert once) and with the planner's
+    per-layer load limits ``eps`` (MaxVio), the bound is for every plan within them
+    (`single_copy_limits`: each layer's limit, or the plan's own MaxVio where that is over it),
+    far tighter than over every plan: two hot experts cannot share a GPU.
 
     Under uniform token homes the evaluator counts ``distinct (1 - 1/G)`` remote GPUs per token
     (the expectation over the home); with known homes (``trace`` homes, ``previous-layer``) a
@@ -44,11 +51,54 @@ def certificate(problem: Problem, slots: np.ndarray, params: JointParams, ctx: C
     previous = getattr(c, "token_home", "uniform") == "previous-layer"
     # most of what is left of the run's budget (the scoring of the plan follows)
     limit = certificate_cap(ctx.budget.child(0.8), problem.layers, params.bound_time, previous)
+    within = None if eps is None else single_copy_limits(problem, slots, eps)
     lower, stats = layer_certificates(
-        problem, slots, limit, [uniform] * problem.layers, ctx, "joint", previous, rounds=params.bound_rounds
+        problem,
+        slots,
+        limit,
+        [uniform] * problem.layers,
+        ctx,
+        "joint",
+        previous,
+        loads=None if within is None else within[0],
+        load_limits=None if within is None else within[1],
+        rounds=params.bound_rounds,
     )
     stats["bound_token_homes"] = "uniform" if uniform else "known"
+    if within is not None:
+        stats["bound_maxvio_limit_per_layer"] = within[2]
     return float(np.mean(lower)), stats
+
+
+def single_copy_limits(
+    problem: Problem, slots: np.ndarray, eps: np.ndarray
+) -> tuple[list[np.ndarray], list[float | None], list[float]] | None:
+    """Where no plan can hold a second copy of an expert (``G W = E``), the knowledge that makes
+    the certificate a bound for every plan within a load limit: per layer, the experts'
+    calibration loads (shares), the largest GPU load ``(1 + m_l) / G`` and ``m_l``, the MaxVio
+    covered: the planner's ``eps[l]``, or the plan's own MaxVio where that is over it (the plan
+    must be one of the plans the bound covers). A single-copy GPU's load is the sum of its
+    experts', whatever the dispatch. None with spare slots (a plan with copies could be lighter
+    anywhere) or without calibration load."""
+    from moeopt.balance.loads import gpu_loads
+
+    c = problem.instance.cluster
+    if c.gpus * c.width != problem.experts:
+        return None
+    loads: list[np.ndarray] = []
+    limits: list[float | None] = []
+    covered: list[float] = []
+    for l in range(problem.layers):
+        u = np.asarray(problem.stats.expert_load[l], dtype=np.float64)
+        if not u.sum() > 0:
+            return None
+        share = u / u.sum()
+        own = float(gpu_loads(slots[l], share).max()) * c.gpus - 1.0
+        m = max(float(eps[l]), own)
+        loads.append(share)
+        limits.append((1.0 + m) / c.gpus)
+        covered.append(m)
+    return loads, limits, covered
 
 
 def certificate_cap(budget: Budget, layers: int, bound_time: float | None, previous_layer: bool) -> float | None:
