@@ -184,11 +184,7 @@ def _joint_rows(results: Path) -> list[tuple[str, str, str, str]]:
                 f"(target: gap ≤ {100 * check['gap_all']:g} % on every cell, ≤ {100 * check['gap_half']:g} % on half)",
                 f"gap {min(gaps):.1f} % to {max(gaps):.1f} % ({'met' if check['met'] else 'not met'}); "
                 f"the bound is the trivial one (ceil(k / W) GPUs per token) on {trivial} of {len(bound)}"
-                + (
-                    f"; without spare slots (0 replica slots) gap {min(spare):.1f} % to {max(spare):.1f} %"
-                    if (spare := [100 * b["relative_gap"] for b in zero])
-                    else ""
-                ),
+                + _zero_slot_gaps(zero),
                 "joint",
             )
         )
@@ -201,6 +197,22 @@ def _joint_rows(results: Path) -> list[tuple[str, str, str, str]]:
         )
     )
     return out
+
+
+def _zero_slot_gaps(zero: list[dict]) -> str:
+    """The certificate row's note on the cells with 0 replica slots: the gaps where no slot is spare
+    (the bound for the plans within the load limits) and where some are (for every plan)."""
+    limited = [100 * b["relative_gap"] for b in zero if b.get("load_limited")]
+    free = [f"{b['instance']} {100 * b['relative_gap']:.1f} %" for b in zero if not b.get("load_limited")]
+    parts = []
+    if limited:
+        parts.append(
+            f"without spare slots (0 replica slots) gap {min(limited):.1f} % to {max(limited):.1f} % "
+            "for the plans within the load limit"
+        )
+    if free:
+        parts.append(f"0 replica slots with spare ones (every plan): {', '.join(free)}")
+    return "".join(f"; {p}" for p in parts)
 
 
 def _joint_scale_rows(results: Path) -> list[tuple[str, str, str, str]]:

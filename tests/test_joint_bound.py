@@ -658,3 +658,27 @@ def test_limited_layers_get_the_rounds_that_prove_their_lp():
     assert cover_rounds(64, 8000, 4, limited=True) == COVER_LIMITED_ROUNDS > cover_rounds(64, 8000, 4) >= 4
     assert cover_rounds(8, 10, 2) == COVER_MAX_ROUNDS < COVER_LIMITED_ROUNDS == cover_rounds(8, 10, 2, limited=True)
     assert cover_rounds(256, 8000, 4, limited=True) == cover_rounds(256, 8000, 4)
+
+
+@pytest.mark.parametrize("rule", ["static", "ascend"])
+def test_per_rank_rules_are_certified_only_without_spare_slots(rule):
+    """Under SGLang's static and vLLM-Ascend's rules a copy on the token's own GPU is free, which
+    the distinct-GPU bound does not see: no bound with spare slots; without them every rule sends
+    an expert to its one GPU, and the bound holds for the plans within the limits (brute force)."""
+    from dataclasses import replace
+
+    E, G, k = 6, 3, 2
+    inst, wl = _bare_instance(5, E, G, k)
+    params = {"dispatch": rule, "eps": 0.2, "evaluations": 200, "restarts": 1}
+    r = solve(inst, method="joint", params=params, workloads=wl)
+    assert r.plan.dispatch.kind == rule and r.bound is not None
+    trace, covered = wl.calibration, r.stats["bound_maxvio_limit_per_layer"]
+    cal = evaluate(r.plan, trace, inst.cluster)
+    assert r.bound <= cal["comm_per_token"] + 1e-9
+    for l in range(2):
+        load = np.bincount(trace.topk[:, l].reshape(-1).astype(np.int64), minlength=E).astype(float)
+        plans = single_copy_plans(E, G, E // G, load / load.sum(), (1.0 + covered[l]) / G)
+        best = min(mean_distinct(trace.topk[:, l], h) for h in plans) * (1.0 - 1.0 / G)
+        assert r.stats["communication_lower_bound_per_layer"][l] <= best + 1e-9
+    spare = inst.replace(cluster=replace(inst.cluster, replica_slots_per_gpu=1))
+    assert solve(spare, method="joint", params=params, workloads=wl).bound is None

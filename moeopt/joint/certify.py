@@ -26,7 +26,8 @@ def certificate(
 ) -> tuple[float, dict] | None:
     """A lower bound on the calibration remote GPUs per token (mean over layers) of every plan,
     and its per-layer figures (`moeopt.colgen.cover.distinct_lower_bound` on each layer's
-    whole calibration trace, seeded with the plan's GPUs); None when ``bound_time`` is 0.
+    whole calibration trace, seeded with the plan's GPUs); None when ``bound_time`` is 0 or the
+    rule has no certificate (`certifies`).
 
     Without spare slots (``G W = E``: every plan holds each expert once) and with the planner's
     per-layer load limits ``eps`` (MaxVio), the bound is for every plan within them
@@ -40,10 +41,7 @@ def certificate(
 
     Bounded by work (``bound_rounds``, LP iterations); the cap is ``bound_time`` and the layer's
     share of what is left of the run's budget (`certificate_cap`)."""
-    if params.bound_time == 0:
-        return None
-    if params.engine_rule in ("static", "ascend"):
-        # a copy on the token's own GPU costs nothing there: the distinct-GPU bound does not hold
+    if not certifies(problem, params):
         return None
     trace = _need_trace(problem, "joint")
     c = problem.instance.cluster
@@ -99,6 +97,18 @@ def single_copy_limits(
         limits.append((1.0 + m) / c.gpus)
         covered.append(m)
     return loads, limits, covered
+
+
+def certifies(problem: Problem, params: JointParams) -> bool:
+    """Whether `joint` reports a certificate: unless ``bound_time`` is 0, and under SGLang's
+    ``static`` and vLLM-Ascend's rules only without spare slots: with copies a token's own GPU
+    may serve an expert that another copy also holds, which the distinct-GPU bound does not see;
+    with one copy of each expert every rule sends it there and a token from a uniform home
+    uses ``distinct (1 - 1/G)`` remote GPUs, as under any other rule."""
+    if params.bound_time == 0:
+        return False
+    c = problem.instance.cluster
+    return params.engine_rule not in ("static", "ascend") or c.gpus * c.width == problem.experts
 
 
 def certificate_cap(budget: Budget, layers: int, bound_time: float | None, previous_layer: bool) -> float | None:

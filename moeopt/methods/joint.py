@@ -28,7 +28,7 @@ from moeopt import joint as jm
 from moeopt.balance.seeded import polish_static_positions, static_replay_fits, static_trials
 from moeopt.budget import Budget
 from moeopt.errors import InputError
-from moeopt.joint.certify import _need_trace, certificate
+from moeopt.joint.certify import _need_trace, certificate, certifies
 from moeopt.joint.choice import (
     DispatchChoice,
     _restart_rank,
@@ -524,7 +524,7 @@ class Joint:
         # without a certificate), each search half of its restart's share; the certificate gets what
         # is left, and the rest is slack for the scoring and the steps no clock can cut (a search's
         # first round). Without a limit, work alone bounds every phase.
-        certifying = params.bound_time != 0 and params.engine_rule not in ("static", "ascend")
+        certifying = certifies(problem, params)
         planning = ctx.budget.child(0.75 if certifying else 0.9)
         # under an engine rule each restart's dispatch choice is one scoring of the calibration trace, which at
         # scale takes as long as a search (SGLang static at 256 GPUs: half a second per layer): measured on one
@@ -643,9 +643,15 @@ class Joint:
             result = result.replace(params={**result.params, "eps": params.eps})
         if bound is not None and result.objective is not None:
             gap = result.objective - bound
+            covered = result.stats.get("bound_maxvio_limit_per_layer")
+            scope = ""
+            if covered is not None:  # without spare slots: the plans within each layer's load limit
+                lo, hi = min(covered), max(covered)
+                span = f"{hi:.3g}" if hi - lo < 5e-4 else f"{lo:.3g} to {hi:.3g} by layer"
+                scope = f" for plans within MaxVio {span}"
             ctx.say(
-                f"{self.name}: calibration {result.objective:.4f} remote GPUs per token, lower bound {bound:.4f}, "
-                f"gap {gap:.4f} ({100 * gap / max(result.objective, 1e-12):.1f} %)"
+                f"{self.name}: calibration {result.objective:.4f} remote GPUs per token, lower bound {bound:.4f}"
+                f"{scope}, gap {gap:.4f} ({100 * gap / max(result.objective, 1e-12):.1f} %)"
             )
             result = result.replace(
                 stats={**result.stats, "communication_lower_bound": bound, "communication_gap": gap}
