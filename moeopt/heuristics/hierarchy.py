@@ -315,6 +315,9 @@ def twin_node_start(
     w = load / load.sum() if load.sum() > 0 else np.full(E, 1.0 / E)
     gpu_mean = 1.0 / (nodes * gpus_per_node)
     slot_width = max(1, width // gpus_per_node)
+    cap = (1.0 + eps) / nodes
+    # the router groups, heaviest first (the fill's order)
+    heaviest = np.argsort(np.argsort(-np.bincount(np.arange(E) // per, weights=w, minlength=groups), kind="stable"))
     best: tuple[float, np.ndarray] | None = None
     for extra in TWIN_SINGLES:
         c = twin_copy_counts(w, nodes * width, extra, nodes)
@@ -328,14 +331,12 @@ def twin_node_start(
         units += [(w[a], w[b] if b >= 0 else 0.0, a, b) for a, b in zip(singles[0::2], singles[1::2], strict=True)]
         if len(units) > pairs * width:
             return None
-        cap = (1.0 + eps) / nodes
         q = np.zeros((pairs, width, 2))  # twin slot loads
         ids = np.full((pairs, width, 2), -1, dtype=np.int64)  # their experts
         count = np.zeros(pairs, dtype=np.int64)
         twin_load = np.zeros((pairs, 2))
         holds = np.zeros((pairs, E), dtype=bool)
         has = np.zeros((pairs, groups), dtype=bool)
-        heaviest = np.argsort(np.argsort(-np.bincount(np.arange(E) // per, weights=w, minlength=groups), kind="stable"))
         for u in sorted(units, key=lambda u: (heaviest[u[2] // per], -(u[0] + u[1]))):
             g = u[2] // per
             room = (count < width) & ~holds[:, u[2]]

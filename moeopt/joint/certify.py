@@ -78,10 +78,10 @@ def single_copy_limits(
     must be one of the plans the bound covers). A single-copy GPU's load is the sum of its
     experts', whatever the dispatch. None with spare slots (a plan with copies could be lighter
     anywhere) or without calibration load."""
-    from moeopt.balance.loads import gpu_loads
+    from moeopt.balance.loads import maxvio
 
     c = problem.instance.cluster
-    if c.gpus * c.width != problem.experts:
+    if not single_copy_only(problem):
         return None
     loads: list[np.ndarray] = []
     limits: list[float | None] = []
@@ -91,7 +91,7 @@ def single_copy_limits(
         if not u.sum() > 0:
             return None
         share = u / u.sum()
-        own = float(gpu_loads(slots[l], share).max()) * c.gpus - 1.0
+        own = float(maxvio(slots[l], share))
         m = max(float(eps[l]), own)
         loads.append(share)
         limits.append((1.0 + m) / c.gpus)
@@ -107,8 +107,12 @@ def certifies(problem: Problem, params: JointParams) -> bool:
     uses ``distinct (1 - 1/G)`` remote GPUs, as under any other rule."""
     if params.bound_time == 0:
         return False
-    c = problem.instance.cluster
-    return params.engine_rule not in ("static", "ascend") or c.gpus * c.width == problem.experts
+    return params.engine_rule not in ("static", "ascend") or single_copy_only(problem)
+
+
+def single_copy_only(problem: Problem) -> bool:
+    """Whether the slots hold each expert exactly once in every plan (``G W = E``: no spare slot)."""
+    return problem.instance.cluster.physical_slots == problem.experts
 
 
 def certificate_cap(budget: Budget, layers: int, bound_time: float | None, previous_layer: bool) -> float | None:
