@@ -937,9 +937,9 @@ def bound_part(name: str, inst: Instance, wl: Workloads, log, workers: int = 1) 
                 "bound_kind_per_layer": st.get("bound_kind_per_layer"),
                 "bound_seconds_per_layer": st.get("bound_seconds_per_layer"),
                 "capped_layers": st.get("bound_capped_layers"),
-                # without spare slots: the bound is for the plans within these per-layer MaxVio limits
-                "load_limited": bool(st.get("bound_load_limited_per_layer"))
-                and all(st["bound_load_limited_per_layer"]),
+                # without spare slots, or with a few (the flagged LP): where some layer's bound holds only
+                # within its limit, the bound is for the plans within these per-layer MaxVio limits
+                "load_limited": any(st.get("bound_load_limited_per_layer") or []),
                 "maxvio_covered_per_layer": st.get("bound_maxvio_limit_per_layer"),
                 "wall_s": wall,
             }
@@ -1003,8 +1003,8 @@ def bound_markdown(rows: list[dict]) -> list[str]:
         "",
         "`joint` with no parameters (`eps` 0.05, `locality`, the default certificate budgets) on the calibration "
         "trace: its calibration remote GPUs per token, the lower bound it reports (valid for every plan with the "
-        "instance's slots under any dispatch, within the load limits where no slot is spare; "
-        "`moeopt/colgen/cover.py`), the relative gap, and the trivial bound "
+        "instance's slots under any dispatch, within the load limits where no slot or a few are spare; "
+        "`moeopt/colgen/cover.py`, `moeopt/colgen/copies.py`), the relative gap, and the trivial bound "
         "(a token of k experts uses at least ceil(k / W) of the GPUs of W slots). Issue 41's targets, on the cells "
         f"with 1 replica slot: gap <= {100 * BOUND_GAP_ALL:.0f} % on every cell "
         f"({'met' if every else 'not met'}), <= {100 * BOUND_GAP_HALF:.0f} % on at least half "
@@ -1031,9 +1031,15 @@ def bound_markdown(rows: list[dict]) -> list[str]:
         "GPUs x 4; qwen1.5-moe has 60 experts, so 4 slots are spare) every plan holds each expert once and "
         "`joint`'s bound is for every plan within the load limit it planned at, per layer (the column `plans the "
         "bound covers`: the MaxVio limits, the planner's or the plan's own where higher; `moeopt.joint.certify."
-        "single_copy_limits`): the covering LP restricted to GPUs within the limit, given the rounds that prove it. "
+        "load_limits`): the covering LP restricted to GPUs within the limit, given the rounds that prove it. "
+        "qwen1.5-moe's cells without replica slots have 4 spare slots: there `flagged` (`moeopt/colgen/copies.py`) "
+        "is the flagged covering LP, for every plan with copies within the limit (the planner's, or the plan's own "
+        "calibration MaxVio under its dispatch where higher): a column is a GPU's experts with the copied ones "
+        "flagged and the load each serves there, the single-copy ones within the limit beside it; the larger of it "
+        "and the bound over every plan is the layer's. "
         "Elsewhere the bound is for every plan, at any load. "
-        "Each layer's bound is the least of four caps on the saving (the column `bound per layer from`): "
+        "Each layer's bound over every plan is the least of four caps on the saving (the column `bound per layer "
+        "from`): "
         "`trivial` (nothing proved beyond ceil(k / W)), `colgen` (the covering LP: columns are a GPU's set of "
         "experts, worth the tokens it lets skip a GPU; the load limits dropped), `pair` (the pair LP) and `sdp` "
         "(the semidefinite relaxation of how many of a token's experts can share each expert's GPU, copies "

@@ -201,8 +201,10 @@ def _joint_rows(results: Path) -> list[tuple[str, str, str, str]]:
 
 def _zero_slot_gaps(zero: list[dict]) -> str:
     """The certificate row's note on the cells with 0 replica slots: the gaps where no slot is spare
-    (the bound for the plans within the load limits) and where some are (for every plan)."""
-    limited = [100 * b["relative_gap"] for b in zero if b.get("load_limited")]
+    (the bound for the plans within the load limits), where a few are and the flagged LP bounds the
+    plans with copies within them, and where the bound is for every plan."""
+    flagged = [b for b in zero if b.get("load_limited") and "flagged" in (b.get("bound_kind_per_layer") or [])]
+    limited = [100 * b["relative_gap"] for b in zero if b.get("load_limited") and b not in flagged]
     free = [f"{b['instance']} {100 * b['relative_gap']:.1f} %" for b in zero if not b.get("load_limited")]
     parts = []
     if limited:
@@ -210,6 +212,9 @@ def _zero_slot_gaps(zero: list[dict]) -> str:
             f"without spare slots (0 replica slots) gap {min(limited):.1f} % to {max(limited):.1f} % "
             "for the plans within the load limit"
         )
+    if flagged:
+        cells = ", ".join(f"{b['instance']} {100 * b['relative_gap']:.1f} %" for b in flagged)
+        parts.append(f"0 replica slots with a few spare ones (the plans with copies within the load limit): {cells}")
     if free:
         parts.append(f"0 replica slots with spare ones (every plan): {', '.join(free)}")
     return "".join(f"; {p}" for p in parts)

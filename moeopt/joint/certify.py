@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 
 
 def certificate(
-    problem: Problem, slots: np.ndarray, params: JointParams, ctx: Context, eps: np.ndarray | None = None
+    problem: Problem,
+    slots: np.ndarray,
+    params: JointParams,
+    ctx: Context,
+    eps: np.ndarray | None = None,
+    maxvio: list[float] | None = None,
 ) -> tuple[float, dict] | None:
     """A lower bound on the calibration remote GPUs per token (mean over layers) of every plan,
     and its per-layer figures (`moeopt.colgen.cover.distinct_lower_bound` on each layer's
@@ -31,8 +36,11 @@ def certificate(
 
     Without spare slots (``G W = E``: every plan holds each expert once) and with the planner's
     per-layer load limits ``eps`` (MaxVio), the bound is for every plan within them
-    (`single_copy_limits`: each layer's limit, or the plan's own MaxVio where that is over it),
-    far tighter than over every plan: two hot experts cannot share a GPU.
+    (`load_limits`: each layer's limit, or the plan's own MaxVio where that is over it),
+    far tighter than over every plan: two hot experts cannot share a GPU. With a few spare slots
+    (layers that `moeopt.colgen.copies.applies` to) and the plan's own calibration MaxVio
+    ``maxvio`` under its dispatch, per layer, it is for every plan with copies within the limit
+    (the flagged covering LP, `moeopt.colgen.copies`).
 
     Under uniform token homes the evaluator counts ``distinct (1 - 1/G)`` remote GPUs per token
     (the expectation over the home); with known homes (``trace`` homes, ``previous-layer``) a
@@ -49,7 +57,7 @@ def certificate(
     previous = getattr(c, "token_home", "uniform") == "previous-layer"
     # most of what is left of the run's budget (the scoring of the plan follows)
     limit = certificate_cap(ctx.budget.child(0.8), problem.layers, params.bound_time, previous)
-    within = None if eps is None else single_copy_limits(problem, slots, eps)
+    within = None if eps is None else load_limits(problem, slots, eps, maxvio)
     lower, stats = layer_certificates(
         problem,
         slots,
@@ -61,6 +69,7 @@ def certificate(
         loads=None if within is None else within[0],
         load_limits=None if within is None else within[1],
         rounds=params.bound_rounds,
+        copies=within is not None and not single_copy_only(problem),
     )
     stats["bound_token_homes"] = "uniform" if uniform else "known"
     if within is not None:
@@ -68,20 +77,25 @@ def certificate(
     return float(np.mean(lower)), stats
 
 
-def single_copy_limits(
-    problem: Problem, slots: np.ndarray, eps: np.ndarray
+def load_limits(
+    problem: Problem, slots: np.ndarray, eps: np.ndarray, plan_maxvio: list[float] | None = None
 ) -> tuple[list[np.ndarray], list[float | None], list[float]] | None:
-    """Where no plan can hold a second copy of an expert (``G W = E``), the knowledge that makes
-    the certificate a bound for every plan within a load limit: per layer, the experts'
-    calibration loads (shares), the largest GPU load ``(1 + m_l) / G`` and ``m_l``, the MaxVio
-    covered: the planner's ``eps[l]``, or the plan's own MaxVio where that is over it (the plan
-    must be one of the plans the bound covers). A single-copy GPU's load is the sum of its
-    experts', whatever the dispatch. None with spare slots (a plan with copies could be lighter
-    anywhere) or without calibration load."""
+    """The knowledge that makes the certificate a bound for every plan within a load limit: per
+    layer, the experts' calibration loads (shares), the largest GPU load ``(1 + m_l) / G`` and
+    ``m_l``, the MaxVio covered: the planner's ``eps[l]``, or the plan's own MaxVio where that is
+    over it (the plan must be one of the plans the bound covers).
+
+    Where no plan can hold a second copy of an expert (``G W = E``) a GPU's load is the sum of
+    its experts', whatever the dispatch, and the plan's own MaxVio is that of its slots. With a
+    few spare slots (`moeopt.colgen.copies.applies`) it is ``plan_maxvio[l]``, the plan's
+    calibration MaxVio under its dispatch (the flagged LP covers every dispatch within the
+    limit). None elsewhere (more spare slots, or no ``plan_maxvio``) or without calibration load."""
     from moeopt.balance.loads import maxvio
+    from moeopt.colgen.copies import applies
 
     c = problem.instance.cluster
-    if not single_copy_only(problem):
+    single = single_copy_only(problem)
+    if not single and (plan_maxvio is None or not applies(problem.experts, c.gpus, c.width)):
         return None
     loads: list[np.ndarray] = []
     limits: list[float | None] = []
@@ -91,7 +105,7 @@ def single_copy_limits(
         if not u.sum() > 0:
             return None
         share = u / u.sum()
-        own = float(maxvio(slots[l], share))
+        own = float(maxvio(slots[l], share)) if single else float(plan_maxvio[l])  # type: ignore[index]
         m = max(float(eps[l]), own)
         loads.append(share)
         limits.append((1.0 + m) / c.gpus)
@@ -136,6 +150,7 @@ def layer_certificates(
     loads: list[np.ndarray] | None = None,
     load_limits: list[float | None] | None = None,
     rounds: int | None = None,
+    copies: bool = False,
 ) -> tuple[list[float], dict]:
     """Per layer, a lower bound on the calibration remote GPUs per token of every plan: the
     bound on distinct GPUs per token of `bound_layer` (``rounds`` of column generation,
@@ -144,9 +159,10 @@ def layer_certificates(
     homes are ``uniform``, else less the share of tokens that can stay (1; with
     ``previous_layer`` homes, at layers >= 1, the bound of
     `moeopt.colgen.cover.stay_upper_bound`; `moeopt.colgen.cover.remote_lower_bound`).
-    With ``loads`` and ``load_limits`` (per layer; single-copy planners only), the bound holds for
-    every single-copy plan within those limits (tighter; see
-    `moeopt.colgen.cover.distinct_lower_bound`). Independent per layer: on the run's
+    With ``loads`` and ``load_limits`` (per layer), the bound holds for every single-copy plan
+    within those limits (tighter; see `moeopt.colgen.cover.distinct_lower_bound`), and with
+    ``copies`` for every plan with copies within them (`moeopt.colgen.copies.copies_lower_bound`,
+    a few spare slots: `load_limits`). Independent per layer: on the run's
     executor (--workers, Ray) when there is one. Returns the bounds and the per-layer stats."""
     from moeopt.colgen.cover import remote_lower_bound, stay_upper_bound
 
@@ -164,10 +180,12 @@ def layer_certificates(
             None if loads is None else loads[l],
             None if load_limits is None else load_limits[l],
             rounds,
+            copies,
         )
         for l in range(problem.layers)
     ]
     stays_too = previous_layer and not all(uniform[1:])
+    single = single_copy_only(problem)
     # under a time limit, serially: the certificate's whole time, and the longest layer so far (a
     # layer's LPs take some time to set up whatever their cap): a layer that would not fit gets the
     # trivial bound (every token uses at least one GPU), so that the limit is kept (and it says so)
@@ -186,8 +204,9 @@ def layer_certificates(
             took = max(took, time.perf_counter() - began)
 
     def within(l: int) -> tuple[tuple[np.ndarray, np.ndarray] | None, tuple[float, float] | None]:
-        """Layers l - 1 and l's loads and limits when both bounds held within them (single copy)."""
-        if loads is None or load_limits is None or not (found[l][3] and found[l - 1][3]):
+        """Layers l - 1 and l's loads and limits when both bounds held within them (single copy:
+        the stay LP's rows within a limit are for single-copy plans)."""
+        if not single or loads is None or load_limits is None or not (found[l][3] and found[l - 1][3]):
             return None, None
         a, b = load_limits[l - 1], load_limits[l]
         return (None, None) if a is None or b is None else ((loads[l - 1], loads[l]), (a, b))
@@ -249,14 +268,28 @@ def bound_layer(
     load: np.ndarray | None = None,
     load_limit: float | None = None,
     rounds: int | None = None,
+    copies: bool = False,
 ) -> tuple[float, float, bool, bool, bool, str]:
     """One layer's certificate (`moeopt.colgen.cover.distinct_lower_bound`, ``rounds`` of
     column generation, ``limit`` seconds an outer cap): the bound on its distinct GPUs per token,
     the seconds taken, whether the LP was solved, whether the bound holds only within the load
-    limit (single-copy plans), whether the cap stopped it and which relaxation gave it
-    (``colgen``, ``pair``, ``sdp``, ``trivial``: `moeopt.colgen.cover.JointBound`'s ``gen_kind``)."""
+    limit, whether the cap stopped it and which relaxation gave it (``colgen``, ``pair``, ``sdp``,
+    ``trivial``: `moeopt.colgen.cover.JointBound`'s ``gen_kind``; ``flagged``).
+
+    With ``load``, ``load_limit`` and ``copies`` (spare slots), the flagged LP
+    (`moeopt.colgen.copies.copies_lower_bound`, for every plan with copies within the limit)
+    first, then the bound over every plan in the time left; the larger is the layer's."""
+    from moeopt.colgen.copies import copies_lower_bound
     from moeopt.colgen.cover import distinct_lower_bound
 
+    began = time.perf_counter()
+    flagged = None
+    if copies and load is not None and load_limit is not None:
+        # spare slots: every plan with copies within the limit (the flagged LP), first
+        flagged = copies_lower_bound(topk, experts, gpus, width, load, load_limit, start, time_limit=limit)
+        load = load_limit = None  # ... and the bound over every plan beside it
+        if limit is not None:
+            limit = max(limit - (time.perf_counter() - began), 0.05)
     b = distinct_lower_bound(
         topk,
         experts,
@@ -271,12 +304,17 @@ def bound_layer(
     )
     info = b.info
     kind = str(info.get("gen_kind", "trivial"))
+    distinct, proven, limited, capped = float(b.distinct), bool(b.proven), bool(info.get("load_limited")), False
+    if flagged is not None:
+        capped = bool(flagged.info.get("capped"))
+        if flagged.distinct > distinct:
+            distinct, proven, limited, kind = float(flagged.distinct), flagged.proven, True, "flagged"
     return (
-        float(b.distinct),
-        float(b.seconds),
-        bool(b.proven),
-        bool(info.get("load_limited")),
-        bool(info.get("capped")),
+        distinct,
+        time.perf_counter() - began,
+        proven,
+        limited,
+        bool(info.get("capped")) or capped,
         kind,
     )
 

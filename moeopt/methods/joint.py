@@ -631,7 +631,7 @@ class Joint:
                 f"no slot to copy them into): those were planned at eps above it; add replica slots "
                 "(cluster.replica_slots_per_gpu) to balance them"
             )
-        cert = certificate(problem, slots, params, ctx, limits)
+        cert = certificate(problem, slots, params, ctx, limits, choice.maxvio_per_layer)
         bound = None
         if cert is not None:
             bound, more = cert
