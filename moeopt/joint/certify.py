@@ -185,7 +185,6 @@ def layer_certificates(
         for l in range(problem.layers)
     ]
     stays_too = previous_layer and not all(uniform[1:])
-    single = single_copy_only(problem)
     # under a time limit, serially: the certificate's whole time, and the longest layer so far (a
     # layer's LPs take some time to set up whatever their cap): a layer that would not fit gets the
     # trivial bound (every token uses at least one GPU), so that the limit is kept (and it says so)
@@ -205,8 +204,8 @@ def layer_certificates(
 
     def within(l: int) -> tuple[tuple[np.ndarray, np.ndarray] | None, tuple[float, float] | None]:
         """Layers l - 1 and l's loads and limits when both bounds held within them (single copy:
-        the stay LP's rows within a limit are for single-copy plans)."""
-        if not single or loads is None or load_limits is None or not (found[l][3] and found[l - 1][3]):
+        the stay LP's rows within a limit are for single-copy plans, not for ``copies``)."""
+        if copies or loads is None or load_limits is None or not (found[l][3] and found[l - 1][3]):
             return None, None
         a, b = load_limits[l - 1], load_limits[l]
         return (None, None) if a is None or b is None else ((loads[l - 1], loads[l]), (a, b))
