@@ -114,13 +114,20 @@ class _Enumeration:
     """Every set of at most ``W`` experts, its value and, per flag mask, the sets whose single
     members fit the limit (precomputed once: pricing then only adds the duals)."""
 
-    def __init__(self, pricer: HypergraphPricer, load: np.ndarray, limit: float) -> None:
+    def __init__(self, pricer: HypergraphPricer, load: np.ndarray, limit: float, deadline: float | None) -> None:
         self.parts = []
+        self.capped = False  # the deadline passed before every set was valued: no exact pricing
         for z in range(1, pricer.width + 1):
+            if deadline is not None and time.perf_counter() > deadline:
+                self.capped = True
+                return
             sets = pricer._sets_of(z)
             value = pricer._sets_value(sets) if z >= 2 else np.zeros(len(sets))
             U = load[sets]
             for mask in range(1 << z):
+                if deadline is not None and time.perf_counter() > deadline:
+                    self.capped = True
+                    return
                 flag = np.array([(mask >> i) & 1 for i in range(z)], dtype=bool)
                 single = U[:, ~flag].sum(axis=1)
                 ok = np.flatnonzero(single <= limit + LOAD_TOL)
@@ -261,7 +268,19 @@ def copies_lower_bound(
     if total <= 0:
         return JointBound(0.0, 0.0, 0.0, True, time.perf_counter() - t0, 0, 0)
     pricer = HypergraphPricer(pats, w, E, W)
-    enum = _Enumeration(pricer, u, lam)
+    deadline = None if time_limit is None else t0 + time_limit
+    enum = _Enumeration(pricer, u, lam, deadline)
+    if enum.capped:  # the clock ran out before the sets were valued: the trivial bound
+        return JointBound(
+            least / total,
+            need - least,
+            None,
+            False,
+            time.perf_counter() - t0,
+            0,
+            0,
+            {"gen_kind": "trivial", "capped": True},
+        )
     spare = G * W - E
     cols = _Columns([], [], [], [], set())
     for e in range(E):
@@ -296,7 +315,6 @@ def copies_lower_bound(
     proven = capped = False
     it = since_exact = 0
     limit_rounds = COPIES_ROUNDS if rounds is None else int(rounds)
-    deadline = None if time_limit is None else t0 + time_limit
     while it < limit_rounds:
         if deadline is not None and time.perf_counter() > deadline:
             capped = True
