@@ -52,7 +52,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
@@ -86,28 +85,40 @@ def applies(experts: int, gpus: int, width: int) -> bool:
     return gpus * width > experts and width <= 4 and flagged_columns(experts, width) <= MAX_FLAGGED
 
 
-@dataclass
 class _Columns:
-    """The master's columns: members, flags, each flagged member's served load, value."""
+    """The master's columns (members, flags, each flagged member's served load, value), each with
+    its entries in the master's ``<=`` rows (`copies_lower_bound`'s rows (a) - (e)), built once."""
 
-    members: list[np.ndarray]
-    flags: list[np.ndarray]
-    sigma: list[np.ndarray]
-    value: list[float]
-    keys: set
+    def __init__(self, load: np.ndarray) -> None:
+        self.load = load
+        self.members: list[np.ndarray] = []
+        self.value: list[float] = []
+        self.keys: set[tuple[bytes, bytes, bytes]] = set()
+        self._rows: list[np.ndarray] = []
+        self._vals: list[np.ndarray] = []
 
     def add(self, members: np.ndarray, flags: np.ndarray, sigma: np.ndarray, value: float) -> bool:
+        """Add the column unless it is empty or already there; whether it was added."""
         order = np.argsort(members)
         m, f, s = members[order], flags[order], sigma[order]
         key = (m.tobytes(), f.tobytes(), np.round(s, 12).tobytes())
         if len(m) == 0 or key in self.keys:
             return False
+        E = len(self.load)
+        single, flagged = m[~f], m[f]
         self.keys.add(key)
         self.members.append(m)
-        self.flags.append(f)
-        self.sigma.append(s)
         self.value.append(float(value))
+        self._rows.append(np.r_[single, E + single, 2 * E + 1 + single, flagged, 2 * E + 1 + flagged, 2 * E, 3 * E + 1])
+        ones = np.ones(len(single))
+        self._vals.append(np.r_[-ones, ones, -self.load[single], np.full(len(flagged), -0.5), -s[f], 1.0, len(flagged)])
         return True
+
+    def matrix(self, rows: int) -> sp.csr_matrix:
+        """The columns' entries in the master's rows."""
+        cols = np.repeat(np.arange(len(self._rows)), [len(r) for r in self._rows])
+        data = (np.concatenate(self._vals), (np.concatenate(self._rows), cols))
+        return sp.csr_matrix(data, shape=(rows, len(self._rows)))
 
 
 class _Enumeration:
@@ -185,31 +196,6 @@ def _split(slots: np.ndarray, load: np.ndarray, limit: float) -> dict[tuple[int,
     return {p: float(x) for p, x in zip(pairs, res.x, strict=True)}
 
 
-def _master_matrix(cols: _Columns, u: np.ndarray, rows: int) -> sp.csr_matrix:
-    """The master's columns as ``<=`` rows (see `copies_lower_bound`'s rows (a) - (e))."""
-    E = len(u)
-    ri: list[np.ndarray] = []
-    ci: list[np.ndarray] = []
-    vv: list[np.ndarray] = []
-    for j, (m, f, s) in enumerate(zip(cols.members, cols.flags, cols.sigma, strict=True)):
-        single, flagged = m[~f], m[f]
-        r = np.r_[single, E + single, 2 * E + 1 + single, flagged, 2 * E + 1 + flagged, 2 * E, 3 * E + 1]
-        v = np.r_[
-            -np.ones(len(single)),
-            np.ones(len(single)),
-            -u[single],
-            np.full(len(flagged), -0.5),
-            -s[f],
-            1.0,
-            float(len(flagged)),
-        ]
-        ri.append(r)
-        ci.append(np.full(len(r), j))
-        vv.append(v)
-    data = (np.concatenate(vv), (np.concatenate(ri), np.concatenate(ci)))
-    return sp.csr_matrix(data, shape=(rows, len(cols.members)))
-
-
 @threadpool_limits.wrap(limits=1, user_api="blas")
 def copies_lower_bound(
     topk: np.ndarray,
@@ -282,7 +268,7 @@ def copies_lower_bound(
             {"gen_kind": "trivial", "capped": True},
         )
     spare = G * W - E
-    cols = _Columns([], [], [], [], set())
+    cols = _Columns(u)
     for e in range(E):
         if u[e] <= lam + LOAD_TOL:
             cols.add(np.array([e]), np.zeros(1, dtype=bool), np.zeros(1), 0.0)
@@ -290,17 +276,16 @@ def copies_lower_bound(
         slots = np.asarray(start_slots, dtype=np.int64)
         split = _split(slots, u, lam)
         count = np.bincount(slots[slots >= 0], minlength=E)
-        for g, row in enumerate(slots):
-            members = np.unique(row[row >= 0])
-            if not len(members):
-                continue
+        gpus_held = [np.unique(row[row >= 0]) for row in slots]
+        values = pricer.value(gpus_held)
+        for g, members in enumerate(gpus_held):
             flags = count[members] > 1
             if split is None:  # no split within the limit: an even one (the column may not fit)
                 sigma = np.where(flags, u[members] / np.maximum(count[members], 1), 0.0)
             else:
                 sigma = np.array([split.get((g, int(e)), 0.0) for e in members])
             if u[members[~flags]].sum() + sigma.sum() <= lam + LOAD_TOL:
-                cols.add(members, flags, sigma, float(pricer.value([members])[0]) if len(members) > 1 else 0.0)
+                cols.add(members, flags, sigma, float(values[g]))
     big = 10.0 * max(need, 1.0)  # more than any saving: an artificial column never pays
     rows = 3 * E + 2  # (a) E, (b) E, (c) 1, (d) E, (e) 1, all as <= rows
     b = np.r_[-np.ones(E), np.ones(E), [float(G)], -u, [2.0 * spare]]
@@ -321,7 +306,7 @@ def copies_lower_bound(
             break
         it += 1
         n = len(cols.members)
-        A = _master_matrix(cols, u, rows)
+        A = cols.matrix(rows)
         res = linprog(
             -np.r_[np.asarray(cols.value), -art_cost],
             A_ub=sp.hstack([A, art]).tocsr(),
@@ -341,7 +326,7 @@ def copies_lower_bound(
         exact = since_exact >= exact_every or not pool or it == 1
         parts = enum.parts if exact else pool
         top_rc = -math.inf
-        found: list[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = []
+        found: list[tuple[float, np.ndarray, np.ndarray, np.ndarray, float]] = []
         new_pool = []
         for sets, value, flag, room in parts:
             rc = value + single_gain[sets[:, ~flag]].sum(axis=1) + flag_gain[sets[:, flag]].sum(axis=1)
@@ -357,7 +342,7 @@ def copies_lower_bound(
             for i in good:
                 full = np.zeros(len(flag))
                 full[flag] = sigma[i]
-                found.append((float(rc[i]), sets[i], flag, full))
+                found.append((float(rc[i]), sets[i], flag, full, float(value[i])))
         if exact:
             since_exact = 0
             pool = new_pool
@@ -377,8 +362,7 @@ def copies_lower_bound(
                 since_exact = exact_every  # the pool is spent: price exactly next round
         found.sort(key=lambda t: -t[0])
         added = 0
-        for _, members, flag, sigma in found:
-            v = float(pricer.value([members])[0]) if len(members) > 1 else 0.0
+        for _, members, flag, sigma, v in found:
             added += cols.add(members.copy(), flag.copy(), sigma, v)
             if added >= ADD_PER_ROUND:
                 break

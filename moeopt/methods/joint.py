@@ -645,7 +645,7 @@ class Joint:
             gap = result.objective - bound
             covered = result.stats.get("bound_maxvio_limit_per_layer")
             scope = ""
-            if covered is not None:  # without spare slots: the plans within each layer's load limit
+            if covered is not None:  # the plans within each layer's load limit (no or a few spare slots)
                 lo, hi = min(covered), max(covered)
                 span = f"{hi:.3g}" if hi - lo < 5e-4 else f"{lo:.3g} to {hi:.3g} by layer"
                 scope = f" for plans within MaxVio {span}"
