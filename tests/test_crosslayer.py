@@ -463,6 +463,33 @@ def test_crosslayer_keeps_the_automatic_load_limit(planned):
             assert np.bincount(home[l], minlength=c.gpus).max() <= c.slots_per_gpu
 
 
+@pytest.mark.parametrize(("method", "limited"), [("crosslayer", True), ("joint", False)])
+def test_stay_lp_is_load_limited_only_for_single_copy_plans(monkeypatch, method, limited):
+    """With spare slots (14 experts in 4 x 4), crosslayer's plans hold one copy each: its stay LP
+    keeps the rows within the load limits. joint's certificate there covers plans with copies
+    (the flagged LP), for which those rows do not hold: its stay LP is the one over every plan."""
+    import moeopt.colgen.cover as cover
+
+    seen = []
+    real = cover.stay_upper_bound
+
+    def spy(*args, **kwargs):
+        seen.append(args[6])  # the two layers' load limits (None: every plan)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cover, "stay_upper_bound", spy)
+    inst = synth_instance(E=14, G=4, tokens=1024)
+    assert inst.cluster.gpus * inst.cluster.slots_per_gpu > inst.model.experts
+    res = solve(inst, method=method, workloads=load_workloads(inst))
+    assert len(seen) == inst.model.layers - 1  # layers >= 1: homes on the previous layer's GPUs
+    if limited:
+        assert all(res.stats["bound_load_limited_per_layer"])
+        assert all(lim is not None for lim in seen)
+    else:
+        assert res.stats["bound_kind_per_layer"][0] == "flagged"
+        assert all(lim is None for lim in seen)
+
+
 def test_crosslayer_params_validated():
     inst = synth_instance(L=2, E=8, tokens=256)
     with pytest.raises(InputError, match="starts"):
