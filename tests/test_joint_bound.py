@@ -658,6 +658,21 @@ def test_joint_load_limit_lifts_the_bound_and_needs_a_full_cluster():
     assert s.bound <= s.objective + 1e-9 and s.bound < r.bound
 
 
+@pytest.mark.parametrize(
+    ("slots", "scope"),
+    [(4, "for plans within MaxVio"), (5, "for every plan at any load")],
+)
+def test_joint_says_which_plans_its_bound_covers(capsys, slots, scope):
+    """The summary line names the plans the bound is for: within the load limit without spare
+    slots; with spare slots past the flagged LP (5 slots per GPU), every plan at any load."""
+    inst, wl = _bare_instance(2, 8, 2, 2, slots=slots)
+    r = solve(inst, method="joint", workloads=wl, quiet=False)
+    assert r.bound is not None
+    line = [x for x in capsys.readouterr().err.splitlines() if "remote GPUs per token, lower bound" in x]
+    assert len(line) == 1 and scope in line[0]
+    assert ("within" in line[0]) == ("bound_maxvio_limit_per_layer" in r.stats)
+
+
 def test_limited_layers_get_the_rounds_that_prove_their_lp():
     """Within a load limit, layers whose columns exact pricing enumerates get the rounds that
     prove their LP; larger ones the rounds of their size, as without a limit."""
