@@ -166,34 +166,18 @@ def _knapsack(room: np.ndarray, r: np.ndarray, u: np.ndarray) -> tuple[np.ndarra
     return sigma, (taken * rs).sum(axis=1)
 
 
-def _split(slots: np.ndarray, load: np.ndarray, limit: float) -> dict[tuple[int, int], float] | None:
-    """A split of the copied experts' loads over their copies within ``limit`` (a small LP), the
-    start plan's flagged columns; None if there is none."""
-    from scipy.optimize import linprog
+def _split(slots: np.ndarray, load: np.ndarray, limit: float) -> np.ndarray | None:
+    """``[E, G]``: the start plan's split of each expert's load over its copies that lowers the
+    largest GPU load most (`moeopt.dispatch.lp_layer_loads`), its flagged columns' served loads;
+    None where even that split passes ``limit``."""
+    from moeopt.dispatch import lp_layer_loads
 
-    held = slots[slots >= 0]
-    count = np.bincount(held, minlength=len(load))
-    pairs = [(g, int(e)) for g in range(len(slots)) for e in np.unique(slots[g][slots[g] >= 0]) if count[e] > 1]
-    if not pairs:
-        return {}
-    copied = sorted({e for _, e in pairs})
-    index = {e: i for i, e in enumerate(copied)}
-    n = len(pairs)
-    A_eq = sp.csr_matrix((np.ones(n), ([index[e] for _, e in pairs], np.arange(n))), shape=(len(copied), n))
-    A_ub = sp.csr_matrix((np.ones(n), ([g for g, _ in pairs], np.arange(n))), shape=(len(slots), n))
-    single = np.array([load[[e for e in np.unique(r[r >= 0]) if count[e] == 1]].sum() for r in slots])
-    res = linprog(
-        np.zeros(n),
-        A_ub=A_ub,
-        b_ub=limit - single,
-        A_eq=A_eq,
-        b_eq=load[copied],
-        bounds=(0, None),
-        method="highs",
-    )
-    if res.status != 0:
-        return None
-    return {p: float(x) for p, x in zip(pairs, res.x, strict=True)}
+    G = len(slots)
+    holds = np.zeros((len(load), G), dtype=bool)
+    g_of, w_of = np.nonzero(slots >= 0)
+    holds[slots[g_of, w_of], g_of] = True
+    loads, flow = lp_layer_loads(load[None, :], holds)
+    return None if loads.max() > limit + LOAD_TOL else flow[0]
 
 
 @threadpool_limits.wrap(limits=1, user_api="blas")
@@ -226,8 +210,8 @@ def copies_lower_bound(
     load, load_limit
         The experts' loads and the largest GPU load.
     start_slots
-        Optional ``[G, W]`` plan (-1 empty) within the limit: its GPUs (copies split by a small
-        LP) seed the master.
+        Optional ``[G, W]`` plan (-1 empty) within the limit: its GPUs (copies split as
+        `moeopt.dispatch.lp_layer_loads` splits them, least largest load) seed the master.
     rounds, exact_every
         Master LP solves (None: `COPIES_ROUNDS`) and pool-priced rounds between exact pricings:
         the work budget; the loop stops once the LP is solved.
@@ -283,7 +267,7 @@ def copies_lower_bound(
             if split is None:  # no split within the limit: an even one (the column may not fit)
                 sigma = np.where(flags, u[members] / np.maximum(count[members], 1), 0.0)
             else:
-                sigma = np.array([split.get((g, int(e)), 0.0) for e in members])
+                sigma = np.where(flags, split[members, g], 0.0)
             if u[members[~flags]].sum() + sigma.sum() <= lam + LOAD_TOL:
                 cols.add(members, flags, sigma, float(values[g]))
     big = 10.0 * max(need, 1.0)  # more than any saving: an artificial column never pays

@@ -28,7 +28,7 @@ from moeopt import joint as jm
 from moeopt.balance.seeded import polish_static_positions, static_replay_fits, static_trials
 from moeopt.budget import Budget
 from moeopt.errors import InputError
-from moeopt.joint.certify import _need_trace, certificate, certifies
+from moeopt.joint.certify import _need_trace, certificate, certifies, single_copy_only
 from moeopt.joint.choice import (
     DispatchChoice,
     _restart_rank,
@@ -649,7 +649,7 @@ class Joint:
                 lo, hi = min(covered), max(covered)
                 span = f"{hi:.3g}" if hi - lo < 5e-4 else f"{lo:.3g} to {hi:.3g} by layer"
                 scope = f" for plans within MaxVio {span}"
-            elif problem.instance.cluster.physical_slots > problem.experts:
+            elif not single_copy_only(problem):
                 # with copies the relaxations hold no load limit: the bound is what a plan at any
                 # load could reach, so a large gap at a tight eps is mostly the price of balance
                 scope = " for every plan at any load (the load limit is not in the bound with copies)"
