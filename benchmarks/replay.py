@@ -636,18 +636,7 @@ def body(data: dict) -> str:
         tabulate(summary_rows(data), headers=SUMMARY_HEADERS, tablefmt="github", disable_numparse=True),
         "",
     ]
-    unmet = unmet_lines(data)
-    if unmet:
-        lines += ["Where `auto` misses a target:", "", *unmet, ""]
-    glob = global_lines(data)
-    if glob:
-        lines += [
-            "On DeepSeek-V3 (8 router groups over 8 nodes) SGLang's default EPLB policy is hierarchical, which "
-            "balances these loads far worse than EPLB's global policy; against the global one:",
-            "",
-            *glob,
-            "",
-        ]
+    lines += misses_lines(data)
     for s in data["streams"]:
         lines += [
             f"## {s['label']} (`{s['stream']}`)",
@@ -859,6 +848,25 @@ def global_lines(data: dict) -> list[str]:
     return out
 
 
+def misses_lines(data: dict) -> list[str]:
+    """Where ``auto`` misses a target (`unmet_lines`) and, on DeepSeek-V3, ``auto`` against EPLB's
+    global policy (`global_lines`), each under its heading; the report and the guide both show them."""
+    lines: list[str] = []
+    unmet = unmet_lines(data)
+    if unmet:
+        lines += ["Where `auto` misses a target:", "", *unmet, ""]
+    glob = global_lines(data)
+    if glob:
+        lines += [
+            "On DeepSeek-V3 (8 router groups over 8 nodes) SGLang's default EPLB policy is hierarchical, which "
+            "balances these loads far worse than EPLB's global policy; against the global one:",
+            "",
+            *glob,
+            "",
+        ]
+    return lines
+
+
 GUIDE = ROOT / "docs" / "guides" / "replanning.md"
 GUIDE_BEGIN, GUIDE_END = "<!-- replay-benchmark:begin -->", "<!-- replay-benchmark:end -->"
 
@@ -913,18 +921,7 @@ def guide_block(data: dict) -> str:
         tabulate(summary_rows(data), headers=SUMMARY_HEADERS, tablefmt="github", disable_numparse=True),
         "",
     ]
-    unmet = unmet_lines(data)
-    if unmet:
-        lines += ["Where `auto` misses a target:", "", *unmet, ""]
-    glob = global_lines(data)
-    if glob:
-        lines += [
-            "On DeepSeek-V3 (8 router groups over 8 nodes) SGLang's default EPLB policy is hierarchical, which "
-            "balances these loads far worse than EPLB's global policy; against the global one:",
-            "",
-            *glob,
-            "",
-        ]
+    lines += misses_lines(data)
     if data.get("alternatives"):
         lines += [
             "The alternatives tried for `auto`'s defaults, on the small streams at K = "
